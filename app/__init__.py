@@ -1,0 +1,1 @@
+"""Ferry's composition root and desktop shell: CLI, settings, paths, logging, launching."""

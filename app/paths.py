@@ -1,0 +1,64 @@
+"""Where Ferry keeps its files: platformdirs per-user folders, or one FERRY_HOME root.
+
+FERRY_HOME exists so tests (and portable installs) never touch the real home directory.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+APP_NAME = "ferry"
+HOME_ENV = "FERRY_HOME"
+CONFIG_FILE = "ferry.toml"
+USERS_FILE = "users.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Paths:
+    data: Path  # chat history, users, the installer's venv
+    config: Path  # ferry.toml
+    cache: Path  # converted models (cache/models/<name>)
+    log: Path  # rotating ferry.log
+
+    @property
+    def config_file(self) -> Path:
+        return self.config / CONFIG_FILE
+
+    @property
+    def users_file(self) -> Path:
+        return self.data / USERS_FILE
+
+    @property
+    def models_cache(self) -> Path:
+        return self.cache / "models"
+
+    @property
+    def log_file(self) -> Path:
+        return self.log / "ferry.log"
+
+    def ensure(self) -> None:
+        """Create the folders (reading settings never needs them; serving does)."""
+        for folder in (self.data, self.config, self.cache, self.log):
+            folder.mkdir(parents=True, exist_ok=True)
+
+    def as_dict(self) -> dict[str, Path]:
+        return {"data": self.data, "config": self.config, "cache": self.cache, "log": self.log}
+
+
+def get_paths(env: dict[str, str] | None = None) -> Paths:
+    """The folders for this user; FERRY_HOME=<dir> puts all four under that one folder."""
+    environ = os.environ if env is None else env
+    home = environ.get(HOME_ENV)
+    if home:
+        root = Path(home).expanduser().resolve()
+        return Paths(root / "data", root / "config", root / "cache", root / "log")
+    # appauthor=False: no extra vendor folder level on Windows
+    return Paths(
+        data=Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)),
+        config=Path(platformdirs.user_config_dir(APP_NAME, appauthor=False)),
+        cache=Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False)),
+        log=Path(platformdirs.user_log_dir(APP_NAME, appauthor=False)),
+    )
