@@ -1,0 +1,165 @@
+"""Ferry's settings: one validated dataclass, and the record of where each value came from.
+
+Sources, lowest to highest: defaults < ferry.toml in the config dir < FERRY_* environment
+variables < command-line flags. Loading lives in app/config_sources.py.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field, fields
+
+from engine.config import ADMISSIONS, POLICIES, ConfigError, EngineConfig
+
+DTYPES = ("auto", "bfloat16", "float32")
+DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+MIB = 1024 * 1024
+
+# Fixed choices per setting; policy and admission also accept "" (= pick by host).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "dtype": DTYPES,
+    "policy": POLICIES,
+    "admission": ADMISSIONS,
+}
+# Inclusive lower (and optional upper) bounds for integer settings.
+INT_RANGES: dict[str, tuple[int, int | None]] = {
+    "port": (1, 65535),
+    "max_running": (1, None),
+    "max_prefill_tokens": (1, None),
+    "kv_tokens": (1, None),
+    "page_size": (1, None),
+    "max_waiting": (1, None),
+    "per_user_limit": (1, None),
+    "max_body_bytes": (1024, None),
+    "max_messages": (1, None),
+    "max_stop": (0, None),
+    "max_tokens_limit": (1, None),
+}
+
+
+class SettingsError(ValueError):
+    """A setting is unknown or has a value Ferry cannot use; the message names key and source."""
+
+    def __init__(self, key: str | None, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def is_loopback(host: str) -> bool:
+    """True when only this machine can connect (127.x, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a hostname other than localhost resolves to something reachable
+
+
+@dataclass(slots=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = "default"  # "default" | folder | HF id | .gguf file
+    dtype: str = "auto"
+    device: str = "auto"
+    policy: str = ""  # "" -> prefill-first when local, interleave when shared
+    admission: str = ""  # "" -> fifo when local, fair when shared
+    max_running: int = 16
+    max_prefill_tokens: int = 512
+    kv_tokens: int = 65536
+    page_size: int = 16
+    prefix_cache: bool = True
+    max_waiting: int = 256
+    per_user_limit: int = 8  # waiting + running requests per user
+    max_body_bytes: int = MIB
+    max_messages: int = 200
+    max_stop: int = 4
+    max_tokens_limit: int = 4096
+    open: bool = False  # open the browser once serving
+    model_folders: list[str] = field(default_factory=list)
+    # where each value came from: "default", "file <path>", "env FERRY_X", "flag --x"
+    sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if f.name != "sources":
+                _check_type(f.name, f.type, getattr(self, f.name))
+        for name, (low, high) in INT_RANGES.items():
+            value = getattr(self, name)
+            if value < low or (high is not None and value > high):
+                upto = f" to {high}" if high is not None else " or more"
+                raise SettingsError(name, f"{name} must be {low}{upto}, got {value}")
+        if not self.host.strip():
+            raise SettingsError("host", "host must not be empty")
+        if not self.model.strip():
+            raise SettingsError("model", "model must not be empty")
+        if not DEVICE_RE.match(self.device):
+            raise SettingsError(
+                "device", f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        shared = self.shared
+        if not self.policy:
+            self.policy = "interleave" if shared else "prefill-first"
+            self.sources.setdefault("policy", _derived_source(shared))
+        if not self.admission:
+            self.admission = "fair" if shared else "fifo"
+            self.sources.setdefault("admission", _derived_source(shared))
+        for name, choices in CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise SettingsError(
+                    name, f"{name} must be one of {', '.join(choices)}, got {value!r}")
+        if self.kv_tokens < self.page_size:
+            raise SettingsError("kv_tokens", "kv_tokens must hold at least one page (page_size)")
+
+    @property
+    def shared(self) -> bool:
+        """Listening beyond loopback: access tokens are required and fairness matters."""
+        return not is_loopback(self.host)
+
+    def source(self, name: str) -> str:
+        return self.sources.get(name, "default")
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls) if f.name != "sources"]
+
+    @classmethod
+    def kinds(cls) -> dict[str, str]:
+        """Setting name -> its type as written ("int", "str", "bool", "list[str]")."""
+        return {f.name: str(f.type) for f in fields(cls) if f.name != "sources"}
+
+
+def _derived_source(shared: bool) -> str:
+    return "default (shared: host is not loopback)" if shared else "default (local)"
+
+
+def _check_type(name: str, kind: object, value: object) -> None:
+    ok = {
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "bool": isinstance(value, bool),
+        "str": isinstance(value, str),
+        "list[str]": isinstance(value, list) and all(isinstance(v, str) for v in value),
+    }[str(kind)]
+    if not ok:
+        wanted = {"int": "an integer", "bool": "true or false", "str": "a string",
+                  "list[str]": "a list of strings"}[str(kind)]
+        raise SettingsError(name, f"{name} must be {wanted}, got {value!r}")
+
+
+def engine_config(settings: Settings, *, max_context: int | None = None) -> EngineConfig:
+    """The engine's config from settings; max_context comes from the loaded model if known."""
+    extra = {} if max_context is None else {"max_context": max_context}
+    try:
+        return EngineConfig(
+            max_running=settings.max_running,
+            max_prefill_tokens=settings.max_prefill_tokens,
+            kv_tokens=settings.kv_tokens,
+            page_size=settings.page_size,
+            policy=settings.policy,  # type: ignore[arg-type]  # validated against POLICIES
+            admission=settings.admission,  # type: ignore[arg-type]
+            prefix_cache=settings.prefix_cache,
+            max_waiting=settings.max_waiting,
+            **extra,
+        )
+    except ConfigError as exc:
+        raise SettingsError(None, f"engine settings: {exc}") from exc
