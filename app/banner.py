@@ -1,0 +1,64 @@
+"""The start-up banner (where to point a browser, what runs) and `--open`."""
+from __future__ import annotations
+
+import socket
+import threading
+import webbrowser
+
+from app.settings import Settings
+
+
+def lan_address() -> str | None:
+    """This machine's address on the LAN (no packets sent: UDP connect only picks a route)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: never routed anywhere real
+            address = probe.getsockname()[0]
+    except OSError:
+        return None
+    return None if address.startswith("127.") else address
+
+
+def url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"  # a wildcard bind is reached locally through loopback
+    return f"[{host}]" if ":" in host else host
+
+
+def local_url(settings: Settings) -> str:
+    return f"http://{url_host(settings.host)}:{settings.port}/"
+
+
+def lan_url(settings: Settings) -> str | None:
+    if not settings.shared:
+        return None
+    if settings.host in ("0.0.0.0", "::"):
+        address = lan_address()
+        return f"http://{address}:{settings.port}/" if address else None
+    return f"http://{url_host(settings.host)}:{settings.port}/"
+
+
+def banner(settings: Settings, model: str, device: str = "", dtype: str = "") -> str:
+    """The text printed once the server listens."""
+    lines = ["", "  Ferry is serving", f"  Local:   {local_url(settings)}"]
+    lan = lan_url(settings)
+    if lan:
+        lines.append(f"  LAN:     {lan}   (sign-in with an access token required)")
+    where = ", ".join(part for part in (device, dtype) if part)
+    lines.append(f"  Model:   {model}" + (f" ({where})" if where else ""))
+    lines.append(
+        f"  Engine:  policy {settings.policy}, admission {settings.admission}, "
+        f"{settings.max_running} slots, prefill budget {settings.max_prefill_tokens}, "
+        f"KV {settings.kv_tokens} tokens / page {settings.page_size}, "
+        f"prefix cache {'on' if settings.prefix_cache else 'off'}")
+    lines.append("  Stop with Ctrl+C")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def open_browser(url: str, delay: float = 0.5) -> threading.Timer:
+    """Open url in the default browser shortly after, off the caller's thread."""
+    timer = threading.Timer(delay, webbrowser.open, args=(url,))
+    timer.daemon = True
+    timer.start()
+    return timer

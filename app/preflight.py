@@ -1,0 +1,57 @@
+"""Checks `ferry serve` runs before loading anything heavy, so mistakes fail fast and clearly."""
+from __future__ import annotations
+
+import errno
+import socket
+import sys
+
+from app.models import ModelError, ModelRef, resolve_model
+from app.paths import Paths
+from app.settings import Settings
+from app.users_cli import users_exist
+
+
+class PreflightError(Exception):
+    """serve cannot start; the message says why and what to do."""
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """None when host:port can be bound now, else a sentence saying why not."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"cannot use host {host!r}: {exc.strerror}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        if sys.platform != "win32":
+            # like uvicorn: a port left in TIME_WAIT by a previous run counts as free
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE or getattr(exc, "winerror", None) == 10048:
+                return (f"port {port} on {host} is already in use (another Ferry?); "
+                        f"stop it or choose another with --port")
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return f"host {host} is not an address of this machine"
+            if exc.errno == errno.EACCES:
+                return f"no permission to listen on port {port}; choose a port above 1023"
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None
+
+
+def check_serve(settings: Settings, paths: Paths) -> ModelRef:
+    """Raise PreflightError for the first problem; returns the resolved model."""
+    if settings.shared and not users_exist(paths):
+        raise PreflightError(
+            f"refusing to listen on {settings.host}: sharing on the network requires users "
+            f"with access tokens, and there are none in {paths.users_file}. "
+            f"Create one with `ferry users add NAME --admin`, or serve on 127.0.0.1.")
+    try:
+        model = resolve_model(settings.model)
+    except ModelError as exc:
+        raise PreflightError(f"{exc} (model from {settings.source('model')})") from None
+    problem = port_problem(settings.host, settings.port)
+    if problem:
+        raise PreflightError(problem)
+    return model
