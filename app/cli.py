@@ -1,0 +1,171 @@
+"""The `ferry` command: serve, simulate, bench, users, models, doctor."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from app import users_cli
+from app.config_sources import format_config, load_settings
+from app.paths import HOME_ENV, get_paths
+from app.settings import DTYPES, POLICIES, Settings, SettingsError
+
+EXIT_USAGE = 2  # bad settings or a serve that cannot start (argparse uses 2 as well)
+# These hand their whole argv to code that owns its own parser (and --help).
+PASSTHROUGH: dict[str, tuple[str, str]] = {
+    "simulate": ("engine.simulator", "cli"),
+    "bench": ("app.bench", "main"),
+}
+
+
+def _version() -> str:
+    try:
+        return version("ferry")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ferry",
+        description="Ferry: a desktop local-chat server with a continuous-batching engine "
+                    "and a live queue dashboard.",
+        epilog=f"Settings come from defaults < ferry.toml in the config dir < FERRY_* "
+               f"environment variables < flags. {HOME_ENV}=DIR keeps all files under DIR.")
+    parser.add_argument("--version", action="version", version=f"ferry {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    serve = sub.add_parser(
+        "serve", help="load the model and serve the chat, dashboard and API",
+        description="Load the model, start the engine and serve the browser chat, the live "
+                    "queue dashboard and the OpenAI-compatible API. Listens on 127.0.0.1 by "
+                    "default; any other --host shares Ferry on the network and requires users "
+                    "(see `ferry users`). Unset flags fall back to FERRY_* variables, then "
+                    "ferry.toml, then defaults.")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1; 0.0.0.0 = LAN)")
+    serve.add_argument("--port", type=int, help="TCP port (default 8000)")
+    serve.add_argument("--model", metavar="PATH|HF_ID|GGUF",
+                       help="'default' (embedded SmolLM2-135M-Instruct), a Hugging Face "
+                            "folder, an HF id (org/name) or a .gguf file")
+    serve.add_argument("--dtype", metavar="|".join(DTYPES), help="weight dtype (default auto)")
+    serve.add_argument("--device", metavar="auto|cpu|cuda", help="where to run (default auto)")
+    serve.add_argument("--policy", metavar="|".join(POLICIES),
+                       help="scheduling policy (default prefill-first; interleave when shared)")
+    serve.add_argument("--open", action=argparse.BooleanOptionalAction, default=None,
+                       help="open the chat in the default browser once serving")
+    serve.add_argument("--config", type=Path, metavar="FILE",
+                       help="read settings from FILE instead of <config dir>/ferry.toml")
+    serve.add_argument("--print-config", action="store_true",
+                       help="print the effective settings and where each came from, then exit")
+
+    sub.add_parser(
+        "simulate", add_help=False, help="replay a scenario file through the real scheduler",
+        description="ferry simulate FILE [--json | --summary] [--policy P]: run the scheduler, "
+                    "KV accounting and prefix cache on a JSON scenario with virtual time "
+                    "(no model); `ferry simulate --help` for details.")
+    sub.add_parser(
+        "bench", add_help=False, help="measure throughput and latency under a workload",
+        description="ferry bench [workload options] [--baseline hf]: drive the engine with a "
+                    "synthetic workload; `ferry bench --help` for details.")
+    users_cli.add_parser(sub)
+    sub.add_parser(
+        "models", help="list the default model, converted copies and configured folders",
+        description="Show the embedded default model (its GGUF file and whether a converted "
+                    "safetensors copy is cached), models found in the configured "
+                    "model_folders, and which model `ferry serve` would use.")
+    sub.add_parser(
+        "doctor", help="check the installation: torch, device, model, folders, port",
+        description="Check everything `ferry serve` needs, one line each: torch build, "
+                    "device, bfloat16, flashinfer, model files, data/config/cache/log folders, "
+                    "whether the port is free. Exits 1 if any check fails.")
+    return parser
+
+
+def fail(command: str, message: str, code: int = EXIT_USAGE) -> int:
+    print(f"ferry {command}: error: {message}", file=sys.stderr)
+    return code
+
+
+def passthrough(command: str, argv: list[str]) -> int:
+    module_name, function = PASSTHROUGH[command]
+    try:
+        module = import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            return fail(command, f"{module_name} is not available in this build", 1)
+        raise
+    entry: Callable[[list[str]], int] = getattr(module, function)
+    return int(entry(argv) or 0)
+
+
+def serve_flags(args: argparse.Namespace) -> dict[str, object]:
+    return {name: getattr(args, name) for name in
+            ("host", "port", "model", "dtype", "device", "policy", "open")}
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from app.preflight import PreflightError, check_serve
+
+    paths = get_paths()
+    try:
+        settings = load_settings(serve_flags(args), config_file=args.config)
+    except SettingsError as exc:
+        return fail("serve", str(exc))
+    if args.print_config:
+        print(format_config(settings, args.config or paths.config_file))
+        return 0
+    try:
+        model = check_serve(settings, paths)
+    except PreflightError as exc:
+        return fail("serve", str(exc))
+
+    from app import serve
+    from app.logs import configure_logging
+
+    paths.ensure()
+    configure_logging(paths.log_file)
+    return int(serve.run(settings, paths, model) or 0)
+
+
+def cmd_with_settings(args: argparse.Namespace) -> int:
+    paths = get_paths()
+    try:
+        settings: Settings | None = load_settings()
+        error = None
+    except SettingsError as exc:
+        settings, error = None, str(exc)
+    if args.command == "doctor":
+        from app import doctor
+        return doctor.main(settings, paths, error)
+    if settings is None:
+        return fail(args.command, str(error))
+    if args.command == "models":
+        from app import models_cli
+        return models_cli.main(settings, paths)
+    return users_cli.run(args, paths)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return dispatch(sys.argv[1:] if argv is None else list(argv))
+    except BrokenPipeError:
+        # output piped into `head` and cut short: not an error worth a traceback
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115  # keeps interpreter exit quiet
+        return 141
+
+
+def dispatch(argv: list[str]) -> int:
+    if argv and argv[0] in PASSTHROUGH:
+        return passthrough(argv[0], argv[1:])
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors: return, so tests can call main
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if args.command == "serve":
+        return cmd_serve(args)
+    return cmd_with_settings(args)
+

