@@ -74,6 +74,8 @@ def load_settings(
     environ = os.environ if env is None else env
     paths = paths or get_paths(dict(environ))
     path = config_file or paths.config_file
+    if config_file is not None and not config_file.exists():
+        raise SettingsError(None, f"config file {config_file} not found")  # asked for by name
     kinds = Settings.kinds()
     values: dict[str, object] = {}
     sources: dict[str, str] = {}

@@ -143,6 +143,8 @@ def test_explicit_config_file(home: dict[str, str], tmp_path: Path) -> None:
     other.write_text("port = 9100\n")
     s = load_settings({}, env=home, config_file=other)
     assert s.port == 9100 and s.source("port") == f"file {other}"
+    with pytest.raises(SettingsError, match="not found"):
+        load_settings({}, env=home, config_file=tmp_path / "missing.toml")
 
 
 def test_print_config_is_toml_with_sources(home: dict[str, str]) -> None:
