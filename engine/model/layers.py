@@ -1,0 +1,155 @@
+"""Building blocks of a Llama-family decoder: norms, fused linears, rotary embedding.
+
+Parameters are created uninitialised (`torch.empty`): every one is overwritten by the loader,
+so random init would only cost time. Fused projections carry a `weight_loader` that copies one
+Hugging Face shard (q/k/v or gate/up) into its rows, so checkpoint loading stays a name mapping.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _param(*shape: int, dtype: torch.dtype, device: torch.device | str | None) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, "
+                         f"checkpoint {tuple(loaded.shape)}")
+    param.data.copy_(loaded)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.eps = eps
+        self.dim = dim
+        self.weight = _param(dim, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (self.dim,), self.weight, self.eps)
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ b); a plain projection whose checkpoint tensor maps one to one."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.weight = _param(out_features, in_features, dtype=dtype, device=device)
+        self.bias = _param(out_features, dtype=dtype, device=device) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class PackedLinear(Linear):
+    """Several projections of the same input stacked along the output rows (qkv, gate_up).
+
+    One matmul instead of three (or two) saves kernel launches and Python work per layer;
+    `shards` names the checkpoint pieces in row order, e.g. ("q", "k", "v").
+    """
+
+    def __init__(self, in_features: int, out_sizes: Sequence[int], shards: Sequence[str],
+                 bias: bool, dtype: torch.dtype, device: torch.device | str | None = None) -> None:
+        super().__init__(in_features, sum(out_sizes), bias, dtype, device)
+        offsets = [0, *itertools.accumulate(out_sizes)]
+        self.shard_rows = {name: (offsets[i], out_sizes[i]) for i, name in enumerate(shards)}
+        for p in (self.weight, self.bias):
+            if p is not None:
+                p.weight_loader = self._load_shard  # type: ignore[attr-defined]
+                p.num_shards = len(shards)  # type: ignore[attr-defined]
+
+    def _load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard: str) -> None:
+        start, size = self.shard_rows[shard]
+        target = param.data.narrow(0, start, size)
+        if target.shape != loaded.shape:
+            raise ValueError(f"shard {shard}: expected {tuple(target.shape)}, "
+                             f"checkpoint has {tuple(loaded.shape)}")
+        target.copy_(loaded)
+
+
+class Embedding(nn.Module):
+    def __init__(self, num: int, dim: int, dtype: torch.dtype,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.weight = _param(num, dim, dtype=dtype, device=device)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+# --- rotary position embedding -------------------------------------------------------------
+
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def rope_inv_freq(head_dim: int, theta: float, rope: dict) -> torch.Tensor:
+    """Inverse frequencies for `rope_type` in ROPE_TYPES, as Hugging Face computes them."""
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if kind == "default":
+        return inv
+    if kind == "linear":
+        return inv / float(rope["factor"])
+    if kind == "llama3":
+        factor = float(rope["factor"])
+        low, high = float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+        old_ctx = float(rope["original_max_position_embeddings"])
+        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    raise NotImplementedError(f"rope_type {kind!r} is not supported (supported: {ROPE_TYPES})")
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables for every position, looked up once per round (not per layer).
+
+    HF rotates with `x*cos + rotate_half(x)*sin`, rotate_half(x) = cat(-x2, x1). We store
+    sin with the sign folded in (cat(-s, s)) so that rotate_half becomes a plain roll:
+    x*cos + roll(x, d/2) * sin_signed, i.e. three ops.
+    """
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float, rope: dict,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        inv = rope_inv_freq(head_dim, theta, rope)
+        pos = torch.arange(max_positions, dtype=torch.float32)
+        freqs = torch.outer(pos, inv)  # fp32 like HF
+        emb = torch.cat((freqs, freqs), dim=-1)
+        sin = freqs.sin()
+        self.register_buffer("cos", emb.cos().to(device), persistent=False)
+        self.register_buffer("sin", torch.cat((-sin, sin), dim=-1).to(device), persistent=False)
+
+    def forward(self, positions: torch.Tensor,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T] positions -> (cos, sin_signed), each [T, 1, head_dim] in `dtype`."""
+        if positions.numel() and int(positions.max()) >= self.cos.shape[0]:
+            raise ValueError(f"position {int(positions.max())} beyond the model's "
+                             f"{self.cos.shape[0]} positions")
+        cos = self.cos.index_select(0, positions).to(dtype).unsqueeze(1)
+        sin = self.sin.index_select(0, positions).to(dtype).unsqueeze(1)
+        return cos, sin
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, head_dim] (may be a strided view) -> rotated, contiguous."""
+    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), sin)
