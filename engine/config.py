@@ -1,0 +1,50 @@
+"""Engine configuration: one validated dataclass, built by `app` from settings."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal, get_args
+
+Policy = Literal["prefill-first", "interleave", "mixed"]
+Admission = Literal["fifo", "fair"]
+POLICIES: tuple[str, ...] = get_args(Policy)
+ADMISSIONS: tuple[str, ...] = get_args(Admission)
+
+
+class ConfigError(ValueError):
+    """A setting has a value the engine cannot run with."""
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    max_running: int = 16  # slots in the request table
+    max_prefill_tokens: int = 512  # prefill budget per round
+    kv_tokens: int = 65536  # KV positions in the pool (all layers)
+    page_size: int = 16
+    policy: Policy = "prefill-first"
+    admission: Admission = "fifo"
+    prefix_cache: bool = True
+    max_context: int = 8192  # prompt + output limit per request (the model's context)
+    max_waiting: int = 256  # global queue bound; submit beyond it is refused
+    rounds_kept: int = 64  # recent rounds kept for the dashboard timeline
+
+    def __post_init__(self) -> None:
+        for name in ("max_running", "max_prefill_tokens", "kv_tokens", "page_size",
+                     "max_context", "max_waiting", "rounds_kept"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.admission not in ADMISSIONS:
+            raise ConfigError(
+                f"admission must be one of {', '.join(ADMISSIONS)}, got {self.admission!r}")
+        if self.kv_tokens < self.page_size:
+            raise ConfigError("kv_tokens must hold at least one page")
+
+    @property
+    def num_pages(self) -> int:
+        return self.kv_tokens // self.page_size
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]

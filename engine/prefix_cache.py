@@ -1,0 +1,127 @@
+"""Radix prefix cache over page-aligned token ids.
+
+Each node is one full page: its key is that page's token ids and it owns that pool page.
+A node is locked while a live request uses it (the lock counts on every ancestor too), so
+only unlocked nodes are evictable, and an unlocked node's whole subtree is unlocked.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Sequence
+
+PageKey = tuple[int, ...]
+
+
+class Node:
+    __slots__ = ("key", "page", "parent", "children", "lock_ref", "last_access", "depth")
+
+    def __init__(self, key: PageKey, page: int, parent: Node | None) -> None:
+        self.key = key
+        self.page = page
+        self.parent = parent
+        self.children: dict[PageKey, Node] = {}
+        self.lock_ref = 0
+        self.last_access = 0
+        self.depth = 0 if parent is None else parent.depth + 1
+
+
+class PrefixCache:
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+        self.root = Node((), -1, None)
+        self.root.lock_ref = 1  # never evicted
+        self.num_pages = 0
+        self.num_evictable = 0  # pages in unlocked nodes
+        self._clock = itertools.count(1)
+
+    def _keys(self, token_ids: Sequence[int], num_pages: int) -> list[PageKey]:
+        p = self.page_size
+        return [tuple(token_ids[i * p:(i + 1) * p]) for i in range(num_pages)]
+
+    def match(self, token_ids: Sequence[int], max_pages: int,
+              touch: bool = True) -> tuple[Node, list[int]]:
+        """Deepest node matching whole pages of `token_ids`, at most `max_pages` deep."""
+        node, pages = self.root, []
+        stamp = next(self._clock) if touch else 0
+        for key in self._keys(token_ids, max_pages):
+            child = node.children.get(key)
+            if child is None:
+                break
+            if touch:
+                child.last_access = stamp
+            node = child
+            pages.append(child.page)
+        return node, pages
+
+    def unlocked_on_path(self, node: Node) -> int:
+        """Pages on the path to `node` that locking it would make unevictable."""
+        n = 0
+        while node.lock_ref == 0:
+            n += 1
+            node = node.parent  # type: ignore[assignment]
+        return n
+
+    def lock(self, node: Node) -> None:
+        while node is not None:
+            if node.lock_ref == 0:
+                self.num_evictable -= 1
+            node.lock_ref += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def unlock(self, node: Node) -> None:
+        while node is not None:
+            node.lock_ref -= 1
+            assert node.lock_ref >= 0, "prefix cache lock underflow"
+            if node.lock_ref == 0:
+                self.num_evictable += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def insert(self, token_ids: Sequence[int], pages: Sequence[int], start_node: Node,
+               free_page: Callable[[int], None]) -> Node:
+        """Add the full pages of `token_ids` below `start_node` (which covers the first
+        start_node.depth pages). Pages that duplicate an existing node go back via
+        `free_page` unless the caller still needs them; returns the deepest node."""
+        node = start_node
+        stamp = next(self._clock)
+        keys = self._keys(token_ids, len(pages))
+        for i in range(node.depth, len(pages)):
+            child = node.children.get(keys[i])
+            if child is None:
+                child = Node(keys[i], pages[i], node)
+                node.children[keys[i]] = child
+                self.num_pages += 1
+                self.num_evictable += 1  # new nodes start unlocked
+            elif child.page != pages[i]:
+                free_page(pages[i])
+            child.last_access = stamp
+            node = child
+        return node
+
+    def evict(self, num_pages: int, free_page: Callable[[int], None]) -> int:
+        """Evict up to `num_pages` unlocked pages, least recently used leaves first."""
+        heap = [(n.last_access, id(n), n) for n in self._leaves() if n.lock_ref == 0]
+        heapq.heapify(heap)
+        evicted = 0
+        while heap and evicted < num_pages:
+            _, _, node = heapq.heappop(heap)
+            parent = node.parent
+            assert parent is not None
+            del parent.children[node.key]
+            free_page(node.page)
+            self.num_pages -= 1
+            self.num_evictable -= 1
+            evicted += 1
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        return evicted
+
+    def _leaves(self) -> list[Node]:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            if node.children:
+                stack.extend(node.children.values())
+            elif node is not self.root:
+                out.append(node)
+        return out

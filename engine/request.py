@@ -1,0 +1,110 @@
+"""Requests and their sampling parameters: the unit the scheduler moves between queues."""
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["length", "stop", "cancelled", "error"]
+
+
+class RequestError(ValueError):
+    """A request is malformed or can never run (refused at submit, reason `error`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise RequestError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if not 0.0 <= self.temperature <= 2.0:
+            raise RequestError(f"temperature must be within [0, 2], got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise RequestError(f"top_p must be within (0, 1], got {self.top_p!r}")
+        if self.top_k < 0:
+            raise RequestError(f"top_k must be >= 0, got {self.top_k!r}")
+        if any(not s for s in self.stop):
+            raise RequestError("stop strings must not be empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"  # in the waiting queue, holds nothing
+    CHUNKED = "chunked"  # mid-chunk: back at the queue head, holds slot, KV and reservation
+    RUNNING = "running"  # prefill done, decoding
+    FINISHED = "finished"
+
+
+_ids = itertools.count(1)
+
+
+def new_request_id() -> str:
+    return f"req-{next(_ids)}"
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    id: str = field(default_factory=new_request_id)
+    owner: str = "local"
+    arrival: float = 0.0  # engine clock (virtual time in the simulator)
+    eos_ids: frozenset[int] = frozenset()
+    state: RequestState = RequestState.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    # KV bookkeeping, set by the scheduler
+    slot: int | None = None
+    pages: list[int] = field(default_factory=list)  # page table: logical page -> pool page
+    num_cached: int = 0  # prompt positions reused from the prefix cache
+    num_computed: int = 0  # positions whose KV is in the pool
+    cache_node: object | None = None  # deepest locked prefix-cache node
+    num_chunks: int = 0  # prefill chunks run so far
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    # timings (engine clock)
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    finished_at: float | None = None
+    itl: float | None = None  # last inter-token gap
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def prefill_left(self) -> int:
+        """Prompt positions still to compute (the chunk work left)."""
+        return max(0, self.prompt_len - self.num_computed)
+
+    @property
+    def is_admitted(self) -> bool:
+        return self.slot is not None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state is RequestState.FINISHED
+
+    def token_at(self, pos: int) -> int:
+        n = len(self.prompt_ids)
+        return self.prompt_ids[pos] if pos < n else self.output_ids[pos - n]

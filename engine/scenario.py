@@ -1,0 +1,133 @@
+"""Simulator input files (design.md §4): parsed and validated, unknown fields refused."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.config import EngineConfig
+
+REQUEST_FIELDS = {"id", "arrive", "prompt", "prompt_ids", "output", "eos_at", "ignore_eos",
+                  "cancel_at", "user"}
+TOP_FIELDS = {"engine", "requests", "about"}
+
+
+class ScenarioError(ValueError):
+    """The scenario file is malformed; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    id: str
+    arrive: float
+    prompt_ids: tuple[int, ...]
+    output: int
+    eos_at: int | None = None
+    ignore_eos: bool = False
+    cancel_at: float | None = None
+    user: str = "local"
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    engine: EngineConfig
+    requests: tuple[SimRequest, ...]
+
+
+def _number(value: Any, where: str, minimum: float = 0) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or value < minimum:
+        raise ScenarioError(f"{where} must be a number >= {minimum}, got {value!r}")
+    return float(value)
+
+
+def _count(value: Any, where: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ScenarioError(f"{where} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def parse(data: Any, policy: str | None = None) -> Scenario:
+    if not isinstance(data, dict):
+        raise ScenarioError("a scenario is a JSON object with 'engine' and 'requests'")
+    for key in data:
+        if key not in TOP_FIELDS:
+            raise ScenarioError(f"unknown field {key!r} at top level "
+                                f"(known: {', '.join(sorted(TOP_FIELDS))})")
+    engine = data.get("engine", {})
+    if not isinstance(engine, dict):
+        raise ScenarioError("'engine' must be an object")
+    known = set(EngineConfig.field_names())
+    for key in engine:
+        if key not in known:
+            raise ScenarioError(f"unknown field {key!r} in 'engine' (known: {', '.join(sorted(known))})")
+    if policy is not None:
+        engine = {**engine, "policy": policy}
+    try:
+        config = EngineConfig(**engine)
+    except (ValueError, TypeError) as exc:
+        raise ScenarioError(f"engine: {exc}") from None
+    raw = data.get("requests")
+    if not isinstance(raw, list):
+        raise ScenarioError("'requests' must be a list")
+    seen: set[str] = set()
+    requests = [_request(item, i, seen) for i, item in enumerate(raw)]
+    return Scenario(config, tuple(requests))
+
+
+def _request(item: Any, index: int, seen: set[str]) -> SimRequest:
+    where = f"requests[{index}]"
+    if not isinstance(item, dict):
+        raise ScenarioError(f"{where} must be an object")
+    for key in item:
+        if key not in REQUEST_FIELDS:
+            raise ScenarioError(f"unknown field {key!r} in {where} "
+                                f"(known: {', '.join(sorted(REQUEST_FIELDS))})")
+    rid = item.get("id")
+    if not isinstance(rid, str) or not rid:
+        raise ScenarioError(f"{where}.id must be a non-empty string")
+    if rid in seen:
+        raise ScenarioError(f"{where}.id {rid!r} is used twice")
+    seen.add(rid)
+    where = f"request {rid!r}"
+    if ("prompt" in item) == ("prompt_ids" in item):
+        raise ScenarioError(f"{where} needs exactly one of 'prompt' (a count) or 'prompt_ids'")
+    if "prompt_ids" in item:
+        ids = item["prompt_ids"]
+        if not isinstance(ids, list) or not ids or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            raise ScenarioError(f"{where}.prompt_ids must be a non-empty list of token ids >= 0")
+        prompt = tuple(ids)
+    else:
+        n = _count(item["prompt"], f"{where}.prompt")
+        base = (index + 1) << 32  # ids unique to this request: counts never share a prefix
+        prompt = tuple(range(base, base + n))
+    eos_at = item.get("eos_at")
+    cancel_at = item.get("cancel_at")
+    ignore_eos = item.get("ignore_eos", False)
+    user = item.get("user", "local")
+    if not isinstance(ignore_eos, bool):
+        raise ScenarioError(f"{where}.ignore_eos must be true or false")
+    if not isinstance(user, str) or not user:
+        raise ScenarioError(f"{where}.user must be a non-empty string")
+    return SimRequest(
+        id=rid, arrive=_number(item.get("arrive", 0), f"{where}.arrive"), prompt_ids=prompt,
+        output=_count(item.get("output"), f"{where}.output"),
+        eos_at=None if eos_at is None else _count(eos_at, f"{where}.eos_at"),
+        ignore_eos=ignore_eos,
+        cancel_at=None if cancel_at is None else _number(cancel_at, f"{where}.cancel_at"),
+        user=user)
+
+
+def load(path: str | Path, policy: str | None = None) -> Scenario:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ScenarioError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ScenarioError(f"{path} is not valid JSON: {exc}") from None
+    return parse(data, policy)
