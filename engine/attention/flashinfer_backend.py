@@ -1,7 +1,7 @@
 """FlashInfer attention (CUDA only): paged decode and prefill kernels over the same pool.
 
 Imported lazily through the registry, so CPU installs never need flashinfer. The pool's
-[num_pages, page_size, kv_heads, d] layout is FlashInfer's "NHD" paged layout, so the page
+[num_pages, kv_heads, page_size, d] layout is FlashInfer's "HND" paged layout, so the page
 tables are passed as they are (CSR: indptr, indices, last_page_len). A round of only
 single-token sequences uses the decode wrapper; any other round uses the prefill wrapper for
 all its sequences (it handles one-token queries too, and aligns the causal mask to each
@@ -35,8 +35,8 @@ class FlashInferAttention(AttentionBackend):
             raise ValueError("the flashinfer backend needs a float16 or bfloat16 model")
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=pool.device)
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            workspace, "NHD", use_tensor_cores=num_heads // num_kv_heads > 4)
-        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+            workspace, "HND", use_tensor_cores=num_heads // num_kv_heads > 4)
+        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "HND")
         self._wrapper: object | None = None
 
     def prepare(self, inputs: AttentionInputs) -> None:
@@ -52,7 +52,7 @@ class FlashInferAttention(AttentionBackend):
         kv_indices = torch.tensor(indices, **i32)
         kv_last = torch.tensor(last, **i32)
         dtype = self.pool.dtype
-        self.slot_mapping = inputs.slot_mapping
+        self.write_rows = self.pool.write_index(inputs.slot_mapping)
         if all(q == 1 for q in inputs.query_lens):
             self._decode.plan(kv_indptr, kv_indices, kv_last, self.num_heads, self.num_kv_heads,
                               self.head_dim, ps, pos_encoding_mode="NONE", sm_scale=self.scale,
@@ -70,6 +70,6 @@ class FlashInferAttention(AttentionBackend):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 layer: int) -> torch.Tensor:
-        self.pool.write(layer, self.slot_mapping, k, v)
+        self.pool.write(layer, self.write_rows, k, v)
         out = self._wrapper.run(q.contiguous(), self.pool.paged(layer))  # type: ignore[union-attr]
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)

@@ -1,15 +1,16 @@
 """Reference attention in plain torch: works on CPU and any device, batched per round.
 
-No Python loop over sequences per layer. `prepare` builds, once per round, index tensors that
-gather every sequence's prefix out of the paged pool, padded to the longest one, plus masks.
-Each layer then does one gather per K/V and batched matmuls:
+No Python loop over sequences per layer. `prepare` builds, once per round, the index tensors
+that gather every sequence's pages out of the pool (padded to the most pages in the round)
+and the masks; each layer then does one gather per K/V and batched matmuls:
 
-* decode part (one query each): gather K/V head-major as [seqs * kv_heads, L, d], so a GQA
-  group of query heads is one `baddbmm` row block; scale and padding mask are fused into it,
-  softmax runs in float32. Measured on CPU this beats SDPA (notably in bf16).
-* prefill part (several queries each): queries padded to [seqs, Qmax], SDPA with a causal
-  bool mask aligned to each sequence's end (a chunk after a cached prefix sees the prefix).
-Padded keys point at a real slot of the same sequence, so they are finite and masked out.
+* decode part (one query each): pages gathered as (page, head) blocks come out head-major,
+  [seqs * kv_heads, L, d], so a GQA group of query heads is one `baddbmm` row block with the
+  scale and padding mask fused in; softmax runs in float32. On CPU this beats SDPA (notably
+  in bf16) for single-query attention.
+* prefill part (several queries each): queries padded to [seqs, Qmax], SDPA with a bool mask,
+  causal and aligned to each sequence's end (a chunk after a cached prefix sees the prefix).
+Padded pages repeat a sequence's first page, so they hold finite values, and are masked out.
 """
 from __future__ import annotations
 
@@ -19,34 +20,28 @@ import torch.nn.functional as F
 from engine.attention.base import AttentionBackend, AttentionInputs
 
 
-def _slot_matrix(page_tables: list[list[int]], kv_lens: list[int], page_size: int,
-                 length: int) -> torch.Tensor:
-    """[n, length] pool slots of positions 0..length-1; positions past kv_len repeat slot 0."""
-    max_pages = -(-length // page_size)
-    table = torch.tensor([pt[:max_pages] + [pt[0]] * (max_pages - len(pt[:max_pages]))
-                          for pt in page_tables], dtype=torch.int64)
-    pos = torch.arange(length, dtype=torch.int64)
-    slots = table[:, pos // page_size] * page_size + pos % page_size
-    valid = pos[None, :] < torch.tensor(kv_lens, dtype=torch.int64)[:, None]
-    return torch.where(valid, slots, slots[:, :1])
-
-
 class TorchAttention(AttentionBackend):
     name = "torch"
 
+    def _block_index(self, page_tables: list[list[int]], kv_lens: list[int]) -> tuple[torch.Tensor, int]:
+        """Rows of the pool's (page, head) block view for each sequence's pages, ordered
+        (sequence, head, page), padded with the first page -> (index, padded length)."""
+        ps, kvh = self.pool.page_size, self.num_kv_heads
+        num = max(-(-kv // ps) for kv in kv_lens)
+        table = torch.tensor([pt[:num] + [pt[0]] * (num - len(pt[:num])) for pt in page_tables],
+                             dtype=torch.int64)
+        heads = torch.arange(kvh, dtype=torch.int64)
+        index = table[:, None, :] * kvh + heads[None, :, None]  # [n, kv_heads, pages]
+        return index.flatten().to(self.pool.device), num * ps
+
     def prepare(self, inputs: AttentionInputs) -> None:
-        dev, kvh, ps = self.pool.device, self.num_kv_heads, self.pool.page_size
-        self.slot_mapping = inputs.slot_mapping
+        dev, kvh = self.pool.device, self.num_kv_heads
+        self.write_rows = self.pool.write_index(inputs.slot_mapping)
         n_dec = inputs.num_single
-        self.n_dec = n_dec
-        self.n_pre = len(inputs.query_lens) - n_dec
-        heads_off = torch.arange(kvh, dtype=torch.int64)[None, :, None]
+        self.n_dec, self.n_pre = n_dec, len(inputs.query_lens) - n_dec
         if n_dec:
             kv = inputs.kv_lens[:n_dec]
-            length = max(kv)
-            slots = _slot_matrix(inputs.page_tables[:n_dec], kv, ps, length)
-            # row index into the pool viewed as [num_slots * kv_heads, d], head-major per seq
-            self.dec_kv_idx = (slots[:, None, :] * kvh + heads_off).flatten().to(dev)
+            self.dec_idx, length = self._block_index(inputs.page_tables[:n_dec], kv)
             self.dec_len = length
             pad = torch.arange(length)[None, :] >= torch.tensor(kv)[:, None]
             mask = torch.zeros(n_dec, 1, length, dtype=self.pool.dtype)
@@ -54,9 +49,8 @@ class TorchAttention(AttentionBackend):
             self.dec_mask = mask.repeat_interleave(kvh, dim=0).to(dev)  # [n*kvh, 1, L]
         if self.n_pre:
             qlens, kv = inputs.query_lens[n_dec:], inputs.kv_lens[n_dec:]
-            n, qmax, length = self.n_pre, max(qlens), max(kv)
-            slots = _slot_matrix(inputs.page_tables[n_dec:], kv, ps, length)
-            self.pre_kv_idx = (slots[:, None, :] * kvh + heads_off).flatten().to(dev)
+            n, qmax = self.n_pre, max(qlens)
+            self.pre_idx, length = self._block_index(inputs.page_tables[n_dec:], kv)
             self.pre_len, self.pre_qmax = length, qmax
             ql = torch.tensor(qlens, dtype=torch.int64)
             first = torch.cumsum(ql, 0) - ql  # each sequence's first row in the prefill part
@@ -74,16 +68,15 @@ class TorchAttention(AttentionBackend):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 layer: int) -> torch.Tensor:
-        self.pool.write(layer, self.slot_mapping, k, v)
-        k_flat, v_flat = self.pool.flat(layer)
+        self.pool.write(layer, self.write_rows, k, v)
+        k_blocks, v_blocks = self.pool.blocks(layer)
         d, kvh, h = self.head_dim, self.num_kv_heads, self.num_heads
-        k_rows, v_rows = k_flat.view(-1, d), v_flat.view(-1, d)
         parts = []
         if self.n_dec:
             n, length = self.n_dec, self.dec_len
             qd = q[:n].reshape(n * kvh, h // kvh, d)
-            kd = k_rows.index_select(0, self.dec_kv_idx).view(n * kvh, length, d)
-            vd = v_rows.index_select(0, self.dec_kv_idx).view(n * kvh, length, d)
+            kd = k_blocks.index_select(0, self.dec_idx).view(n * kvh, length, d)
+            vd = v_blocks.index_select(0, self.dec_idx).view(n * kvh, length, d)
             scores = torch.baddbmm(self.dec_mask, qd, kd.transpose(1, 2), alpha=self.scale)
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vd.dtype)
             parts.append(torch.bmm(probs, vd).view(n, h * d))
@@ -93,8 +86,8 @@ class TorchAttention(AttentionBackend):
             if self.pre_q_idx is not None:
                 qp = qp.index_select(0, self.pre_q_idx)
             qp = qp.reshape(n, qmax, h, d).transpose(1, 2)
-            kp = k_rows.index_select(0, self.pre_kv_idx).view(n, kvh, length, d)
-            vp = v_rows.index_select(0, self.pre_kv_idx).view(n, kvh, length, d)
+            kp = k_blocks.index_select(0, self.pre_idx).view(n, kvh, length, d)
+            vp = v_blocks.index_select(0, self.pre_idx).view(n, kvh, length, d)
             out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=self.pre_mask,
                                                  scale=self.scale, enable_gqa=kvh != h)
             out = out.transpose(1, 2).reshape(n * qmax, h * d)
