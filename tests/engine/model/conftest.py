@@ -15,7 +15,6 @@ import torch
 
 from engine.batch import Batch, BatchItem
 from engine.config import EngineConfig
-from engine.loader import load_model
 from engine.model_executor import ModelExecutor
 from engine.request import Request, SamplingParams
 
@@ -54,7 +53,7 @@ class TinyModel:
 
     def hf_logits(self, ids: list[int]) -> torch.Tensor:
         with torch.inference_mode():
-            return self.hf(torch.tensor([ids])).logits[0].float()
+            return self.hf(torch.tensor([ids])).logits[0].float().cpu()
 
 
 @pytest.fixture(scope="session")
@@ -122,7 +121,7 @@ class Harness:
             tokens = [None] * len(work)
             for row, i in enumerate(rows):
                 req, start, n, _ = work[i]
-                self.logits[req.id][start + n - 1] = logits[row].clone()
+                self.logits[req.id][start + n - 1] = logits[row].float().cpu()
                 tokens[i] = int(logits[row].argmax())
         for (req, start, n, smp), tok in zip(work, tokens):
             if smp:
@@ -139,9 +138,20 @@ class Harness:
 
 
 def make_executor(path: Path, page_size: int = 4, kv_tokens: int = 8192,
-                  dtype: torch.dtype = torch.float32) -> ModelExecutor:
+                  dtype: torch.dtype = torch.float32, device: str = "cpu",
+                  backend: str | None = None) -> ModelExecutor:
     cfg = EngineConfig(page_size=page_size, kv_tokens=kv_tokens, max_running=64)
-    return ModelExecutor(load_model(path, dtype), cfg)
+    # one thread: tiny models are overhead-bound, and a busy machine cannot starve a team
+    return ModelExecutor.from_pretrained(path, cfg, dtype=dtype, device=device, backend=backend,
+                                         threads=1)
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads() -> object:
+    """from_pretrained sets the process-wide torch thread count; undo it after each test."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture
