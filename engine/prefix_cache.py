@@ -34,6 +34,8 @@ class PrefixCache:
         self.num_pages = 0
         self.num_evictable = 0  # pages in unlocked nodes
         self._clock = itertools.count(1)
+        # Candidate leaves for eviction, checked lazily when popped (entries may be stale).
+        self._heap: list[tuple[int, int, Node]] = []
 
     def _keys(self, token_ids: Sequence[int], num_pages: int) -> list[PageKey]:
         p = self.page_size
@@ -75,6 +77,8 @@ class PrefixCache:
             assert node.lock_ref >= 0, "prefix cache lock underflow"
             if node.lock_ref == 0:
                 self.num_evictable += 1
+                if not node.children:
+                    self._push(node)
             node = node.parent  # type: ignore[assignment]
 
     def insert(self, token_ids: Sequence[int], pages: Sequence[int], start_node: Node,
@@ -92,36 +96,34 @@ class PrefixCache:
                 node.children[keys[i]] = child
                 self.num_pages += 1
                 self.num_evictable += 1  # new nodes start unlocked
+                self._push(child)
             elif child.page != pages[i]:
                 free_page(pages[i])
             child.last_access = stamp
             node = child
         return node
 
+    def _push(self, node: Node) -> None:
+        heapq.heappush(self._heap, (node.last_access, id(node), node))
+
     def evict(self, num_pages: int, free_page: Callable[[int], None]) -> int:
         """Evict up to `num_pages` unlocked pages, least recently used leaves first."""
-        heap = [(n.last_access, id(n), n) for n in self._leaves() if n.lock_ref == 0]
-        heapq.heapify(heap)
         evicted = 0
-        while heap and evicted < num_pages:
-            _, _, node = heapq.heappop(heap)
+        while self._heap and evicted < num_pages:
+            stamp, _, node = heapq.heappop(self._heap)
             parent = node.parent
-            assert parent is not None
+            if (node.lock_ref or node.children or parent is None
+                    or parent.children.get(node.key) is not node):
+                continue  # stale: locked, grew children, or already evicted
+            if stamp != node.last_access:
+                self._push(node)  # touched since it was queued
+                continue
             del parent.children[node.key]
+            node.parent = None
             free_page(node.page)
             self.num_pages -= 1
             self.num_evictable -= 1
             evicted += 1
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+                self._push(parent)
         return evicted
-
-    def _leaves(self) -> list[Node]:
-        out, stack = [], [self.root]
-        while stack:
-            node = stack.pop()
-            if node.children:
-                stack.extend(node.children.values())
-            elif node is not self.root:
-                out.append(node)
-        return out
