@@ -31,6 +31,15 @@ class Scheduler:
     # -- messages --------------------------------------------------------------------------
     def add(self, req: Request) -> None:
         """Queue a request, or refuse it at once if it could never run."""
+        self.validate(req)
+        if req.id in self.live:
+            raise RequestError(f"duplicate request id {req.id}")
+        req.state = RequestState.WAITING
+        self.waiting.append(req)
+        self.live[req.id] = req
+
+    def validate(self, req: Request) -> None:
+        """Raise RequestError when `req` could never run (reads only the configuration)."""
         cfg = self.config
         need = req.prompt_len + req.params.max_tokens
         if req.prompt_len == 0:
@@ -43,11 +52,6 @@ class Scheduler:
             raise RequestError(
                 f"prompt ({req.prompt_len} tokens) + max_tokens ({req.params.max_tokens}) = "
                 f"{need} can never fit the KV pool of {self.kv.total} positions")
-        if req.id in self.live:
-            raise RequestError(f"duplicate request id {req.id}")
-        req.state = RequestState.WAITING
-        self.waiting.append(req)
-        self.live[req.id] = req
 
     def cancel(self, request_id: str, now: float,
                reason: FinishReason = "cancelled") -> Request | None:

@@ -80,6 +80,11 @@ class MetricsView:
     prefill_tokens_total: int
     # (time, output tok/s, ttft, itl) samples over the last minutes for the charts
     history: tuple[tuple[float, float, float | None, float | None], ...] = ()
+    # cumulative (upper bound, count) pairs, for the Prometheus histograms
+    ttft_buckets: tuple[tuple[float, int], ...] = ()
+    ttft_sum: float = 0.0
+    itl_buckets: tuple[tuple[float, int], ...] = ()
+    itl_sum: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
