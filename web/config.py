@@ -1,0 +1,37 @@
+"""The web layer's configuration, built by `app` from settings."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(slots=True)
+class WebConfig:
+    data_dir: Path  # SQLite database and users file live here
+    model_name: str = "SmolLM2-135M-Instruct"
+    shared: bool = False  # listening beyond loopback: tokens required everywhere
+    per_user_limit: int = 8  # waiting + running requests per user (shared mode)
+    max_body_bytes: int = 1024 * 1024
+    max_messages: int = 200
+    max_stop: int = 4
+    max_tokens_limit: int = 4096
+    default_max_tokens: int = 512
+    dashboard_interval: float = 0.4  # seconds between dashboard pushes while busy
+    secret_key: bytes | None = None  # session-cookie signing key; made and kept in data_dir
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir)
+        for name in ("per_user_limit", "max_body_bytes", "max_messages", "max_tokens_limit",
+                     "default_max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.max_stop < 0:
+            raise ValueError("max_stop must be >= 0")
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "ferry.sqlite3"
+
+    @property
+    def users_path(self) -> Path:
+        return self.data_dir / "users.json"
