@@ -59,6 +59,9 @@ class Engine:
         self._idle.set()
         self._thread: threading.Thread | None = None
         self.last_error: str | None = None
+        # Busy-round totals (seconds): whole round vs executor, for the scheduler's share.
+        self.round_time = 0.0
+        self.executor_time = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -139,6 +142,7 @@ class Engine:
         scheduler = self._core.scheduler
         while True:
             messages = self._receive(block=not scheduler.has_work)
+            started = self.clock()
             if any(isinstance(m, Stop) for m in messages):
                 self._shutdown(messages)
                 return
@@ -150,6 +154,9 @@ class Engine:
             if not scheduler.has_work:
                 self._check_idle()
             self._publish()
+            if record is not None:
+                self.round_time += self.clock() - started
+                self.executor_time += record.duration
 
     def _receive(self, block: bool) -> list[Message]:
         messages: list[Message] = []
