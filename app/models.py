@@ -48,7 +48,11 @@ def default_gguf() -> Path | None:
 
 
 def converted_dir(paths: Paths, name: str = DEFAULT_NAME) -> Path:
-    """Where a model converted to safetensors is kept (cache/models/<name>)."""
+    """Where a model converted to safetensors is kept (cache/models/<name>).
+
+    The engine's converter names the folder after the GGUF file's stem."""
+    if name == DEFAULT_NAME:
+        name = Path(DEFAULT_GGUF).stem
     return paths.models_cache / name.replace("/", "--")
 
 

@@ -1,16 +1,66 @@
-"""Launching the server: engine + web app + uvicorn. (Placeholder until engine/web land.)"""
+"""Launching the server: model -> engine -> web app -> uvicorn (the composition root)."""
 from __future__ import annotations
+
+import logging
+import sys
 
 from app.banner import banner, local_url, open_browser
 from app.models import ModelRef
 from app.paths import Paths
 from app.settings import Settings, engine_config
 
+log = logging.getLogger(__name__)
+
+
+def pick_device(name: str) -> str:
+    if name != "auto":
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def build(settings: Settings, paths: Paths, model: ModelRef, progress: bool = True):  # noqa: ANN201
+    """Load the model and build the Litestar app (the engine starts with the app's lifespan)."""
+    from engine.engine import Engine
+    from engine.model_executor import ModelExecutor
+    from engine.tokenizer import Tokenizer
+    from web.app import create_app
+    from web.config import WebConfig
+
+    config = engine_config(settings)
+    device = pick_device(settings.device)
+    spec = None if model.kind == "default" else (str(model.path) if model.path else model.name)
+    executor = ModelExecutor.from_pretrained(spec, config, dtype=settings.dtype, device=device,
+                                             cache_dir=paths.models_cache, progress=progress)
+    config.max_context = min(config.max_context, executor.max_context)
+    tokenizer = Tokenizer(executor.model_path)
+    engine = Engine(config, executor, tokenizer)
+    web = WebConfig(data_dir=paths.data, model_name=model.name, shared=settings.shared,
+                    per_user_limit=settings.per_user_limit,
+                    max_body_bytes=settings.max_body_bytes, max_messages=settings.max_messages,
+                    max_stop=settings.max_stop, max_tokens_limit=settings.max_tokens_limit)
+    app = create_app(engine, tokenizer, web)
+    dtype = str(executor.dtype).removeprefix("torch.")
+    return app, device, dtype
+
 
 def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
-    """Serve until interrupted; returns the exit code. TODO(lead): replace with the real wiring."""
-    engine_config(settings)  # surfaces engine-level config errors before anything heavy
-    print(banner(settings, model.name, settings.device, settings.dtype))
+    """Serve until SIGINT/SIGTERM; uvicorn's shutdown runs the app's lifespan, which stops the
+    engine (running requests end, partial replies are saved) and closes the database."""
+    import uvicorn
+
+    from engine.loader import ModelNotFound
+
+    print(f"Loading {model.name} ...", file=sys.stderr)
+    try:
+        app, device, dtype = build(settings, paths, model)
+    except ModelNotFound as exc:
+        print(f"ferry serve: {exc}", file=sys.stderr)
+        return 2
+    print(banner(settings, model.name, device, dtype), flush=True)
     if settings.open:
         open_browser(local_url(settings))
-    raise NotImplementedError("app.serve.run: engine and web wiring not written yet")
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning",
+                timeout_graceful_shutdown=5)
+    return 0
