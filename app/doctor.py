@@ -22,6 +22,7 @@ from app.paths import Paths
 from app.preflight import port_problem
 from app.settings import Settings
 from app.users_cli import users_exist
+from web.users import UserError
 
 Status = Literal["ok", "info", "warn", "fail"]
 MARKS = {"ok": ("\u2713", "ok", "32"), "info": ("-", "-", "36"),
@@ -117,9 +118,12 @@ def run_checks(settings: Settings | None, paths: Paths, config_error: str | None
     checks.append(Check("fail" if problem else "ok", "port",
                         problem or f"{settings.host}:{settings.port} is free"))
     if settings.shared:
-        ok = users_exist(paths)
-        checks.append(Check("ok" if ok else "fail", "users", "present" if ok else
-                            "none: run `ferry users add NAME --admin` before sharing"))
+        try:
+            ok = users_exist(paths)
+            detail = "present" if ok else "none: run `ferry users add NAME --admin` before sharing"
+        except UserError as exc:
+            ok, detail = False, str(exc)
+        checks.append(Check("ok" if ok else "fail", "users", detail))
     return checks
 
 

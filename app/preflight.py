@@ -9,6 +9,7 @@ from app.models import ModelError, ModelRef, resolve_model
 from app.paths import Paths
 from app.settings import Settings
 from app.users_cli import users_exist
+from web.users import UserError
 
 
 class PreflightError(Exception):
@@ -42,7 +43,11 @@ def port_problem(host: str, port: int) -> str | None:
 
 def check_serve(settings: Settings, paths: Paths) -> ModelRef:
     """Raise PreflightError for the first problem; returns the resolved model."""
-    if settings.shared and not users_exist(paths):
+    try:
+        have_users = not settings.shared or users_exist(paths)
+    except UserError as exc:
+        raise PreflightError(f"cannot check users for sharing: {exc}") from None
+    if not have_users:
         raise PreflightError(
             f"refusing to listen on {settings.host}: sharing on the network requires users "
             f"with access tokens, and there are none in {paths.users_file}. "

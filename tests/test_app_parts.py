@@ -12,6 +12,7 @@ from app.models import ModelError, converted_dir, default_gguf, human_size, reso
 from app.paths import get_paths
 from app.settings import Settings
 from app.users_cli import users_exist
+from web.users import UserError, UserStore
 
 
 def test_default_model_found_without_import() -> None:
@@ -90,10 +91,19 @@ def test_logging_to_rotating_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.parametrize(("content", "exists"), [(None, False), ("", False), ("{}", False),
-                                                 ('{"ann": {}}', True)])
+                                                 ('{"version": 1, "users": {}}', False)])
 def test_users_exist(tmp_path: Path, content: str | None, exists: bool) -> None:
     paths = get_paths({"FERRY_HOME": str(tmp_path)})
     if content is not None:
         paths.users_file.parent.mkdir(parents=True)
         paths.users_file.write_text(content)
     assert users_exist(paths) is exists
+
+
+def test_users_exist_reads_the_user_store(tmp_path: Path) -> None:
+    paths = get_paths({"FERRY_HOME": str(tmp_path)})
+    UserStore(paths.users_file, scrypt_n=2 ** 10).add("ann", admin=True)
+    assert users_exist(paths)
+    paths.users_file.write_text('{"ann": {}}')  # not a users file Ferry wrote
+    with pytest.raises(UserError, match="not a Ferry users file"):
+        users_exist(paths)

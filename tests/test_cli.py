@@ -15,6 +15,7 @@ import pytest
 import app.serve
 from app import cli
 from app.paths import get_paths
+from web.users import UserStore
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = REPO.parent / "shared" / "scenarios"
@@ -133,6 +134,15 @@ def test_shared_host_requires_users(capsys: pytest.CaptureFixture[str]) -> None:
     assert "ferry users add" in err
 
 
+def test_shared_host_with_damaged_users_file(capsys: pytest.CaptureFixture[str]) -> None:
+    users = get_paths().users_file
+    users.parent.mkdir(parents=True)
+    users.write_text("{oops")
+    code, _, err = run(capsys, "serve", "--host", "0.0.0.0", "--port", str(free_port()))
+    assert code == 2
+    assert "users.json is not valid JSON" in err
+
+
 def test_serve_hands_valid_settings_to_run(capsys: pytest.CaptureFixture[str],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     seen = {}
@@ -145,9 +155,7 @@ def test_serve_hands_valid_settings_to_run(capsys: pytest.CaptureFixture[str],
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", list(root.handlers))  # serve adds handlers: undo them
     monkeypatch.setattr(root, "level", root.level)
-    users = get_paths().users_file
-    users.parent.mkdir(parents=True)
-    users.write_text('{"admin": {"admin": true}}')
+    UserStore(get_paths().users_file, scrypt_n=2 ** 10).add("admin", admin=True)
     port = free_port()
     code, _, _ = run(capsys, "serve", "--host", "0.0.0.0", "--port", str(port))
     assert code == 0
