@@ -302,7 +302,9 @@ async def send_simple(send: Send, status: int, body: bytes, content_type: str,
 
 def _error_json(status: int, kind: str, message: str) -> bytes:
     code = {401: "unauthorized", 403: "forbidden", 413: "too_large"}.get(status, str(status))
-    return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
+    # the same shape as web.api_errors (OpenAI's): message, type, param, code
+    return json.dumps({"error": {"message": message, "type": kind, "param": None,
+                                 "code": code}}).encode()
 
 
 class AuthMiddleware:
