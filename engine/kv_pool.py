@@ -1,13 +1,15 @@
 """The paged KV pool: every layer's keys and values for every KV position the engine holds.
 
-One allocation, viewed per layer as K and V of shape [num_pages, kv_heads, page_size, head_dim]
-(FlashInfer's "HND" paged layout). A request owns pages, not rows of a batch: position p of a
-request lives at slot pages[p // page_size] * page_size + p % page_size in every layer.
+One allocation; layer l is `data[l]`, shape [num_pages, 2, kv_heads, page_size, head_dim]
+(K then V in each page; FlashInfer's single-tensor "HND" paged layout). A request owns pages,
+not rows of a batch: position p of a request lives at slot
+pages[p // page_size] * page_size + p % page_size in every layer.
 
-Why heads before positions inside a page: a backend that gathers a request's prefix copies
-whole (page, head) blocks of page_size * head_dim contiguous values (4 KiB for 16 x 64 fp32),
-and the result is already head-major, [kv_heads, positions, head_dim], the layout batched
-matmuls and SDPA want. Gathering per position moved 64-value rows and cost ~3x more on CPU.
+Why this layout: a backend that gathers a request's prefix copies whole (page, K/V, head)
+blocks of page_size * head_dim contiguous values (4 KiB for 16 x 64 fp32) in one
+index_select for K and V together, and the result is already head-major
+([kv_heads, positions, head_dim]), the layout batched matmuls and SDPA want. Gathering per
+position moved 64-value rows and cost ~3x more on CPU.
 """
 from __future__ import annotations
 
@@ -33,8 +35,12 @@ class KVPool:
         self.dtype = dtype
         self.device = torch.device(device)
         # zeros, not empty: a padded gather reads pages past a sequence's end; must be finite
-        self.data = torch.zeros(num_layers, 2, num_pages, num_kv_heads, page_size, head_dim,
+        self.data = torch.zeros(num_layers, num_pages, 2, num_kv_heads, page_size, head_dim,
                                 dtype=dtype, device=device)
+        # per-layer views made once: indexing `data` per layer per round costs Python time
+        self._layers = list(self.data.unbind(0))
+        self._blocks = [t.view(num_pages * 2 * num_kv_heads, page_size * head_dim)
+                        for t in self._layers]
 
     @property
     def num_slots(self) -> int:
@@ -51,33 +57,27 @@ class KVPool:
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()
 
-    def paged(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(K, V) of one layer, each [num_pages, kv_heads, page_size, head_dim]."""
-        return self.data[layer, 0], self.data[layer, 1]
+    def paged(self, layer: int) -> torch.Tensor:
+        """One layer: [num_pages, 2 (K, V), kv_heads, page_size, head_dim]."""
+        return self._layers[layer]
 
-    def blocks(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(K, V) as rows of (page, head) blocks: [num_pages * kv_heads, page_size * head_dim].
-        Row of page p, head h: p * kv_heads + h."""
-        shape = (self.num_pages * self.num_kv_heads, self.page_size * self.head_dim)
-        return self.data[layer, 0].view(shape), self.data[layer, 1].view(shape)
+    def blocks(self, layer: int) -> torch.Tensor:
+        """One layer as rows of blocks: [num_pages * 2 * kv_heads, page_size * head_dim];
+        the block of page p, K (c=0) or V (c=1), head h is row (p * 2 + c) * kv_heads + h."""
+        return self._blocks[layer]
 
-    def write_index(self, slots: torch.Tensor) -> torch.Tensor:
-        """[T] slots -> [T * kv_heads] rows of the [.., head_dim]-row view, token-major."""
-        page, off = slots // self.page_size, slots % self.page_size
-        heads = torch.arange(self.num_kv_heads, device=slots.device)
-        return ((page[:, None] * self.num_kv_heads + heads) * self.page_size
-                + off[:, None]).flatten()
+    def locate(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T] slots -> (pages, offsets in page), the index pair `write` takes."""
+        return slots // self.page_size, slots % self.page_size
 
-    def write(self, layer: int, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store new tokens' K/V ([T, kv_heads, head_dim]) at `rows` from `write_index`."""
-        d = self.head_dim
-        self.data[layer, 0].view(-1, d).index_copy_(0, rows, k.reshape(-1, d))
-        self.data[layer, 1].view(-1, d).index_copy_(0, rows, v.reshape(-1, d))
+    def write(self, layer: int, where: tuple[torch.Tensor, torch.Tensor],
+              kv: torch.Tensor) -> None:
+        """Store new tokens' K and V, kv [T, 2, kv_heads, head_dim] (may be a strided view),
+        at `where` = locate(slots): one scatter for both."""
+        pages, offsets = where
+        self._layers[layer][pages, :, :, offsets] = kv
 
-    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V at `slots` as [T, kv_heads, head_dim] (for tests and tools)."""
-        rows = self.write_index(slots)
-        d, kvh = self.head_dim, self.num_kv_heads
-        k = self.data[layer, 0].reshape(-1, d).index_select(0, rows).view(-1, kvh, d)
-        v = self.data[layer, 1].reshape(-1, d).index_select(0, rows).view(-1, kvh, d)
-        return k, v
+    def read(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        """K/V at `slots` as [T, 2, kv_heads, head_dim] (for tests and tools)."""
+        pages, offsets = self.locate(slots)
+        return self._layers[layer][pages, :, :, offsets]

@@ -69,9 +69,9 @@ class AttentionBackend(ABC):
         """Build index tensors / plans for this round (shared by every layer)."""
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                layer: int) -> torch.Tensor:
-        """q [T, heads, d], k/v [T, kv_heads, d] (may be strided views) -> [T, heads * d].
+    def forward(self, q: torch.Tensor, kv: torch.Tensor, layer: int) -> torch.Tensor:
+        """q [T, heads, d], kv [T, 2 (K, V), kv_heads, d] (may be strided views)
+        -> [T, heads * d].
 
-        Writes k/v into the pool at the round's slots, then attends over each full prefix.
+        Writes K/V into the pool at the round's slots, then attends over each full prefix.
         """

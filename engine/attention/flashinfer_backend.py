@@ -1,7 +1,7 @@
 """FlashInfer attention (CUDA only): paged decode and prefill kernels over the same pool.
 
 Imported lazily through the registry, so CPU installs never need flashinfer. The pool's
-[num_pages, kv_heads, page_size, d] layout is FlashInfer's "HND" paged layout, so the page
+[num_pages, 2, kv_heads, page_size, d] layout is FlashInfer's "HND" paged layout, so the page
 tables are passed as they are (CSR: indptr, indices, last_page_len). A round of only
 single-token sequences uses the decode wrapper; any other round uses the prefill wrapper for
 all its sequences (it handles one-token queries too, and aligns the causal mask to each
@@ -52,7 +52,7 @@ class FlashInferAttention(AttentionBackend):
         kv_indices = torch.tensor(indices, **i32)
         kv_last = torch.tensor(last, **i32)
         dtype = self.pool.dtype
-        self.write_rows = self.pool.write_index(inputs.slot_mapping)
+        self.where = self.pool.locate(inputs.slot_mapping)
         if all(q == 1 for q in inputs.query_lens):
             self._decode.plan(kv_indptr, kv_indices, kv_last, self.num_heads, self.num_kv_heads,
                               self.head_dim, ps, pos_encoding_mode="NONE", sm_scale=self.scale,
@@ -68,8 +68,7 @@ class FlashInferAttention(AttentionBackend):
                                q_data_type=dtype, kv_data_type=dtype)
             self._wrapper = self._prefill
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                layer: int) -> torch.Tensor:
-        self.pool.write(layer, self.write_rows, k, v)
+    def forward(self, q: torch.Tensor, kv: torch.Tensor, layer: int) -> torch.Tensor:
+        self.pool.write(layer, self.where, kv)
         out = self._wrapper.run(q.contiguous(), self.pool.paged(layer))  # type: ignore[union-attr]
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)

@@ -23,20 +23,22 @@ from engine.attention.base import AttentionBackend, AttentionInputs
 class TorchAttention(AttentionBackend):
     name = "torch"
 
-    def _block_index(self, page_tables: list[list[int]], kv_lens: list[int]) -> tuple[torch.Tensor, int]:
-        """Rows of the pool's (page, head) block view for each sequence's pages, ordered
-        (sequence, head, page), padded with the first page -> (index, padded length)."""
+    def _block_index(self, page_tables: list[list[int]],
+                     kv_lens: list[int]) -> tuple[torch.Tensor, int]:
+        """Rows of the pool's block view holding each sequence's pages, ordered (K/V,
+        sequence, head, page), padded with the first page -> (index, padded length)."""
         ps, kvh = self.pool.page_size, self.num_kv_heads
         num = max(-(-kv // ps) for kv in kv_lens)
         table = torch.tensor([pt[:num] + [pt[0]] * (num - len(pt[:num])) for pt in page_tables],
                              dtype=torch.int64)
-        heads = torch.arange(kvh, dtype=torch.int64)
-        index = table[:, None, :] * kvh + heads[None, :, None]  # [n, kv_heads, pages]
+        c = torch.arange(2, dtype=torch.int64)[:, None, None, None]
+        heads = torch.arange(kvh, dtype=torch.int64)[None, None, :, None]
+        index = (table[None, :, None, :] * 2 + c) * kvh + heads  # [2, n, kv_heads, pages]
         return index.flatten().to(self.pool.device), num * ps
 
     def prepare(self, inputs: AttentionInputs) -> None:
         dev, kvh = self.pool.device, self.num_kv_heads
-        self.write_rows = self.pool.write_index(inputs.slot_mapping)
+        self.where = self.pool.locate(inputs.slot_mapping)
         n_dec = inputs.num_single
         self.n_dec, self.n_pre = n_dec, len(inputs.query_lens) - n_dec
         if n_dec:
@@ -66,17 +68,15 @@ class TorchAttention(AttentionBackend):
                 real = i < ql[:, None]
                 self.pre_out_idx = (torch.arange(n)[:, None] * qmax + i)[real].to(dev)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                layer: int) -> torch.Tensor:
-        self.pool.write(layer, self.write_rows, k, v)
-        k_blocks, v_blocks = self.pool.blocks(layer)
+    def forward(self, q: torch.Tensor, kv: torch.Tensor, layer: int) -> torch.Tensor:
+        self.pool.write(layer, self.where, kv)
+        blocks = self.pool.blocks(layer)
         d, kvh, h = self.head_dim, self.num_kv_heads, self.num_heads
         parts = []
         if self.n_dec:
             n, length = self.n_dec, self.dec_len
             qd = q[:n].reshape(n * kvh, h // kvh, d)
-            kd = k_blocks.index_select(0, self.dec_idx).view(n * kvh, length, d)
-            vd = v_blocks.index_select(0, self.dec_idx).view(n * kvh, length, d)
+            kd, vd = blocks.index_select(0, self.dec_idx).view(2, n * kvh, length, d)
             scores = torch.baddbmm(self.dec_mask, qd, kd.transpose(1, 2), alpha=self.scale)
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vd.dtype)
             parts.append(torch.bmm(probs, vd).view(n, h * d))
@@ -86,8 +86,7 @@ class TorchAttention(AttentionBackend):
             if self.pre_q_idx is not None:
                 qp = qp.index_select(0, self.pre_q_idx)
             qp = qp.reshape(n, qmax, h, d).transpose(1, 2)
-            kp = k_blocks.index_select(0, self.pre_idx).view(n, kvh, length, d)
-            vp = v_blocks.index_select(0, self.pre_idx).view(n, kvh, length, d)
+            kp, vp = blocks.index_select(0, self.pre_idx).view(2, n, kvh, length, d)
             out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=self.pre_mask,
                                                  scale=self.scale, enable_gqa=kvh != h)
             out = out.transpose(1, 2).reshape(n * qmax, h * d)

@@ -14,14 +14,15 @@ def test_slot_formula_and_round_trip() -> None:
     pages = [5, 0, 3]
     assert [slot_of(pages, p, 4) for p in (0, 3, 4, 9)] == [20, 23, 0, 13]
     slots = torch.tensor([slot_of(pages, p, 4) for p in range(10)])
-    k, v = torch.randn(10, 2, 3), torch.randn(10, 2, 3)
-    pool.write(1, pool.write_index(slots), k, v)
-    rk, rv = pool.read(1, slots)
-    assert torch.equal(rk, k) and torch.equal(rv, v)
-    assert pool.read(0, slots)[0].abs().sum() == 0  # other layers untouched
-    kp, _ = pool.paged(1)
-    assert kp.shape == (6, 2, 4, 3)  # [pages, kv_heads, page_size, head_dim]
-    assert torch.equal(kp[3, 1, 1], k[9, 1])  # position 9 -> page 3, offset 1
+    kv = torch.randn(10, 2, 2, 3)  # [tokens, K/V, kv_heads, head_dim]
+    pool.write(1, pool.locate(slots), kv)
+    assert torch.equal(pool.read(1, slots), kv)
+    assert pool.read(0, slots).abs().sum() == 0  # other layers untouched
+    paged = pool.paged(1)
+    assert paged.shape == (6, 2, 2, 4, 3)  # [pages, K/V, kv_heads, page_size, head_dim]
+    assert torch.equal(paged[3, 1, 1, 1], kv[9, 1, 1])  # position 9 -> page 3, offset 1
+    row = (3 * 2 + 1) * 2 + 1  # block row of page 3, V, head 1
+    assert torch.equal(pool.blocks(1)[row].view(4, 3)[1], kv[9, 1, 1])
     assert KVPool.bytes_per_token(30, 3, 64, torch.bfloat16) == 30 * 2 * 3 * 64 * 2
 
 
