@@ -88,8 +88,9 @@ class Embedding(nn.Module):
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up, computed in place in the gate half (gate_up is a temporary)."""
     gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return F.silu(gate, inplace=True).mul_(up)
 
 
 # --- rotary position embedding -------------------------------------------------------------
@@ -150,6 +151,8 @@ class RotaryEmbedding(nn.Module):
         return cos, sin
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, head_dim] (may be a strided view) -> rotated, contiguous."""
-    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), sin)
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, heads, head_dim] (may be a strided view) -> rotated; `out` may be x itself
+    (both operands of the final op are temporaries, so writing in place is safe)."""
+    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), sin, out=out)
