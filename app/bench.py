@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 
 from engine.config import POLICIES, EngineConfig
 
@@ -105,7 +106,7 @@ def run_engine(engine: object, work: Workload, prompts: list[list[int]], name: s
                 result.prompt_tokens += len(ids)
                 if times:
                     result.ttft.append(times[0] - sent)
-                    result.itl.extend(b - a for a, b in zip(times, times[1:]))
+                    result.itl.extend(b - a for a, b in pairwise(times))
                     if len(times) > 1:
                         result.tpot.append((times[-1] - times[0]) / (len(times) - 1))
         finally:

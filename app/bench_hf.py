@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from itertools import pairwise
 from pathlib import Path
 
 from app.bench import Result, Workload
@@ -59,7 +60,7 @@ def one_at_a_time(model: object, torch: object, prompts: list[list[int]], work: 
         result.output_tokens += len(times)
         result.prompt_tokens += len(p)
         result.ttft.append(times[0] - start)
-        result.itl.extend(b - a for a, b in zip(times, times[1:]))
+        result.itl.extend(b - a for a, b in pairwise(times))
         result.tpot.append((times[-1] - times[0]) / max(1, len(times) - 1))
     result.wall = time.perf_counter() - begin
     return result
@@ -72,11 +73,11 @@ def static_batches(model: object, torch: object, prompts: list[list[int]], work:
     begin = time.perf_counter()
     for i in range(0, len(prompts), size):
         batch = prompts[i:i + size]
-        start, times = _generate(model, torch, batch, work, pad)
+        _, times = _generate(model, torch, batch, work, pad)
         result.output_tokens += len(times) * len(batch)
         result.prompt_tokens += sum(len(p) for p in batch)
         result.ttft.extend([times[0] - begin] * len(batch))  # all queued at the start
-        steps = [b - a for a, b in zip(times, times[1:])]
+        steps = [b - a for a, b in pairwise(times)]
         for _ in batch:
             result.itl.extend(steps)
             result.tpot.append((times[-1] - times[0]) / max(1, len(times) - 1))

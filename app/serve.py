@@ -20,12 +20,13 @@ def pick_device(name: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def build(settings: Settings, paths: Paths, model: ModelRef, progress: bool = True):  # noqa: ANN201
+def build(settings: Settings, paths: Paths, model: ModelRef, progress: bool = True):
     """Load the model and build the Litestar app (the engine starts with the app's lifespan)."""
+    from web.app import create_app
+
     from engine.engine import Engine
     from engine.model_executor import ModelExecutor
     from engine.tokenizer import Tokenizer
-    from web.app import create_app
     from web.config import WebConfig
 
     config = engine_config(settings)

@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING
 from engine.batch import Executor
 from engine.config import ADMISSIONS, POLICIES, EngineConfig
 from engine.core import EngineCore, RoundRecord
-from engine.events import (Cancel, FinalEvent, Reconfigure, Stop, Submit, Timings, TokenEvent,
-                           Usage)
+from engine.events import Cancel, FinalEvent, Reconfigure, Stop, Submit, Timings, TokenEvent, Usage
 from engine.handle import RequestHandle
 from engine.metrics import MetricsRecorder
 from engine.request import Request, RequestError, SamplingParams, new_request_id

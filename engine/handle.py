@@ -9,7 +9,7 @@ import queue
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 from engine.events import FinalEvent, TokenEvent
 
@@ -23,7 +23,7 @@ class TextDelta:
     token_ids: tuple[int, ...]
 
 
-Event = Union[TextDelta, FinalEvent]
+Event = TextDelta | FinalEvent
 
 
 class RequestHandle:
@@ -110,5 +110,4 @@ class RequestHandle:
     def events(self, timeout: float | None = None) -> Iterator[Event]:
         """Blocking iteration, for handles made outside an event loop (bench, tests)."""
         while self.final is None:
-            for out in self._drain(self._squeue.get(timeout=timeout)):
-                yield out
+            yield from self._drain(self._squeue.get(timeout=timeout))

@@ -107,6 +107,8 @@ class KVMemory:
     def _insert(self, req: Request, ids: list[int], num_pages: int, relock: bool) -> Node:
         assert self.cache is not None
         start = req.cache_node if isinstance(req.cache_node, Node) else self.cache.root
+        if relock:
+            num_pages = self._lockable(start, ids, num_pages)
         if num_pages <= start.depth:
             return start
         # A duplicate page stays with the request while it lives; release() frees it.
@@ -117,6 +119,21 @@ class KVMemory:
                 self.cache.unlock(req.cache_node)  # type: ignore[arg-type]
             req.cache_node = node
         return node
+
+    def _lockable(self, start: Node, ids: list[int], num_pages: int) -> int:
+        """Pages of `ids` that may enter the tree locked: stop before an unlocked node that
+        already holds one of them (another request's cached copy). Locking it would take an
+        evictable page that no reservation accounts for, while our own copy stays held."""
+        assert self.cache is not None
+        node = start
+        for i in range(start.depth, num_pages):
+            child = node.children.get(tuple(ids[i * self.page_size:(i + 1) * self.page_size]))
+            if child is None:
+                break  # the rest are new nodes over our own pages
+            if child.lock_ref == 0:
+                return i
+            node = child
+        return num_pages
 
     @staticmethod
     def _path_pages(node: Node) -> set[int]:

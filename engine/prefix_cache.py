@@ -14,7 +14,7 @@ PageKey = tuple[int, ...]
 
 
 class Node:
-    __slots__ = ("key", "page", "parent", "children", "lock_ref", "last_access", "depth")
+    __slots__ = ("children", "depth", "key", "last_access", "lock_ref", "page", "parent")
 
     def __init__(self, key: PageKey, page: int, parent: Node | None) -> None:
         self.key = key

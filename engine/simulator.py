@@ -51,8 +51,10 @@ class Simulation:
 
     def run(self) -> dict[str, Any]:
         arrivals = sorted(self.scenario.requests, key=lambda r: r.arrive)  # stable: file order
+        # By the time a cancel takes effect (never before its request arrives), so that a
+        # cancel sent before a late arrival does not hold back the cancels after it.
         cancels = sorted((r for r in arrivals if r.cancel_at is not None),
-                         key=lambda r: r.cancel_at)  # type: ignore[arg-type, return-value]
+                         key=lambda r: max(r.cancel_at, r.arrive))  # type: ignore[type-var]
         a = c = 0
         num_rounds = 0
         while True:

@@ -182,7 +182,7 @@ def test_models_lists_default_and_folders(capsys: pytest.CaptureFixture[str],
 
 
 def test_models_shows_converted_copy(capsys: pytest.CaptureFixture[str]) -> None:
-    copy = get_paths().models_cache / "SmolLM2-135M-Instruct"
+    copy = get_paths().models_cache / "SmolLM2-135M-Instruct.Q4_1"  # the converter's name
     copy.mkdir(parents=True)
     (copy / "model.safetensors").write_bytes(bytes(1024))
     code, out, _ = run(capsys, "models")

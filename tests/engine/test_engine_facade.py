@@ -42,7 +42,7 @@ def make(executor: Paced | None = None, **cfg: object) -> Engine:
     return Engine(config, executor or Paced()).start()
 
 
-def finish(handle) -> FinalEvent:  # noqa: ANN001
+def finish(handle) -> FinalEvent:
     events = list(handle.events(timeout=10))
     assert isinstance(events[-1], FinalEvent)
     assert all(isinstance(e, TextDelta) for e in events[:-1])
@@ -57,7 +57,7 @@ def assert_all_free(engine: Engine) -> None:
 
 
 @pytest.fixture
-def engine():  # noqa: ANN201
+def engine():
     e = make()
     yield e
     assert_all_free(e)

@@ -13,7 +13,6 @@ from engine.handle import TextDelta
 from engine.model_executor import ModelExecutor
 from engine.request import SamplingParams
 
-
 STEPS = 6
 
 
@@ -55,7 +54,7 @@ def assert_all_free(engine: Engine) -> None:
 
 
 @pytest.fixture
-def engine_for(tiny_models):  # noqa: ANN201
+def engine_for(tiny_models):
     engines: list[Engine] = []
 
     def make(name: str, **cfg: object) -> Engine:
