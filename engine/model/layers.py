@@ -121,10 +121,11 @@ def rope_inv_freq(head_dim: int, theta: float, rope: dict) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """cos/sin tables for every position, looked up once per round (not per layer).
+    """cos/sin of the round's positions, computed once per round (not per layer) in fp32 as
+    HF does; no table, since one for 128k positions would take 100+ MB.
 
-    HF rotates with `x*cos + rotate_half(x)*sin`, rotate_half(x) = cat(-x2, x1). We store
-    sin with the sign folded in (cat(-s, s)) so that rotate_half becomes a plain roll:
+    HF rotates with `x*cos + rotate_half(x)*sin`, rotate_half(x) = cat(-x2, x1). We fold the
+    sign into sin (cat(-s, s)) so that rotate_half becomes a plain roll:
     x*cos + roll(x, d/2) * sin_signed, i.e. three ops.
     """
 
@@ -132,22 +133,20 @@ class RotaryEmbedding(nn.Module):
                  device: torch.device | str | None = None) -> None:
         super().__init__()
         self.head_dim = head_dim
+        self.max_positions = max_positions
         inv = rope_inv_freq(head_dim, theta, rope)
-        pos = torch.arange(max_positions, dtype=torch.float32)
-        freqs = torch.outer(pos, inv)  # fp32 like HF
-        emb = torch.cat((freqs, freqs), dim=-1)
-        sin = freqs.sin()
-        self.register_buffer("cos", emb.cos().to(device), persistent=False)
-        self.register_buffer("sin", torch.cat((-sin, sin), dim=-1).to(device), persistent=False)
+        self.register_buffer("inv_freq", inv.to(device), persistent=False)
 
     def forward(self, positions: torch.Tensor,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """[T] positions -> (cos, sin_signed), each [T, 1, head_dim] in `dtype`."""
-        if positions.numel() and int(positions.max()) >= self.cos.shape[0]:
+        if positions.numel() and int(positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(positions.max())} beyond the model's "
-                             f"{self.cos.shape[0]} positions")
-        cos = self.cos.index_select(0, positions).to(dtype).unsqueeze(1)
-        sin = self.sin.index_select(0, positions).to(dtype).unsqueeze(1)
+                             f"{self.max_positions} positions")
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        cos, sin = freqs.cos(), freqs.sin()
+        cos = torch.cat((cos, cos), dim=-1).to(dtype).unsqueeze(1)
+        sin = torch.cat((-sin, sin), dim=-1).to(dtype).unsqueeze(1)
         return cos, sin
 
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from engine.attention.base import AttentionBackend
 from engine.model.layers import (
+    ROPE_TYPES,
     Embedding,
     Linear,
     PackedLinear,
@@ -76,7 +77,10 @@ class ModelConfig:
             raise UnsupportedModel("per-layer-type rope parameters are not supported")
         theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
         rope.setdefault("rope_type", rope.get("type", "default"))
-        if rope["rope_type"] in ("llama3",):
+        if rope["rope_type"] not in ROPE_TYPES:
+            raise UnsupportedModel(f"rope_type {rope['rope_type']!r} is not supported "
+                                   f"(supported: {', '.join(ROPE_TYPES)})")
+        if rope["rope_type"] == "llama3":
             rope.setdefault("original_max_position_embeddings", cfg["max_position_embeddings"])
         window = cfg.get("sliding_window")
         if kind in ("qwen2", "qwen3") and (not cfg.get("use_sliding_window") or (
