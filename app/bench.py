@@ -160,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline-requests", type=int, default=4,
                    help="requests for the slow one-at-a-time baseline (default 4; its tokens/s "
                         "is a rate, so a subset measures it)")
+    p.add_argument("--stall", type=int, default=0, metavar="TOKENS",
+                   help="instead of the throughput run: measure how long a TOKENS-long prompt "
+                        "from one user stalls four others' replies under each policy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     return p
@@ -192,7 +195,8 @@ def main(argv: list[str]) -> int:
                     args.shared_prefix, args.seed)
     slots = args.max_running or args.concurrency
     config = EngineConfig(max_running=slots, max_prefill_tokens=args.max_prefill_tokens,
-                          kv_tokens=max(4096, slots * (args.prompt + args.output + 32)),
+                          kv_tokens=max(4096, slots * (args.prompt + args.output + 32),
+                                        args.stall + 8192),
                           policy=args.policy)
     paths = get_paths()
     try:
@@ -203,6 +207,11 @@ def main(argv: list[str]) -> int:
         print(f"ferry bench: {exc}", file=sys.stderr)
         return 2
     dtype = str(executor.dtype).removeprefix("torch.")
+    if args.stall:
+        from app import bench_stall
+
+        bench_stall.report(executor, args.stall, args.max_prefill_tokens)
+        return 0
     prompts = work.prompts(executor.vocab_size)
     engine = Engine(config, executor).start()
     results: list[Result] = []
