@@ -18,15 +18,28 @@ class WebConfig:
     default_max_tokens: int = 512
     dashboard_interval: float = 0.4  # seconds between dashboard pushes while busy
     secret_key: bytes | None = None  # session-cookie signing key; made and kept in data_dir
+    # chat page sampling (the API takes these per request)
+    chat_temperature: float = 0.7
+    chat_top_p: float = 0.95
+    chat_ignore_eos: bool = False  # keep writing past EOS up to default_max_tokens (demos, tests)
+    chat_system_prompt: str | None = None  # None: the chat template's own default
+    reattach_grace: float = 3.0  # seconds a reply with no open stream waits before it is cancelled
+    save_interval: float = 0.5  # seconds between saves of a streaming reply
+    assets_dir: Path | None = None  # node_modules with htmx.org and htmx-ext-sse (None: repo's)
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
+        if self.assets_dir is not None:
+            self.assets_dir = Path(self.assets_dir)
         for name in ("per_user_limit", "max_body_bytes", "max_messages", "max_tokens_limit",
                      "default_max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.max_stop < 0:
             raise ValueError("max_stop must be >= 0")
+        if self.reattach_grace < 0 or self.save_interval < 0 or self.dashboard_interval <= 0:
+            raise ValueError("reattach_grace and save_interval must be >= 0, "
+                             "dashboard_interval > 0")
 
     @property
     def db_path(self) -> Path:
