@@ -1,0 +1,62 @@
+"""Server-sent events: sse-starlette responses returned from ordinary Litestar handlers.
+
+EventSourceResponse sends keep-alive pings, cancels the generator when the client leaves
+(its `finally:` then cancels the engine request) and ends streams at once on shutdown.
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterable
+from typing import Any
+
+from litestar import Litestar
+from litestar.connection import ASGIConnection
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Schema
+from markupsafe import escape
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+PING_SECONDS = 15
+
+
+def event_stream(events: AsyncIterable[Any], headers: dict[str, str] | None = None,
+                 ping: float = PING_SECONDS) -> EventSourceResponse:
+    return EventSourceResponse(events, headers=headers, ping=ping)
+
+
+def html_event(event: str, html: str) -> ServerSentEvent:
+    """A named event whose data is an HTML fragment (for htmx `sse-swap`)."""
+    return ServerSentEvent(data=html, event=event)
+
+
+def text_event(event: str, text: str) -> ServerSentEvent:
+    """Untrusted text (model output), escaped so htmx inserts it as text, never as markup."""
+    return ServerSentEvent(data=str(escape(text)), event=event)
+
+
+def done_event() -> ServerSentEvent:
+    """The last event of a page stream; the page closes on it (`sse-close="done"`), so the
+    browser does not reconnect."""
+    return ServerSentEvent(data="done", event="done")
+
+
+async def until_disconnect(request: ASGIConnection[Any, Any, Any, Any]) -> None:
+    """Return when the client has gone (call after the request body was read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def document_event_streams(app: Litestar, paths: dict[tuple[str, str], str]) -> None:
+    """Add `text/event-stream` to the 200 response of each (path, method) in the OpenAPI
+    schema, next to the JSON body Litestar documents from the handler's ResponseSpec."""
+    schema = app.openapi_schema
+    for (path, method), description in paths.items():
+        item = schema.paths.get(path) if schema.paths else None
+        operation = getattr(item, method.lower(), None) if item else None
+        responses = getattr(operation, "responses", None) or {}
+        ok = responses.get("200")
+        if ok is None or isinstance(ok, dict) or not hasattr(ok, "content"):
+            continue
+        ok.content = dict(ok.content or {})
+        ok.content["text/event-stream"] = OpenAPIMediaType(
+            schema=Schema(type=OpenAPIType.STRING, description=description))
