@@ -1,0 +1,64 @@
+"""The live dashboard: one page, a board pushed over SSE, per-request cancel buttons."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Controller, Request, get, post
+from litestar.exceptions import NotFoundException
+from litestar.params import FromPath
+from litestar.response import Template
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from web.board import board_context
+from web.identity import User, current_user
+from web.services import Services, services
+from web.sse import event_stream, html_event
+
+
+def owner_of(s: Services, request_id: str) -> str | None:
+    handle = s.engine.handle(request_id)
+    if handle is not None:
+        return handle.owner
+    view = s.engine.snapshot().find(request_id)
+    return view.owner if view is not None else None
+
+
+async def board_events(s: Services, user: User) -> AsyncIterator[ServerSentEvent]:
+    """The board whenever the engine published a new snapshot, at most every
+    `dashboard_interval` seconds; nothing while idle (the response pings keep it open)."""
+    last = s.engine.snapshot()
+    while True:
+        await asyncio.sleep(s.config.dashboard_interval)
+        snap = s.engine.snapshot()
+        if snap is last:
+            continue
+        last = snap
+        yield html_event("board", s.render("_board.html",
+                                           **board_context(snap, s.engine, user, s.tracker)))
+
+
+class DashboardController(Controller):
+    path = "/dashboard"
+    tags = ("Dashboard",)
+
+    @get("/", include_in_schema=False, name="dashboard:page")
+    async def page(self, request: Request[Any, Any, Any]) -> Template:
+        s, user = services(request), current_user(request)
+        context = board_context(s.engine.snapshot(), s.engine, user, s.tracker)
+        return Template("dashboard.html", context={
+            **context, "page": "dashboard", "model_name": s.config.model_name})
+
+    @get("/stream", media_type="text/event-stream", name="dashboard:stream",
+         summary="The dashboard board as HTML fragments (event `board`), while it changes")
+    async def stream(self, request: Request[Any, Any, Any]) -> EventSourceResponse:
+        return event_stream(board_events(services(request), current_user(request)))
+
+    @post("/requests/{request_id:str}/cancel", status_code=204, name="dashboard:cancel",
+          summary="Cancel a waiting or running request (the viewer's own; any for an admin)")
+    async def cancel(self, request: Request[Any, Any, Any], request_id: FromPath[str]) -> None:
+        s, user = services(request), current_user(request)
+        owner = owner_of(s, request_id)
+        if owner is None or not user.can_see(owner) or not s.engine.cancel(request_id):
+            raise NotFoundException(f"no live request {request_id}")
