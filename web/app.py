@@ -1,0 +1,115 @@
+"""The Litestar app factory: routes, templates, static files, and the engine's lifespan."""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import jinja2
+from litestar import Litestar, Router
+from litestar.middleware import DefineMiddleware
+from litestar.openapi.config import OpenAPIConfig
+from litestar.plugins.htmx import HTMXPlugin
+from litestar.plugins.jinja import JinjaTemplateEngine
+from litestar.static_files import create_static_files_router
+from litestar.template.config import TemplateConfig
+
+from engine.engine import Engine
+from engine.tokenizer import Tokenizer
+from web.api_errors import api_exception_handler
+from web.api_openai import OpenAIController
+from web.api_requests import RequestsController
+from web.auth import Auth, AuthMiddleware, csrf_token
+from web.chat import ChatController
+from web.config import WebConfig
+from web.dashboard import DashboardController
+from web.login import login_router
+from web.markdown import render as markdown
+from web.metrics import SystemController, make_registry
+from web.replies import Replies
+from web.services import Services
+from web.sse import document_event_streams
+from web.store import Store
+from web.tracker import RequestTracker
+
+log = logging.getLogger(__name__)
+HERE = Path(__file__).parent
+REPO = HERE.parent
+EVENT_STREAMS = {
+    ("/v1/chat/completions", "post"): "With stream=true: one `data:` line per "
+    "ChatCompletionChunk JSON object, then `data: [DONE]`.",
+    ("/v1/completions", "post"): "With stream=true: one `data:` line per Completion "
+    "chunk JSON object, then `data: [DONE]`.",
+    ("/dashboard/stream", "get"): "`event: board` with the dashboard's HTML, pushed when "
+    "the engine state changes; comment pings keep it open.",
+}
+
+
+def asset_files(config: WebConfig) -> list[Path]:
+    """Folders holding htmx.min.js and sse.min.js (installed by `npm ci`, never a CDN)."""
+    root = config.assets_dir or REPO / "node_modules"
+    dirs = [root / "htmx.org" / "dist", root / "htmx-ext-sse" / "dist"]
+    for d in dirs:
+        if not d.is_dir():
+            log.warning("%s is missing: run `npm ci` (the pages need htmx)", d)
+    return dirs
+
+
+def templates_env() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
+                             autoescape=True, trim_blocks=True, lstrip_blocks=True)
+    env.globals["markdown"] = markdown
+    env.globals["ferry_csrf"] = csrf_token  # ferry_csrf(request): "" when none is needed
+    return env
+
+
+def create_app(engine: Engine, tokenizer: Tokenizer, config: WebConfig) -> Litestar:
+    """The whole web app. Its lifespan starts `engine` (unless already running) and on
+    shutdown cancels live replies (their text is saved), stops the engine, closes the store.
+
+    Access goes through web.auth's middleware: local mode makes everyone the local admin
+    (and refuses state changes started by other sites); shared mode needs a token or a
+    session cookie plus CSRF token (see web/auth.py)."""
+    env = templates_env()
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        store = Store(config.db_path)
+        replies = Replies(store, config.reattach_grace, config.save_interval)
+        app.state.services = Services(engine, tokenizer, config, store, RequestTracker(),
+                                      replies, env, time.time())
+        started_here = not engine.alive
+        if started_here:
+            engine.start()
+        try:
+            yield
+        finally:
+            await replies.shutdown()
+            if started_here:
+                await anyio.to_thread.run_sync(engine.stop)
+            store.close()
+
+    api = Router("/", route_handlers=[OpenAIController, RequestsController],
+                 exception_handlers={Exception: api_exception_handler})
+    app = Litestar(
+        route_handlers=[
+            ChatController, DashboardController, SystemController, api, login_router,
+            create_static_files_router("/static", [HERE / "static"], name="static"),
+            create_static_files_router("/assets", asset_files(config), name="assets"),
+        ],
+        lifespan=[lifespan],
+        middleware=[DefineMiddleware(AuthMiddleware, auth=Auth.from_config(config))],
+        plugins=[HTMXPlugin()],
+        template_config=TemplateConfig(engine=JinjaTemplateEngine.from_environment(env)),
+        openapi_config=OpenAPIConfig(title="Ferry", version="0.1.0",
+                                     description="Local chat server: OpenAI-compatible API, "
+                                     "request inspection and metrics."),
+        request_max_body_size=config.max_body_bytes,
+        on_startup=[lambda app: document_event_streams(app, EVENT_STREAMS)],
+    )
+    app.state.config = config
+    app.state.metrics = make_registry(engine, config.model_name)
+    return app
