@@ -40,7 +40,7 @@ from web.api_schemas import (
 )
 from web.identity import current_user
 from web.services import EngineUnavailable, Services, services
-from web.sse import event_stream, until_disconnect
+from web.sse import event_stream, on_event, until_disconnect
 
 Chunk = Callable[[str | None, str | None, UsageInfo | None], Any]
 
@@ -74,8 +74,10 @@ async def collect(request: Request[Any, Any, Any], handle: RequestHandle) -> Fin
 
 
 async def stream(handle: RequestHandle, chunk: Chunk, include_usage: bool,
-                 first: Any = None) -> AsyncIterator[ServerSentEvent]:
-    """OpenAI stream chunks, `data: [DONE]` at the end; a disconnect cancels the request."""
+                 shutdown: anyio.Event, first: Any = None) -> AsyncIterator[ServerSentEvent]:
+    """OpenAI stream chunks, `data: [DONE]` at the end; a disconnect cancels the request,
+    and so does a server shutdown (the client still gets the last chunk and [DONE])."""
+    watcher = on_event(shutdown, handle.cancel)
     try:
         if first is not None:
             yield ServerSentEvent(encode(first))
@@ -92,6 +94,7 @@ async def stream(handle: RequestHandle, chunk: Chunk, include_usage: bool,
                     yield ServerSentEvent(encode(chunk(None, None, usage_info(event))))
         yield ServerSentEvent("[DONE]")
     finally:
+        watcher.cancel()
         if handle.final is None:
             handle.cancel()
 
@@ -149,7 +152,8 @@ class OpenAIController(Controller):
             first = ChatCompletionChunk(cid, created, model,
                                         [ChatChunkChoice(0, ChatDelta("assistant", ""))])
             include = bool(data.stream_options and data.stream_options.include_usage)
-            return event_stream(stream(handle, chunk, include, first), _headers(handle))
+            return event_stream(lambda shutdown: stream(handle, chunk, include, shutdown, first),
+                                _headers(handle))
         final = await collect(request, handle)
         body = ChatCompletion(cid, created, model,
                               [ChatChoice(0, AssistantMessage("assistant", handle.text),
@@ -173,7 +177,8 @@ class OpenAIController(Controller):
                 choices = [] if usage else [CompletionChoice(0, text or "", finish)]
                 return Completion(cid, created, model, choices, usage=usage)
             include = bool(data.stream_options and data.stream_options.include_usage)
-            return event_stream(stream(handle, chunk, include), _headers(handle))
+            return event_stream(lambda shutdown: stream(handle, chunk, include, shutdown),
+                                _headers(handle))
         final = await collect(request, handle)
         body = Completion(cid, created, model,
                           [CompletionChoice(0, handle.text, final.finish_reason)],

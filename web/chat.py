@@ -5,6 +5,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 from litestar import Controller, Response, delete, get, post
 from litestar.exceptions import NotFoundException
 from litestar.params import FromPath, URLEncodedBody
@@ -17,7 +18,7 @@ from engine.request import RequestError
 from web.chat_service import ChatError, ChatService
 from web.identity import User, current_user
 from web.services import EngineUnavailable, Services, services
-from web.sse import done_event, event_stream, html_event, text_event
+from web.sse import done_event, event_stream, html_event, on_event, text_event
 from web.store import Conversation
 
 
@@ -136,28 +137,35 @@ class ChatController(Controller):
     async def stream(self, request: HTMXRequest, conversation_id: FromPath[int],
                      message_id: FromPath[int]) -> EventSourceResponse:
         _, conv, msg = self._find(request, conversation_id, message_id)
-        return event_stream(reply_events(services(request), conv, msg.id))
+        s = services(request)
+        return event_stream(lambda shutdown: reply_events(s, conv, msg.id, shutdown))
 
 
-async def reply_events(s: Services, conv: Conversation,
-                       message_id: int) -> AsyncIterator[ServerSentEvent]:
+async def reply_events(s: Services, conv: Conversation, message_id: int,
+                       shutdown: anyio.Event) -> AsyncIterator[ServerSentEvent]:
     """Text so far, each new delta, then the finished message (rendered Markdown) and `done`.
 
     Idempotent: a finished reply gets its final form and `done` at once. Leaving (the
     generator is cancelled) lets the reply's grace timer cancel it if nobody comes back.
+    On server shutdown the stream just ends: the page reconnects when the server is back
+    and gets the reply as it was saved.
     """
     reply = s.replies.get(message_id)
     if reply is not None and not reply.done:
         text, queue = reply.subscribe()
+        watcher = on_event(shutdown, lambda: queue.put_nowait(("shutdown", "")))
         try:
             if text:
                 yield text_event("token", text)
             while True:
                 kind, payload = await queue.get()
+                if kind == "shutdown":
+                    return
                 if kind != "token":
                     break
                 yield text_event("token", payload)
         finally:
+            watcher.cancel()
             reply.unsubscribe(queue)
     msg = s.store.message(message_id)
     if msg is not None:

@@ -1,10 +1,10 @@
 """The live dashboard: one page, a board pushed over SSE, per-request cancel buttons."""
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from litestar import Controller, Request, get, post
 from litestar.exceptions import NotFoundException
 from litestar.params import FromPath
@@ -25,12 +25,14 @@ def owner_of(s: Services, request_id: str) -> str | None:
     return view.owner if view is not None else None
 
 
-async def board_events(s: Services, user: User) -> AsyncIterator[ServerSentEvent]:
+async def board_events(s: Services, user: User,
+                       shutdown: anyio.Event) -> AsyncIterator[ServerSentEvent]:
     """The board whenever the engine published a new snapshot, at most every
     `dashboard_interval` seconds; nothing while idle (the response pings keep it open)."""
     last = s.engine.snapshot()
-    while True:
-        await asyncio.sleep(s.config.dashboard_interval)
+    while not shutdown.is_set():
+        with anyio.move_on_after(s.config.dashboard_interval):
+            await shutdown.wait()
         snap = s.engine.snapshot()
         if snap is last:
             continue
@@ -53,7 +55,8 @@ class DashboardController(Controller):
     @get("/stream", media_type="text/event-stream", name="dashboard:stream",
          summary="The dashboard board as HTML fragments (event `board`), while it changes")
     async def stream(self, request: Request[Any, Any, Any]) -> EventSourceResponse:
-        return event_stream(board_events(services(request), current_user(request)))
+        s, user = services(request), current_user(request)
+        return event_stream(lambda shutdown: board_events(s, user, shutdown))
 
     @post("/requests/{request_id:str}/cancel", status_code=204, name="dashboard:cancel",
           summary="Cancel a waiting or running request (the viewer's own; any for an admin)")

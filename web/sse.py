@@ -1,13 +1,18 @@
 """Server-sent events: sse-starlette responses returned from ordinary Litestar handlers.
 
 EventSourceResponse sends keep-alive pings, cancels the generator when the client leaves
-(its `finally:` then cancels the engine request) and ends streams at once on shutdown.
+(its `finally:` then cancels the engine request), and on server shutdown sets the stream's
+`shutdown` event: the generator then has SHUTDOWN_GRACE seconds to end cleanly (an API
+stream cancels its request and still sends its last chunk and `[DONE]`) before it is
+cancelled.
 """
 from __future__ import annotations
 
-from collections.abc import AsyncIterable
+import asyncio
+from collections.abc import AsyncIterable, Callable
 from typing import Any
 
+import anyio
 from litestar import Litestar
 from litestar.connection import ASGIConnection
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Schema
@@ -15,11 +20,24 @@ from markupsafe import escape
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 PING_SECONDS = 15
+SHUTDOWN_GRACE = 2.0  # below uvicorn's graceful-shutdown timeout
 
 
-def event_stream(events: AsyncIterable[Any], headers: dict[str, str] | None = None,
+def event_stream(make_events: Callable[[anyio.Event], AsyncIterable[Any]],
+                 headers: dict[str, str] | None = None,
                  ping: float = PING_SECONDS) -> EventSourceResponse:
-    return EventSourceResponse(events, headers=headers, ping=ping)
+    """An SSE response over `make_events(shutdown)`; `shutdown` is set when the server stops."""
+    shutdown = anyio.Event()
+    return EventSourceResponse(make_events(shutdown), headers=headers, ping=ping,
+                               shutdown_event=shutdown, shutdown_grace_period=SHUTDOWN_GRACE)
+
+
+def on_event(event: anyio.Event, callback: Callable[[], object]) -> asyncio.Task[None]:
+    """Run `callback` once `event` is set (cancel the task to forget it)."""
+    async def wait() -> None:
+        await event.wait()
+        callback()
+    return asyncio.get_running_loop().create_task(wait())
 
 
 def html_event(event: str, html: str) -> ServerSentEvent:
