@@ -7,7 +7,7 @@ from typing import Any
 
 import anyio
 from litestar import Controller, Response, delete, get, post
-from litestar.exceptions import NotFoundException
+from litestar.exceptions import HTTPException, NotFoundException
 from litestar.params import FromPath, URLEncodedBody
 from litestar.plugins.htmx import ClientRedirect, HTMXRequest, HTMXTemplate
 from litestar.response import Redirect, Template
@@ -61,8 +61,15 @@ def refusal(request: HTMXRequest, exc: Exception, conv: Conversation | None) -> 
 REFUSED = (ChatError, RequestError, QueueFull, EngineUnavailable)
 
 
+def http_error(request: HTMXRequest, exc: HTTPException) -> Response[Any]:
+    """A 404 or 413 on a chat route: a notice in the page, never a JSON body in the chat."""
+    detail = "the message is too long" if exc.status_code == 413 else str(exc.detail)
+    return refusal(request, ChatError(detail, exc.status_code), None)
+
+
 class ChatController(Controller):
     include_in_schema = False
+    exception_handlers = {HTTPException: http_error}  # noqa: RUF012 (Litestar's layer API)
 
     def _find(self, request: HTMXRequest, conversation_id: int,
               message_id: int | None = None) -> tuple[ChatService, Conversation, Any]:
