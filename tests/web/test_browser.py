@@ -1,7 +1,11 @@
 """The pages in headless Chromium against the real server: streaming, Stop, reload, the live
-dashboard and its Cancel buttons. Saves docs/screenshots/{chat,dashboard}.png."""
+dashboard and its Cancel buttons.
+
+Screenshots go to docs/screenshots/{chat,dashboard}.png when FERRY_UPDATE_SCREENSHOTS=1 is
+set or the file is missing (so a plain test run leaves the committed images alone)."""
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -25,7 +29,8 @@ SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 def server(make_server: Any) -> Any:
     # replies run past EOS to 200 tokens, so they are still streaming when Stop is pressed
     return make_server(max_running=2, web={"chat_ignore_eos": True, "default_max_tokens": 200,
-                                            "reattach_grace": 1.0, "dashboard_interval": 0.25})
+                                            "reattach_grace": 1.0, "dashboard_interval": 0.25,
+                                            "max_body_bytes": 64 * 1024})
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +51,14 @@ def page(browser: Any) -> Iterator[Any]:
     page.set_default_timeout(30_000)
     yield page
     context.close()
+
+
+def screenshot_path(name: str, tmp_path: Path) -> Path:
+    target = SCREENSHOTS / name
+    if os.environ.get("FERRY_UPDATE_SCREENSHOTS") == "1" or not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return target
+    return tmp_path / name
 
 
 def send(page: Any, text: str) -> None:
@@ -132,6 +145,9 @@ def test_regenerate_busy_notice_and_delete(server: Any, waiter: Any, idle_check:
         assert busy.status_code == 409 and busy.headers["hx-retarget"] == "#notice"
         assert "still being written" in busy.text and len(store.messages(cid)) == 2
         assert c.post(f"/c/{cid}/messages", data={"content": "   "}).status_code == 400
+        too_long = c.post(f"/c/{cid}/messages", data={"content": "x" * 70_000})
+        assert too_long.status_code == 413 and "too long" in too_long.text
+        assert too_long.headers["hx-retarget"] == "#notice"
         assert c.post(f"/c/{cid}/messages/{reply.id}/stop").status_code == 204
         waiter(lambda: store.message(reply.id).status == "incomplete", 10, message="stopped")
         refused = c.post(f"/c/{cid}/messages/{user_msg.id}/regenerate")
@@ -169,7 +185,7 @@ def load_engine(server: Any, n: int, results: list[str]) -> list[threading.Threa
 
 
 def test_dashboard_shows_queue_and_cancel_frees_slot(server: Any, page: Any, waiter: Any,
-                                                     idle_check: Any) -> None:
+                                                     idle_check: Any, tmp_path: Path) -> None:
     results: list[str] = []
     threads = load_engine(server, 3, results)
     try:
@@ -181,8 +197,7 @@ def test_dashboard_shows_queue_and_cancel_frees_slot(server: Any, page: Any, wai
         waiter(lambda: page.locator("#running tr[data-id]").count() == 2 and "/ 300" in
                page.inner_text("#running"), 30, message="decoding rows")
         page.locator(".timeline td.m-d").first.wait_for()
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SCREENSHOTS / "dashboard.png"), full_page=True)
+        page.screenshot(path=str(screenshot_path("dashboard.png", tmp_path)), full_page=True)
 
         waiting_id = page.get_attribute("#waiting tr[data-id]", "data-id")
         page.click(f"#waiting button[data-cancel='{waiting_id}']")
@@ -235,7 +250,7 @@ def test_dashboard_stream_pushes_while_busy_quiet_when_idle(server: Any, waiter:
             assert line != "event: board", "a push while idle"
 
 
-def test_chat_page_screenshot(server: Any, page: Any, idle_check: Any) -> None:
+def test_chat_page_screenshot(server: Any, page: Any, idle_check: Any, tmp_path: Path) -> None:
     config = server.services.config
     config.chat_ignore_eos, config.chat_temperature, config.default_max_tokens = False, 0.0, 60
     page.goto(server.url + "/")
@@ -249,5 +264,5 @@ def test_chat_page_screenshot(server: Any, page: Any, idle_check: Any) -> None:
     assert "Paris" in page.inner_text("#messages")
     assert page.locator("article.msg.assistant .body.md pre code").count() >= 1
     page.mouse.move(0, 0)
-    page.screenshot(path=str(SCREENSHOTS / "chat.png"))
+    page.screenshot(path=str(screenshot_path("chat.png", tmp_path)))
     idle_check(server.engine)
