@@ -20,6 +20,11 @@ log = logging.getLogger(__name__)
 Note = tuple[str, str]  # ("token", text) | ("final", status)
 
 
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("a chat reply failed", exc_info=task.exception())
+
+
 class Reply:
     def __init__(self, replies: Replies, handle: RequestHandle, message_id: int,
                  conversation_id: int) -> None:
@@ -32,6 +37,7 @@ class Reply:
         self._listeners: set[asyncio.Queue[Note]] = set()
         self._timer: asyncio.TimerHandle | None = None
         self.task = asyncio.get_running_loop().create_task(self._run())
+        self.task.add_done_callback(_log_failure)
         self._arm()
 
     @property
@@ -87,8 +93,9 @@ class Reply:
                             last_save = time.monotonic()
                 else:
                     self.final = event
-        except asyncio.CancelledError:
-            self.handle.cancel()
+        except BaseException:  # cancelled (shutdown) or failed: stop the engine's work too
+            if self.final is None:
+                self.handle.cancel()
             raise
         finally:
             self._finish()
