@@ -9,6 +9,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -19,8 +20,8 @@ from engine.events import Cancel, FinalEvent, Reconfigure, Stop, Submit, Timings
 from engine.handle import RequestHandle
 from engine.metrics import MetricsRecorder
 from engine.request import Request, RequestError, SamplingParams, new_request_id
-from engine.snapshot import EngineSnapshot
-from engine.snapshot_builder import build_snapshot
+from engine.snapshot import EngineSnapshot, RequestView, RoundView
+from engine.snapshot_builder import build_snapshot, request_view, round_view
 
 if TYPE_CHECKING:
     from engine.tokenizer import Tokenizer
@@ -51,9 +52,10 @@ class Engine:
         self._lock = threading.Lock()  # guards _handles and _per_owner across threads
         self._per_owner: dict[str, int] = {}
         self._metrics = MetricsRecorder()
-        self._rounds: list[RoundRecord] = []
+        self._rounds: deque[RoundView] = deque(maxlen=config.rounds_kept)
+        self._finished: deque[RequestView] = deque(maxlen=64)  # for inspection after the end
         self._round_index = 0
-        self._snapshot = build_snapshot(self._core.scheduler, self._metrics, [], clock(), 0)
+        self._snapshot = build_snapshot(self._core.scheduler, self._metrics, (), clock())
         self._idle = threading.Event()
         self._idle.set()
         self._thread: threading.Thread | None = None
@@ -184,9 +186,8 @@ class Engine:
                 self.config.admission = message.admission  # type: ignore[assignment]
 
     def _after_round(self, record: RoundRecord) -> None:
+        self._rounds.append(round_view(self._round_index, record))
         self._round_index += 1
-        self._rounds.append(record)
-        del self._rounds[:-self.config.rounds_kept]
         now = self.clock()
         out = prefill = 0
         for item, token in zip(record.batch.items, record.tokens):
@@ -210,6 +211,7 @@ class Engine:
         if req.finished_at is None:
             req.finished_at = self.clock()
         self._metrics.on_finish(req)
+        self._finished.append(request_view(req, self.clock(), self.config.max_prefill_tokens))
         with self._lock:
             handle = self._handles.pop(req.id, None)
             if handle is not None:
@@ -226,8 +228,8 @@ class Engine:
                 self._idle.set()
 
     def _publish(self) -> None:
-        self._snapshot = build_snapshot(self._core.scheduler, self._metrics, self._rounds,
-                                        self.clock(), self._round_index)
+        self._snapshot = build_snapshot(self._core.scheduler, self._metrics,
+                                        tuple(self._rounds), self.clock(), tuple(self._finished))
 
     def _shutdown(self, messages: list[Message]) -> None:
         for message in messages:  # submits that raced the stop are refused, not lost

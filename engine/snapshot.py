@@ -49,6 +49,7 @@ class RoundView:
     started: float
     duration: float  # seconds the executor took
     schedule_time: float  # seconds the scheduler's own bookkeeping took
+    decodes: tuple[str, ...] = ()  # ids that decoded this round (the rest prefilled)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,8 +23,16 @@ def request_view(req: Request, now: float, budget: int, position: int | None = N
         itl=req.itl, finish_reason=req.finish_reason)
 
 
-def build_snapshot(scheduler: Scheduler, metrics: MetricsRecorder, rounds: list[RoundRecord],
-                   now: float, round_index: int) -> EngineSnapshot:
+def round_view(index: int, r: RoundRecord) -> RoundView:
+    return RoundView(index, r.batch.phase,
+                     tuple((it.request.id, it.num_tokens) for it in r.batch.items),
+                     tuple(q.id for q in r.finished), r.started, r.duration, r.schedule_time,
+                     tuple(it.request.id for it in r.batch.items if it.is_decode))
+
+
+def build_snapshot(scheduler: Scheduler, metrics: MetricsRecorder,
+                   rounds: tuple[RoundView, ...], now: float,
+                   finished: tuple[RequestView, ...] = ()) -> EngineSnapshot:
     cfg = scheduler.config
     budget = cfg.max_prefill_tokens
     reasons = scheduler.wait_reasons() if scheduler.waiting else {}
@@ -34,7 +42,6 @@ def build_snapshot(scheduler: Scheduler, metrics: MetricsRecorder, rounds: list[
     running = tuple(request_view(r, now, budget) for r in admitted)
     kv = scheduler.kv
     reserved = min(scheduler.reservations(), kv.free + kv.evictable)
-    first = round_index - len(rounds)
     return EngineSnapshot(
         time=now, busy=scheduler.has_work, policy=cfg.policy, admission=cfg.admission,
         max_running=cfg.max_running, max_prefill_tokens=cfg.max_prefill_tokens,
@@ -45,8 +52,5 @@ def build_snapshot(scheduler: Scheduler, metrics: MetricsRecorder, rounds: list[
         kv=KVView(total=kv.total, used=kv.held, reserved=reserved,
                   cached=kv.evictable - max(0, reserved - kv.free),
                   free=max(0, kv.free - reserved)),
-        rounds=tuple(RoundView(first + i, r.batch.phase,
-                               tuple((it.request.id, it.num_tokens) for it in r.batch.items),
-                               tuple(q.id for q in r.finished), r.started, r.duration,
-                               r.schedule_time) for i, r in enumerate(rounds)),
-        metrics=metrics.view(now))
+        rounds=rounds,
+        metrics=metrics.view(now), recent_finished=finished)

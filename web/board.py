@@ -44,10 +44,8 @@ def _row(view: RequestView, user: User, tracker: RequestTracker) -> Row:
                mine, user.can_see(view.owner))
 
 
-def _mark(phase: str, tokens: int) -> str:
-    if phase == "prefill" or (phase == "mixed" and tokens > 1):
-        return "P"
-    return "D"
+def _mark(rnd: RoundView, rid: str) -> str:
+    return "D" if rid in rnd.decodes else "P"
 
 
 def timeline(rounds: tuple[RoundView, ...]) -> dict[str, Any]:
@@ -61,7 +59,7 @@ def timeline(rounds: tuple[RoundView, ...]) -> dict[str, Any]:
             if rid not in cells:
                 order.append(rid)
                 cells[rid] = {}
-            cells[rid][col] = (_mark(rnd.phase, tokens), tokens, rid in finished)
+            cells[rid][col] = (_mark(rnd, rid), tokens, rid in finished)
         for rid in finished:
             if rid in cells and col not in cells[rid]:
                 cells[rid][col] = ("×", 0, True)

@@ -71,7 +71,12 @@ def test_requests_complete_with_usage(engine: Engine) -> None:
         assert final.finish_reason == "length"
         assert final.usage.prompt_tokens == 4 and final.usage.completion_tokens == 5
         assert final.timings.ttft is not None and final.timings.total >= final.timings.ttft
-    assert engine.snapshot().metrics.completed >= 5
+    assert engine.wait_idle(5)
+    snap = engine.snapshot()
+    assert snap.metrics.completed >= 5
+    view = snap.find(handles[0].id)  # finished requests stay inspectable for a while
+    assert view is not None and view.finish_reason == "length" and view.output_tokens == 5
+    assert snap.rounds and all(set(r.decodes) <= {i for i, _ in r.batch} for r in snap.rounds)
 
 
 def test_cancel_waiting_and_running_frees_everything() -> None:
