@@ -1,23 +1,60 @@
 """Reference attention in plain torch: works on CPU and any device, batched per round.
 
 No Python loop over sequences per layer. `prepare` builds, once per round, the index tensors
-that gather every sequence's pages out of the pool (padded to the most pages in the round)
-and the masks; each layer then does one gather per K/V and batched matmuls:
+that gather every sequence's pages out of the pool (padded to the most pages in a group)
+and the masks; each layer then does one gather for K and V together and batched matmuls:
 
-* decode part (one query each): pages gathered as (page, head) blocks come out head-major,
-  [seqs * kv_heads, L, d], so a GQA group of query heads is one `baddbmm` row block with the
-  scale and padding mask fused in; softmax runs in float32. On CPU this beats SDPA (notably
-  in bf16) for single-query attention.
+* decode part (one query each): pages gathered as (K/V, page, head) blocks come out
+  head-major, [seqs * kv_heads, L, d], so a GQA group of query heads is one `baddbmm` row
+  block with the scale and padding mask fused in; softmax runs in float32. On CPU this beats
+  SDPA (notably in bf16) for single-query attention.
 * prefill part (several queries each): queries padded to [seqs, Qmax], SDPA with a bool mask,
   causal and aligned to each sequence's end (a chunk after a cached prefix sees the prefix).
+  Sequences of very different sizes go to separate groups (one SDPA call each), so one long
+  prompt does not make every short one pay for its padding.
 Padded pages repeat a sequence's first page, so they hold finite values, and are masked out.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from engine.attention.base import AttentionBackend, AttentionInputs
+
+PAD_WASTE = 1.5  # a prefill group's padded attention work may be at most this x the real work
+
+
+@dataclass(slots=True)
+class _PrefillGroup:
+    n: int
+    qmax: int
+    length: int  # padded KV length
+    kv_idx: torch.Tensor
+    mask: torch.Tensor  # [n, 1, qmax, length] bool
+    q_idx: torch.Tensor | None  # rows of the prefill part, padded; None = take it as is
+    out_idx: torch.Tensor | None  # real rows of the padded output; None = all
+
+
+def group_by_size(qlens: list[int], kvlens: list[int]) -> list[list[int]]:
+    """Split sequences (indices) into groups whose padded work n * Qmax * Lmax stays within
+    PAD_WASTE x their real work sum(q * kv); biggest first, greedy."""
+    order = sorted(range(len(qlens)), key=lambda i: (-qlens[i] * kvlens[i], i))
+    groups: list[list[int]] = []
+    real = qmax = lmax = 0
+    for i in order:
+        q, kv = qlens[i], kvlens[i]
+        if groups:
+            n = len(groups[-1]) + 1
+            padded = n * max(qmax, q) * max(lmax, kv)
+            if padded <= PAD_WASTE * (real + q * kv):
+                groups[-1].append(i)
+                real, qmax, lmax = real + q * kv, max(qmax, q), max(lmax, kv)
+                continue
+        groups.append([i])
+        real, qmax, lmax = q * kv, q, kv
+    return [sorted(g) for g in groups]
 
 
 class TorchAttention(AttentionBackend):
@@ -49,24 +86,39 @@ class TorchAttention(AttentionBackend):
             mask = torch.zeros(n_dec, 1, length, dtype=self.pool.dtype)
             mask.masked_fill_(pad[:, None, :], float("-inf"))
             self.dec_mask = mask.repeat_interleave(kvh, dim=0).to(dev)  # [n*kvh, 1, L]
+        self.pre_groups: list[_PrefillGroup] = []
+        self.pre_perm: torch.Tensor | None = None
         if self.n_pre:
-            qlens, kv = inputs.query_lens[n_dec:], inputs.kv_lens[n_dec:]
-            n, qmax = self.n_pre, max(qlens)
-            self.pre_idx, length = self._block_index(inputs.page_tables[n_dec:], kv)
-            self.pre_len, self.pre_qmax = length, qmax
-            ql = torch.tensor(qlens, dtype=torch.int64)
-            first = torch.cumsum(ql, 0) - ql  # each sequence's first row in the prefill part
-            i = torch.arange(qmax, dtype=torch.int64)[None, :]
-            i_clamped = torch.minimum(i, ql[:, None] - 1)  # padded query rows copy the last
-            qpos = torch.tensor(kv)[:, None] - ql[:, None] + i_clamped  # absolute positions
-            self.pre_mask = (torch.arange(length)[None, None, :] <= qpos[:, :, None]
-                             ).unsqueeze(1).to(dev)  # [n, 1, Qmax, L]
-            if n == 1:
-                self.pre_q_idx = self.pre_out_idx = None  # no padding: use views
-            else:
-                self.pre_q_idx = (first[:, None] + i_clamped).flatten().to(dev)
-                real = i < ql[:, None]
-                self.pre_out_idx = (torch.arange(n)[:, None] * qmax + i)[real].to(dev)
+            qlens, kvlens = inputs.query_lens[n_dec:], inputs.kv_lens[n_dec:]
+            tables = inputs.page_tables[n_dec:]
+            firsts = [0]
+            for q in qlens[:-1]:
+                firsts.append(firsts[-1] + q)
+            groups = group_by_size(qlens, kvlens)
+            rows: list[int] = []  # prefill-part rows in the order the groups output them
+            for g in groups:
+                self.pre_groups.append(self._prefill_group(
+                    [qlens[i] for i in g], [kvlens[i] for i in g], [tables[i] for i in g],
+                    [firsts[i] for i in g], whole=len(groups) == 1 and len(g) == 1))
+                rows.extend(r for i in g for r in range(firsts[i], firsts[i] + qlens[i]))
+            if rows != list(range(len(rows))):
+                self.pre_perm = torch.argsort(torch.tensor(rows)).to(dev)
+
+    def _prefill_group(self, qlens: list[int], kvlens: list[int], tables: list[list[int]],
+                       firsts: list[int], whole: bool) -> _PrefillGroup:
+        dev = self.pool.device
+        n, qmax = len(qlens), max(qlens)
+        kv_idx, length = self._block_index(tables, kvlens)
+        ql = torch.tensor(qlens, dtype=torch.int64)
+        i = torch.arange(qmax, dtype=torch.int64)[None, :]
+        i_clamped = torch.minimum(i, ql[:, None] - 1)  # padded query rows copy the last
+        qpos = torch.tensor(kvlens)[:, None] - ql[:, None] + i_clamped  # absolute positions
+        mask = (torch.arange(length)[None, None, :] <= qpos[:, :, None]).unsqueeze(1).to(dev)
+        if whole:  # the only prefill sequence: no padding, use views
+            return _PrefillGroup(n, qmax, length, kv_idx, mask, None, None)
+        q_idx = (torch.tensor(firsts)[:, None] + i_clamped).flatten().to(dev)
+        out_idx = (torch.arange(n)[:, None] * qmax + i)[i < ql[:, None]].to(dev)
+        return _PrefillGroup(n, qmax, length, kv_idx, mask, q_idx, out_idx)
 
     def forward(self, q: torch.Tensor, kv: torch.Tensor, layer: int) -> torch.Tensor:
         self.pool.write(layer, self.where, kv)
@@ -81,16 +133,21 @@ class TorchAttention(AttentionBackend):
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vd.dtype)
             parts.append(torch.bmm(probs, vd).view(n, h * d))
         if self.n_pre:
-            n, length, qmax = self.n_pre, self.pre_len, self.pre_qmax
-            qp = q[self.n_dec:]
-            if self.pre_q_idx is not None:
-                qp = qp.index_select(0, self.pre_q_idx)
-            qp = qp.reshape(n, qmax, h, d).transpose(1, 2)
-            kp, vp = blocks.index_select(0, self.pre_idx).view(2, n, kvh, length, d)
-            out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=self.pre_mask,
-                                                 scale=self.scale, enable_gqa=kvh != h)
-            out = out.transpose(1, 2).reshape(n * qmax, h * d)
-            if self.pre_out_idx is not None:
-                out = out.index_select(0, self.pre_out_idx)
+            qpre = q[self.n_dec:]
+            outs = [self._prefill(qpre, blocks, g) for g in self.pre_groups]
+            out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+            if self.pre_perm is not None:
+                out = out.index_select(0, self.pre_perm)
             parts.append(out)
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+    def _prefill(self, qpre: torch.Tensor, blocks: torch.Tensor,
+                 g: _PrefillGroup) -> torch.Tensor:
+        d, kvh, h = self.head_dim, self.num_kv_heads, self.num_heads
+        qp = qpre if g.q_idx is None else qpre.index_select(0, g.q_idx)
+        qp = qp.reshape(g.n, g.qmax, h, d).transpose(1, 2)
+        kp, vp = blocks.index_select(0, g.kv_idx).view(2, g.n, kvh, g.length, d)
+        out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=g.mask, scale=self.scale,
+                                             enable_gqa=kvh != h)
+        out = out.transpose(1, 2).reshape(g.n * g.qmax, h * d)
+        return out if g.out_idx is None else out.index_select(0, g.out_idx)

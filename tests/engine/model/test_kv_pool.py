@@ -33,3 +33,13 @@ def test_attention_inputs_validation() -> None:
         AttentionInputs([2, 1], [2, 5], [[2], [0, 1]], slots)
     with pytest.raises(ValueError, match="bad sequence"):
         AttentionInputs([3], [2], [[0]], slots)
+
+
+def test_prefill_groups_limit_padding() -> None:
+    from engine.attention.torch_backend import group_by_size
+
+    assert group_by_size([400, 30, 30, 30, 22], [400, 30, 30, 30, 22]) == [[0], [1, 2, 3, 4]]
+    assert group_by_size([112, 112, 64], [112, 112, 64]) == [[0, 1, 2]]
+    assert group_by_size([8, 8], [8, 300]) == [[1], [0]]  # a cached prefix counts as work
+    groups = group_by_size(list(range(2, 40)), list(range(2, 40)))
+    assert sorted(i for g in groups for i in g) == list(range(38)) and len(groups) > 1
