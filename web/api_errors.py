@@ -22,7 +22,8 @@ TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permis
 
 def error_docs(*codes: int) -> dict[int, ResponseSpec]:
     """OpenAPI entries for the error answers a /v1 handler gives (all OpenAI-style)."""
-    text = {400: "Invalid or unsupported request", 404: "Unknown model or request",
+    text = {400: "Invalid or unsupported request", 403: "Only an admin can do this",
+            404: "Unknown model or request",
             413: "Request body too large", 429: "Queue full; retry after Retry-After seconds",
             500: "Generation failed", 503: "The engine is not running"}
     return {c: ResponseSpec(ErrorResponse, description=text[c], generate_examples=False)

@@ -19,6 +19,7 @@ from litestar.template.config import TemplateConfig
 
 from engine.engine import Engine
 from engine.tokenizer import Tokenizer
+from web.api_engine import EngineController
 from web.api_errors import api_exception_handler
 from web.api_openai import OpenAIController
 from web.api_requests import RequestsController
@@ -92,7 +93,7 @@ def create_app(engine: Engine, tokenizer: Tokenizer, config: WebConfig) -> Lites
                 await anyio.to_thread.run_sync(engine.stop)
             store.close()
 
-    api = Router("/", route_handlers=[OpenAIController, RequestsController],
+    api = Router("/", route_handlers=[OpenAIController, RequestsController, EngineController],
                  exception_handlers={Exception: api_exception_handler})
     app = Litestar(
         route_handlers=[

@@ -2,15 +2,21 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from litestar import Controller, Request, get, post
+from litestar import Controller, Request, Response, get, post
 from litestar.exceptions import NotFoundException
-from litestar.params import FromPath
-from litestar.response import Template
+from litestar.params import FromPath, URLEncodedBody
+from litestar.response import Redirect, Template
+from markupsafe import escape
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from engine.config import ADMISSIONS, POLICIES
+from web.access import admin_guard
+from web.api_engine import apply_policy
+from web.api_errors import APIError
 from web.board import board_context
 from web.identity import User, current_user
 from web.services import Services, services
@@ -41,6 +47,13 @@ async def board_events(s: Services, user: User,
                                            **board_context(snap, s.engine, user, s.tracker)))
 
 
+@dataclass
+class PolicyForm:
+    policy: str = ""
+    admission: str = ""
+    csrf_token: str = ""  # checked by web.auth's middleware (shared mode)
+
+
 class DashboardController(Controller):
     path = "/dashboard"
     tags = ("Dashboard",)
@@ -50,7 +63,22 @@ class DashboardController(Controller):
         s, user = services(request), current_user(request)
         context = board_context(s.engine.snapshot(), s.engine, user, s.tracker)
         return Template("dashboard.html", context={
-            **context, "page": "dashboard", "model_name": s.config.model_name})
+            **context, "page": "dashboard", "model_name": s.config.model_name,
+            "policies": POLICIES, "admissions": ADMISSIONS})
+
+    @post("/policy", status_code=200, guards=[admin_guard], name="dashboard:policy",
+          include_in_schema=False)
+    async def policy(self, request: Request[Any, Any, Any],
+                     data: URLEncodedBody[PolicyForm]) -> Response[Any]:
+        """The admin's policy control: a short status line for htmx, else back to the page."""
+        try:
+            info = apply_policy(services(request), data.policy, data.admission)
+        except APIError as exc:
+            return Response(str(escape(exc.message)), status_code=400, media_type="text/html")
+        if request.headers.get("hx-request") != "true":
+            return Redirect("/dashboard", status_code=303)
+        return Response(str(escape(f"Policy {info.policy}, admission {info.admission}: "
+                                   "applies from the next round.")), media_type="text/html")
 
     @get("/stream", media_type="text/event-stream", name="dashboard:stream",
          summary="The dashboard board as HTML fragments (event `board`), while it changes")
