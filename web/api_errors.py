@@ -86,6 +86,11 @@ def api_exception_handler(request: Request[Any, Any, Any], exc: Exception) -> Re
     if isinstance(exc, ValidationException):
         message, param = _validation_detail(exc)
         return error_response(message, 400, TYPES[400], param, "invalid_value")
+    if isinstance(exc, HTTPException) and exc.status_code == 413:
+        config = getattr(request.app.state, "config", None)
+        limit = f" of {config.max_body_bytes} bytes" if config is not None else ""
+        return error_response(f"the request body is larger than this server's limit{limit}",
+                              413, TYPES[413], None, "body_too_large")
     if isinstance(exc, HTTPException):
         return error_response(str(exc.detail), exc.status_code,
                               TYPES.get(exc.status_code, "server_error"), headers=exc.headers)
