@@ -10,8 +10,8 @@ and the masks; each layer then does one gather for K and V together and batched 
   SDPA (notably in bf16) for single-query attention.
 * prefill part (several queries each): queries padded to [seqs, Qmax], SDPA with a bool mask,
   causal and aligned to each sequence's end (a chunk after a cached prefix sees the prefix).
-  Sequences of very different sizes go to separate groups (one SDPA call each), so one long
-  prompt does not make every short one pay for its padding.
+Sequences of very different sizes go to separate groups (one call each; few per round), so
+one long context does not make every short one pay for its padding.
 Padded pages repeat a sequence's first page, so they hold finite values, and are masked out.
 """
 from __future__ import annotations
@@ -24,6 +24,15 @@ import torch.nn.functional as F
 from engine.attention.base import AttentionBackend, AttentionInputs
 
 PAD_WASTE = 1.5  # a prefill group's padded attention work may be at most this x the real work
+
+
+@dataclass(slots=True)
+class _DecodeGroup:
+    n: int
+    length: int  # padded KV length
+    kv_idx: torch.Tensor
+    mask: torch.Tensor  # [n * kv_heads, 1, length] additive
+    q_idx: torch.Tensor | None  # rows of the decode part; None = all, in order
 
 
 @dataclass(slots=True)
@@ -78,14 +87,23 @@ class TorchAttention(AttentionBackend):
         self.where = self.pool.locate(inputs.slot_mapping)
         n_dec = inputs.num_single
         self.n_dec, self.n_pre = n_dec, len(inputs.query_lens) - n_dec
+        self.dec_groups: list[_DecodeGroup] = []
+        self.dec_perm: torch.Tensor | None = None
         if n_dec:
-            kv = inputs.kv_lens[:n_dec]
-            self.dec_idx, length = self._block_index(inputs.page_tables[:n_dec], kv)
-            self.dec_len = length
-            pad = torch.arange(length)[None, :] >= torch.tensor(kv)[:, None]
-            mask = torch.zeros(n_dec, 1, length, dtype=self.pool.dtype)
-            mask.masked_fill_(pad[:, None, :], float("-inf"))
-            self.dec_mask = mask.repeat_interleave(kvh, dim=0).to(dev)  # [n*kvh, 1, L]
+            kvlens = inputs.kv_lens[:n_dec]
+            groups = group_by_size([1] * n_dec, kvlens)
+            for g in groups:
+                kv = [kvlens[i] for i in g]
+                idx, length = self._block_index([inputs.page_tables[i] for i in g], kv)
+                pad = torch.arange(length)[None, :] >= torch.tensor(kv)[:, None]
+                mask = torch.zeros(len(g), 1, length, dtype=self.pool.dtype)
+                mask.masked_fill_(pad[:, None, :], float("-inf"))
+                mask = mask.repeat_interleave(kvh, dim=0).to(dev)  # [n*kvh, 1, L]
+                q_idx = None if len(groups) == 1 else torch.tensor(g).to(dev)
+                self.dec_groups.append(_DecodeGroup(len(g), length, idx, mask, q_idx))
+            order = [i for g in groups for i in g]
+            if order != list(range(n_dec)):
+                self.dec_perm = torch.argsort(torch.tensor(order)).to(dev)
         self.pre_groups: list[_PrefillGroup] = []
         self.pre_perm: torch.Tensor | None = None
         if self.n_pre:
@@ -123,15 +141,14 @@ class TorchAttention(AttentionBackend):
     def forward(self, q: torch.Tensor, kv: torch.Tensor, layer: int) -> torch.Tensor:
         self.pool.write(layer, self.where, kv)
         blocks = self.pool.blocks(layer)
-        d, kvh, h = self.head_dim, self.num_kv_heads, self.num_heads
         parts = []
         if self.n_dec:
-            n, length = self.n_dec, self.dec_len
-            qd = q[:n].reshape(n * kvh, h // kvh, d)
-            kd, vd = blocks.index_select(0, self.dec_idx).view(2, n * kvh, length, d)
-            scores = torch.baddbmm(self.dec_mask, qd, kd.transpose(1, 2), alpha=self.scale)
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vd.dtype)
-            parts.append(torch.bmm(probs, vd).view(n, h * d))
+            qdec = q[:self.n_dec]
+            outs = [self._decode(qdec, blocks, g) for g in self.dec_groups]
+            out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+            if self.dec_perm is not None:
+                out = out.index_select(0, self.dec_perm)
+            parts.append(out)
         if self.n_pre:
             qpre = q[self.n_dec:]
             outs = [self._prefill(qpre, blocks, g) for g in self.pre_groups]
@@ -140,6 +157,16 @@ class TorchAttention(AttentionBackend):
                 out = out.index_select(0, self.pre_perm)
             parts.append(out)
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+    def _decode(self, qdec: torch.Tensor, blocks: torch.Tensor,
+                g: _DecodeGroup) -> torch.Tensor:
+        d, kvh, h = self.head_dim, self.num_kv_heads, self.num_heads
+        qd = qdec if g.q_idx is None else qdec.index_select(0, g.q_idx)
+        qd = qd.reshape(g.n * kvh, h // kvh, d)
+        kd, vd = blocks.index_select(0, g.kv_idx).view(2, g.n * kvh, g.length, d)
+        scores = torch.baddbmm(g.mask, qd, kd.transpose(1, 2), alpha=self.scale)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vd.dtype)
+        return torch.bmm(probs, vd).view(g.n, h * d)
 
     def _prefill(self, qpre: torch.Tensor, blocks: torch.Tensor,
                  g: _PrefillGroup) -> torch.Tensor:
