@@ -23,6 +23,7 @@ from web.api_engine import EngineController
 from web.api_errors import api_exception_handler
 from web.api_openai import OpenAIController
 from web.api_requests import RequestsController
+from web.api_schemas import ChatCompletionChunk, Completion, ErrorResponse
 from web.auth import Auth, AuthMiddleware, csrf_token
 from web.chat import ChatController
 from web.config import WebConfig
@@ -32,7 +33,7 @@ from web.markdown import render as markdown
 from web.metrics import SystemController, make_registry
 from web.replies import Replies
 from web.services import Services
-from web.sse import document_event_streams
+from web.sse import EventDoc, document_event_streams
 from web.store import Store
 from web.tracker import RequestTracker
 
@@ -40,12 +41,15 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 REPO = HERE.parent
 EVENT_STREAMS = {
-    ("/v1/chat/completions", "post"): "With stream=true: one `data:` line per "
-    "ChatCompletionChunk JSON object, then `data: [DONE]`.",
-    ("/v1/completions", "post"): "With stream=true: one `data:` line per Completion "
-    "chunk JSON object, then `data: [DONE]`.",
-    ("/dashboard/stream", "get"): "`event: board` with the dashboard's HTML, pushed when "
-    "the engine state changes; comment pings keep it open.",
+    ("/v1/chat/completions", "post"): EventDoc(
+        "With stream=true: one event per ChatCompletionChunk (an ErrorResponse if generation "
+        "fails), then `[DONE]`.", (ChatCompletionChunk, ErrorResponse), ("[DONE]",)),
+    ("/v1/completions", "post"): EventDoc(
+        "With stream=true: one event per Completion chunk (an ErrorResponse if generation "
+        "fails), then `[DONE]`.", (Completion, ErrorResponse), ("[DONE]",)),
+    ("/dashboard/stream", "get"): EventDoc(
+        "`event: board` with the dashboard's HTML, pushed when the engine state changes; "
+        "comment pings keep it open."),
 }
 
 

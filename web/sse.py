@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import msgspec
 from litestar import Litestar
 from litestar.connection import ASGIConnection
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Schema
@@ -20,7 +22,17 @@ from markupsafe import escape
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 PING_SECONDS = 15
+REF = "#/components/schemas/{name}"
 SHUTDOWN_GRACE = 2.0  # below uvicorn's graceful-shutdown timeout
+
+
+@dataclass(frozen=True, slots=True)
+class EventDoc:
+    """How the OpenAPI schema describes one event of a stream (see document_event_streams)."""
+
+    description: str
+    json: tuple[type, ...] = ()  # `data` is one of these structs, as JSON
+    constants: tuple[str, ...] = ()  # ... or one of these strings
 
 
 def event_stream(make_events: Callable[[anyio.Event], AsyncIterable[Any]],
@@ -64,11 +76,16 @@ async def until_disconnect(request: ASGIConnection[Any, Any, Any, Any]) -> None:
             return
 
 
-def document_event_streams(app: Litestar, paths: dict[tuple[str, str], str]) -> None:
+def document_event_streams(app: Litestar, paths: dict[tuple[str, str], EventDoc]) -> None:
     """Add `text/event-stream` to the 200 response of each (path, method) in the OpenAPI
-    schema, next to the JSON body Litestar documents from the handler's ResponseSpec."""
+    schema, next to the JSON body Litestar documents from the handler's ResponseSpec.
+
+    Before OpenAPI 3.2 the schema of an event stream describes one event: an object with
+    `data` (and `event`, `id`, `retry`). `data` is a JSON document of one of the given
+    structs (their schemas become components) or one of the given constant strings."""
     schema = app.openapi_schema
-    for (path, method), description in paths.items():
+    components = schema.components.schemas if schema.components else None
+    for (path, method), doc in paths.items():
         item = schema.paths.get(path) if schema.paths else None
         operation = getattr(item, method.lower(), None) if item else None
         responses = getattr(operation, "responses", None) or {}
@@ -76,5 +93,23 @@ def document_event_streams(app: Litestar, paths: dict[tuple[str, str], str]) -> 
         if ok is None or isinstance(ok, dict) or not hasattr(ok, "content"):
             continue
         ok.content = dict(ok.content or {})
-        ok.content["text/event-stream"] = OpenAPIMediaType(
-            schema=Schema(type=OpenAPIType.STRING, description=description))
+        ok.content["text/event-stream"] = OpenAPIMediaType(schema=_event_schema(doc, components))
+
+
+def _event_schema(doc: EventDoc, components: dict[str, Any] | None) -> Schema:
+    data: dict[str, Any] = {"type": "string"}
+    if doc.json:
+        refs, defs = msgspec.json.schema_components(doc.json, ref_template=REF)
+        if components is not None:
+            for name, definition in defs.items():
+                components.setdefault(name, definition)
+        content = {"contentMediaType": "application/json",
+                   "contentSchema": refs[0] if len(refs) == 1 else {"anyOf": list(refs)}}
+        data = {"anyOf": [{"const": c} for c in doc.constants] + [{**data, **content}]}
+    elif doc.constants:
+        data = {"anyOf": [{"const": c} for c in doc.constants] + [data]}
+    return Schema(type=OpenAPIType.OBJECT, description=doc.description, required=["data"],
+                  properties={"data": data,  # type: ignore[dict-item]  # plain JSON schema
+                              "event": Schema(type=OpenAPIType.STRING),
+                              "id": Schema(type=OpenAPIType.STRING),
+                              "retry": Schema(type=OpenAPIType.INTEGER)})
