@@ -8,9 +8,11 @@ from typing import Any
 import anyio
 from litestar import Controller, Request, Response, get, post
 from litestar.exceptions import NotFoundException
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, URLEncodedBody
 from litestar.response import Redirect, Template
 from markupsafe import escape
+from msgspec import Struct
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from engine.config import ADMISSIONS, POLICIES
@@ -45,6 +47,14 @@ async def board_events(s: Services, user: User,
         last = snap
         yield html_event("board", s.render("_board.html",
                                            **board_context(snap, s.engine, user, s.tracker)))
+
+
+class HTTPError(Struct):
+    """Litestar's own error body (the dashboard is a page, not the OpenAI-style API)."""
+
+    status_code: int
+    detail: str
+    extra: dict[str, Any] | list[Any] | None = None
 
 
 @dataclass
@@ -87,6 +97,8 @@ class DashboardController(Controller):
         return event_stream(lambda shutdown: board_events(s, user, shutdown))
 
     @post("/requests/{request_id:str}/cancel", status_code=204, name="dashboard:cancel",
+          responses={404: ResponseSpec(HTTPError, description="No live request with this id "
+                                       "that the viewer may cancel", generate_examples=False)},
           summary="Cancel a waiting or running request (the viewer's own; any for an admin)")
     async def cancel(self, request: Request[Any, Any, Any], request_id: FromPath[str]) -> None:
         s, user = services(request), current_user(request)
