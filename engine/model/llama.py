@@ -113,7 +113,8 @@ class Attention(nn.Module):
                  device: torch.device | str | None) -> None:
         super().__init__()
         self.layer = layer
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = PackedLinear(cfg.hidden_size, (q, kv, kv), ("q", "k", "v"),
                                      cfg.qkv_bias, dtype, device)

@@ -113,7 +113,8 @@ class Harness:
         """work: (request, start, num_tokens, sample). Appends sampled tokens (greedy)."""
         for req, start, n, _ in work:
             self.cover(req, start + n)
-        batch = Batch(phase, tuple(BatchItem(r, s, n, smp) for r, s, n, smp in work))  # type: ignore[arg-type]
+        items = tuple(BatchItem(r, s, n, smp) for r, s, n, smp in work)
+        batch = Batch(phase, items)  # type: ignore[arg-type]
         if use_run:
             tokens = self.executor.run(batch)
         else:
