@@ -1,8 +1,12 @@
 """Launching the server: model -> engine -> web app -> uvicorn (the composition root)."""
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 from app.banner import banner, local_url, open_browser
 from app.models import ModelRef
@@ -62,6 +66,24 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
     print(banner(settings, model.name, device, dtype), flush=True)
     if settings.open:
         open_browser(local_url(settings))
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning",
-                timeout_graceful_shutdown=5)
+    with exit_quietly_after_shutdown():
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning",
+                    timeout_graceful_shutdown=5)
     return 0
+
+
+@contextlib.contextmanager
+def exit_quietly_after_shutdown() -> Iterator[None]:
+    """uvicorn re-raises SIGINT/SIGTERM once its graceful shutdown is done, so their default
+    action would follow: a KeyboardInterrupt traceback, or death by SIGTERM (exit -15). By
+    then the lifespan has saved the replies and stopped the engine: exit 0 instead."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
