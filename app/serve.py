@@ -74,9 +74,10 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
 
 @contextlib.contextmanager
 def exit_quietly_after_shutdown() -> Iterator[None]:
-    """uvicorn re-raises SIGINT/SIGTERM once its graceful shutdown is done, so their default
-    action would follow: a KeyboardInterrupt traceback, or death by SIGTERM (exit -15). By
-    then the lifespan has saved the replies and stopped the engine: exit 0 instead."""
+    """uvicorn re-raises SIGINT/SIGTERM once its graceful shutdown is done, so the default
+    action would follow: for SIGTERM, death by the signal (exit status -15 / 143) after a
+    clean shutdown. By then the lifespan has saved the replies and stopped the engine, so
+    `ferry serve` exits 0 instead."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

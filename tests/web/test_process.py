@@ -68,9 +68,11 @@ def serve(model_dir: Path, tmp_path: Path) -> Iterator[Any]:
         port = free_port()
         env = {**os.environ, "FERRY_HOME": str(home), "FERRY_KV_TOKENS": "4096",
                "FERRY_MAX_RUNNING": "4", "PYTHONUNBUFFERED": "1"}
-        ferry = Path(sys.executable).with_name("ferry")
-        command = [str(ferry)] if ferry.exists() else [
-            sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())"]
+        # the `ferry` entry point, with Ctrl+C handling as in a terminal (a child of a
+        # background job would inherit SIGINT ignored)
+        entry = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)"
+                 "; from app.cli import main; sys.exit(main())")
+        command = [sys.executable, "-c", entry]
         proc = subprocess.Popen(
             [*command, "serve", "--host", "127.0.0.1", "--port", str(port), "--model",
              str(model_dir), "--dtype", "float32", "--device", "cpu"],
