@@ -66,7 +66,7 @@ class Settings:
     admission: str = ""  # "" -> fifo when local, fair when shared
     max_running: int = 16
     max_prefill_tokens: int = 512
-    kv_tokens: int = 65536
+    kv_tokens: int = 16384  # 0.75 GB of KV for SmolLM2 in float32, allocated at start
     page_size: int = 16
     prefix_cache: bool = True
     max_waiting: int = 256
