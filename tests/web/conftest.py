@@ -144,3 +144,23 @@ def waiter() -> Any:
 @pytest.fixture(scope="session")
 def idle_check() -> Any:
     return assert_engine_idle
+
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's; playwright never downloads a browser here
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--headless", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run",
+                 "--disable-quic"]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Debian Chromium driven by playwright (one per test module)."""
+    if not Path(CHROMIUM).exists():
+        # make test installs it: absent under CI is a failure, not a skip
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(
+            f"{CHROMIUM} is missing (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()

@@ -18,10 +18,6 @@ import pytest
 
 pytestmark = [pytest.mark.model, pytest.mark.browser]
 MODEL = "SmolLM2-135M-Instruct"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--headless", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run",
-                 "--disable-quic"]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 
@@ -31,18 +27,6 @@ def server(make_server: Any) -> Any:
     return make_server(max_running=2, web={"chat_ignore_eos": True, "default_max_tokens": 200,
                                             "reattach_grace": 1.0, "dashboard_interval": 0.25,
                                             "max_body_bytes": 64 * 1024})
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        # make test installs it and CI has shared/ beside the repo: absent there is a failure
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"{CHROMIUM} is missing (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture
@@ -210,8 +194,11 @@ def test_dashboard_shows_queue_and_cancel_frees_slot(server: Any, page: Any, wai
 
         running_id = page.get_attribute("#running tr[data-id]", "data-id")
         page.click(f"#running button[data-cancel='{running_id}']")
-        snap = waiter(lambda: (s := server.engine.snapshot()).find(running_id) is None and s,
-                      10, message="running request gone from the snapshot")
+        def freed() -> object:
+            snap = server.engine.snapshot()
+            return running_id not in {v.id for v in snap.running} and snap
+
+        snap = waiter(freed, 10, message="running request gone from the running set")
         assert snap.free_slots == 1 and running_id not in snap.slots
         info = httpx.get(f"{server.url}/v1/requests/{running_id}").json()
         assert info["state"] == "finished" and info["finish_reason"] == "cancelled"

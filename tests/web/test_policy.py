@@ -7,11 +7,8 @@ engine's own tests cover what each policy does.
 """
 from __future__ import annotations
 
-import os
 import re
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,11 +17,6 @@ import pytest
 from engine.batch import Batch
 from engine.request import Request
 from web.users import UserStore
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--headless", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run",
-                 "--disable-quic"]
 
 
 class StandIn:
@@ -147,23 +139,11 @@ def test_dashboard_control_with_a_session(setup: tuple[Any, dict], waiter: Any) 
         wait_policy(server, "prefill-first", "fifo", waiter)
 
 
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        # make test installs it and CI has shared/ beside the repo: absent there is a failure
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"{CHROMIUM} is missing (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
 @pytest.mark.browser
-def test_admin_uses_the_control_in_chromium(setup: tuple[Any, dict], chromium: Any,
+def test_admin_uses_the_control_in_chromium(setup: tuple[Any, dict], browser: Any,
                                             waiter: Any) -> None:
     server, tokens = setup
-    context = chromium.new_context()
+    context = browser.new_context()
     try:
         page = context.new_page()
         page.set_default_timeout(30_000)
