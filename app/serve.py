@@ -26,11 +26,10 @@ def pick_device(name: str) -> str:
 
 def build(settings: Settings, paths: Paths, model: ModelRef, progress: bool = True):
     """Load the model and build the Litestar app (the engine starts with the app's lifespan)."""
-    from web.app import create_app
-
     from engine.engine import Engine
     from engine.model_executor import ModelExecutor
     from engine.tokenizer import Tokenizer
+    from web.app import create_app
     from web.config import WebConfig
 
     config = engine_config(settings)
