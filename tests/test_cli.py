@@ -22,7 +22,13 @@ SCENARIOS = REPO.parent / "shared" / "scenarios"
 FERRY = Path(sys.executable).parent / "ferry"
 
 
-pytestmark = pytest.mark.usefixtures("ferry_home")  # tests/conftest.py
+@pytest.fixture(autouse=True)
+def ferry_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own FERRY_HOME and no FERRY_* variables from outside."""
+    for name in [n for n in os.environ if n.startswith("FERRY_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("FERRY_HOME", str(tmp_path))
+    return tmp_path
 
 
 @pytest.fixture
