@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from engine.cpu import cpu_has_native_bf16
 from engine.model.layers import default_weight_loader
 from engine.model.llama import LlamaForCausalLM, ModelConfig
 
@@ -34,21 +35,6 @@ class ModelNotFound(FileNotFoundError):
 
 
 # --- dtype --------------------------------------------------------------------------------
-
-def cpu_has_native_bf16() -> bool:
-    """True when the CPU computes bf16 in hardware (AVX512-BF16 or AMX); else bf16 is emulated
-    and slower than float32."""
-    try:
-        if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
-            return True
-    except AttributeError:  # older torch: fall back to the kernel's flags
-        pass
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(f in flags.split() for f in ("avx512_bf16", "amx_bf16"))
-
 
 def choose_dtype(name: str | torch.dtype, device: torch.device | str) -> torch.dtype:
     """'auto' -> bfloat16 on CUDA (float16 without bf16) and on CPUs with native bf16,

@@ -8,7 +8,7 @@ the rows that sample, and samples each of those with its request's parameters.
 from __future__ import annotations
 
 import logging
-import os
+import threading
 from pathlib import Path
 
 import torch
@@ -17,6 +17,7 @@ from engine.attention import default_backend, get_backend
 from engine.attention.base import AttentionInputs
 from engine.batch import Batch
 from engine.config import EngineConfig
+from engine.cpu import default_threads, on_fresh_thread
 from engine.kv_pool import KVPool
 from engine.loader import choose_dtype, load_model, read_eos_ids, resolve_model
 from engine.model.llama import LlamaForCausalLM
@@ -26,17 +27,11 @@ from engine.sampler import Sampler
 log = logging.getLogger(__name__)
 
 
-def default_threads() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # macOS, Windows
-        return max(1, os.cpu_count() or 1)
-
-
 class ModelExecutor:
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig,
                  device: torch.device | str = "cpu", backend: str | None = None,
-                 eos_ids: frozenset[int] = frozenset(), model_path: Path | None = None) -> None:
+                 eos_ids: frozenset[int] = frozenset(), model_path: Path | None = None,
+                 threads: int | None = None) -> None:
         cfg = model.config
         self.model = model
         self.config = config
@@ -53,6 +48,10 @@ class ModelExecutor:
         self.max_context = cfg.max_context
         self.vocab_size = cfg.vocab_size
         self.model_path = model_path
+        # torch's intra-op thread count is per calling thread under OpenMP: set it on the
+        # thread that runs rounds (see engine.cpu), at its first round
+        self.threads = threads or default_threads()
+        self._bound_thread: int | None = None
 
     @classmethod
     def from_pretrained(cls, model: str | Path | None = None, config: EngineConfig | None = None,
@@ -60,14 +59,20 @@ class ModelExecutor:
                         cache_dir: str | Path | None = None, backend: str | None = None,
                         threads: int | None = None, progress: bool = True) -> ModelExecutor:
         """Load `model` (None = the default SmolLM2 GGUF, converted once into `cache_dir`; a HF
-        folder; a .gguf file; or a hub id) and size the KV pool from `config`."""
-        if torch.device(device).type == "cpu":
-            torch.set_num_threads(threads or default_threads())
-        path = resolve_model(model, cache_dir, progress)
-        torch_dtype = choose_dtype(dtype, device)
-        net = load_model(path, torch_dtype, device)
-        log.info("loaded %s as %s on %s", path, torch_dtype, device)
-        return cls(net, config or EngineConfig(), device, backend, read_eos_ids(path), path)
+        folder; a .gguf file; or a hub id) and size the KV pool from `config`.
+
+        Runs on a short-lived thread so that the engine thread's OpenMP team is the only one
+        afterwards (engine.cpu explains why that halves small-batch step times)."""
+        def load() -> ModelExecutor:
+            if torch.device(device).type == "cpu":
+                torch.set_num_threads(threads or default_threads())
+            path = resolve_model(model, cache_dir, progress)
+            torch_dtype = choose_dtype(dtype, device)
+            net = load_model(path, torch_dtype, device)
+            log.info("loaded %s as %s on %s", path, torch_dtype, device)
+            return cls(net, config or EngineConfig(), device, backend, read_eos_ids(path), path,
+                       threads)
+        return on_fresh_thread(load)
 
     # --- Executor protocol ------------------------------------------------------------------
 
@@ -92,6 +97,9 @@ class ModelExecutor:
     def compute_logits(self, batch: Batch) -> tuple[torch.Tensor, list[int]]:
         """Run the round's forward pass (writing its K/V) -> (logits [S, vocab], the indices
         of the S items with `sample` set, in logits row order)."""
+        if self._bound_thread != threading.get_ident() and self.device.type == "cpu":
+            torch.set_num_threads(self.threads)
+            self._bound_thread = threading.get_ident()
         items = batch.items
         # single-token sequences first (stable), as AttentionInputs requires
         order = sorted(range(len(items)), key=lambda i: items[i].num_tokens != 1)

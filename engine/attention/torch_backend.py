@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.base import AttentionBackend, AttentionInputs
+from engine.cpu import emulated_bf16
+from engine.kv_pool import KVPool
 
 PAD_WASTE = 1.5  # a prefill group's padded attention work may be at most this x the real work
 
@@ -69,6 +71,14 @@ def group_by_size(qlens: list[int], kvlens: list[int]) -> list[list[int]]:
 class TorchAttention(AttentionBackend):
     name = "torch"
 
+    def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int,
+                 scale: float) -> None:
+        super().__init__(pool, num_heads, num_kv_heads, head_dim, scale)
+        # emulated bf16 batched matmuls fall back to one small addmm per matrix (~9x slower
+        # than float32 here): attend in float32 over the gathered (already copied) K/V
+        self.compute_dtype = (torch.float32 if emulated_bf16(pool.dtype, pool.device)
+                              else pool.dtype)
+
     def _block_index(self, page_tables: list[list[int]],
                      kv_lens: list[int]) -> tuple[torch.Tensor, int]:
         """Rows of the pool's block view holding each sequence's pages, ordered (K/V,
@@ -96,7 +106,7 @@ class TorchAttention(AttentionBackend):
                 kv = [kvlens[i] for i in g]
                 idx, length = self._block_index([inputs.page_tables[i] for i in g], kv)
                 pad = torch.arange(length)[None, :] >= torch.tensor(kv)[:, None]
-                mask = torch.zeros(len(g), 1, length, dtype=self.pool.dtype)
+                mask = torch.zeros(len(g), 1, length, dtype=self.compute_dtype)
                 mask.masked_fill_(pad[:, None, :], float("-inf"))
                 mask = mask.repeat_interleave(kvh, dim=0).to(dev)  # [n*kvh, 1, L]
                 q_idx = None if len(groups) == 1 else torch.tensor(g).to(dev)
@@ -162,19 +172,21 @@ class TorchAttention(AttentionBackend):
                 g: _DecodeGroup) -> torch.Tensor:
         d, kvh, h = self.head_dim, self.num_kv_heads, self.num_heads
         qd = qdec if g.q_idx is None else qdec.index_select(0, g.q_idx)
-        qd = qd.reshape(g.n * kvh, h // kvh, d)
-        kd, vd = blocks.index_select(0, g.kv_idx).view(2, g.n * kvh, g.length, d)
+        qd = qd.reshape(g.n * kvh, h // kvh, d).to(self.compute_dtype)
+        kv = blocks.index_select(0, g.kv_idx).to(self.compute_dtype)
+        kd, vd = kv.view(2, g.n * kvh, g.length, d)
         scores = torch.baddbmm(g.mask, qd, kd.transpose(1, 2), alpha=self.scale)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vd.dtype)
-        return torch.bmm(probs, vd).view(g.n, h * d)
+        return torch.bmm(probs, vd).view(g.n, h * d).to(qdec.dtype)
 
     def _prefill(self, qpre: torch.Tensor, blocks: torch.Tensor,
                  g: _PrefillGroup) -> torch.Tensor:
         d, kvh, h = self.head_dim, self.num_kv_heads, self.num_heads
         qp = qpre if g.q_idx is None else qpre.index_select(0, g.q_idx)
-        qp = qp.reshape(g.n, g.qmax, h, d).transpose(1, 2)
-        kp, vp = blocks.index_select(0, g.kv_idx).view(2, g.n, kvh, g.length, d)
+        qp = qp.reshape(g.n, g.qmax, h, d).transpose(1, 2).to(self.compute_dtype)
+        kv = blocks.index_select(0, g.kv_idx).to(self.compute_dtype)
+        kp, vp = kv.view(2, g.n, kvh, g.length, d)
         out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=g.mask, scale=self.scale,
                                              enable_gqa=kvh != h)
-        out = out.transpose(1, 2).reshape(g.n * g.qmax, h * d)
+        out = out.transpose(1, 2).reshape(g.n * g.qmax, h * d).to(qpre.dtype)
         return out if g.out_idx is None else out.index_select(0, g.out_idx)

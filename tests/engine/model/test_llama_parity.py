@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 VOCAB = 320
 
@@ -111,3 +112,25 @@ def test_bfloat16_close_to_float32(tiny_models, make_harness) -> None:
     h16.prefill([b])
     x, y = h32.logits[a.id][11], h16.logits[b.id][11].float()
     assert torch.nn.functional.cosine_similarity(x, y, dim=0) > 0.99
+
+
+def test_bfloat16_batched_decode_close_to_float32(tiny_models, make_harness) -> None:
+    """bf16 weights in a batch of 8 (widened float32 products on CPUs without bf16
+    arithmetic) and of 2 (bf16 products) stay close to float32 through prefill and decode."""
+    tiny = tiny_models["qwen2"]
+    rng = random.Random(9)
+    prompts = [prompt(rng, n) for n in (5, 9, 14, 3, 20, 7, 11, 6)]
+    for size in (8, 2):
+        h32, h16 = make_harness(tiny.path), make_harness(tiny.path, dtype=torch.bfloat16)
+        a = [h32.new(p) for p in prompts[:size]]
+        b = [h16.new(p) for p in prompts[:size]]
+        h32.prefill(a)
+        h16.prefill(b)
+        for ra, rb in zip(a, b):  # decode the same tokens, so positions line up
+            rb.output_ids = list(ra.output_ids)
+        h32.decode(a, 1)
+        h16.round([(r, r.num_tokens - 1, 1, True) for r in b], "decode")
+        for ra, rb in zip(a, b):
+            for pos, row in h32.logits[ra.id].items():
+                cos = F.cosine_similarity(row, h16.logits[rb.id][pos], dim=0)
+                assert cos > 0.99, (size, ra.id, pos, float(cos))

@@ -1,0 +1,57 @@
+"""Matrix products of weights with activations, choosing the kernel by dtype and row count.
+
+Where the CPU has no bf16 arithmetic (AVX2 without AVX512-BF16/AMX), torch emulates bf16 matrix
+products. For one to a few rows that is still the fastest choice: decode at batch 1 is bound by
+reading the weights, and bf16 halves those bytes (18.6 ms vs 36 ms for this model's step).
+For more rows the emulation is compute-bound and ~3.5x slower than float32 (490 ms vs 140 ms
+for the batch-32 step's products). There we widen each bf16 weight into a reused float32
+scratch buffer that stays in cache and multiply in float32 (weights stay bf16 in memory; the
+activations' result is rounded back to bf16). Elsewhere (float32, CUDA, native bf16) this is
+plain `F.linear`.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.nn.functional as F
+
+from engine.cpu import emulated_bf16
+
+# Up to this many rows the emulated bf16 kernel beats widening (measured here: 1-4 rows)
+BF16_DIRECT_ROWS = 4
+
+_scratch = threading.local()  # per thread: rounds of two executors may run concurrently
+
+
+def widens(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True when x @ weight.T runs in float32 on a widened copy of a bf16 weight."""
+    return x.shape[0] > BF16_DIRECT_ROWS and emulated_bf16(weight.dtype, weight.device)
+
+
+def widened(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 copy of `weight` in this thread's scratch buffer (valid until the next call)."""
+    n = weight.numel()
+    buf: torch.Tensor | None = getattr(_scratch, "buf", None)
+    if buf is None or buf.numel() < n:
+        buf = _scratch.buf = torch.empty(n, dtype=torch.float32)
+    return buf[:n].view(weight.shape).copy_(weight)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [rows, in] @ weight [out, in].T (+ bias), result in x's dtype."""
+    if not widens(x, weight):
+        return F.linear(x, weight, bias)
+    out = F.linear(x.float(), widened(weight), None if bias is None else bias.float())
+    return out.to(x.dtype)
+
+
+def mm_into(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
+    """out = x @ weight.T without a bias; `out` may be a strided column block."""
+    if not widens(x, weight):
+        torch.mm(x, weight.t(), out=out)
+    elif out.dtype == torch.float32:
+        torch.mm(x.float(), widened(weight).t(), out=out)
+    else:
+        out.copy_(torch.mm(x.float(), widened(weight).t()))
