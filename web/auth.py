@@ -1,4 +1,5 @@
-"""Who is asking: signed session cookies, CSRF tokens, and the ASGI middleware that checks them.
+"""Who is asking: the ASGI middleware that checks bearer tokens, session cookies and CSRF
+tokens (their signing lives in web.sessions).
 
 Local mode (Ferry listens on loopback only): everyone is LOCAL_ADMIN, and state-changing
 requests that a browser marks as coming from another site are refused (a web page must not be
@@ -16,21 +17,16 @@ or None on a public path nobody is signed in to. Handlers read it with web.ident
 """
 from __future__ import annotations
 
-import base64
-import hashlib
 import hmac
 import json
 import logging
-import os
 import re
-import secrets
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urlsplit
 
+from web.sessions import SESSION_MAX_AGE, SessionSigner, load_secret_key
 from web.users import LOCAL_ADMIN, User, UserError, UserStore
 
 if TYPE_CHECKING:
@@ -40,10 +36,8 @@ log = logging.getLogger("ferry.auth")
 
 SESSION_COOKIE = "ferry_session"
 COOKIE_SAMESITE = "lax"  # Lax: links from other sites still land signed in; CSRF tokens guard posts
-SESSION_MAX_AGE = 14 * 24 * 3600  # seconds
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "x-csrf-token"
-SECRET_FILE = "secret.key"
 PUBLIC_PATHS = frozenset({"/login", "/healthz", "/favicon.ico"})
 PUBLIC_PREFIXES = ("/static/",)
 API_PREFIXES = ("/v1/", "/api/")
@@ -59,98 +53,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def load_secret_key(data_dir: Path | str, configured: bytes | None = None) -> bytes:
-    """The signing key: `configured` if given, else data_dir/secret.key, made once (mode 0600)."""
-    if configured:
-        return configured
-    path = Path(data_dir) / SECRET_FILE
-    for _ in range(50):
-        try:
-            key = path.read_bytes()
-        except FileNotFoundError:
-            key = b""
-        if len(key) >= 32:
-            return key
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:
-                continue  # another process is writing it: read theirs
-            with os.fdopen(fd, "wb") as out:
-                out.write(secrets.token_bytes(32))
-            continue
-        time.sleep(0.01)  # exists but short: being written right now
-    raise RuntimeError(f"{path} holds fewer than 32 bytes; delete it to make a new key")
-
-
-@dataclass(frozen=True, slots=True)
-class Session:
-    name: str
-    token_id: str  # the user's token id at login: a rotate or remove ends the session
-    expires: int  # unix seconds
-
-
-class SessionSigner:
-    """Cookie value = base64url(JSON payload) "." base64url(HMAC-SHA256(payload))."""
-
-    def __init__(self, key: bytes, *, max_age: int = SESSION_MAX_AGE,
-                 clock: Callable[[], float] = time.time) -> None:
-        if len(key) < 16:
-            raise ValueError("the session key must be at least 16 bytes")
-        self._session_key = hmac.new(key, b"ferry session cookie", hashlib.sha256).digest()
-        self._csrf_key = hmac.new(key, b"ferry csrf token", hashlib.sha256).digest()
-        self.max_age = max_age
-        self.clock = clock
-
-    def sign(self, name: str, token_id: str) -> str:
-        payload = {"u": name, "t": token_id, "e": int(self.clock()) + self.max_age,
-                   "n": secrets.token_hex(8)}  # n: every login gets its own cookie and CSRF token
-        body = _b64(json.dumps(payload, separators=(",", ":")).encode())
-        return f"{body}.{self._mac(body)}"
-
-    def _mac(self, body: str) -> str:
-        return _b64(hmac.new(self._session_key, body.encode("ascii"), hashlib.sha256).digest())
-
-    def unsign(self, value: str | None) -> Session | None:
-        """The session in a cookie value, or None if it is forged, damaged or expired."""
-        if not value or len(value) > 1024 or value.count(".") != 1:
-            return None
-        body, mac = value.split(".")
-        try:
-            if not hmac.compare_digest(mac.encode("ascii"), self._mac(body).encode("ascii")):
-                return None
-            payload = json.loads(_unb64(body))
-        except (ValueError, UnicodeError):
-            return None
-        if not isinstance(payload, dict):
-            return None
-        name, token_id, expires = payload.get("u"), payload.get("t"), payload.get("e")
-        if not (isinstance(name, str) and isinstance(token_id, str) and isinstance(expires, int)):
-            return None
-        if expires <= self.clock():
-            return None
-        return Session(name, token_id, expires)
-
-    def csrf_token(self, cookie_value: str) -> str:
-        return _b64(hmac.new(self._csrf_key, cookie_value.encode("ascii", "replace"),
-                             hashlib.sha256).digest())
-
-    def check_csrf(self, cookie_value: str, supplied: str | None) -> bool:
-        if not supplied:
-            return False
-        expected = self.csrf_token(cookie_value).encode("ascii")
-        return hmac.compare_digest(expected, supplied.strip().encode("ascii", "replace"))
 
 
 class Auth:

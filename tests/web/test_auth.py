@@ -30,16 +30,15 @@ from web.auth import (
     SESSION_COOKIE,
     Auth,
     AuthMiddleware,
-    SessionSigner,
     cookie_values,
     csrf_from_body,
     csrf_token,
-    load_secret_key,
     safe_next,
 )
 from web.config import WebConfig
 from web.identity import current_user
 from web.login import login_router
+from web.sessions import SessionSigner, load_secret_key
 from web.users import LOCAL_ADMIN, User, UserError, UserStore, token_id_of
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "web" / "templates"
