@@ -69,6 +69,7 @@ class ModelExecutor:
             path = resolve_model(model, cache_dir, progress)
             torch_dtype = choose_dtype(dtype, device)
             net = load_model(path, torch_dtype, device)
+            net.pack_weights()
             log.info("loaded %s as %s on %s", path, torch_dtype, device)
             return cls(net, config or EngineConfig(), device, backend, read_eos_ids(path), path,
                        threads)

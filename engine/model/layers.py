@@ -52,6 +52,14 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear_kernels.linear(x, self.weight, self.bias)
 
+    def pack(self) -> None:
+        """Swap the weight for the layout its products run fastest from (once loaded; a
+        packed weight is a plain tensor attribute, no longer a loadable parameter)."""
+        packed = linear_kernels.pack(self.weight)
+        if packed is not self.weight:
+            del self.weight
+            self.weight = packed
+
 
 class PackedLinear(Linear):
     """Several projections of the same input stacked along the output rows (qkv, gate_up).

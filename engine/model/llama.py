@@ -202,6 +202,21 @@ class LlamaForCausalLM(nn.Module):
         else:
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, dtype, device)
 
+    def pack_weights(self) -> None:
+        """After loading: put every projection's weight in its fastest layout
+        (linear_kernels.pack). A tied LM head gets its own packed copy, since the embedding
+        lookup needs the plain table."""
+        for module in self.modules():
+            if isinstance(module, Linear) and module is not self.lm_head:
+                module.pack()
+        head = self.lm_head.weight
+        packed = linear_kernels.pack(head)
+        if packed is not head:
+            self.lm_head = Linear(self.config.hidden_size, self.config.vocab_size, False,
+                                  self.dtype, "meta")
+            del self.lm_head.weight
+            self.lm_head.weight = packed
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
                 logits_indices: torch.Tensor | None = None) -> torch.Tensor:
         """[T] ids and positions -> logits [S, vocab] for rows `logits_indices` (all if None).
@@ -224,7 +239,10 @@ LM_HEAD_BLOCK = 2048
 def vocab_projection(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x @ weight.T for the LM head. On CPU with several rows, in blocks of the vocabulary:
     MKL is up to 2x slower on one [rows x 49152] product than on 2048-column blocks that stay
-    in cache (measured at 4-64 rows); a widened bf16 block (linear_kernels) stays in cache too."""
+    in cache (measured at 4-64 rows); a widened bf16 block (linear_kernels) stays in cache too.
+    A packed (oneDNN) weight is multiplied whole: oneDNN blocks it itself."""
+    if linear_kernels.is_packed(weight):
+        return linear_kernels.linear(x, weight)
     if x.shape[0] <= 1 or x.device.type != "cpu":
         return torch.nn.functional.linear(x, weight)
     out = x.new_empty(x.shape[0], weight.shape[0])

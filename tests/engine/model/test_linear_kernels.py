@@ -72,3 +72,40 @@ def test_on_fresh_thread_returns_and_raises() -> None:
     assert cpu.on_fresh_thread(threading.get_ident) != caller
     with pytest.raises(KeyError, match="boom"):
         cpu.on_fresh_thread(lambda: {}["boom"])
+
+
+needs_onednn = pytest.mark.skipif(not linear_kernels.onednn_packing_works(),
+                                  reason="this torch build has no working oneDNN linear")
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [0, 1, 3, 64])
+def test_packed_float32_linear_matches(rows: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    w, b = torch.randn(40, 24, generator=g), torch.randn(40, generator=g)
+    packed = linear_kernels.pack(w)
+    assert linear_kernels.is_packed(packed) and packed.shape == w.shape
+    x = torch.randn(rows, 24, generator=g)
+    out = linear_kernels.linear(x, packed, b)
+    assert out.shape == (rows, 40)
+    torch.testing.assert_close(out, F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+    strided = torch.randn(rows, 48, generator=g)[:, ::2]  # not contiguous
+    torch.testing.assert_close(linear_kernels.linear(strided, packed), F.linear(strided, w),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_only_float32_cpu_weights_are_packed() -> None:
+    w = torch.randn(8, 8).bfloat16()
+    assert linear_kernels.pack(w) is w
+
+
+@needs_onednn
+def test_loaded_model_is_packed_and_keeps_its_embedding(tiny_models, make_harness) -> None:
+    from engine.model.layers import Linear
+
+    tiny = tiny_models["llama3"]  # tied embeddings: the LM head gets its own packed copy
+    model = make_harness(tiny.path).executor.model
+    assert model.config.tie_word_embeddings
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert linears and all(linear_kernels.is_packed(m.weight) for m in linears)
+    assert not linear_kernels.is_packed(model.model.embed_tokens.weight)
