@@ -5,8 +5,8 @@ products. For one to a few rows that is still the fastest choice: decode at batc
 reading the weights, and bf16 halves those bytes (18.6 ms vs 36 ms for this model's step).
 For more rows the emulation is compute-bound and ~3.5x slower than float32 (490 ms vs 140 ms
 for the batch-32 step's products). There we widen each bf16 weight into a reused float32
-scratch buffer that stays in cache and multiply in float32 (weights stay bf16 in memory; the
-activations' result is rounded back to bf16).
+scratch buffer that stays in cache and multiply in float32 with oneDNN (weights stay bf16 in
+memory; the result is rounded back to bf16).
 
 float32 weights on CPU are reordered once, after loading, into oneDNN's blocked layout
 (`pack`): its matrix products then beat MKL's on the same weights, by ~25% for a batch-1 decode
@@ -52,7 +52,7 @@ def is_packed(weight: torch.Tensor) -> bool:
 
 
 @functools.cache
-def onednn_packing_works() -> bool:
+def onednn_works() -> bool:
     """oneDNN's packed float32 linear is present in this torch build and gives the right
     numbers (a private op of torch's, so we check it rather than trust it)."""
     try:
@@ -70,7 +70,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     """`weight` in the layout its products run fastest from: oneDNN-packed for float32 on CPU
     when that works, else itself."""
     if (weight.dtype != torch.float32 or weight.device.type != "cpu" or is_packed(weight)
-            or not torch.backends.mkldnn.is_available() or not onednn_packing_works()):
+            or not torch.backends.mkldnn.is_available() or not onednn_works()):
         return weight
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
@@ -88,15 +88,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
         return _onednn(x, weight, bias)
     if not widens(x, weight):
         return F.linear(x, weight, bias)
-    out = F.linear(x.float(), widened(weight), None if bias is None else bias.float())
-    return out.to(x.dtype)
+    return _wide_product(x, weight, bias).to(x.dtype)
 
 
 def mm_into(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
     """out = x @ weight.T without a bias; `out` may be a strided column block."""
     if not widens(x, weight):
         torch.mm(x, weight.t(), out=out)
-    elif out.dtype == torch.float32:
-        torch.mm(x.float(), widened(weight).t(), out=out)
     else:
-        out.copy_(torch.mm(x.float(), widened(weight).t()))
+        out.copy_(_wide_product(x, weight, None))
+
+
+def _wide_product(x: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ widened(weight).T in float32; oneDNN's product is ~25% faster than MKL's here even
+    on a plain (unpacked) weight (bf16 batch-32 step 274 -> 206 ms)."""
+    wide, b = widened(weight), None if bias is None else bias.float()
+    if onednn_works():
+        return _onednn(x.float(), wide, b)
+    return F.linear(x.float(), wide, b)

@@ -74,7 +74,7 @@ def test_on_fresh_thread_returns_and_raises() -> None:
         cpu.on_fresh_thread(lambda: {}["boom"])
 
 
-needs_onednn = pytest.mark.skipif(not linear_kernels.onednn_packing_works(),
+needs_onednn = pytest.mark.skipif(not linear_kernels.onednn_works(),
                                   reason="this torch build has no working oneDNN linear")
 
 
