@@ -40,10 +40,10 @@ def cpu_has_native_bf16() -> bool:
     except AttributeError:  # older torch: fall back to the kernel's flags
         pass
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        flags = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:
-        return False
-    return any(f in flags.split() for f in ("avx512_bf16", "amx_bf16"))
+        return False  # no flags to read (macOS, Windows): assume emulated, the safe choice
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})  # bf16: Arm's flag
 
 
 def on_fresh_thread(fn: Callable[[], T], name: str = "ferry-load") -> T:

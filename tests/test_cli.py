@@ -194,7 +194,7 @@ def test_doctor_all_green(capsys: pytest.CaptureFixture[str],
     monkeypatch.setenv("FERRY_PORT", str(free_port()))
     code, out, _ = run(capsys, "doctor")
     assert code == 0, out
-    for label in ("torch", "device", "bfloat16", "flashinfer", "model", "data dir",
+    for label in ("torch", "device", "bfloat16", "cpu kernels", "flashinfer", "model", "data dir",
                   "config dir", "cache dir", "log dir", "port"):
         assert label in out
     assert "\u2717" not in out
