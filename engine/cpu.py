@@ -58,7 +58,9 @@ def on_fresh_thread(fn: Callable[[], T], name: str = "ferry-load") -> T:
         except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller
             error.append(exc)
 
-    thread = threading.Thread(target=target, name=name)
+    # daemon: Ctrl+C in the caller must not wait for a long conversion (which writes to a
+    # temporary folder and renames it, so stopping halfway leaves nothing broken)
+    thread = threading.Thread(target=target, name=name, daemon=True)
     thread.start()
     thread.join()
     if error:
