@@ -55,6 +55,8 @@ def is_packed(weight: torch.Tensor) -> bool:
 def onednn_works() -> bool:
     """oneDNN's packed float32 linear is present in this torch build and gives the right
     numbers (a private op of torch's, so we check it rather than trust it)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
     try:
         g = torch.Generator().manual_seed(0)
         w, b, x = (torch.randn(24, 16, generator=g), torch.randn(24, generator=g),
@@ -70,7 +72,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     """`weight` in the layout its products run fastest from: oneDNN-packed for float32 on CPU
     when that works, else itself."""
     if (weight.dtype != torch.float32 or weight.device.type != "cpu" or is_packed(weight)
-            or not torch.backends.mkldnn.is_available() or not onednn_works()):
+            or not onednn_works()):
         return weight
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
