@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from engine.attention.base import AttentionBackend, AttentionInputs
 from engine.cpu import emulated_bf16
+from engine.kernels import ops
 from engine.kv_pool import KVPool
 
 PAD_WASTE = 1.5  # a prefill group's padded attention work may be at most this x the real work
@@ -78,6 +79,9 @@ class TorchAttention(AttentionBackend):
         # than float32 here): attend in float32 over the gathered (already copied) K/V
         self.compute_dtype = (torch.float32 if emulated_bf16(pool.dtype, pool.device)
                               else pool.dtype)
+        # Ferry's CPU kernels (engine.kernels) store K/V and attend single-token sequences
+        # straight from the pages: no gather copy, one call per layer
+        self.native = ops.usable(pool.data)
 
     def _block_index(self, page_tables: list[list[int]],
                      kv_lens: list[int]) -> tuple[torch.Tensor, int]:
@@ -94,12 +98,24 @@ class TorchAttention(AttentionBackend):
 
     def prepare(self, inputs: AttentionInputs) -> None:
         dev, kvh = self.pool.device, self.num_kv_heads
-        self.where = self.pool.locate(inputs.slot_mapping)
         n_dec = inputs.num_single
         self.n_dec, self.n_pre = n_dec, len(inputs.query_lens) - n_dec
         self.dec_groups: list[_DecodeGroup] = []
         self.dec_perm: torch.Tensor | None = None
-        if n_dec:
+        self.dec_pages: ops.DecodePages | None = None
+        if self.native:
+            # the kernels trust their indices: check them once per round, not per layer
+            self.slots = inputs.slot_mapping
+            if self.slots.numel() and not (0 <= int(self.slots.min())
+                                           and int(self.slots.max()) < self.pool.num_slots):
+                raise ValueError("slot_mapping points outside the KV pool")
+            if n_dec:
+                self.dec_pages = ops.DecodePages(inputs.page_tables[:n_dec],
+                                                 inputs.kv_lens[:n_dec], self.pool.page_size,
+                                                 self.pool.num_pages)
+        else:
+            self.where = self.pool.locate(inputs.slot_mapping)
+        if n_dec and not self.native:
             kvlens = inputs.kv_lens[:n_dec]
             groups = group_by_size([1] * n_dec, kvlens)
             for g in groups:
@@ -149,10 +165,16 @@ class TorchAttention(AttentionBackend):
         return _PrefillGroup(n, qmax, length, kv_idx, mask, q_idx, out_idx)
 
     def forward(self, q: torch.Tensor, kv: torch.Tensor, layer: int) -> torch.Tensor:
-        self.pool.write(layer, self.where, kv)
-        blocks = self.pool.blocks(layer)
         parts = []
-        if self.n_dec:
+        if self.native:
+            ops.store_kv(kv, self.slots, self.pool.paged(layer))
+        else:
+            self.pool.write(layer, self.where, kv)
+        blocks = self.pool.blocks(layer)
+        if self.dec_pages is not None:
+            parts.append(ops.decode_attention(q[:self.n_dec], self.pool.paged(layer),
+                                              self.dec_pages, self.scale))
+        elif self.n_dec:
             qdec = q[:self.n_dec]
             outs = [self._decode(qdec, blocks, g) for g in self.dec_groups]
             out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)

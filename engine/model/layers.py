@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.kernels import ops
 from engine.model import linear_kernels
 
 
@@ -37,7 +38,18 @@ class RMSNorm(nn.Module):
         self.weight = _param(dim, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if ops.usable(x):
+            return ops.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x, (self.dim,), self.weight, self.eps)
+
+    def add_and_norm(self, x: torch.Tensor,
+                     residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder's residual add and the next norm: residual + x, and its norm.
+        `residual` may be updated in place (it is the layer stack's own running sum)."""
+        if ops.usable(x):
+            return ops.rms_norm(x, self.weight, self.eps, residual), residual
+        residual = residual + x
+        return F.rms_norm(residual, (self.dim,), self.weight, self.eps), residual
 
 
 class Linear(nn.Module):
@@ -99,6 +111,8 @@ class Embedding(nn.Module):
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, computed in place in the gate half (gate_up is a temporary)."""
+    if ops.usable(gate_up):
+        return ops.silu_and_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate, inplace=True).mul_(up)
 
@@ -160,8 +174,10 @@ class RotaryEmbedding(nn.Module):
         return cos, sin
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, heads, head_dim] (may be a strided view) -> rotated; `out` may be x itself
-    (both operands of the final op are temporaries, so writing in place is safe)."""
-    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), sin, out=out)
+def rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate x [T, heads, head_dim] in place (x may be a view into wider token rows, with
+    heads and head_dim contiguous); cos/sin from RotaryEmbedding."""
+    if ops.usable(x):
+        ops.rotary(x, cos, sin)
+    else:  # both operands of addcmul are temporaries, so writing into x is safe
+        torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), sin, out=x)

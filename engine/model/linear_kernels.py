@@ -24,11 +24,12 @@ import torch
 import torch.nn.functional as F
 
 from engine.cpu import emulated_bf16
+from engine.kernels import ops
 
 log = logging.getLogger(__name__)
 
 # Up to this many rows the emulated bf16 kernel beats widening (measured here: 1-4 rows)
-BF16_DIRECT_ROWS = 4
+BF16_DIRECT_ROWS = 16
 
 _scratch = threading.local()  # per thread: rounds of two executors may run concurrently
 
@@ -89,13 +90,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
     if is_packed(weight):
         return _onednn(x, weight, bias)
     if not widens(x, weight):
+        if direct_native(x, weight):
+            return ops.gemv_bf16(x, weight, bias)
         return F.linear(x, weight, bias)
     return _wide_product(x, weight, bias).to(x.dtype)
 
 
+def direct_native(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """A few rows against an emulated-bf16 weight: Ferry's kernel (engine.kernels) keeps
+    reading the weight at memory speed for 2-4 rows, where torch's slows down per row."""
+    return (0 < x.shape[0] <= BF16_DIRECT_ROWS and x.dtype == torch.bfloat16
+            and weight.is_contiguous() and emulated_bf16(weight.dtype, weight.device)
+            and ops.usable(weight))
+
+
 def mm_into(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
     """out = x @ weight.T without a bias; `out` may be a strided column block."""
-    if not widens(x, weight):
+    if direct_native(x, weight):
+        out.copy_(ops.gemv_bf16(x, weight))
+    elif not widens(x, weight):
         torch.mm(x, weight.t(), out=out)
     else:
         out.copy_(_wide_product(x, weight, None))

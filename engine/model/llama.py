@@ -23,7 +23,7 @@ from engine.model.layers import (
     PackedLinear,
     RMSNorm,
     RotaryEmbedding,
-    apply_rotary,
+    rotate_,
     silu_and_mul,
 )
 
@@ -131,13 +131,12 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         # rotary results go back into qkv, so that K and V stay adjacent per token: the pool
         # then stores both with one scatter from the view `kv`
+        qk = qkv[:, :(h + kvh) * d].view(t, h + kvh, d)
         if self.qk_norm:  # Qwen3: per-head RMSNorm before rotary
-            q, k = qkv[:, :h * d].view(t, h, d), qkv[:, h * d:(h + kvh) * d].view(t, kvh, d)
-            apply_rotary(self.q_norm(q), cos, sin, out=q)
-            apply_rotary(self.k_norm(k), cos, sin, out=k)
-        else:  # rotate q and k together: one set of ops for both
-            qk = qkv[:, :(h + kvh) * d].view(t, h + kvh, d)
-            apply_rotary(qk, cos, sin, out=qk)
+            q, k = qk[:, :h], qk[:, h:]
+            q.copy_(self.q_norm(q))
+            k.copy_(self.k_norm(k))
+        rotate_(qk, cos, sin)  # q and k together: one call for both
         q = qkv[:, :h * d].view(t, h, d)
         kv = qkv[:, h * d:].view(t, 2, kvh, d)
         return self.o_proj(attn.forward(q, kv, self.layer))
@@ -165,10 +164,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.mlp = MLP(cfg, dtype, device)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn: AttentionBackend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor, attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        """(previous layer's output, running residual sum; None at the first layer) ->
+        (this layer's output, residual). Each residual add is fused into the norm after it."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm.add_and_norm(x, residual)
+        h = self.self_attn(h, cos, sin, attn)
+        h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -226,11 +232,15 @@ class LlamaForCausalLM(nn.Module):
         """
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.model.rotary(positions, x.dtype)
+        residual: torch.Tensor | None = None
         for layer in self.model.layers:
-            x = layer(x, cos, sin, attn)
+            x, residual = layer(x, residual, cos, sin, attn)
         if logits_indices is not None:
             x = x.index_select(0, logits_indices)
-        return vocab_projection(self.model.norm(x), self.lm_head.weight)
+            residual = None if residual is None else residual.index_select(0, logits_indices)
+        h = (self.model.norm(x) if residual is None
+             else self.model.norm.add_and_norm(x, residual)[0])
+        return vocab_projection(h, self.lm_head.weight)
 
 
 LM_HEAD_BLOCK = 2048
@@ -241,8 +251,8 @@ def vocab_projection(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     MKL is up to 2x slower on one [rows x 49152] product than on 2048-column blocks that stay
     in cache (measured at 4-64 rows); a widened bf16 block (linear_kernels) stays in cache too.
     A packed (oneDNN) weight is multiplied whole: oneDNN blocks it itself."""
-    if linear_kernels.is_packed(weight):
-        return linear_kernels.linear(x, weight)
+    if linear_kernels.is_packed(weight) or linear_kernels.direct_native(x, weight):
+        return linear_kernels.linear(x, weight)  # blocks the vocabulary itself
     if x.shape[0] <= 1 or x.device.type != "cpu":
         return torch.nn.functional.linear(x, weight)
     out = x.new_empty(x.shape[0], weight.shape[0])

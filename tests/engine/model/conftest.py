@@ -155,8 +155,19 @@ def _restore_torch_threads() -> object:
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(params=["native", "torch"])
+def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test with Ferry's fused CPU kernels and again on the plain torch path."""
+    from engine.kernels import native, ops
+    if request.param == "torch":
+        monkeypatch.setattr(ops, "usable", lambda t: False)
+    elif native.library() is None:
+        pytest.skip(f"native kernels: {native.status()}")
+    return request.param
+
+
 @pytest.fixture
-def harness(tiny: TinyModel) -> Harness:
+def harness(tiny: TinyModel, kernels: str) -> Harness:
     return Harness(make_executor(tiny.path))
 
 

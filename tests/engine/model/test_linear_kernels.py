@@ -23,7 +23,7 @@ def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -
 
 
 @pytest.mark.usefixtures("emulated")
-@pytest.mark.parametrize("rows", [1, 4, 5, 32])
+@pytest.mark.parametrize("rows", [1, 4, 16, 17, 32])
 def test_bf16_linear_matches_a_wide_reference(rows: int) -> None:
     g = torch.Generator().manual_seed(rows)
     w = torch.randn(96, 64, generator=g).bfloat16()
@@ -53,9 +53,9 @@ def test_widened_weights_reuse_one_buffer_per_thread() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_mm_into_a_column_block(dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(3)
-    x = torch.randn(8, 16, generator=g).to(dtype)
+    x = torch.randn(20, 16, generator=g).to(dtype)  # more rows than the direct kernels take
     w = torch.randn(40, 16, generator=g).bfloat16()
-    out = torch.zeros(8, 64, dtype=dtype)
+    out = torch.zeros(20, 64, dtype=dtype)
     linear_kernels.mm_into(x.bfloat16() if dtype == torch.bfloat16 else x, w, out[:, 10:50])
     assert bool((out[:, :10] == 0).all()) and bool((out[:, 50:] == 0).all())
     torch.testing.assert_close(out[:, 10:50].double(), reference(x, w), atol=0.1, rtol=0.02)

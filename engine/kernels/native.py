@@ -1,0 +1,131 @@
+"""Build (once per machine) and load Ferry's fused CPU kernels (cpu_kernels.c) through ctypes.
+
+The C file has no torch or Python headers, so it compiles in about a second with the system C
+compiler; the result is cached under a name that hashes the source, the flags and the
+compiler, so an edit or a different machine rebuilds. Where no compiler works (or
+FERRY_NATIVE_KERNELS=0), `library()` returns None, says why in `status()`, and every caller
+keeps its plain torch path: the kernels make things faster, never possible.
+
+The library links the libgomp that torch loaded, so its OpenMP regions run on the same
+thread team as torch's own kernels (engine/cpu.py explains why a second team hurts).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from ctypes import c_float, c_int, c_int64, c_void_p
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+DISABLE_ENV = "FERRY_NATIVE_KERNELS"  # "0" turns the kernels off
+
+_build_dir: Path | None = None
+_status = "not loaded yet"
+
+# name -> argument types (all return void)
+_SIGNATURES: dict[str, list[type]] = {
+    "ferry_rms_norm": [c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int, c_float, c_int],
+    "ferry_rotary": [c_void_p, c_int64, c_int64, c_int, c_int, c_void_p, c_void_p, c_int],
+    "ferry_silu_mul": [c_void_p, c_void_p, c_int64, c_int, c_int],
+    "ferry_store_kv": [c_void_p, c_int64, c_void_p, c_int64, c_void_p, c_int, c_int, c_int, c_int],
+    "ferry_decode_attention": [c_void_p, c_int64, c_void_p, c_void_p, c_void_p, c_void_p, c_int64,
+                               c_int, c_int, c_int, c_int, c_float, c_void_p, c_int],
+    "ferry_gemv_bf16": [c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_int64, c_int64],
+}
+
+
+def set_build_dir(path: Path) -> None:
+    """Where compiled kernels are cached (the app passes its cache folder); before first use."""
+    global _build_dir
+    _build_dir = Path(path)
+
+
+def status() -> str:
+    """One line for `ferry doctor` and logs: loaded from where, or why not."""
+    library()
+    return _status
+
+
+def _torch_lib_dir() -> Path:
+    return Path(torch.__file__).parent / "lib"
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _flags(libdir: Path) -> tuple[list[str], list[str]]:
+    compile_flags = ["-O3", "-march=native", "-fPIC", "-fopenmp", "-std=c11"]
+    gomp = libdir / "libgomp.so.1"
+    # torch's own libgomp when it ships one (Linux wheels), else the compiler's
+    link = ([str(gomp), f"-Wl,-rpath,{libdir}"] if gomp.exists() else ["-fopenmp"]) + ["-lm"]
+    return compile_flags, link
+
+
+def _target(cc: str, compile_flags: list[str], link: list[str]) -> Path:
+    version = subprocess.run([cc, "--version"], check=False, capture_output=True, text=True,
+                             timeout=30).stdout.splitlines()[:1]
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, *version, *compile_flags, *link,
+                                    platform.machine()]).encode()).hexdigest()[:16]
+    user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    base = _build_dir or Path(tempfile.gettempdir()) / f"ferry-kernels-{user}"
+    return base / f"ferry_kernels-{key}.so"
+
+
+def _build(cc: str, compile_flags: list[str], link: list[str], target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # build beside the target and rename: concurrent processes never load a half-written file
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        cmd = [cc, *compile_flags, "-shared", str(SOURCE), "-o", tmp, *link]
+        done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
+        os.replace(tmp, target)
+        for old in target.parent.glob("ferry_kernels-*.so"):  # builds of older sources
+            if old != target:
+                old.unlink(missing_ok=True)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, building them first if needed; None where unavailable."""
+    global _status
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        _status = f"off ({DISABLE_ENV}=0)"
+        return None
+    cc = _compiler()
+    if cc is None:
+        _status = "unavailable: no C compiler (install gcc for faster small-batch decode)"
+        return None
+    try:
+        compile_flags, link = _flags(_torch_lib_dir())
+        target = _target(cc, compile_flags, link)
+        if not target.exists():
+            log.info("compiling Ferry's CPU kernels into %s", target)
+            _build(cc, compile_flags, link, target)
+        lib = ctypes.CDLL(str(target))
+        for name, args in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, None
+    except Exception as exc:  # noqa: BLE001 -- any failure here means: use the torch path
+        _status = f"unavailable: {exc}"
+        log.warning("Ferry's CPU kernels are unavailable, using plain torch: %s", exc)
+        return None
+    _status = f"native ({target})"
+    return lib

@@ -1,0 +1,123 @@
+"""Python entry points to the fused CPU kernels (cpu_kernels.c); callers check `usable` first.
+
+Each function takes and returns torch tensors, checks shapes only cheaply (they run ~300 times
+per decode step, where microseconds count) and leaves the plain torch path to the caller.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.kernels import native
+
+_DT = {torch.float32: 0, torch.bfloat16: 1}
+
+
+def usable(t: torch.Tensor) -> bool:
+    """The kernels can compute on `t`: a CPU float32/bfloat16 tensor, and they are loaded."""
+    return t.device.type == "cpu" and t.dtype in _DT and native.library() is not None
+
+
+def _rows_ok(t: torch.Tensor) -> None:
+    # kernels index rows as (row * row_stride + column): columns must be contiguous
+    if t.dim() < 2 or t.stride(-1) != 1:
+        raise ValueError(f"kernel input must have contiguous rows, got strides {t.stride()}")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> torch.Tensor:
+    """rms_norm(x) * weight over the last dim, or with `residual`: residual += x (in place)
+    and the norm of that sum. x and residual contiguous [rows, dim]."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    if residual is not None and (residual.shape != x.shape or not residual.is_contiguous()):
+        raise ValueError(f"residual {tuple(residual.shape)} does not match x {tuple(x.shape)}")
+    native.library().ferry_rms_norm(
+        x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
+        out.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], eps, _DT[x.dtype])
+    return out
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate x [tokens, heads, dim] in place (tokens may be rows of a wider tensor; heads
+    and dim contiguous) with the [tokens, 1, dim] tables of layers.RotaryEmbedding."""
+    t, heads, dim = x.shape
+    if x.stride(2) != 1 or x.stride(1) != dim or cos.shape[0] != t or sin.shape[0] != t:
+        raise ValueError("rotary: x must be [tokens, heads, dim] with contiguous heads")
+    native.library().ferry_rotary(x.data_ptr(), x.stride(0), t, heads, dim,
+                                  cos.contiguous().data_ptr(), sin.contiguous().data_ptr(),
+                                  _DT[x.dtype])
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[rows, 2n] (gate | up) -> silu(gate) * up, [rows, n]."""
+    gate_up = gate_up.contiguous()
+    rows, n2 = gate_up.shape
+    out = gate_up.new_empty(rows, n2 // 2)
+    native.library().ferry_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, n2 // 2,
+                                    _DT[gate_up.dtype])
+    return out
+
+
+def store_kv(kv: torch.Tensor, slots: torch.Tensor, paged: torch.Tensor) -> None:
+    """kv [tokens, 2, kv_heads, dim] (token rows may be strided) into one layer of the pool,
+    paged [pages, 2, kv_heads, page_size, dim], at int64 `slots`."""
+    _, _, kvh, ps, dim = paged.shape
+    if kv.stride(1) != kvh * dim or kv.stride(2) != dim or kv.stride(3) != 1:
+        raise ValueError("store_kv: kv must have contiguous [2, kv_heads, dim] token rows")
+    native.library().ferry_store_kv(kv.data_ptr(), kv.stride(0), slots.data_ptr(),
+                                    slots.shape[0], paged.data_ptr(), kvh, ps, dim,
+                                    _DT[kv.dtype])
+
+
+class DecodePages:
+    """One round's page tables for `decode_attention`, flattened once (not per layer)."""
+
+    def __init__(self, page_tables: list[list[int]], kv_lens: list[int], page_size: int,
+                 num_pages: int) -> None:
+        ids: list[int] = []
+        starts: list[int] = []
+        for table, n in zip(page_tables, kv_lens):
+            need = -(-n // page_size)
+            if len(table) < need:
+                raise ValueError(f"{n} positions need {need} pages, the table has {len(table)}")
+            starts.append(len(ids))
+            ids.extend(table[:need])
+        if ids and not (0 <= min(ids) and max(ids) < num_pages):
+            raise ValueError("a page table points outside the KV pool")
+        self.page_ids = torch.tensor(ids, dtype=torch.int32)
+        self.page_starts = torch.tensor(starts, dtype=torch.int64)
+        self.kv_lens = torch.tensor(kv_lens, dtype=torch.int32)
+        self.num = len(kv_lens)
+
+
+def decode_attention(q: torch.Tensor, paged: torch.Tensor, pages: DecodePages,
+                     scale: float) -> torch.Tensor:
+    """q [seqs, heads, dim] (rows may be strided) attends over each sequence's cached K/V in
+    `paged` (one layer of the pool) -> [seqs, heads * dim]."""
+    seqs, heads, dim = q.shape
+    _, _, kvh, ps, _ = paged.shape
+    if q.stride(2) != 1 or q.stride(1) != dim or seqs != pages.num:
+        raise ValueError("decode_attention: q must be [seqs, heads, dim] with contiguous heads")
+    out = q.new_empty(seqs, heads * dim)
+    native.library().ferry_decode_attention(
+        q.data_ptr(), q.stride(0), paged.data_ptr(), pages.page_ids.data_ptr(),
+        pages.page_starts.data_ptr(), pages.kv_lens.data_ptr(), seqs, heads, kvh, dim, ps,
+        scale, out.data_ptr(), _DT[q.dtype])
+    return out
+
+
+
+
+def gemv_bf16(x: torch.Tensor, weight: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [rows, in] @ weight [out, in].T (+ bias), all bf16 -> [rows, out] bf16; meant for a
+    few rows (linear_kernels decides how many)."""
+    x = x.contiguous()
+    rows, n_in = x.shape
+    if rows < 1 or weight.shape[1] != n_in or not weight.is_contiguous():
+        raise ValueError(f"gemv_bf16: x {tuple(x.shape)}, weight {tuple(weight.shape)}")
+    out = x.new_empty(rows, weight.shape[0])
+    native.library().ferry_gemv_bf16(x.data_ptr(), weight.data_ptr(),
+                                     None if bias is None else bias.data_ptr(), out.data_ptr(),
+                                     rows, n_in, weight.shape[0])
+    return out
