@@ -188,6 +188,7 @@ def main(argv: list[str]) -> int:
         return 2
     from app.paths import get_paths
     from engine.engine import Engine
+    from engine.kernels import native
     from engine.loader import ModelNotFound
     from engine.model_executor import ModelExecutor
 
@@ -199,6 +200,7 @@ def main(argv: list[str]) -> int:
                                         args.stall + 8192),
                           policy=args.policy)
     paths = get_paths()
+    native.set_build_dir(paths.kernels_cache)
     try:
         executor = ModelExecutor.from_pretrained(args.model, config, dtype=args.dtype,
                                                  device=args.device,

@@ -70,6 +70,12 @@ def torch_checks(settings: Settings) -> Iterator[Check]:
         yield Check("ok" if onednn_works() else "info", "cpu kernels",
                     "float32 weights packed for oneDNN" if onednn_works()
                     else "oneDNN linear unavailable: plain torch matmuls")
+        from engine.kernels import native
+
+        state = native.status()
+        yield Check("ok" if state.startswith("native") else "info", "fused kernels",
+                    state if state.startswith(("native", "off")) else
+                    f"{state}; plain torch ops instead (slower small-batch decode)")
     if importlib.util.find_spec("flashinfer") is not None:
         yield Check("ok", "flashinfer", "importable")
     elif cuda:
@@ -108,6 +114,9 @@ def run_checks(settings: Settings | None, paths: Paths, config_error: str | None
         state = "" if paths.config_file.is_file() else " (not present: defaults)"
         checks.append(Check("ok", "config", f"{paths.config_file}{state}"))
     settings = settings or Settings()
+    from engine.kernels import native
+
+    native.set_build_dir(paths.kernels_cache)
     checks.extend(torch_checks(settings))
     checks.extend(model_checks(settings, paths))
     for label, folder in paths.as_dict().items():

@@ -36,6 +36,11 @@ class Paths:
         return self.cache / "models"
 
     @property
+    def kernels_cache(self) -> Path:
+        """Ferry's fused CPU kernels, compiled once per machine (engine.kernels.native)."""
+        return self.cache / "kernels"
+
+    @property
     def log_file(self) -> Path:
         return self.log / "ferry.log"
 

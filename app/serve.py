@@ -27,6 +27,7 @@ def pick_device(name: str) -> str:
 def build(settings: Settings, paths: Paths, model: ModelRef, progress: bool = True):
     """Load the model and build the Litestar app (the engine starts with the app's lifespan)."""
     from engine.engine import Engine
+    from engine.kernels import native
     from engine.model_executor import ModelExecutor
     from engine.tokenizer import Tokenizer
     from web.app import create_app
@@ -35,6 +36,7 @@ def build(settings: Settings, paths: Paths, model: ModelRef, progress: bool = Tr
     config = engine_config(settings)
     device = pick_device(settings.device)
     spec = None if model.kind == "default" else (str(model.path) if model.path else model.name)
+    native.set_build_dir(paths.kernels_cache)
     executor = ModelExecutor.from_pretrained(spec, config, dtype=settings.dtype, device=device,
                                              cache_dir=paths.models_cache, progress=progress)
     config.max_context = min(config.max_context, executor.max_context)
