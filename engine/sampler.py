@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.kernels import ops
 from engine.request import SamplingParams
 
 
@@ -40,7 +41,10 @@ class Sampler:
         if logits.shape[0] == 0:
             return []
         rows = [i for i, p in enumerate(params) if not p.greedy]
-        out = logits.argmax(dim=-1).tolist() if len(rows) < len(params) else [0] * len(params)
+        if len(rows) == len(params):
+            out = [0] * len(params)
+        else:  # Ferry's kernel where it can: torch's argmax is slow on bf16 CPU logits
+            out = ops.argmax(logits) if ops.usable(logits) else logits.argmax(dim=-1).tolist()
         if rows:
             sub = logits[rows] if len(rows) < len(params) else logits
             picked = self._sample_rows(sub.float(), [params[i] for i in rows],

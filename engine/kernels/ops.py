@@ -121,3 +121,12 @@ def gemv_bf16(x: torch.Tensor, weight: torch.Tensor,
                                      None if bias is None else bias.data_ptr(), out.data_ptr(),
                                      rows, n_in, weight.shape[0])
     return out
+
+
+def argmax(logits: torch.Tensor) -> list[int]:
+    """Row-wise argmax of [rows, vocab] logits (first maximum; first NaN if any)."""
+    logits = logits.contiguous()
+    rows, n = logits.shape
+    out = torch.empty(rows, dtype=torch.int64)
+    native.library().ferry_argmax(logits.data_ptr(), rows, n, _DT[logits.dtype], out.data_ptr())
+    return out.tolist()

@@ -60,17 +60,20 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = _param(out_features, in_features, dtype=dtype, device=device)
         self.bias = _param(out_features, dtype=dtype, device=device) if bias else None
+        self.product: linear_kernels.Product = linear_kernels.linear  # chooses per call
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear_kernels.linear(x, self.weight, self.bias)
+        return self.product(x, self.weight, self.bias)
 
     def pack(self) -> None:
-        """Swap the weight for the layout its products run fastest from (once loaded; a
-        packed weight is a plain tensor attribute, no longer a loadable parameter)."""
+        """Once loaded: swap the weight for the layout its products run fastest from (a
+        packed weight is a plain tensor attribute, no longer a loadable parameter) and fix
+        the product function for it."""
         packed = linear_kernels.pack(self.weight)
         if packed is not self.weight:
             del self.weight
             self.weight = packed
+        self.product = linear_kernels.product_for(self.weight)
 
 
 class PackedLinear(Linear):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -28,15 +29,30 @@ from engine.kernels import ops
 
 log = logging.getLogger(__name__)
 
-# Up to this many rows the emulated bf16 kernel beats widening (measured here: 1-4 rows)
-BF16_DIRECT_ROWS = 16
+# Up to this many rows a bf16 product beats widening (measured here): torch's emulated kernel
+# for 1-4 rows, Ferry's (engine.kernels) for 1-16
+TORCH_DIRECT_ROWS = 4
+NATIVE_DIRECT_ROWS = 16
+
+Product = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
 _scratch = threading.local()  # per thread: rounds of two executors may run concurrently
 
 
+def native_direct(weight: torch.Tensor) -> bool:
+    """Ferry's bf16 kernel can multiply this weight (emulated bf16, kernels loaded)."""
+    return (emulated_bf16(weight.dtype, weight.device) and weight.is_contiguous()
+            and ops.usable(weight))
+
+
+def direct_rows(weight: torch.Tensor) -> int:
+    """Up to how many rows x @ weight.T runs directly in bf16 (more rows are widened)."""
+    return NATIVE_DIRECT_ROWS if native_direct(weight) else TORCH_DIRECT_ROWS
+
+
 def widens(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """True when x @ weight.T runs in float32 on a widened copy of a bf16 weight."""
-    return x.shape[0] > BF16_DIRECT_ROWS and emulated_bf16(weight.dtype, weight.device)
+    return emulated_bf16(weight.dtype, weight.device) and x.shape[0] > direct_rows(weight)
 
 
 def widened(weight: torch.Tensor) -> torch.Tensor:
@@ -84,34 +100,42 @@ def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
 
 
+def product_for(weight: torch.Tensor) -> Product:
+    """The function computing x @ weight.T (+ bias) for this weight, chosen once (Linear
+    keeps it: per-call checks cost microseconds ~120 times per decode step)."""
+    if is_packed(weight):
+        return _onednn
+    if not emulated_bf16(weight.dtype, weight.device):
+        return F.linear
+    return _bf16_native if native_direct(weight) else _bf16_torch
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [rows, in] @ weight [out, in].T (+ bias), result in x's dtype."""
-    if is_packed(weight):
-        return _onednn(x, weight, bias)
-    if not widens(x, weight):
-        if direct_native(x, weight):
-            return ops.gemv_bf16(x, weight, bias)
+    return product_for(weight)(x, weight, bias)
+
+
+def _bf16_native(x: torch.Tensor, weight: torch.Tensor,
+                 bias: torch.Tensor | None) -> torch.Tensor:
+    if 0 < x.shape[0] <= NATIVE_DIRECT_ROWS and x.dtype == torch.bfloat16:
+        return ops.gemv_bf16(x, weight, bias)
+    return _wide_product(x, weight, bias).to(x.dtype)
+
+
+def _bf16_torch(x: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+    if x.shape[0] <= TORCH_DIRECT_ROWS:
         return F.linear(x, weight, bias)
     return _wide_product(x, weight, bias).to(x.dtype)
 
 
-def direct_native(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """A few rows against an emulated-bf16 weight: Ferry's kernel (engine.kernels) keeps
-    reading the weight at memory speed for 2-4 rows, where torch's slows down per row."""
-    return (0 < x.shape[0] <= BF16_DIRECT_ROWS and x.dtype == torch.bfloat16
-            and weight.is_contiguous() and emulated_bf16(weight.dtype, weight.device)
-            and ops.usable(weight))
-
-
 def mm_into(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
     """out = x @ weight.T without a bias; `out` may be a strided column block."""
-    if direct_native(x, weight):
-        out.copy_(ops.gemv_bf16(x, weight))
-    elif not widens(x, weight):
-        torch.mm(x, weight.t(), out=out)
+    if emulated_bf16(weight.dtype, weight.device):
+        out.copy_(product_for(weight)(x, weight, None))
     else:
-        out.copy_(_wide_product(x, weight, None))
+        torch.mm(x, weight.t(), out=out)
 
 
 def _wide_product(x: torch.Tensor, weight: torch.Tensor,

@@ -222,6 +222,7 @@ class LlamaForCausalLM(nn.Module):
                                   self.dtype, "meta")
             del self.lm_head.weight
             self.lm_head.weight = packed
+        self.lm_head.product = linear_kernels.product_for(packed)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
                 logits_indices: torch.Tensor | None = None) -> torch.Tensor:
@@ -250,11 +251,12 @@ def vocab_projection(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x @ weight.T for the LM head. On CPU with several rows, in blocks of the vocabulary:
     MKL is up to 2x slower on one [rows x 49152] product than on 2048-column blocks that stay
     in cache (measured at 4-64 rows); a widened bf16 block (linear_kernels) stays in cache too.
-    A packed (oneDNN) weight is multiplied whole: oneDNN blocks it itself."""
-    if linear_kernels.is_packed(weight) or linear_kernels.direct_native(x, weight):
-        return linear_kernels.linear(x, weight)  # blocks the vocabulary itself
-    if x.shape[0] <= 1 or x.device.type != "cpu":
-        return torch.nn.functional.linear(x, weight)
+    A packed (oneDNN) weight is multiplied whole: oneDNN blocks it itself; so does Ferry's bf16
+    kernel for a few rows."""
+    if linear_kernels.is_packed(weight) or x.shape[0] <= 1 or x.device.type != "cpu":
+        return linear_kernels.linear(x, weight)
+    if linear_kernels.native_direct(weight) and x.shape[0] <= linear_kernels.NATIVE_DIRECT_ROWS:
+        return linear_kernels.linear(x, weight)  # Ferry's kernel streams the weight once
     out = x.new_empty(x.shape[0], weight.shape[0])
     for w, o in zip(weight.split(LM_HEAD_BLOCK), out.split(LM_HEAD_BLOCK, dim=1)):
         linear_kernels.mm_into(x, w, o)

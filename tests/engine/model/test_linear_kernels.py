@@ -23,13 +23,14 @@ def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -
 
 
 @pytest.mark.usefixtures("emulated")
-@pytest.mark.parametrize("rows", [1, 4, 16, 17, 32])
-def test_bf16_linear_matches_a_wide_reference(rows: int) -> None:
+@pytest.mark.parametrize("rows", [1, 4, 5, 16, 17, 32])
+def test_bf16_linear_matches_a_wide_reference(rows: int, kernels: str) -> None:
+    # direct bf16 up to 4 rows with torch's kernel, 16 with Ferry's; widened beyond
     g = torch.Generator().manual_seed(rows)
     w = torch.randn(96, 64, generator=g).bfloat16()
     b = torch.randn(96, generator=g).bfloat16()
     x = torch.randn(rows, 64, generator=g).bfloat16()
-    assert linear_kernels.widens(x, w) is (rows > linear_kernels.BF16_DIRECT_ROWS)
+    assert linear_kernels.widens(x, w) is (rows > linear_kernels.direct_rows(w))
     out = linear_kernels.linear(x, w, b)
     assert out.dtype == torch.bfloat16 and out.shape == (rows, 96)
     torch.testing.assert_close(out.double(), reference(x, w, b), atol=0.1, rtol=0.02)
