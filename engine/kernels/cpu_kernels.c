@@ -137,6 +137,14 @@ static inline __m256 exp8(__m256 x) {
                                                    _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
+
+/* lane k of the result = the sum of v[k]'s eight lanes */
+static inline __m256 sum8x8(const __m256 v[8]) {
+    __m256 ab = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    __m256 cd = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20),
+                         _mm256_permute2f128_ps(ab, cd, 0x31));
+}
 #endif
 
 /* out[r, i] = silu(gate) * up for gate_up rows [gate (n) | up (n)], rounding silu's result
@@ -199,7 +207,7 @@ void ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
     {
         float *qf = (float *)malloc((size_t)group * dim * sizeof(float));
         float *acc = (float *)malloc((size_t)group * dim * sizeof(float));
-        float *kf = (float *)malloc((size_t)dim * sizeof(float));
+        float *kf = (float *)malloc((size_t)dim * 8 * sizeof(float));
         float *scores = (float *)malloc((size_t)group * (max_len > 0 ? max_len : 1) * sizeof(float));
 #pragma omp for schedule(dynamic, 1)
         for (int64_t work = 0; work < seqs * kv_heads; work++) {
@@ -210,7 +218,32 @@ void ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
             for (int j = 0; j < group; j++)
                 load_row((const char *)q + ((size_t)s * q_stride + (size_t)(g * group + j) * dim) * es,
                          dt, qf + j * dim, dim);
-            for (int p = 0; p < len; p++) {
+            int p0 = 0;
+#ifdef FERRY_AVX2
+            if (dim % 8 == 0) /* eight positions at a time: one reduction for 8 dots */
+                for (; p0 + 8 <= len; p0 += 8) {
+                    for (int k = 0; k < 8; k++) {
+                        int p = p0 + k;
+                        size_t block = ((size_t)pages[p / page_size] * 2 + 0) * kv_heads + g;
+                        load_row((const char *)pool + (block * page_size + p % page_size) * dim * es,
+                                 dt, kf + k * dim, dim);
+                    }
+                    for (int j = 0; j < group; j++) {
+                        const float *qj = qf + j * dim;
+                        __m256 acc[8];
+                        for (int k = 0; k < 8; k++) {
+                            __m256 a = _mm256_setzero_ps();
+                            for (int i = 0; i < dim; i += 8)
+                                a = _mm256_fmadd_ps(_mm256_loadu_ps(qj + i),
+                                                    _mm256_loadu_ps(kf + k * dim + i), a);
+                            acc[k] = a;
+                        }
+                        _mm256_storeu_ps(scores + (size_t)j * len + p0,
+                                         _mm256_mul_ps(sum8x8(acc), _mm256_set1_ps(scale)));
+                    }
+                }
+#endif
+            for (int p = p0; p < len; p++) {
                 size_t block = ((size_t)pages[p / page_size] * 2 + 0) * kv_heads + g;
                 load_row((const char *)pool + (block * page_size + p % page_size) * dim * es, dt,
                          kf, dim);
