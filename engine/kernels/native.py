@@ -84,8 +84,17 @@ def _target(cc: str, compile_flags: list[str], link: list[str]) -> Path:
     return base / f"ferry_kernels-{key}.so"
 
 
+def _check_private(path: Path) -> None:
+    """Refuse a folder or file another user could have written: we load code from it."""
+    if not hasattr(os, "getuid"):
+        return  # Windows: per-user folders; no ownership bits to check
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise RuntimeError(f"{path} is not private to this user (owner {st.st_uid}, "
+                           f"mode {oct(st.st_mode & 0o777)}); not loading code from it")
+
+
 def _build(cc: str, compile_flags: list[str], link: list[str], target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
     # build beside the target and rename: concurrent processes never load a half-written file
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
@@ -117,7 +126,11 @@ def library() -> ctypes.CDLL | None:
     try:
         compile_flags, link = _flags(_torch_lib_dir())
         target = _target(cc, compile_flags, link)
-        if not target.exists():
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _check_private(target.parent)
+        if target.exists():
+            _check_private(target)
+        else:
             log.info("compiling Ferry's CPU kernels into %s", target)
             _build(cc, compile_flags, link, target)
         lib = ctypes.CDLL(str(target))

@@ -197,10 +197,21 @@ def _status_in_subprocess(env: dict[str, str]) -> str:
 
 
 def test_switched_off_and_unbuildable_kernels_fall_back(tmp_path) -> None:
+    (tmp_path / "a").mkdir()
     assert _status_in_subprocess({"FERRY_NATIVE_KERNELS": "0"}).startswith("off")
     # a compiler that fails: a clear reason, and callers keep the torch path
-    status = _status_in_subprocess({"CC": "false", "TMPDIR": str(tmp_path)})
+    status = _status_in_subprocess({"CC": "false", "TMPDIR": str(tmp_path / "a")})
     assert status.startswith("unavailable"), status
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX ownership bits")
+def test_kernels_are_not_loaded_from_a_folder_others_can_write(tmp_path) -> None:
+    shared = tmp_path / f"ferry-kernels-{os.getuid()}"
+    shared.mkdir()
+    shared.chmod(0o777)  # anyone could have planted a library here
+    status = _status_in_subprocess({"TMPDIR": str(tmp_path)})
+    assert status.startswith("unavailable") and "not private" in status, status
+    assert not list(shared.iterdir())  # nothing built or loaded there
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
