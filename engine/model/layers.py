@@ -61,19 +61,23 @@ class Linear(nn.Module):
         self.weight = _param(out_features, in_features, dtype=dtype, device=device)
         self.bias = _param(out_features, dtype=dtype, device=device) if bias else None
         self.product: linear_kernels.Product = linear_kernels.linear  # chooses per call
+        self.wide: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.product(x, self.weight, self.bias)
 
-    def pack(self) -> None:
+    def pack(self, wide: bool = False) -> None:
         """Once loaded: swap the weight for the layout its products run fastest from (a
-        packed weight is a plain tensor attribute, no longer a loadable parameter) and fix
-        the product function for it."""
+        packed weight is a plain tensor attribute, no longer a loadable parameter), keep a
+        float32 copy of an emulated-bf16 weight for many-row products if `wide`, and fix the
+        product function for both."""
         packed = linear_kernels.pack(self.weight)
         if packed is not self.weight:
             del self.weight
             self.weight = packed
-        self.product = linear_kernels.product_for(self.weight)
+        if wide and linear_kernels.wants_wide_copy(self.weight):
+            self.wide = linear_kernels.wide_copy(self.weight)
+        self.product = linear_kernels.product_for(self.weight, self.wide)
 
 
 class PackedLinear(Linear):

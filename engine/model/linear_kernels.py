@@ -100,14 +100,38 @@ def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
 
 
-def product_for(weight: torch.Tensor) -> Product:
+def product_for(weight: torch.Tensor, wide: torch.Tensor | None = None) -> Product:
     """The function computing x @ weight.T (+ bias) for this weight, chosen once (Linear
-    keeps it: per-call checks cost microseconds ~120 times per decode step)."""
+    keeps it: per-call checks cost microseconds ~120 times per decode step). `wide`: a
+    oneDNN-packed float32 copy of a bf16 weight (`wide_copy`) for products of many rows."""
     if is_packed(weight):
         return _onednn
     if not emulated_bf16(weight.dtype, weight.device):
         return F.linear
-    return _bf16_native if native_direct(weight) else _bf16_torch
+    native = native_direct(weight)
+    direct = _bf16_native if native else _bf16_torch
+    if wide is None:
+        return direct
+    rows = NATIVE_DIRECT_ROWS if native else TORCH_DIRECT_ROWS
+
+    def product(x: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+        if x.shape[0] <= rows:
+            return direct(x, weight, bias)
+        return _onednn(x.float(), wide, None if bias is None else bias.float()).to(x.dtype)
+    return product
+
+
+def wants_wide_copy(weight: torch.Tensor) -> bool:
+    """Products of many rows with this weight would widen it each time (emulated bf16)."""
+    return emulated_bf16(weight.dtype, weight.device) and onednn_works()
+
+
+def wide_copy(weight: torch.Tensor) -> torch.Tensor:
+    """A bf16 weight widened once to float32 and packed for oneDNN: the same values the
+    per-product widening gives, without widening every weight at every step, at the price
+    of float32 weights' memory on top of the bf16 ones."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().float())
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor,
@@ -130,19 +154,28 @@ def _bf16_torch(x: torch.Tensor, weight: torch.Tensor,
     return _wide_product(x, weight, bias).to(x.dtype)
 
 
-def mm_into(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
-    """out = x @ weight.T without a bias; `out` may be a strided column block."""
-    if emulated_bf16(weight.dtype, weight.device):
-        out.copy_(product_for(weight)(x, weight, None))
-    else:
-        torch.mm(x, weight.t(), out=out)
+WIDEN_BLOCK = 2048  # weight rows widened at a time: the float32 block stays in cache
 
 
 def _wide_product(x: torch.Tensor, weight: torch.Tensor,
                   bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ widened(weight).T in float32; oneDNN's product is ~25% faster than MKL's here even
-    on a plain (unpacked) weight (bf16 batch-32 step 274 -> 206 ms)."""
+    """x @ widened(weight).T in float32, a block of weight rows at a time (an LM head of 49k
+    rows widened whole would not stay in cache); oneDNN's product is ~25% faster than MKL's
+    here even on a plain (unpacked) weight (bf16 batch-32 step 274 -> 206 ms)."""
+    xf = x.float()
+    if weight.shape[0] <= WIDEN_BLOCK:
+        return _widened_product(xf, weight, bias)
+    out = xf.new_empty(x.shape[0], weight.shape[0])
+    for start in range(0, weight.shape[0], WIDEN_BLOCK):
+        end = min(start + WIDEN_BLOCK, weight.shape[0])
+        out[:, start:end] = _widened_product(
+            xf, weight[start:end], None if bias is None else bias[start:end])
+    return out
+
+
+def _widened_product(xf: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor | None) -> torch.Tensor:
     wide, b = widened(weight), None if bias is None else bias.float()
     if onednn_works():
-        return _onednn(x.float(), wide, b)
-    return F.linear(x.float(), wide, b)
+        return _onednn(xf, wide, b)
+    return F.linear(xf, wide, b)

@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from engine.attention.base import AttentionBackend
-from engine.model import linear_kernels
 from engine.model.layers import (
     ROPE_TYPES,
     Embedding,
@@ -208,21 +207,16 @@ class LlamaForCausalLM(nn.Module):
         else:
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, dtype, device)
 
-    def pack_weights(self) -> None:
+    def pack_weights(self, wide_copy_limit: int | None = None) -> None:
         """After loading: put every projection's weight in its fastest layout
-        (linear_kernels.pack). A tied LM head gets its own packed copy, since the embedding
-        lookup needs the plain table."""
-        for module in self.modules():
-            if isinstance(module, Linear) and module is not self.lm_head:
-                module.pack()
-        head = self.lm_head.weight
-        packed = linear_kernels.pack(head)
-        if packed is not head:
-            self.lm_head = Linear(self.config.hidden_size, self.config.vocab_size, False,
-                                  self.dtype, "meta")
-            del self.lm_head.weight
-            self.lm_head.weight = packed
-        self.lm_head.product = linear_kernels.product_for(packed)
+        (linear_kernels.pack). A tied LM head gets its own packed copy (the embedding lookup
+        needs the plain table). bf16 weights on a CPU that emulates bf16 also get a float32
+        copy for many-row products when all of them fit in `wide_copy_limit` bytes."""
+        linears = [m for m in self.modules() if isinstance(m, Linear)]  # the LM head too
+        limit = WIDE_COPY_LIMIT if wide_copy_limit is None else wide_copy_limit
+        wide = sum(m.weight.numel() for m in linears) * 4 <= limit
+        for module in linears:
+            module.pack(wide)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
                 logits_indices: torch.Tensor | None = None) -> torch.Tensor:
@@ -241,23 +235,25 @@ class LlamaForCausalLM(nn.Module):
             residual = None if residual is None else residual.index_select(0, logits_indices)
         h = (self.model.norm(x) if residual is None
              else self.model.norm.add_and_norm(x, residual)[0])
-        return vocab_projection(h, self.lm_head.weight)
+        return vocab_projection(h, self.lm_head)
 
 
 LM_HEAD_BLOCK = 2048
+# float32 copies of bf16 weights (emulated bf16 CPUs) are kept up to this size in all:
+# 0.6 GB for SmolLM2-135M; a 1B model's would be 4 GB, so it widens per product instead
+WIDE_COPY_LIMIT = 2 << 30
 
 
-def vocab_projection(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight.T for the LM head. On CPU with several rows, in blocks of the vocabulary:
-    MKL is up to 2x slower on one [rows x 49152] product than on 2048-column blocks that stay
-    in cache (measured at 4-64 rows); a widened bf16 block (linear_kernels) stays in cache too.
-    A packed (oneDNN) weight is multiplied whole: oneDNN blocks it itself; so does Ferry's bf16
-    kernel for a few rows."""
-    if linear_kernels.is_packed(weight) or x.shape[0] <= 1 or x.device.type != "cpu":
-        return linear_kernels.linear(x, weight)
-    if linear_kernels.native_direct(weight) and x.shape[0] <= linear_kernels.NATIVE_DIRECT_ROWS:
-        return linear_kernels.linear(x, weight)  # Ferry's kernel streams the weight once
+def vocab_projection(x: torch.Tensor, head: Linear) -> torch.Tensor:
+    """x @ head.weight.T for the LM head. With a plain float32 weight on CPU and several rows,
+    in blocks of the vocabulary: MKL is up to 2x slower on one [rows x 49152] product than on
+    2048-column blocks that stay in cache (measured at 4-64 rows). The other products
+    (oneDNN's, Ferry's bf16 kernel, per-block widening) block the vocabulary themselves."""
+    if head.product is not torch.nn.functional.linear or x.device.type != "cpu" \
+            or x.shape[0] <= 1:
+        return head(x)
+    weight = head.weight
     out = x.new_empty(x.shape[0], weight.shape[0])
     for w, o in zip(weight.split(LM_HEAD_BLOCK), out.split(LM_HEAD_BLOCK, dim=1)):
-        linear_kernels.mm_into(x, w, o)
+        torch.mm(x, w.t(), out=o)
     return out

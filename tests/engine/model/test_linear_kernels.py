@@ -50,16 +50,34 @@ def test_widened_weights_reuse_one_buffer_per_thread() -> None:
     assert seen[0] != a.data_ptr()
 
 
+needs_onednn = pytest.mark.skipif(not linear_kernels.onednn_works(),
+                                  reason="this torch build has no working oneDNN linear")
+
+
 @pytest.mark.usefixtures("emulated")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_mm_into_a_column_block(dtype: torch.dtype) -> None:
+def test_widening_goes_a_block_of_weight_rows_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(linear_kernels, "WIDEN_BLOCK", 16)  # 40 rows: blocks of 16, 16, 8
     g = torch.Generator().manual_seed(3)
-    x = torch.randn(20, 16, generator=g).to(dtype)  # more rows than the direct kernels take
-    w = torch.randn(40, 16, generator=g).bfloat16()
-    out = torch.zeros(20, 64, dtype=dtype)
-    linear_kernels.mm_into(x.bfloat16() if dtype == torch.bfloat16 else x, w, out[:, 10:50])
-    assert bool((out[:, :10] == 0).all()) and bool((out[:, 50:] == 0).all())
-    torch.testing.assert_close(out[:, 10:50].double(), reference(x, w), atol=0.1, rtol=0.02)
+    x = torch.randn(20, 16, generator=g).bfloat16()  # more rows than the direct kernels take
+    w, b = torch.randn(40, 16, generator=g).bfloat16(), torch.randn(40, generator=g).bfloat16()
+    out = linear_kernels.linear(x, w, b)
+    assert out.shape == (20, 40)
+    torch.testing.assert_close(out.double(), reference(x, w, b), atol=0.1, rtol=0.02)
+
+
+@needs_onednn
+@pytest.mark.usefixtures("emulated")
+@pytest.mark.parametrize("rows", [2, 17, 40])
+def test_wide_copy_gives_the_widened_products(rows: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 64, generator=g).bfloat16()
+    w, b = torch.randn(96, 64, generator=g).bfloat16(), torch.randn(96, generator=g).bfloat16()
+    with_copy = linear_kernels.product_for(w, linear_kernels.wide_copy(w))
+    # the same float32 arithmetic on the same (exactly widened) values, just not per call
+    torch.testing.assert_close(with_copy(x, w, b), linear_kernels.linear(x, w, b),
+                               atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(with_copy(x, w, b).double(), reference(x, w, b),
+                               atol=0.1, rtol=0.02)
 
 
 def test_float32_is_plain_linear() -> None:
@@ -73,10 +91,6 @@ def test_on_fresh_thread_returns_and_raises() -> None:
     assert cpu.on_fresh_thread(threading.get_ident) != caller
     with pytest.raises(KeyError, match="boom"):
         cpu.on_fresh_thread(lambda: {}["boom"])
-
-
-needs_onednn = pytest.mark.skipif(not linear_kernels.onednn_works(),
-                                  reason="this torch build has no working oneDNN linear")
 
 
 @needs_onednn
@@ -110,3 +124,24 @@ def test_loaded_model_is_packed_and_keeps_its_embedding(tiny_models, make_harnes
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     assert linears and all(linear_kernels.is_packed(m.weight) for m in linears)
     assert not linear_kernels.is_packed(model.model.embed_tokens.weight)
+
+
+@needs_onednn
+@pytest.mark.usefixtures("emulated")
+def test_bf16_model_keeps_float32_copies_within_the_limit(tiny_models, make_harness) -> None:
+    from engine.model.layers import Linear
+
+    model = make_harness(tiny_models["llama3"].path, dtype=torch.bfloat16).executor.model
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert all(m.wide is not None and linear_kernels.is_packed(m.wide) for m in linears)
+    assert all(m.weight.dtype == torch.bfloat16 for m in linears)  # small batches read bf16
+    x = torch.randn(24, model.config.hidden_size).bfloat16()
+    head = model.lm_head
+    torch.testing.assert_close(head(x).double(), reference(x, head.weight),
+                               atol=0.1, rtol=0.02)
+    for m in linears:
+        m.wide = None
+    model.pack_weights(wide_copy_limit=0)  # too big: widen per product instead
+    assert all(m.wide is None for m in linears)
+    torch.testing.assert_close(head(x).double(), reference(x, head.weight),
+                               atol=0.1, rtol=0.02)

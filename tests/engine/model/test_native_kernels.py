@@ -139,9 +139,11 @@ def test_bf16_model_fixes_its_products_at_load(tiny_models, make_harness) -> Non
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     assert linears
     for m in linears:
-        assert m.product is linear_kernels.product_for(m.weight)
+        assert m.product is not linear_kernels.linear  # fixed at load, not chosen per call
         if linear_kernels.emulated_bf16(m.weight.dtype, m.weight.device):
             assert linear_kernels.direct_rows(m.weight) == linear_kernels.NATIVE_DIRECT_ROWS
+            x = torch.randn(3, m.weight.shape[1]).bfloat16()
+            assert torch.equal(m(x), ops.gemv_bf16(x, m.weight, m.bias))
 
 
 def _attention_case(dtype: torch.dtype, kv_lens: list[int], heads: int, kv_heads: int,
