@@ -13,6 +13,10 @@ and the masks; each layer then does one gather for K and V together and batched 
 Sequences of very different sizes go to separate groups (one call each; few per round), so
 one long context does not make every short one pay for its padding.
 Padded pages repeat a sequence's first page, so they hold finite values, and are masked out.
+
+On CPU with Ferry's kernels loaded (engine.kernels), K/V are stored and the decode part is
+attended by C kernels that read the pages in place (no gather copy, one call per layer);
+the prefill part keeps SDPA.
 """
 from __future__ import annotations
 

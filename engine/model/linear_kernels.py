@@ -1,18 +1,20 @@
 """Matrix products of weights with activations, choosing the kernel by dtype and row count.
 
 Where the CPU has no bf16 arithmetic (AVX2 without AVX512-BF16/AMX), torch emulates bf16 matrix
-products. For one to a few rows that is still the fastest choice: decode at batch 1 is bound by
-reading the weights, and bf16 halves those bytes (18.6 ms vs 36 ms for this model's step).
-For more rows the emulation is compute-bound and ~3.5x slower than float32 (490 ms vs 140 ms
-for the batch-32 step's products). There we widen each bf16 weight into a reused float32
-scratch buffer that stays in cache and multiply in float32 with oneDNN (weights stay bf16 in
-memory; the result is rounded back to bf16).
+products. For a few rows bf16 weights are still the right choice: decode at small batch is
+bound by reading the weights, and bf16 halves those bytes. Ferry's own kernel
+(engine.kernels, `ops.gemv_bf16`) streams a bf16 weight at memory speed for 1-16 rows; torch's
+emulated kernel is as fast for one row but ~2x slower per extra row, so without Ferry's
+kernels only 1-4 rows go direct. For more rows the product is compute-bound and runs in
+float32 with oneDNN: on a float32 copy of the weights kept from loading (`wide_copy`, when
+all of them fit in llama.WIDE_COPY_LIMIT), else on each weight widened per product into a
+reused scratch buffer that stays in cache. Results are rounded back to bf16.
 
 float32 weights on CPU are reordered once, after loading, into oneDNN's blocked layout
 (`pack`): its matrix products then beat MKL's on the same weights, by ~25% for a batch-1 decode
 step (60 -> 45 ms here) and ~20% at batch 32 (203 -> 161 ms). The packed tensor is opaque
 (layout torch._mkldnn) and replaces the plain one. Elsewhere (CUDA, native bf16) this is plain
-`F.linear`.
+`F.linear`. `product_for` picks the function once per weight; `Linear` keeps it.
 """
 from __future__ import annotations
 
