@@ -65,8 +65,9 @@ def torch_checks(settings: Settings) -> Iterator[Check]:
         if cpu_has_native_bf16():
             yield Check("ok", "bfloat16", "native (auto picks bfloat16)")
         else:
-            yield Check("info", "bfloat16", "emulated (auto picks float32; bfloat16 decodes one "
-                                            "chat faster, float32 serves many users faster)")
+            yield Check("info", "bfloat16", "emulated (auto picks float32; with the fused "
+                                            "kernels below, --dtype bfloat16 decodes a few "
+                                            "chats faster and many as fast)")
         yield Check("ok" if onednn_works() else "info", "cpu kernels",
                     "float32 weights packed for oneDNN" if onednn_works()
                     else "oneDNN linear unavailable: plain torch matmuls")
