@@ -138,6 +138,13 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+/* eight values of a float32 or bf16 row, from element `at`, as float32 */
+static inline __m256 load8(const char *row, int dt, int at) {
+    if (dt == F32) return _mm256_loadu_ps((const float *)row + at);
+    __m128i v = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + at));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+}
+
 /* lane k of the result = the sum of v[k]'s eight lanes */
 static inline __m256 sum8x8(const __m256 v[8]) {
     __m256 ab = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
@@ -277,6 +284,30 @@ void ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
                 float inv = 1.0f / sum;
                 for (int p = 0; p < len; p++) sc[p] *= inv;
             }
+#ifdef FERRY_AVX2
+            if (dim % 64 == 0) { /* 64 output values per pass, accumulated in registers */
+                for (int j = 0; j < group; j++)
+                    for (int c = 0; c < dim; c += 64) {
+                        __m256 a[8];
+                        for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
+                        const float *sc = scores + (size_t)j * len;
+                        for (int p = 0; p < len; p++) {
+                            size_t block = ((size_t)pages[p / page_size] * 2 + 1) * kv_heads + g;
+                            const char *row = (const char *)pool +
+                                ((block * page_size + p % page_size) * dim + c) * es;
+                            __m256 w = _mm256_set1_ps(sc[p]);
+                            for (int k = 0; k < 8; k++)
+                                a[k] = _mm256_fmadd_ps(w, load8(row, dt, k * 8), a[k]);
+                        }
+                        for (int k = 0; k < 8; k++)
+                            _mm256_storeu_ps(acc + j * dim + c + k * 8, a[k]);
+                    }
+                for (int j = 0; j < group; j++)
+                    store_row((char *)out + ((size_t)s * heads + (size_t)(g * group + j)) * dim * es,
+                              dt, acc + j * dim, dim);
+                continue;
+            }
+#endif
             memset(acc, 0, (size_t)group * dim * sizeof(float));
             for (int p = 0; p < len; p++) {
                 size_t block = ((size_t)pages[p / page_size] * 2 + 1) * kv_heads + g;

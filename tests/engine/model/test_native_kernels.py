@@ -147,10 +147,10 @@ def test_bf16_model_fixes_its_products_at_load(tiny_models, make_harness) -> Non
 
 
 def _attention_case(dtype: torch.dtype, kv_lens: list[int], heads: int, kv_heads: int,
-                    seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+                    seed: int, d: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
     """(native, torch) decode attention outputs for one round over the same pool."""
     rng = random.Random(seed)
-    ps, d = 4, 16
+    ps = 4
     pool = KVPool(1, 64, ps, kv_heads, d, dtype, "cpu")
     pool.data.normal_(generator=torch.Generator().manual_seed(seed))
     free = list(range(64))
@@ -169,9 +169,12 @@ def _attention_case(dtype: torch.dtype, kv_lens: list[int], heads: int, kv_heads
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (6, 2), (3, 1)])
-def test_decode_attention_matches_torch(dtype: torch.dtype, heads: int, kv_heads: int) -> None:
-    got, ref = _attention_case(dtype, [1, 4, 5, 23, 64, 9], heads, kv_heads, seed=heads)
+@pytest.mark.parametrize(("heads", "kv_heads", "d"),
+                         [(4, 4, 16), (6, 2, 16), (3, 1, 16), (9, 3, 64), (4, 2, 128), (2, 1, 40)])
+def test_decode_attention_matches_torch(dtype: torch.dtype, heads: int, kv_heads: int,
+                                        d: int) -> None:
+    # head sizes 64 and 128 take the register-blocked paths, 40 none of the vector ones
+    got, ref = _attention_case(dtype, [1, 4, 5, 23, 64, 9], heads, kv_heads, seed=heads, d=d)
     tol = 1e-5 if dtype == torch.float32 else 8e-3  # bf16: one rounding of the output
     torch.testing.assert_close(got, ref, atol=tol, rtol=tol)
 
