@@ -17,12 +17,6 @@ def usable(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and t.dtype in _DT and native.library() is not None
 
 
-def _rows_ok(t: torch.Tensor) -> None:
-    # kernels index rows as (row * row_stride + column): columns must be contiguous
-    if t.dim() < 2 or t.stride(-1) != 1:
-        raise ValueError(f"kernel input must have contiguous rows, got strides {t.stride()}")
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> torch.Tensor:
     """rms_norm(x) * weight over the last dim, or with `residual`: residual += x (in place)
@@ -104,8 +98,6 @@ def decode_attention(q: torch.Tensor, paged: torch.Tensor, pages: DecodePages,
         pages.page_starts.data_ptr(), pages.kv_lens.data_ptr(), seqs, heads, kvh, dim, ps,
         scale, out.data_ptr(), _DT[q.dtype])
     return out
-
-
 
 
 def gemv_bf16(x: torch.Tensor, weight: torch.Tensor,

@@ -52,11 +52,6 @@ def direct_rows(weight: torch.Tensor) -> int:
     return NATIVE_DIRECT_ROWS if native_direct(weight) else TORCH_DIRECT_ROWS
 
 
-def widens(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """True when x @ weight.T runs in float32 on a widened copy of a bf16 weight."""
-    return emulated_bf16(weight.dtype, weight.device) and x.shape[0] > direct_rows(weight)
-
-
 def widened(weight: torch.Tensor) -> torch.Tensor:
     """A float32 copy of `weight` in this thread's scratch buffer (valid until the next call)."""
     n = weight.numel()
@@ -110,11 +105,10 @@ def product_for(weight: torch.Tensor, wide: torch.Tensor | None = None) -> Produ
         return _onednn
     if not emulated_bf16(weight.dtype, weight.device):
         return F.linear
-    native = native_direct(weight)
-    direct = _bf16_native if native else _bf16_torch
+    direct = _bf16_native if native_direct(weight) else _bf16_torch
     if wide is None:
         return direct
-    rows = NATIVE_DIRECT_ROWS if native else TORCH_DIRECT_ROWS
+    rows = direct_rows(weight)
 
     def product(x: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None) -> torch.Tensor:

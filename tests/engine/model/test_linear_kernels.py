@@ -30,7 +30,9 @@ def test_bf16_linear_matches_a_wide_reference(rows: int, kernels: str) -> None:
     w = torch.randn(96, 64, generator=g).bfloat16()
     b = torch.randn(96, generator=g).bfloat16()
     x = torch.randn(rows, 64, generator=g).bfloat16()
-    assert linear_kernels.widens(x, w) is (rows > linear_kernels.direct_rows(w))
+    assert linear_kernels.direct_rows(w) == (linear_kernels.NATIVE_DIRECT_ROWS
+                                             if kernels == "native"
+                                             else linear_kernels.TORCH_DIRECT_ROWS)
     out = linear_kernels.linear(x, w, b)
     assert out.dtype == torch.bfloat16 and out.shape == (rows, 96)
     torch.testing.assert_close(out.double(), reference(x, w, b), atol=0.1, rtol=0.02)
@@ -82,7 +84,7 @@ def test_wide_copy_gives_the_widened_products(rows: int) -> None:
 
 def test_float32_is_plain_linear() -> None:
     x, w = torch.randn(8, 16), torch.randn(4, 16)
-    assert not linear_kernels.widens(x, w)
+    assert linear_kernels.product_for(w) is F.linear
     torch.testing.assert_close(linear_kernels.linear(x, w), F.linear(x, w), atol=0, rtol=0)
 
 
