@@ -168,6 +168,13 @@ class TorchAttention(AttentionBackend):
         out_idx = (torch.arange(n)[:, None] * qmax + i)[i < ql[:, None]].to(dev)
         return _PrefillGroup(n, qmax, length, kv_idx, mask, q_idx, out_idx)
 
+    def native_decode_round(self) -> tuple[torch.Tensor, ops.DecodePages] | None:
+        """(slots, pages) when this round only decodes and runs on Ferry's kernels, which is
+        what a fused decoder layer (engine.model.fused_decode) needs; else None."""
+        if self.dec_pages is None or self.n_pre:
+            return None
+        return self.slots, self.dec_pages
+
     def forward(self, q: torch.Tensor, kv: torch.Tensor, layer: int) -> torch.Tensor:
         parts = []
         if self.native:

@@ -43,6 +43,8 @@ _SIGNATURES: dict[str, list[type]] = {
                                c_int, c_int, c_int, c_int, c_float, c_void_p, c_int],
     "ferry_gemv_bf16": [c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_int64, c_int64],
     "ferry_argmax": [c_void_p, c_int64, c_int64, c_int, c_void_p],
+    "ferry_decode_layer": [c_void_p, c_void_p, c_int64, c_void_p, c_void_p, c_int, c_void_p,
+                           c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p],
 }
 
 

@@ -5,6 +5,8 @@ per decode step, where microseconds count) and leaves the plain torch path to th
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from engine.kernels import native
@@ -122,3 +124,39 @@ def argmax(logits: torch.Tensor) -> list[int]:
     out = torch.empty(rows, dtype=torch.int64)
     native.library().ferry_argmax(logits.data_ptr(), rows, n, _DT[logits.dtype], out.data_ptr())
     return out.tolist()
+
+
+class LayerWeights(ctypes.Structure):
+    """One decoder layer's weights for `decode_layer` (mirrors ferry_layer in the C file);
+    None = absent (no bias, no q/k norm). Holds raw pointers: the tensors must outlive it."""
+    _fields_ = [(name, ctypes.c_void_p) for name in (
+        "input_norm", "post_norm", "q_norm", "k_norm", "qkv_w", "qkv_b", "o_w", "o_b",
+        "gate_up_w", "gate_up_b", "down_w", "down_b", "pages")]
+
+
+class LayerDims(ctypes.Structure):
+    _fields_ = [("hidden", ctypes.c_int64), ("inter", ctypes.c_int64), ("heads", ctypes.c_int),
+                ("kv_heads", ctypes.c_int), ("dim", ctypes.c_int), ("page_size", ctypes.c_int),
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+
+
+def pointer(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def layer_scratch(dims: LayerDims, rows: int) -> torch.Tensor:
+    n = rows * (2 * dims.hidden + (dims.heads + 2 * dims.kv_heads) * dims.dim
+                + dims.heads * dims.dim + 3 * dims.inter)
+    return torch.empty(n, dtype=torch.bfloat16)
+
+
+def decode_layer(weights: LayerWeights, dims: LayerDims, x: torch.Tensor, residual: torch.Tensor,
+                 first: bool, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                 pages: DecodePages, scratch: torch.Tensor) -> None:
+    """One bf16 decoder layer for a decode round of x.shape[0] sequences, in place: x (the
+    previous layer's output) becomes this layer's output, residual the running sum (`first`:
+    started from x). cos/sin: the round's rotary tables; slots/pages: the round's K/V places."""
+    native.library().ferry_decode_layer(
+        ctypes.byref(weights), ctypes.byref(dims), x.shape[0], x.data_ptr(), residual.data_ptr(),
+        int(first), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), pages.page_ids.data_ptr(),
+        pages.page_starts.data_ptr(), pages.kv_lens.data_ptr(), scratch.data_ptr())

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from engine.attention.base import AttentionBackend
+from engine.model.fused_decode import FusedDecode
 from engine.model.layers import (
     ROPE_TYPES,
     Embedding,
@@ -206,6 +207,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight  # shared storage
         else:
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, dtype, device)
+        self.fused: FusedDecode | None = None  # set by pack_weights where it applies
 
     def pack_weights(self, wide_copy_limit: int | None = None) -> None:
         """After loading: put every projection's weight in its fastest layout
@@ -217,6 +219,7 @@ class LlamaForCausalLM(nn.Module):
         wide = sum(m.weight.numel() for m in linears) * 4 <= limit
         for module in linears:
             module.pack(wide)
+        self.fused = FusedDecode.build(self)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
                 logits_indices: torch.Tensor | None = None) -> torch.Tensor:
@@ -228,8 +231,12 @@ class LlamaForCausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.model.rotary(positions, x.dtype)
         residual: torch.Tensor | None = None
-        for layer in self.model.layers:
-            x, residual = layer(x, residual, cos, sin, attn)
+        fused = self.fused.run(x, cos, sin, attn) if self.fused is not None else None
+        if fused is not None:  # a decode round of a few sequences: one C call per layer
+            x, residual = fused
+        else:
+            for layer in self.model.layers:
+                x, residual = layer(x, residual, cos, sin, attn)
         if logits_indices is not None:
             x = x.index_select(0, logits_indices)
             residual = None if residual is None else residual.index_select(0, logits_indices)
