@@ -116,7 +116,7 @@ def test_pyinstaller_spec_compiles() -> None:
     compile(source, "ferry.spec", "exec")
     assert "app.cli" in (PACKAGING / "ferry_entry.py").read_text()
     for name in ("htmx.org/dist/htmx.min.js", "htmx-ext-sse/dist/sse.min.js", "web/templates",
-                 "web/static"):
+                 "web/static", "engine/kernels/cpu_kernels.c"):
         assert name in source
 
 
@@ -142,3 +142,11 @@ def test_pyinstaller_bundle(tmp_path: Path) -> None:
     assert done.returncode == 0 and "SmolLM2-135M-Instruct.Q4_1.gguf" in done.stdout, done.stderr
     assert (tmp_path / "dist" / "ferry" / "_internal" / "node_modules" / "htmx.org" / "dist" /
             "htmx.min.js").is_file()
+    # the fused kernels' source travels, and the bundle builds and loads them
+    assert (tmp_path / "dist" / "ferry" / "_internal" / "engine" / "kernels" /
+            "cpu_kernels.c").is_file()
+    done = subprocess.run([str(exe), "doctor"], capture_output=True, text=True, env=env,
+                          check=False)
+    assert "fused kernels" in done.stdout, done.stdout + done.stderr
+    if shutil.which("cc") or shutil.which("gcc"):
+        assert "native (" in done.stdout, done.stdout
