@@ -234,11 +234,15 @@ def main(argv: list[str]) -> int:
         subset = prompts[:min(args.baseline_requests, len(prompts))]
         results.append(bench_hf.one_at_a_time(model, torch, subset, work, pad, len(prompts)))
         results.append(bench_hf.static_batches(model, torch, prompts, work, pad))
-    report(results, work, dtype, args.json)
+    kernels = native.status().split(" (")[0]  # native / off / unavailable: why
+    if executor.model.fused is not None:
+        kernels += ", fused decode layers"
+    report(results, work, dtype, args.json, kernels)
     return 0
 
 
-def report(results: list[Result], work: Workload, dtype: str, as_json: bool) -> None:
+def report(results: list[Result], work: Workload, dtype: str, as_json: bool,
+           kernels: str = "") -> None:
     rows = [r.row() for r in results]
     by = {r.system: r for r in results}
     ratios = {}
@@ -252,13 +256,14 @@ def report(results: list[Result], work: Workload, dtype: str, as_json: bool) -> 
         elif r.system.startswith("hf generate, static"):
             ratios["ferry / hf static batches (output tok/s)"] = ferry.output_tps / r.output_tps
     if as_json:
-        json.dump({"workload": asdict(work), "dtype": dtype, "results": rows,
+        json.dump({"workload": asdict(work), "dtype": dtype, "kernels": kernels, "results": rows,
                    "ratios": {k: round(v, 2) for k, v in ratios.items()}}, sys.stdout, indent=1)
         print()
         return
     print(f"workload: {work.requests} requests, prompt {work.prompt}, output {work.output}, "
           f"concurrency {work.concurrency}, rate {work.rate or 'all at once'}, "
-          f"shared prefix {work.shared_prefix}, dtype {dtype}")
+          f"shared prefix {work.shared_prefix}, dtype {dtype}"
+          + (f", CPU kernels {kernels}" if kernels else ""))
     cols = ["system", "output_tok_s", "prefill_tok_s", "ttft_p50_ms", "ttft_p95_ms",
             "itl_p50_ms", "itl_p95_ms", "tok_s_user", "scheduler_share_pct"]
     heads = ["system", "out tok/s", "prefill tok/s", "TTFT p50 ms", "TTFT p95 ms", "ITL p50 ms",
