@@ -151,9 +151,10 @@ def _attention_case(dtype: torch.dtype, kv_lens: list[int], heads: int, kv_heads
     """(native, torch) decode attention outputs for one round over the same pool."""
     rng = random.Random(seed)
     ps = 4
-    pool = KVPool(1, 64, ps, kv_heads, d, dtype, "cpu")
+    num_pages = sum(-(-n // ps) + 1 for n in kv_lens)
+    pool = KVPool(1, num_pages, ps, kv_heads, d, dtype, "cpu")
     pool.data.normal_(generator=torch.Generator().manual_seed(seed))
-    free = list(range(64))
+    free = list(range(num_pages))
     rng.shuffle(free)
     tables = [[free.pop() for _ in range(-(-n // ps) + rng.randrange(2))] for n in kv_lens]
     slots = torch.tensor([t[(n - 1) // ps] * ps + (n - 1) % ps for t, n in zip(tables, kv_lens)])
@@ -176,6 +177,15 @@ def test_decode_attention_matches_torch(dtype: torch.dtype, heads: int, kv_heads
     # head sizes 64 and 128 take the register-blocked paths, 40 none of the vector ones
     got, ref = _attention_case(dtype, [1, 4, 5, 23, 64, 9], heads, kv_heads, seed=heads, d=d)
     tol = 1e-5 if dtype == torch.float32 else 8e-3  # bf16: one rounding of the output
+    torch.testing.assert_close(got, ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 40])
+def test_decode_attention_over_long_contexts(dtype: torch.dtype, d: int) -> None:
+    # hundreds of pages per sequence, lengths off the 8-position blocks, a short one beside
+    got, ref = _attention_case(dtype, [512, 513, 1500, 7], 6, 2, seed=d, d=d)
+    tol = 1e-5 if dtype == torch.float32 else 8e-3
     torch.testing.assert_close(got, ref, atol=tol, rtol=tol)
 
 
