@@ -11,19 +11,14 @@ import random
 import pytest
 import torch
 
-from engine.kernels import native, ops
+from engine.kernels import ops
 from engine.model import linear_kernels
 
 ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3"]
 
 
-@pytest.fixture(autouse=True)
-def _need_fused(monkeypatch: pytest.MonkeyPatch) -> None:
-    if native.library() is None:
-        pytest.skip(f"native kernels: {native.status()}")
-    # the fused path is for CPUs that emulate bf16; take it on any CPU here
-    monkeypatch.setattr(linear_kernels, "emulated_bf16",
-                        lambda dtype, device: dtype == torch.bfloat16 and device.type == "cpu")
+# the fused path is for CPUs that emulate bf16: take it on any CPU here
+pytestmark = pytest.mark.usefixtures("native_kernels", "emulated")
 
 
 def _run(harness, fused: bool) -> list[dict[int, torch.Tensor]]:

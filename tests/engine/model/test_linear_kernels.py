@@ -11,13 +11,6 @@ from engine import cpu
 from engine.model import linear_kernels
 
 
-@pytest.fixture
-def emulated(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Take the widening path on any CPU (it is the default only where bf16 is emulated)."""
-    monkeypatch.setattr(linear_kernels, "emulated_bf16", lambda dtype, device:
-                        dtype == torch.bfloat16 and device.type == "cpu")
-
-
 def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     return F.linear(x.double(), w.double(), None if b is None else b.double())
 

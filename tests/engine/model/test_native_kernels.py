@@ -26,10 +26,7 @@ from engine.model.layers import RotaryEmbedding
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-@pytest.fixture(autouse=True)
-def _need_kernels() -> None:
-    if native.library() is None:
-        pytest.skip(f"native kernels: {native.status()}")
+pytestmark = pytest.mark.usefixtures("native_kernels")
 
 
 def test_kernels_build_where_a_compiler_exists() -> None:
