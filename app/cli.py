@@ -9,7 +9,7 @@ from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from app import users_cli
+from app.commands import users as users_cli
 from app.config_sources import format_config, load_settings
 from app.paths import HOME_ENV, get_paths
 from app.settings import DTYPES, POLICIES, Settings, SettingsError
@@ -17,8 +17,8 @@ from app.settings import DTYPES, POLICIES, Settings, SettingsError
 EXIT_USAGE = 2  # bad settings or a serve that cannot start (argparse uses 2 as well)
 # These hand their whole argv to code that owns its own parser (and --help).
 PASSTHROUGH: dict[str, tuple[str, str]] = {
-    "simulate": ("engine.simulator", "cli"),
-    "bench": ("app.bench", "main"),
+    "simulate": ("engine.sim.simulator", "cli"),
+    "bench": ("app.bench.run", "main"),
 }
 
 
@@ -139,12 +139,12 @@ def cmd_with_settings(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         settings, error = None, str(exc)
     if args.command == "doctor":
-        from app import doctor
+        from app.commands import doctor
         return doctor.main(settings, paths, error)
     if settings is None:
         return fail(args.command, str(error))
     if args.command == "models":
-        from app import models_cli
+        from app.commands import models as models_cli
         return models_cli.main(settings, paths)
     return users_cli.run(args, paths)
 

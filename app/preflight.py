@@ -5,11 +5,11 @@ import errno
 import socket
 import sys
 
+from app.commands.users import users_exist
 from app.models import ModelError, ModelRef, resolve_model
 from app.paths import Paths
 from app.settings import Settings
-from app.users_cli import users_exist
-from web.users import UserError
+from web.access.users import UserError
 
 
 class PreflightError(Exception):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import signal
 import sys
@@ -26,20 +27,19 @@ def pick_device(name: str) -> str:
 
 def build(settings: Settings, paths: Paths, model: ModelRef, progress: bool = True):
     """Load the model and build the Litestar app (the engine starts with the app's lifespan)."""
-    from engine.engine import Engine
-    from engine.kernels import native
-    from engine.model_executor import ModelExecutor
-    from engine.tokenizer import Tokenizer
+    import engine
+    from engine import Engine, ModelExecutor, Tokenizer
     from web.app import create_app
     from web.config import WebConfig
 
     config = engine_config(settings)
     device = pick_device(settings.device)
     spec = None if model.kind == "default" else (str(model.path) if model.path else model.name)
-    native.set_build_dir(paths.kernels_cache)
+    engine.set_kernel_build_dir(paths.kernels_cache)
     executor = ModelExecutor.from_pretrained(spec, config, dtype=settings.dtype, device=device,
                                              cache_dir=paths.models_cache, progress=progress)
-    config.max_context = min(config.max_context, executor.max_context)
+    config = dataclasses.replace(config, max_context=min(config.max_context,
+                                                         executor.max_context))
     tokenizer = Tokenizer(executor.model_path)
     engine = Engine(config, executor, tokenizer)
     web = WebConfig(data_dir=paths.data, model_name=model.name, shared=settings.shared,
@@ -56,7 +56,7 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
     engine (running requests end, partial replies are saved) and closes the database."""
     import uvicorn
 
-    from engine.loader import ModelNotFound
+    from engine import ModelNotFound
 
     print(f"Loading {model.name} ...", file=sys.stderr)
     try:

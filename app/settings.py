@@ -9,7 +9,7 @@ import ipaddress
 import re
 from dataclasses import dataclass, field, fields
 
-from engine.config import ADMISSIONS, POLICIES, ConfigError, EngineConfig
+from engine import ADMISSIONS, POLICIES, ConfigError, EngineConfig
 
 DTYPES = ("auto", "bfloat16", "float32")
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")

@@ -1,0 +1,56 @@
+"""Ferry's continuous-batching engine. This module is the surface `web/` and `app/` use.
+
+Torch-free names (config, requests, the facade, events, snapshots) import at once; the
+execution side (model executor, tokenizer, kernels) loads on first use, so the scheduler and
+the simulator stay importable without torch (design.md §1).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from engine.config import ADMISSIONS, POLICIES, AdmissionOrder, ConfigError, EngineConfig, Policy
+from engine.runtime.engine import Engine, QueueFull
+from engine.runtime.events import FinalEvent, Timings, TokenEvent, Usage
+from engine.runtime.handle import RequestHandle, TextDelta
+from engine.runtime.snapshot import EngineSnapshot, KVView, MetricsView, RequestView, RoundView
+from engine.scheduling.admission import WaitReason
+from engine.scheduling.request import FinishReason, RequestError, SamplingParams
+
+if TYPE_CHECKING:
+    from engine.execution.cpu import cpu_has_native_bf16
+    from engine.execution.executor import ModelExecutor
+    from engine.execution.loader import ModelNotFound
+    from engine.execution.model.linear_kernels import onednn_works
+    from engine.execution.tokenizer import Tokenizer
+    from engine.kernels.native import set_build_dir as set_kernel_build_dir
+    from engine.kernels.native import status as kernel_status
+
+# name -> "module:attribute", imported on first access (PEP 562)
+_LAZY: dict[str, str] = {
+    "ModelExecutor": "engine.execution.executor:ModelExecutor",
+    "ModelNotFound": "engine.execution.loader:ModelNotFound",
+    "Tokenizer": "engine.execution.tokenizer:Tokenizer",
+    "cpu_has_native_bf16": "engine.execution.cpu:cpu_has_native_bf16",
+    "onednn_works": "engine.execution.model.linear_kernels:onednn_works",
+    "set_kernel_build_dir": "engine.kernels.native:set_build_dir",
+    "kernel_status": "engine.kernels.native:status",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    module, attr = _LAZY[name].split(":")
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "ADMISSIONS", "POLICIES", "AdmissionOrder", "ConfigError", "Engine", "EngineConfig",
+    "EngineSnapshot", "FinalEvent", "FinishReason", "KVView", "MetricsView", "ModelExecutor",
+    "ModelNotFound", "Policy", "QueueFull", "RequestError", "RequestHandle", "RequestView",
+    "RoundView", "SamplingParams", "TextDelta", "Timings", "TokenEvent", "Tokenizer", "Usage",
+    "WaitReason", "cpu_has_native_bf16", "kernel_status", "onednn_works", "set_kernel_build_dir",
+]

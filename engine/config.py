@@ -5,23 +5,23 @@ from dataclasses import dataclass, fields
 from typing import Literal, get_args
 
 Policy = Literal["prefill-first", "interleave", "mixed"]
-Admission = Literal["fifo", "fair"]
+AdmissionOrder = Literal["fifo", "fair"]
 POLICIES: tuple[str, ...] = get_args(Policy)
-ADMISSIONS: tuple[str, ...] = get_args(Admission)
+ADMISSIONS: tuple[str, ...] = get_args(AdmissionOrder)
 
 
 class ConfigError(ValueError):
     """A setting has a value the engine cannot run with."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     max_running: int = 16  # slots in the request table
     max_prefill_tokens: int = 512  # prefill budget per round
     kv_tokens: int = 65536  # KV positions in the pool (all layers)
     page_size: int = 16
     policy: Policy = "prefill-first"
-    admission: Admission = "fifo"
+    admission: AdmissionOrder = "fifo"
     prefix_cache: bool = True
     max_context: int = 8192  # prompt + output limit per request (the model's context)
     max_waiting: int = 256  # global queue bound; submit beyond it is refused

@@ -17,24 +17,23 @@ from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
-from engine.engine import Engine
-from engine.tokenizer import Tokenizer
-from web.api_engine import EngineController
-from web.api_errors import api_exception_handler
-from web.api_openai import OpenAIController
-from web.api_requests import RequestsController
-from web.api_schemas import ChatCompletionChunk, Completion, ErrorResponse
-from web.auth import Auth, AuthMiddleware, csrf_token
-from web.chat import ChatController
+from engine import Engine, Tokenizer
+from web.access.auth import Auth, AuthMiddleware, csrf_token
+from web.api.completions import OpenAIController
+from web.api.controls import EngineController
+from web.api.errors import api_exception_handler
+from web.api.metrics import SystemController, make_registry
+from web.api.requests import RequestsController
+from web.api.schemas import ChatCompletionChunk, Completion, ErrorResponse
 from web.config import WebConfig
-from web.dashboard import DashboardController
-from web.login import login_router
-from web.markdown import render as markdown
-from web.metrics import SystemController, make_registry
-from web.replies import Replies
+from web.pages.chat import ChatController
+from web.pages.dashboard import DashboardController
+from web.pages.login import login_router
+from web.pages.markdown import render as markdown
+from web.pages.replies import Replies
 from web.services import Services
 from web.sse import EventDoc, document_event_streams
-from web.store import Store
+from web.storage.store import Store
 from web.tracker import RequestTracker
 
 log = logging.getLogger(__name__)
@@ -75,7 +74,7 @@ def create_app(engine: Engine, tokenizer: Tokenizer, config: WebConfig) -> Lites
     """The whole web app. Its lifespan starts `engine` (unless already running) and on
     shutdown cancels live replies (their text is saved), stops the engine, closes the store.
 
-    Access goes through web.auth's middleware: local mode makes everyone the local admin
+    Access goes through web.access.auth's middleware: local mode makes everyone the local admin
     (and refuses state changes started by other sites); shared mode needs a token or a
     session cookie plus CSRF token (see web/auth.py)."""
     env = templates_env()

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class WebConfig:
     data_dir: Path  # SQLite database and users file live here
     model_name: str = "SmolLM2-135M-Instruct"
@@ -28,9 +28,10 @@ class WebConfig:
     assets_dir: Path | None = None  # node_modules with htmx.org and htmx-ext-sse (None: repo's)
 
     def __post_init__(self) -> None:
-        self.data_dir = Path(self.data_dir)
+        # frozen: normalise the paths through object.__setattr__
+        object.__setattr__(self, "data_dir", Path(self.data_dir))
         if self.assets_dir is not None:
-            self.assets_dir = Path(self.assets_dir)
+            object.__setattr__(self, "assets_dir", Path(self.assets_dir))
         for name in ("per_user_limit", "max_body_bytes", "max_messages", "max_tokens_limit",
                      "default_max_tokens"):
             if getattr(self, name) < 1:

@@ -7,17 +7,14 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 from litestar.connection import ASGIConnection
 
-from engine.engine import Engine
-from engine.handle import RequestHandle
-from engine.request import SamplingParams
-from engine.tokenizer import Tokenizer
+from engine import Engine, RequestHandle, SamplingParams, Tokenizer
+from web.access.identity import User
 from web.config import WebConfig
-from web.identity import User
-from web.store import Store
+from web.storage.store import Store
 from web.tracker import RequestTracker
 
 if TYPE_CHECKING:
-    from web.replies import Replies
+    from web.pages.replies import Replies
 
 
 class EngineUnavailable(RuntimeError):

@@ -10,7 +10,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from engine.handle import RequestHandle
+from engine import RequestHandle
 
 
 @dataclass(slots=True)

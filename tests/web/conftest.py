@@ -22,7 +22,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
-    from engine.loader import ModelNotFound, resolve_model
+    from engine.execution.loader import ModelNotFound, resolve_model
     cache = os.environ.get("FERRY_TEST_MODEL_CACHE") or \
         Path(tempfile.gettempdir()) / "ferry-test-model-cache"
     try:
@@ -35,13 +35,13 @@ def model_dir() -> Path:
 def weights(model_dir: Path) -> Any:
     import torch
 
-    from engine.loader import load_model
+    from engine.execution.loader import load_model
     return load_model(model_dir, torch.float32, "cpu")
 
 
 @pytest.fixture(scope="session")
 def tokenizer(model_dir: Path) -> Any:
-    from engine.tokenizer import Tokenizer
+    from engine.execution.tokenizer import Tokenizer
     return Tokenizer(model_dir)
 
 
@@ -78,9 +78,9 @@ def make_server(model_dir: Path, tokenizer: Any, tmp_path_factory: pytest.TempPa
     import uvicorn
 
     from engine.config import EngineConfig
-    from engine.engine import Engine
-    from engine.loader import read_eos_ids
-    from engine.model_executor import ModelExecutor
+    from engine.execution.executor import ModelExecutor
+    from engine.execution.tokenizer import read_eos_ids
+    from engine.runtime.engine import Engine
     from web.app import create_app
     from web.config import WebConfig
 
@@ -130,7 +130,7 @@ def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05,
 def assert_engine_idle(engine: Any) -> None:
     """Every slot and KV page is free once the engine went idle."""
     assert engine.wait_idle(60), "the engine did not go idle"
-    snap = wait_for(lambda: (s := engine.snapshot()).busy is False and s, message="idle snapshot")
+    snap = wait_for(lambda: (s := engine.runtime.snapshot()).busy is False and s, message="idle snapshot")
     assert snap.free_slots == snap.max_running
     assert snap.kv.used == 0 and snap.kv.reserved == 0
     assert not snap.waiting and not snap.running

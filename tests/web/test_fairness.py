@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from engine.config import EngineConfig
-from engine.engine import Engine
-from engine.handle import TextDelta
-from engine.request import SamplingParams
-from engine.snapshot import RoundView
+from engine.runtime.engine import Engine
+from engine.runtime.handle import TextDelta
+from engine.runtime.snapshot import RoundView
+from engine.scheduling.request import SamplingParams
 
 pytestmark = pytest.mark.model
 BUDGET = 64
@@ -28,8 +28,8 @@ LONG_PROMPT = 400  # about seven chunks of BUDGET
 
 
 def run_rounds(policy: str, weights: Any, model_dir: Path) -> tuple[list[RoundView], str, str]:
-    from engine.loader import read_eos_ids
-    from engine.model_executor import ModelExecutor
+    from engine.execution.executor import ModelExecutor
+    from engine.execution.tokenizer import read_eos_ids
     config = EngineConfig(max_running=4, max_prefill_tokens=BUDGET, kv_tokens=4096,
                           page_size=16, max_context=2048, policy=policy,  # type: ignore[arg-type]
                           admission="fair", prefix_cache=False, rounds_kept=1000)
@@ -50,7 +50,7 @@ def run_rounds(policy: str, weights: Any, model_dir: Path) -> tuple[list[RoundVi
         list(a.events(timeout=120))
         list(events)
         assert engine.wait_idle(30)
-        rounds = list(engine.snapshot().rounds)
+        rounds = list(engine.runtime.snapshot().rounds)
     finally:
         engine.stop()
     return rounds, a.id, b.id

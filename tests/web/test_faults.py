@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.batch import Batch
-from engine.request import Request
+from engine.scheduling.batch import Batch
+from engine.scheduling.request import Request
 
 pytestmark = pytest.mark.model
 MODEL = "SmolLM2-135M-Instruct"
@@ -48,8 +48,8 @@ class FaultyExecutor:
 @pytest.fixture(scope="module")
 def faulty(weights: Any, model_dir: Path) -> FaultyExecutor:
     from engine.config import EngineConfig
-    from engine.loader import read_eos_ids
-    from engine.model_executor import ModelExecutor
+    from engine.execution.executor import ModelExecutor
+    from engine.execution.tokenizer import read_eos_ids
     inner = ModelExecutor(weights, EngineConfig(**ENGINE), "cpu", None, read_eos_ids(model_dir),
                           model_dir)
     return FaultyExecutor(inner)

@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.batch import Batch
-from engine.request import Request
-from web.users import UserStore
+from engine.scheduling.batch import Batch
+from engine.scheduling.request import Request
+from web.access.users import UserStore
 
 
 class StandIn:

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
-from web.store import Store
+from web.storage.store import Store
 
 pytestmark = pytest.mark.model
 START_TIMEOUT = 120.0

@@ -1,0 +1,156 @@
+"""`ferry doctor`: one line per check, green when fine, red when serve would fail."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TextIO
+
+from app.commands.users import users_exist
+from app.models import (
+    DEFAULT_NAME,
+    ModelError,
+    converted_dir,
+    folder_size,
+    human_size,
+    resolve_model,
+)
+from app.paths import Paths
+from app.preflight import port_problem
+from app.settings import Settings
+from web.access.users import UserError
+
+Status = Literal["ok", "info", "warn", "fail"]
+MARKS = {"ok": ("\u2713", "ok", "32"), "info": ("-", "-", "36"),
+         "warn": ("!", "!", "33"), "fail": ("\u2717", "FAIL", "31")}
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    status: Status
+    label: str
+    detail: str
+
+
+def torch_checks(settings: Settings) -> Iterator[Check]:
+    try:
+        import torch
+    except ImportError as exc:
+        yield Check("fail", "torch", f"cannot import torch: {exc}")
+        return
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU"
+    yield Check("ok", "torch", f"{torch.__version__} ({build} build)")
+    cuda = torch.cuda.is_available()
+    wanted = settings.device
+    if wanted.startswith("cuda") and not cuda:
+        yield Check("fail", "device", f"device {wanted} requested but CUDA is not available")
+        return
+    device = ("cuda" if cuda else "cpu") if wanted == "auto" else wanted
+    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else \
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, " \
+        f"{torch.backends.cpu.get_cpu_capability()}"
+    yield Check("ok", "device", f"{device} ({name})")
+    if device.startswith("cuda"):
+        bf16 = torch.cuda.is_bf16_supported()
+        status: Status = "ok" if bf16 else ("fail" if settings.dtype == "bfloat16" else "warn")
+        yield Check(status, "bfloat16", "supported" if bf16 else "not supported; use float16")
+    else:
+        from engine import cpu_has_native_bf16, onednn_works
+
+        if cpu_has_native_bf16():
+            yield Check("ok", "bfloat16", "native (auto picks bfloat16)")
+        else:
+            yield Check("info", "bfloat16", "emulated (auto picks float32; with the fused "
+                                            "kernels below, --dtype bfloat16 decodes a few "
+                                            "chats faster and many as fast)")
+        yield Check("ok" if onednn_works() else "info", "cpu kernels",
+                    "float32 weights packed for oneDNN" if onednn_works()
+                    else "oneDNN linear unavailable: plain torch matmuls")
+        import engine
+
+        state = engine.kernel_status()
+        yield Check("ok" if state.startswith("native") else "info", "fused kernels",
+                    state if state.startswith(("native", "off")) else
+                    f"{state}; plain torch ops instead (slower small-batch decode)")
+    if importlib.util.find_spec("flashinfer") is not None:
+        yield Check("ok", "flashinfer", "importable")
+    elif cuda:
+        yield Check("warn", "flashinfer", "not installed; `pip install ferry[gpu]` for speed")
+    else:
+        yield Check("info", "flashinfer", "not installed (CUDA only; not needed here)")
+
+
+def model_checks(settings: Settings, paths: Paths) -> Iterator[Check]:
+    try:
+        model = resolve_model(settings.model)
+    except ModelError as exc:
+        yield Check("fail", "model", str(exc))
+        return
+    where = f" {model.path} ({human_size(folder_size(model.path))})" if model.path else ""
+    yield Check("ok", "model", f"{model.name}: {model.kind}{where}")
+    if model.kind == "default":
+        copy = converted_dir(paths, DEFAULT_NAME)
+        state = f"present at {copy}" if copy.is_dir() else f"not yet made (first serve: {copy})"
+        yield Check("info", "converted copy", state)
+
+
+def writable(path: Path) -> bool:
+    """path is writable, or can be created under its nearest existing parent."""
+    probe = path
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    return probe.is_dir() and os.access(probe, os.W_OK)
+
+
+def run_checks(settings: Settings | None, paths: Paths, config_error: str | None) -> list[Check]:
+    checks = [Check("ok", "python", f"{platform.python_version()} ({sys.executable})")]
+    if config_error:
+        checks.append(Check("fail", "config", config_error))
+    else:
+        state = "" if paths.config_file.is_file() else " (not present: defaults)"
+        checks.append(Check("ok", "config", f"{paths.config_file}{state}"))
+    settings = settings or Settings()
+    import engine
+
+    engine.set_kernel_build_dir(paths.kernels_cache)
+    checks.extend(torch_checks(settings))
+    checks.extend(model_checks(settings, paths))
+    for label, folder in paths.as_dict().items():
+        ok = writable(folder)
+        checks.append(Check("ok" if ok else "fail", f"{label} dir",
+                            str(folder) if ok else f"{folder} is not writable"))
+    problem = port_problem(settings.host, settings.port)
+    checks.append(Check("fail" if problem else "ok", "port",
+                        problem or f"{settings.host}:{settings.port} is free"))
+    if settings.shared:
+        try:
+            ok = users_exist(paths)
+            detail = "present" if ok else "none: run `ferry users add NAME --admin` before sharing"
+        except UserError as exc:
+            ok, detail = False, str(exc)
+        checks.append(Check("ok" if ok else "fail", "users", detail))
+    return checks
+
+
+def render(checks: list[Check], out: TextIO) -> None:
+    color = out.isatty() and "NO_COLOR" not in os.environ
+    encoding = getattr(out, "encoding", None) or "ascii"
+    width = max(len(c.label) for c in checks)
+    for check in checks:
+        symbol, plain, code = MARKS[check.status]
+        try:
+            symbol.encode(encoding)
+        except (UnicodeEncodeError, LookupError):
+            symbol = plain  # e.g. a legacy Windows console code page
+        mark = f"\033[{code}m{symbol}\033[0m" if color else symbol
+        print(f"{mark} {check.label:<{width}}  {check.detail}", file=out)
+
+
+def main(settings: Settings | None, paths: Paths, config_error: str | None = None) -> int:
+    checks = run_checks(settings, paths, config_error)
+    render(checks, sys.stdout)
+    return 1 if any(c.status == "fail" for c in checks) else 0

@@ -1,0 +1,225 @@
+"""Reference attention in plain torch: works on CPU and any device, batched per round.
+
+No Python loop over sequences per layer. `prepare` builds, once per round, the index tensors
+that gather every sequence's pages out of the pool (padded to the most pages in a group)
+and the masks; each layer then does one gather for K and V together and batched matmuls:
+
+* decode part (one query each): pages gathered as (K/V, page, head) blocks come out
+  head-major, [seqs * kv_heads, L, d], so a GQA group of query heads is one `baddbmm` row
+  block with the scale and padding mask fused in; softmax runs in float32. On CPU this beats
+  SDPA (notably in bf16) for single-query attention.
+* prefill part (several queries each): queries padded to [seqs, Qmax], SDPA with a bool mask,
+  causal and aligned to each sequence's end (a chunk after a cached prefix sees the prefix).
+Sequences of very different sizes go to separate groups (one call each; few per round), so
+one long context does not make every short one pay for its padding.
+Padded pages repeat a sequence's first page, so they hold finite values, and are masked out.
+
+On CPU with Ferry's kernels loaded (engine.kernels), K/V are stored and the decode part is
+attended by C kernels that read the pages in place (no gather copy, one call per layer);
+the prefill part keeps SDPA.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.execution.attention.base import AttentionBackend, AttentionInputs
+from engine.execution.cpu import emulated_bf16
+from engine.execution.kv_pool import KVPool
+from engine.kernels import ops
+
+PAD_WASTE = 1.5  # a prefill group's padded attention work may be at most this x the real work
+
+
+@dataclass(slots=True)
+class _DecodeGroup:
+    n: int
+    length: int  # padded KV length
+    kv_idx: torch.Tensor
+    mask: torch.Tensor  # [n * kv_heads, 1, length] additive
+    q_idx: torch.Tensor | None  # rows of the decode part; None = all, in order
+
+
+@dataclass(slots=True)
+class _PrefillGroup:
+    n: int
+    qmax: int
+    length: int  # padded KV length
+    kv_idx: torch.Tensor
+    mask: torch.Tensor  # [n, 1, qmax, length] bool
+    q_idx: torch.Tensor | None  # rows of the prefill part, padded; None = take it as is
+    out_idx: torch.Tensor | None  # real rows of the padded output; None = all
+
+
+def group_by_size(qlens: list[int], kvlens: list[int]) -> list[list[int]]:
+    """Split sequences (indices) into groups whose padded work n * Qmax * Lmax stays within
+    PAD_WASTE x their real work sum(q * kv); biggest first, greedy."""
+    order = sorted(range(len(qlens)), key=lambda i: (-qlens[i] * kvlens[i], i))
+    groups: list[list[int]] = []
+    real = qmax = lmax = 0
+    for i in order:
+        q, kv = qlens[i], kvlens[i]
+        if groups:
+            n = len(groups[-1]) + 1
+            padded = n * max(qmax, q) * max(lmax, kv)
+            if padded <= PAD_WASTE * (real + q * kv):
+                groups[-1].append(i)
+                real, qmax, lmax = real + q * kv, max(qmax, q), max(lmax, kv)
+                continue
+        groups.append([i])
+        real, qmax, lmax = q * kv, q, kv
+    return [sorted(g) for g in groups]
+
+
+class TorchAttention(AttentionBackend):
+    name = "torch"
+
+    def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int,
+                 scale: float) -> None:
+        super().__init__(pool, num_heads, num_kv_heads, head_dim, scale)
+        # emulated bf16 batched matmuls fall back to one small addmm per matrix (~9x slower
+        # than float32 here): attend in float32 over the gathered (already copied) K/V
+        self.compute_dtype = (torch.float32 if emulated_bf16(pool.dtype, pool.device)
+                              else pool.dtype)
+        # Ferry's CPU kernels (engine.kernels) store K/V and attend single-token sequences
+        # straight from the pages: no gather copy, one call per layer
+        self.native = ops.usable(pool.data)
+
+    def _block_index(self, page_tables: list[list[int]],
+                     kv_lens: list[int]) -> tuple[torch.Tensor, int]:
+        """Rows of the pool's block view holding each sequence's pages, ordered (K/V,
+        sequence, head, page), padded with the first page -> (index, padded length)."""
+        ps, kvh = self.pool.page_size, self.num_kv_heads
+        num = max(-(-kv // ps) for kv in kv_lens)
+        table = torch.tensor([pt[:num] + [pt[0]] * (num - len(pt[:num])) for pt in page_tables],
+                             dtype=torch.int64)
+        c = torch.arange(2, dtype=torch.int64)[:, None, None, None]
+        heads = torch.arange(kvh, dtype=torch.int64)[None, None, :, None]
+        index = (table[None, :, None, :] * 2 + c) * kvh + heads  # [2, n, kv_heads, pages]
+        return index.flatten().to(self.pool.device), num * ps
+
+    def prepare(self, inputs: AttentionInputs) -> None:
+        dev, kvh = self.pool.device, self.num_kv_heads
+        n_dec = inputs.num_single
+        self.n_dec, self.n_pre = n_dec, len(inputs.query_lens) - n_dec
+        self.dec_groups: list[_DecodeGroup] = []
+        self.dec_perm: torch.Tensor | None = None
+        self.dec_pages: ops.DecodePages | None = None
+        if self.native:
+            # the kernels trust their indices: check them once per round, not per layer
+            self.slots = inputs.slot_mapping
+            if self.slots.numel() and not (0 <= int(self.slots.min())
+                                           and int(self.slots.max()) < self.pool.num_slots):
+                raise ValueError("slot_mapping points outside the KV pool")
+            if n_dec:
+                self.dec_pages = ops.DecodePages(inputs.page_tables[:n_dec],
+                                                 inputs.kv_lens[:n_dec], self.pool.page_size,
+                                                 self.pool.num_pages)
+        else:
+            self.where = self.pool.locate(inputs.slot_mapping)
+        if n_dec and not self.native:
+            kvlens = inputs.kv_lens[:n_dec]
+            groups = group_by_size([1] * n_dec, kvlens)
+            for g in groups:
+                kv = [kvlens[i] for i in g]
+                idx, length = self._block_index([inputs.page_tables[i] for i in g], kv)
+                pad = torch.arange(length)[None, :] >= torch.tensor(kv)[:, None]
+                mask = torch.zeros(len(g), 1, length, dtype=self.compute_dtype)
+                mask.masked_fill_(pad[:, None, :], float("-inf"))
+                mask = mask.repeat_interleave(kvh, dim=0).to(dev)  # [n*kvh, 1, L]
+                q_idx = None if len(groups) == 1 else torch.tensor(g).to(dev)
+                self.dec_groups.append(_DecodeGroup(len(g), length, idx, mask, q_idx))
+            order = [i for g in groups for i in g]
+            if order != list(range(n_dec)):
+                self.dec_perm = torch.argsort(torch.tensor(order)).to(dev)
+        self.pre_groups: list[_PrefillGroup] = []
+        self.pre_perm: torch.Tensor | None = None
+        if self.n_pre:
+            qlens, kvlens = inputs.query_lens[n_dec:], inputs.kv_lens[n_dec:]
+            tables = inputs.page_tables[n_dec:]
+            firsts = [0]
+            for q in qlens[:-1]:
+                firsts.append(firsts[-1] + q)
+            groups = group_by_size(qlens, kvlens)
+            rows: list[int] = []  # prefill-part rows in the order the groups output them
+            for g in groups:
+                self.pre_groups.append(self._prefill_group(
+                    [qlens[i] for i in g], [kvlens[i] for i in g], [tables[i] for i in g],
+                    [firsts[i] for i in g], whole=len(groups) == 1 and len(g) == 1))
+                rows.extend(r for i in g for r in range(firsts[i], firsts[i] + qlens[i]))
+            if rows != list(range(len(rows))):
+                self.pre_perm = torch.argsort(torch.tensor(rows)).to(dev)
+
+    def _prefill_group(self, qlens: list[int], kvlens: list[int], tables: list[list[int]],
+                       firsts: list[int], whole: bool) -> _PrefillGroup:
+        dev = self.pool.device
+        n, qmax = len(qlens), max(qlens)
+        kv_idx, length = self._block_index(tables, kvlens)
+        ql = torch.tensor(qlens, dtype=torch.int64)
+        i = torch.arange(qmax, dtype=torch.int64)[None, :]
+        i_clamped = torch.minimum(i, ql[:, None] - 1)  # padded query rows copy the last
+        qpos = torch.tensor(kvlens)[:, None] - ql[:, None] + i_clamped  # absolute positions
+        mask = (torch.arange(length)[None, None, :] <= qpos[:, :, None]).unsqueeze(1).to(dev)
+        if whole:  # the only prefill sequence: no padding, use views
+            return _PrefillGroup(n, qmax, length, kv_idx, mask, None, None)
+        q_idx = (torch.tensor(firsts)[:, None] + i_clamped).flatten().to(dev)
+        out_idx = (torch.arange(n)[:, None] * qmax + i)[i < ql[:, None]].to(dev)
+        return _PrefillGroup(n, qmax, length, kv_idx, mask, q_idx, out_idx)
+
+    def native_decode_round(self) -> tuple[torch.Tensor, ops.DecodePages] | None:
+        """(slots, pages) when this round only decodes and runs on Ferry's kernels, which is
+        what a fused decoder layer (engine.execution.model.fused_decode) needs; else None."""
+        if self.dec_pages is None or self.n_pre:
+            return None
+        return self.slots, self.dec_pages
+
+    def forward(self, q: torch.Tensor, kv: torch.Tensor, layer: int) -> torch.Tensor:
+        parts = []
+        if self.native:
+            ops.store_kv(kv, self.slots, self.pool.paged(layer))
+        else:
+            self.pool.write(layer, self.where, kv)
+        blocks = self.pool.blocks(layer)
+        if self.dec_pages is not None:
+            parts.append(ops.decode_attention(q[:self.n_dec], self.pool.paged(layer),
+                                              self.dec_pages, self.scale))
+        elif self.n_dec:
+            qdec = q[:self.n_dec]
+            outs = [self._decode(qdec, blocks, g) for g in self.dec_groups]
+            out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+            if self.dec_perm is not None:
+                out = out.index_select(0, self.dec_perm)
+            parts.append(out)
+        if self.n_pre:
+            qpre = q[self.n_dec:]
+            outs = [self._prefill(qpre, blocks, g) for g in self.pre_groups]
+            out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+            if self.pre_perm is not None:
+                out = out.index_select(0, self.pre_perm)
+            parts.append(out)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+    def _decode(self, qdec: torch.Tensor, blocks: torch.Tensor,
+                g: _DecodeGroup) -> torch.Tensor:
+        d, kvh, h = self.head_dim, self.num_kv_heads, self.num_heads
+        qd = qdec if g.q_idx is None else qdec.index_select(0, g.q_idx)
+        qd = qd.reshape(g.n * kvh, h // kvh, d).to(self.compute_dtype)
+        kv = blocks.index_select(0, g.kv_idx).to(self.compute_dtype)
+        kd, vd = kv.view(2, g.n * kvh, g.length, d)
+        scores = torch.baddbmm(g.mask, qd, kd.transpose(1, 2), alpha=self.scale)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vd.dtype)
+        return torch.bmm(probs, vd).view(g.n, h * d).to(qdec.dtype)
+
+    def _prefill(self, qpre: torch.Tensor, blocks: torch.Tensor,
+                 g: _PrefillGroup) -> torch.Tensor:
+        d, kvh, h = self.head_dim, self.num_kv_heads, self.num_heads
+        qp = qpre if g.q_idx is None else qpre.index_select(0, g.q_idx)
+        qp = qp.reshape(g.n, g.qmax, h, d).transpose(1, 2).to(self.compute_dtype)
+        kv = blocks.index_select(0, g.kv_idx).to(self.compute_dtype)
+        kp, vp = kv.view(2, g.n, kvh, g.length, d)
+        out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=g.mask, scale=self.scale,
+                                             enable_gqa=kvh != h)
+        out = out.transpose(1, 2).reshape(g.n * g.qmax, h * d).to(qpre.dtype)
+        return out if g.out_idx is None else out.index_select(0, g.out_idx)

@@ -1,0 +1,74 @@
+"""Facts and rules of running torch on the CPU: thread count, native bf16, one OpenMP team.
+
+Why one team: torch's CPU kernels run on OpenMP (libgomp), which keeps a team of worker
+threads per thread that starts parallel work. When a second thread (the engine's) starts one
+while the main thread's team still exists, libgomp counts more workers than cores and stops
+spinning between parallel regions; every one of the ~400 small regions of a decode step then
+pays a futex wake-up. Measured here (2 cores): a bf16 batch-1 step took 67 ms on the engine
+thread after the model was loaded on the main thread, 35 ms when no other team existed. So all
+torch work runs on the engine thread, and one-off work before it (loading, converting) runs on
+a short-lived thread whose team ends with it (`on_fresh_thread`).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU computes bf16 in hardware (AVX512-BF16 or AMX); else bf16 is emulated
+    and its matrix products are slower than float32 ones."""
+    try:
+        if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+            return True
+    except AttributeError:  # older torch: fall back to the kernel's flags
+        pass
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return False  # no flags to read (macOS, Windows): assume emulated, the safe choice
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})  # bf16: Arm's flag
+
+
+def on_fresh_thread(fn: Callable[[], T], name: str = "ferry-load") -> T:
+    """Run `fn` on a new thread and return its result (or raise its exception): its OpenMP
+    team ends with the thread, so the engine thread later owns the only one."""
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller
+            error.append(exc)
+
+    # daemon: Ctrl+C in the caller must not wait for a long conversion (which writes to a
+    # temporary folder and renames it, so stopping halfway leaves nothing broken)
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def emulated_bf16(dtype: torch.dtype, device: torch.device) -> bool:
+    """True for bf16 tensors on a CPU without bf16 arithmetic, where products are better
+    computed in float32 (engine.execution.model.linear_kernels has the figures)."""
+    return dtype == torch.bfloat16 and device.type == "cpu" and not cpu_has_native_bf16()

@@ -1,0 +1,150 @@
+"""The model side of a round: pack a Batch, run the decoder over the paged KV pool, sample.
+
+Implements the scheduler's `Executor` protocol. Per round it builds one packed input (token
+ids, positions, KV slots; sequences with one new token first, as the attention backends
+want), prepares the backend's index tensors once, runs the model with the LM head only on
+the rows that sample, and samples each of those with its request's parameters.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.execution.attention import default_backend, get_backend
+from engine.execution.attention.base import AttentionInputs
+from engine.execution.cpu import default_threads, on_fresh_thread
+from engine.execution.kv_pool import KVPool
+from engine.execution.loader import choose_dtype, load_model, resolve_model
+from engine.execution.model.llama import LlamaForCausalLM
+from engine.execution.sampler import Sampler
+from engine.execution.tokenizer import read_eos_ids
+from engine.scheduling.batch import Batch
+from engine.scheduling.request import Request
+
+log = logging.getLogger(__name__)
+
+
+class ModelExecutor:
+    def __init__(self, model: LlamaForCausalLM, config: EngineConfig,
+                 device: torch.device | str = "cpu", backend: str | None = None,
+                 eos_ids: frozenset[int] = frozenset(), model_path: Path | None = None,
+                 threads: int | None = None) -> None:
+        cfg = model.config
+        self.model = model
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = model.dtype
+        self.page_size = config.page_size
+        self.pool = KVPool(cfg.num_layers, config.num_pages, config.page_size, cfg.num_kv_heads,
+                           cfg.head_dim, model.dtype, self.device)
+        name = backend or default_backend(self.device, model.dtype)
+        self.attn = get_backend(name)(self.pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                      cfg.head_dim ** -0.5)
+        self.sampler = Sampler()
+        self.eos_ids = eos_ids
+        self.max_context = cfg.max_context
+        self.vocab_size = cfg.vocab_size
+        self.model_path = model_path
+        # torch's intra-op thread count is per calling thread under OpenMP: set it on the
+        # thread that runs rounds (see engine.execution.cpu), at its first round
+        self.threads = threads or default_threads()
+        self._bound_thread: int | None = None
+
+    @classmethod
+    def from_pretrained(cls, model: str | Path | None = None, config: EngineConfig | None = None,
+                        *, dtype: str | torch.dtype = "auto", device: str = "cpu",
+                        cache_dir: str | Path | None = None, backend: str | None = None,
+                        threads: int | None = None, progress: bool = True) -> ModelExecutor:
+        """Load `model` (None = the default SmolLM2 GGUF, converted once into `cache_dir`; a HF
+        folder; a .gguf file; or a hub id) and size the KV pool from `config`.
+
+        Runs on a short-lived thread so that the engine thread's OpenMP team is the only one
+        afterwards (engine.execution.cpu explains why that halves small-batch step times)."""
+        def load() -> ModelExecutor:
+            if torch.device(device).type == "cpu":
+                torch.set_num_threads(threads or default_threads())
+            path = resolve_model(model, cache_dir, progress)
+            torch_dtype = choose_dtype(dtype, device)
+            net = load_model(path, torch_dtype, device)
+            net.pack_weights()
+            log.info("loaded %s as %s on %s", path, torch_dtype, device)
+            return cls(net, config or EngineConfig(), device, backend, read_eos_ids(path), path,
+                       threads)
+        return on_fresh_thread(load)
+
+    # --- Executor protocol ------------------------------------------------------------------
+
+    def run(self, batch: Batch) -> list[int | None]:
+        items = batch.items
+        out: list[int | None] = [None] * len(items)
+        if not items:
+            return out
+        with torch.inference_mode():
+            logits, sample_items = self.compute_logits(batch)
+            reqs = [items[i].request for i in sample_items]
+            tokens = self.sampler.sample(logits, [r.params for r in reqs], [r.id for r in reqs])
+        for i, tok in zip(sample_items, tokens):
+            out[i] = tok
+        return out
+
+    def release(self, request: Request) -> None:
+        self.sampler.release(request.id)
+
+    # --- the forward pass -------------------------------------------------------------------
+
+    def compute_logits(self, batch: Batch) -> tuple[torch.Tensor, list[int]]:
+        """Run the round's forward pass (writing its K/V) -> (logits [S, vocab], the indices
+        of the S items with `sample` set, in logits row order)."""
+        if self._bound_thread != threading.get_ident() and self.device.type == "cpu":
+            torch.set_num_threads(self.threads)
+            self._bound_thread = threading.get_ident()
+        items = batch.items
+        # single-token sequences first (stable), as AttentionInputs requires
+        order = sorted(range(len(items)), key=lambda i: items[i].num_tokens != 1)
+        ps = self.page_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_lens, kv_lens, tables, sample_rows, sample_items = [], [], [], [], []
+        for i in order:
+            it = items[i]
+            req, start, n = it.request, it.start, it.num_tokens
+            end = start + n
+            pages = req.pages
+            if end > len(pages) * ps:
+                raise ValueError(f"{req.id}: positions up to {end} need "
+                                 f"{-(-end // ps)} pages, page table has {len(pages)}")
+            if n == 1:
+                ids.append(req.token_at(start))
+                positions.append(start)
+                slots.append(pages[start // ps] * ps + start % ps)
+            else:
+                if end <= req.prompt_len:
+                    ids.extend(req.prompt_ids[start:end])
+                else:
+                    ids.extend(req.token_at(p) for p in range(start, end))
+                positions.extend(range(start, end))
+                slots.extend(pages[p // ps] * ps + p % ps for p in range(start, end))
+            query_lens.append(n)
+            kv_lens.append(end)
+            tables.append(pages)
+            if it.sample:
+                sample_rows.append(len(ids) - 1)
+                sample_items.append(i)
+        dev = self.device
+        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)
+        with torch.inference_mode():
+            self.attn.prepare(AttentionInputs(query_lens, kv_lens, tables, as_tensor(slots)))
+            logits = self.model(as_tensor(ids), as_tensor(positions), self.attn,
+                                as_tensor(sample_rows))
+        return logits, sample_items
+
+    # --- sizing ----------------------------------------------------------------
+
+    def kv_bytes_per_token(self) -> int:
+        cfg = self.model.config
+        return KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype)

@@ -1,0 +1,135 @@
+"""Tokenizer glue: prompts to ids, chat templates, EOS ids, and streaming text out.
+
+Streaming needs two small state machines, used off the scheduler thread:
+* IncrementalDetokenizer turns one token at a time into text deltas. Several byte-level
+  tokens may form one character; while the decoded text ends in U+FFFD (an incomplete UTF-8
+  sequence) it holds the text back. A few earlier ids are re-decoded each time so
+  tokenizers that drop a leading space when decoding a lone token still space correctly.
+* StopMatcher finds stop strings that may span tokens: it holds back any suffix that could
+  start a stop string and, on a match, returns the text before it.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def read_eos_ids(path: Path) -> frozenset[int]:
+    """EOS ids from config.json and generation_config.json (int or list in either)."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        f = Path(path) / name
+        if f.is_file():
+            value = json.loads(f.read_text()).get("eos_token_id")
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list):
+                ids.update(v for v in value if isinstance(v, int))
+    return frozenset(ids)
+
+
+REPLACEMENT = "\ufffd"
+CONTEXT_TOKENS = 4  # prompt ids kept as decode context for the first output token
+
+
+class Tokenizer:
+    def __init__(self, path: str | Path) -> None:
+        from transformers import AutoTokenizer
+
+        self.path = Path(path)
+        self.hf = AutoTokenizer.from_pretrained(str(path))
+        eos = set(read_eos_ids(self.path))
+        if self.hf.eos_token_id is not None:
+            eos.add(int(self.hf.eos_token_id))
+        self.eos_ids: frozenset[int] = frozenset(eos)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.hf, "chat_template", None))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: Sequence[dict[str, Any]],
+                            add_generation_prompt: bool = True) -> list[int]:
+        """[{role, content}, ...] -> prompt ids (the template supplies BOS and markers)."""
+        if not self.has_chat_template:
+            raise ValueError(f"the tokenizer in {self.path} has no chat template")
+        text = self.hf.apply_chat_template(list(messages), tokenize=False,
+                                           add_generation_prompt=add_generation_prompt)
+        return self.encode(text, add_special_tokens=False)
+
+    def detokenizer(self, prompt_ids: Sequence[int] = (),
+                    skip_special_tokens: bool = True) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self, prompt_ids, skip_special_tokens)
+
+
+class IncrementalDetokenizer:
+    """push(token) -> new text (possibly ""); flush() -> whatever was held back at the end."""
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (),
+                 skip_special_tokens: bool = True) -> None:
+        self._decode = tokenizer.decode
+        self._skip = skip_special_tokens
+        self._ids: list[int] = list(prompt_ids[-CONTEXT_TOKENS:])
+        self._prefix = 0  # first id of the decode window
+        self._read = len(self._ids)  # ids before this were already emitted
+
+    def _delta(self, final: bool) -> str:
+        before = self._decode(self._ids[self._prefix:self._read], self._skip)
+        now = self._decode(self._ids[self._prefix:], self._skip)
+        if not final and now.endswith(REPLACEMENT):
+            return ""  # mid-character: wait for the next token
+        if len(now) <= len(before):
+            return ""
+        self._prefix, self._read = self._read, len(self._ids)
+        return now[len(before):]
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        return self._delta(final=False)
+
+    def flush(self) -> str:
+        return self._delta(final=True)
+
+
+class StopMatcher:
+    """push(text) -> (text safe to emit, stopped). After a stop, everything else is dropped."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self._held = ""
+        self.stopped = False
+
+    def push(self, text: str) -> tuple[str, bool]:
+        if self.stopped:
+            return "", True
+        if not self.stops:
+            return text, False
+        buf = self._held + text
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.stopped, self._held = True, ""
+            return buf[:min(hits)], True
+        keep = 0  # longest suffix of buf that is a proper prefix of some stop string
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(buf)), keep, -1):
+                if buf.endswith(s[:n]):
+                    keep = n
+                    break
+        self._held = buf[len(buf) - keep:] if keep else ""
+        return buf[:len(buf) - keep], False
+
+    def flush(self) -> str:
+        """Text held back when the stream ends without a match."""
+        held, self._held = self._held, ""
+        return "" if self.stopped else held

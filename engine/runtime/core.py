@@ -1,0 +1,73 @@
+"""One engine round: select -> run -> process, over any executor.
+
+The engine thread and the simulator both drive this; neither knows the other exists.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.config import EngineConfig
+from engine.scheduling.batch import Batch, Executor
+from engine.scheduling.request import FinishReason, Request
+from engine.scheduling.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RoundRecord:
+    batch: Batch
+    tokens: list[int | None]
+    finished: list[Request]  # ended in this round (error included)
+    error: str | None
+    started: float
+    duration: float  # executor time
+    schedule_time: float  # select + process time
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, executor: Executor, clock: Callable[[], float],
+                 cache_outputs: bool = True) -> None:
+        self.scheduler = Scheduler(config, cache_outputs=cache_outputs)
+        self.executor = executor
+        self.clock = clock
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.scheduler.config
+
+    def submit(self, req: Request) -> None:
+        """Queue `req`; raises RequestError when it could never run."""
+        self.scheduler.add(req)
+
+    def cancel(self, request_id: str, reason: FinishReason = "cancelled") -> Request | None:
+        req = self.scheduler.cancel(request_id, self.clock(), reason)
+        if req is not None:
+            self.executor.release(req)
+        return req
+
+    def step(self) -> RoundRecord | None:
+        """Run one round; None when nothing can run."""
+        t0 = self.clock()
+        batch = self.scheduler.select(t0)
+        if batch is None:
+            return None
+        t1 = self.clock()
+        error = None
+        try:
+            tokens = self.executor.run(batch)
+        except Exception as exc:  # a failed round fails only its batch
+            log.exception("round failed")
+            error = f"{type(exc).__name__}: {exc}"
+            tokens = [None] * len(batch.items)
+        t2 = self.clock()
+        if error is None:
+            finished = self.scheduler.process(batch, tokens, t2)
+        else:
+            finished = self.scheduler.fail(batch, error, t2)
+        for req in finished:
+            self.executor.release(req)
+        t3 = self.clock()
+        return RoundRecord(batch, tokens, finished, error, t0, t2 - t1, (t1 - t0) + (t3 - t2))

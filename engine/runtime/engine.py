@@ -1,0 +1,268 @@
+"""The engine facade: a scheduler thread that owns all state, an inbox, and snapshots.
+
+Other threads call submit / cancel / snapshot; only the scheduler thread touches the
+scheduler. Events go out per request through its handle (design.md §6).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from engine.config import ADMISSIONS, POLICIES, EngineConfig
+from engine.runtime.core import EngineCore, RoundRecord
+from engine.runtime.events import (
+    Cancel,
+    FinalEvent,
+    Reconfigure,
+    Stop,
+    Submit,
+    Timings,
+    TokenEvent,
+    Usage,
+)
+from engine.runtime.handle import RequestHandle
+from engine.runtime.metrics import MetricsRecorder
+from engine.runtime.snapshot import EngineSnapshot, RequestView, RoundView
+from engine.runtime.snapshot_builder import build_snapshot, request_view, round_view
+from engine.scheduling.batch import Executor
+from engine.scheduling.request import Request, RequestError, SamplingParams, new_request_id
+
+if TYPE_CHECKING:
+    from engine.execution.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+Message = Submit | Cancel | Reconfigure | Stop
+
+
+class QueueFull(RuntimeError):
+    """A bound on queued work was hit; answer 429 with `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: int = 2) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, executor: Executor,
+                 tokenizer: Tokenizer | None = None, eos_ids: frozenset[int] = frozenset(),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids or (tokenizer.eos_ids if tokenizer is not None else frozenset())
+        self.clock = clock
+        self._core = EngineCore(config, executor, clock)
+        self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        self._handles: dict[str, RequestHandle] = {}  # live; written by callers, popped by thread
+        self._lock = threading.Lock()  # guards _handles and _per_owner across threads
+        self._per_owner: dict[str, int] = {}
+        self._metrics = MetricsRecorder()
+        self._rounds: deque[RoundView] = deque(maxlen=config.rounds_kept)
+        self._finished: deque[RequestView] = deque(maxlen=64)  # for inspection after the end
+        self._round_index = 0
+        self._snapshot = build_snapshot(self._core.scheduler, self._metrics, (), clock())
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread: threading.Thread | None = None
+        self.last_error: str | None = None
+        # Busy-round totals (seconds): whole round vs executor, for the scheduler's share.
+        self.round_time = 0.0
+        self.executor_time = 0.0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> Engine:
+        self._thread = threading.Thread(target=self._run, name="ferry-scheduler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop admitting, cancel what is live (partial output is kept), join the thread."""
+        if self._thread is None:
+            return
+        self._inbox.put(Stop())
+        self._thread.join(timeout)
+        self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- caller API (any thread) -------------------------------------------------------------
+    def submit(self, prompt_ids: list[int], params: SamplingParams, owner: str = "local",
+               request_id: str | None = None, owner_limit: int | None = None) -> RequestHandle:
+        """Queue a request. Raises RequestError (bad input, never fits) or QueueFull."""
+        if not self.alive:
+            raise RuntimeError("the engine is not running")
+        req = Request(list(prompt_ids), params, id=request_id or new_request_id(), owner=owner,
+                      arrival=self.clock(), eos_ids=self.eos_ids)
+        self._core.scheduler.validate(req)  # read-only: config and pool size
+        handle = RequestHandle(req.id, owner, req.prompt_ids, self.tokenizer, params.stop,
+                               self.cancel)
+        with self._lock:
+            if len(self._handles) >= self.config.max_waiting + self.config.max_running:
+                self._metrics.rejected += 1
+                raise QueueFull(f"the queue is full ({self.config.max_waiting} waiting)")
+            if owner_limit is not None and self._per_owner.get(owner, 0) >= owner_limit:
+                self._metrics.rejected += 1
+                raise QueueFull(f"{owner} already has {owner_limit} requests queued or running")
+            if req.id in self._handles:
+                raise RequestError(f"request id {req.id} is in use")
+            self._handles[req.id] = handle
+            self._per_owner[owner] = self._per_owner.get(owner, 0) + 1
+            self._idle.clear()
+        self._inbox.put(Submit(req))
+        return handle
+
+    def cancel(self, request_id: str, reason: str = "cancelled") -> bool:
+        """Ask to end a request; True when it was live. Applied at the next round boundary."""
+        with self._lock:
+            live = request_id in self._handles
+        if live:
+            self._inbox.put(Cancel(request_id, reason))  # type: ignore[arg-type]
+        return live
+
+    def reconfigure(self, policy: str | None = None, admission: str | None = None) -> None:
+        if policy is not None and policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}")
+        if admission is not None and admission not in ADMISSIONS:
+            raise ValueError(f"unknown admission order {admission!r}")
+        self._inbox.put(Reconfigure(policy, admission))
+
+    def snapshot(self) -> EngineSnapshot:
+        return self._snapshot
+
+    def handle(self, request_id: str) -> RequestHandle | None:
+        with self._lock:
+            return self._handles.get(request_id)
+
+    def live_ids(self, owner: str | None = None) -> list[str]:
+        with self._lock:
+            return [h.id for h in self._handles.values() if owner is None or h.owner == owner]
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Block until nothing is live and the accounting was checked (tests, shutdown)."""
+        return self._idle.wait(timeout)
+
+    # -- the scheduler thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        scheduler = self._core.scheduler
+        while True:
+            messages = self._receive(block=not scheduler.has_work)
+            started = self.clock()
+            if any(isinstance(m, Stop) for m in messages):
+                self._shutdown(messages)
+                return
+            for message in messages:
+                self._apply(message)
+            record = self._core.step()
+            if record is not None:
+                self._after_round(record)
+            if not scheduler.has_work:
+                self._check_idle()
+            self._publish()
+            if record is not None:
+                self.round_time += self.clock() - started
+                self.executor_time += record.duration
+
+    def _receive(self, block: bool) -> list[Message]:
+        messages: list[Message] = []
+        if block:
+            messages.append(self._inbox.get())
+        while True:
+            try:
+                messages.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return messages
+
+    def _apply(self, message: Message) -> None:
+        if isinstance(message, Submit):
+            try:
+                self._core.submit(message.request)
+            except RequestError as exc:
+                self._end(message.request, "error", str(exc))
+        elif isinstance(message, Cancel):
+            req = self._core.cancel(message.request_id, message.reason)
+            if req is not None:
+                self._end(req, req.finish_reason or "cancelled", None)
+        elif isinstance(message, Reconfigure):
+            changes = {k: v for k, v in (("policy", message.policy),
+                                          ("admission", message.admission)) if v}
+            if changes:
+                # frozen config: the scheduler and this facade share the new value
+                self.config = dataclasses.replace(self.config, **changes)
+                self._core.scheduler.config = self.config
+
+    def _after_round(self, record: RoundRecord) -> None:
+        self._rounds.append(round_view(self._round_index, record))
+        self._round_index += 1
+        now = self.clock()
+        out = prefill = 0
+        for item, token in zip(record.batch.items, record.tokens):
+            if not item.is_decode:
+                prefill += item.num_tokens
+            if token is not None and record.error is None:
+                out += 1
+                req = item.request
+                self._metrics.on_token(req, now)
+                handle = self.handle(req.id)
+                if handle is not None:
+                    handle.put(TokenEvent((token,)))
+        self._metrics.on_round(now, out, prefill)
+        for req in record.finished:
+            self._end(req, req.finish_reason or "error", req.error)
+        if record.error is not None:
+            self.last_error = record.error
+
+    def _end(self, req: Request, reason: str, error: str | None) -> None:
+        req.finish_reason = reason  # type: ignore[assignment]
+        if req.finished_at is None:
+            req.finished_at = self.clock()
+        self._metrics.on_finish(req)
+        self._finished.append(request_view(req, self.clock(), self.config.max_prefill_tokens))
+        with self._lock:
+            handle = self._handles.pop(req.id, None)
+            if handle is not None:
+                self._per_owner[handle.owner] -= 1
+                if not self._per_owner[handle.owner]:
+                    del self._per_owner[handle.owner]
+        if handle is not None:
+            handle.put(final_event(req, error))
+
+    def _check_idle(self) -> None:
+        self._core.scheduler.check_accounting()
+        with self._lock:
+            if not self._handles:
+                self._idle.set()
+
+    def _publish(self) -> None:
+        self._snapshot = build_snapshot(self._core.scheduler, self._metrics,
+                                        tuple(self._rounds), self.clock(), tuple(self._finished))
+
+    def _shutdown(self, messages: list[Message]) -> None:
+        for message in messages:  # submits that raced the stop are refused, not lost
+            if isinstance(message, Submit):
+                self._end(message.request, "cancelled", "the server is shutting down")
+        for req in list(self._core.scheduler.live.values()):
+            self._core.cancel(req.id)
+            self._end(req, "cancelled", None)
+        self._check_idle()
+        self._publish()
+
+
+def final_event(req: Request, error: str | None) -> FinalEvent:
+    start = req.arrival
+    end = req.finished_at if req.finished_at is not None else start
+    tpot = None
+    if req.first_token_at is not None and req.num_outputs > 1:
+        tpot = ((req.last_token_at or end) - req.first_token_at) / (req.num_outputs - 1)
+    timings = Timings(
+        queued=(req.admitted_at if req.admitted_at is not None else end) - start,
+        ttft=None if req.first_token_at is None else req.first_token_at - start,
+        tpot=tpot, total=end - start)
+    usage = Usage(req.prompt_len, req.num_outputs, req.num_cached)
+    return FinalEvent(req.finish_reason or "error", usage, timings, error)

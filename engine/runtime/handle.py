@@ -1,0 +1,113 @@
+"""The consumer side of one request: events from the scheduler thread, text for the caller.
+
+Detokenizing and stop-string matching happen here, off the scheduler thread (design §6).
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from engine.runtime.events import FinalEvent, TokenEvent
+
+if TYPE_CHECKING:
+    from engine.execution.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+    token_ids: tuple[int, ...]
+
+
+Event = TextDelta | FinalEvent
+
+
+class RequestHandle:
+    def __init__(self, request_id: str, owner: str, prompt_ids: list[int],
+                 tokenizer: Tokenizer | None, stop: tuple[str, ...],
+                 cancel: Callable[[str, str], bool]) -> None:
+        self.id = request_id
+        self.owner = owner
+        self.prompt_tokens = len(prompt_ids)
+        self.created = time.time()
+        self.text = ""  # everything emitted so far (for reattaching streams)
+        self.token_ids: list[int] = []
+        self.final: FinalEvent | None = None
+        self._cancel = cancel
+        self._detok = tokenizer.detokenizer(prompt_ids) if tokenizer is not None else None
+        if stop:
+            from engine.execution.tokenizer import StopMatcher
+            self._stop: StopMatcher | None = StopMatcher(stop)
+        else:
+            self._stop = None
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        self._aqueue: asyncio.Queue[object] | None = asyncio.Queue() if self._loop else None
+        self._squeue: queue.SimpleQueue[object] = queue.SimpleQueue()
+
+    # -- producer side (scheduler thread) ------------------------------------------------
+    def put(self, event: TokenEvent | FinalEvent) -> None:
+        if self._loop is not None and self._aqueue is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._aqueue.put_nowait, event)
+            except RuntimeError:  # the consumer's loop is gone: nobody listens
+                pass
+        else:
+            self._squeue.put(event)
+
+    # -- consumer side -------------------------------------------------------------------
+    def cancel(self) -> bool:
+        return self._cancel(self.id, "cancelled")
+
+    def _translate(self, event: object) -> Event | None:
+        if isinstance(event, FinalEvent):
+            tail = self._detok.flush() if self._detok is not None and not self._stopped else ""
+            if self._stop is not None:
+                tail, _ = self._stop.push(tail)
+                tail += self._stop.flush()
+            if self._stopped and event.finish_reason not in ("stop", "error"):
+                event = replace(event, finish_reason="stop")  # a stop string ended it
+            self.final = event
+            if tail:
+                self.text += tail
+            return event if not tail else TextDelta(tail, ())
+        assert isinstance(event, TokenEvent)
+        if self._stopped:
+            return None  # generated after the stop string, before the cancel landed
+        self.token_ids.extend(event.token_ids)
+        text = "".join(self._detok.push(t) for t in event.token_ids) if self._detok else ""
+        if self._stop is not None:
+            text, hit = self._stop.push(text)
+            if hit:
+                self._cancel(self.id, "stop")
+        self.text += text
+        return TextDelta(text, event.token_ids)
+
+    @property
+    def _stopped(self) -> bool:
+        return self._stop is not None and self._stop.stopped
+
+    def _drain(self, event: object) -> Iterator[Event]:
+        out = self._translate(event)
+        if isinstance(out, TextDelta) and self.final is not None:
+            yield out  # the tail text, then the final event itself
+            yield self.final
+        elif out is not None:
+            yield out
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        assert self._aqueue is not None, "iterate with events() outside an event loop"
+        while self.final is None:
+            for out in self._drain(await self._aqueue.get()):
+                yield out
+
+    def events(self, timeout: float | None = None) -> Iterator[Event]:
+        """Blocking iteration, for handles made outside an event loop (bench, tests)."""
+        while self.final is None:
+            yield from self._drain(self._squeue.get(timeout=timeout))

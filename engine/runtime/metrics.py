@@ -1,0 +1,104 @@
+"""Engine metrics (design.md §7), recorded on the scheduler thread, read through snapshots."""
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.runtime.snapshot import MetricsView
+from engine.scheduling.request import Request
+
+# Prometheus-style bucket bounds in seconds, shared by the TTFT and ITL histograms.
+LATENCY_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+                                      1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+
+
+@dataclass(slots=True)
+class Histogram:
+    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    total: float = 0.0
+    n: int = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BUCKETS, value)] += 1
+        self.total += value
+        self.n += 1
+
+    def cumulative(self) -> tuple[tuple[float, int], ...]:
+        out, acc = [], 0
+        for bound, count in zip((*LATENCY_BUCKETS, float("inf")), self.counts):
+            acc += count
+            out.append((bound, acc))
+        return tuple(out)
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+class MetricsRecorder:
+    def __init__(self, window: float = 10.0, history_step: float = 5.0,
+                 history_len: int = 72) -> None:
+        self.window = window  # seconds for the rates and percentiles
+        self.history_step = history_step  # one chart point per step (6 minutes by default)
+        self.rounds: deque[tuple[float, int, int]] = deque()  # (time, output, prefill tokens)
+        self.ttfts: deque[tuple[float, float]] = deque()
+        self.itls: deque[tuple[float, float]] = deque()
+        self.history: deque[tuple[float, float, float | None, float | None]] = deque(
+            maxlen=history_len)
+        self.ttft_hist = Histogram()
+        self.itl_hist = Histogram()
+        self.completed = self.cancelled = self.errors = self.rejected = 0
+        self.output_total = self.prefill_total = 0
+        self._next_point = 0.0
+
+    def on_round(self, now: float, output_tokens: int, prefill_tokens: int) -> None:
+        self.rounds.append((now, output_tokens, prefill_tokens))
+        self.output_total += output_tokens
+        self.prefill_total += prefill_tokens
+
+    def on_token(self, req: Request, now: float) -> None:
+        if req.num_outputs == 1:
+            ttft = now - req.arrival
+            self.ttfts.append((now, ttft))
+            self.ttft_hist.observe(ttft)
+        elif req.itl is not None:
+            self.itls.append((now, req.itl))
+            self.itl_hist.observe(req.itl)
+
+    def on_finish(self, req: Request) -> None:
+        if req.finish_reason == "cancelled":
+            self.cancelled += 1
+        elif req.finish_reason == "error":
+            self.errors += 1
+        else:
+            self.completed += 1
+
+    def _trim(self, now: float) -> None:
+        edge = now - self.window
+        for q in (self.rounds, self.ttfts, self.itls):
+            while q and q[0][0] < edge:
+                q.popleft()
+
+    def view(self, now: float) -> MetricsView:
+        self._trim(now)
+        span = self.window
+        out_rate = sum(r[1] for r in self.rounds) / span
+        pre_rate = sum(r[2] for r in self.rounds) / span
+        ttfts = [v for _, v in self.ttfts]
+        itls = [v for _, v in self.itls]
+        if now >= self._next_point:  # a chart point every history_step seconds
+            self.history.append((now, out_rate, _percentile(ttfts, 0.5), _percentile(itls, 0.5)))
+            self._next_point = now + self.history_step
+        return MetricsView(
+            output_tokens_per_s=out_rate, prefill_tokens_per_s=pre_rate,
+            ttft_p50=_percentile(ttfts, 0.5), ttft_p95=_percentile(ttfts, 0.95),
+            itl_p50=_percentile(itls, 0.5), itl_p95=_percentile(itls, 0.95),
+            completed=self.completed, cancelled=self.cancelled, errors=self.errors,
+            rejected=self.rejected, output_tokens_total=self.output_total,
+            prefill_tokens_total=self.prefill_total, history=tuple(self.history),
+            ttft_buckets=self.ttft_hist.cumulative(), ttft_sum=self.ttft_hist.total,
+            itl_buckets=self.itl_hist.cumulative(), itl_sum=self.itl_hist.total)

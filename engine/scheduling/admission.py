@@ -1,0 +1,92 @@
+"""Admission checks in the chapter's order (budget, slot, KV) and why a request waits."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from engine.config import EngineConfig
+from engine.scheduling.kv_accounting import KVAccounting, PrefixMatch
+from engine.scheduling.request import Request, RequestState
+from engine.scheduling.slots import SlotTable
+
+
+@dataclass(frozen=True, slots=True)
+class WaitReason:
+    code: str  # budget | slot | kv | behind | chunk
+    text: str
+
+
+def reservation(req: Request, page_size: int) -> int:
+    """KV positions promised to an admitted request: what it may still write, page slack included."""
+    return (max(0, len(req.prompt_ids) - req.num_computed) + req.params.max_tokens
+            - len(req.output_ids) + page_size - 1)
+
+
+def kv_need(req: Request, match: PrefixMatch, page_size: int) -> int:
+    """A candidate's estimate: uncached prompt + max output (+ page slack, 0 when page_size=1)."""
+    return req.prompt_len - match.num_tokens + req.params.max_tokens + page_size - 1
+
+
+class Admission:
+    """The checks of one round. `reserved` grows as requests are admitted in the round."""
+
+    def __init__(self, config: EngineConfig, kv: KVAccounting, slots: SlotTable,
+                 admitted: list[Request]) -> None:
+        self.config = config
+        self.kv = kv
+        self.free_slots = slots.num_free
+        self.reserved = sum(reservation(r, config.page_size) for r in admitted)
+        self.held_back = 0  # dry runs: positions a would-be-admitted request would take
+
+    def refuse(self, req: Request, match: PrefixMatch, budget: int) -> WaitReason | None:
+        """The first failing check for a not-yet-admitted request, or None if it may enter."""
+        cfg = self.config
+        if budget <= 0:
+            return WaitReason("budget", f"prefill budget of {cfg.max_prefill_tokens} tokens "
+                                        "is used up this round")
+        if self.free_slots <= 0:
+            return WaitReason("slot", f"{cfg.max_running} of {cfg.max_running} slots in use")
+        need = kv_need(req, match, cfg.page_size) + self.reserved
+        available = self.kv.available_with(match) - self.held_back
+        if need > available:
+            return WaitReason("kv", f"needs {need} KV positions ({self.reserved} reserved for "
+                                    f"admitted requests), {available} available")
+        return None
+
+    def admitted(self, req: Request) -> None:
+        self.free_slots -= 1
+        self.reserved += reservation(req, self.config.page_size)
+
+    def explain(self, order: Iterable[Request], budget: int,
+                decode_turn: bool) -> dict[str, WaitReason]:
+        """Dry run of the next round's admission (no state changes) for the dashboard."""
+        reasons: dict[str, WaitReason] = {}
+        blocker: Request | None = None
+        for req in order:
+            if req.state is RequestState.CHUNKED:
+                chunks = req.num_chunks + -(-req.prefill_left // self.config.max_prefill_tokens)
+                reasons[req.id] = WaitReason(
+                    "chunk", f"prefill chunk {req.num_chunks + 1} of {chunks}: "
+                             f"{req.num_computed} of {req.prompt_len} prompt tokens done")
+                budget -= min(max(budget, 0), req.prefill_left)
+                continue
+            if blocker is not None:
+                reasons[req.id] = WaitReason("behind", f"behind request {blocker.id}")
+                continue
+            if decode_turn:
+                reasons[req.id] = WaitReason("turn", "a decode round of the running requests "
+                                                     "comes first (interleave policy)")
+                blocker = req
+                continue
+            match = self.kv.match(req, touch=False)
+            reason = self.refuse(req, match, budget)
+            if reason is None:
+                reasons[req.id] = WaitReason("next", "fits: admitted at the next round")
+                self.admitted(req)
+                self.held_back += self.kv.available_with(PrefixMatch(None, [], 0)) \
+                    - self.kv.available_with(match)
+                budget -= req.prompt_len - match.num_tokens
+                continue
+            reasons[req.id] = reason
+            blocker = req
+        return reasons

@@ -1,0 +1,232 @@
+"""The scheduler: waiting queue, running set, admission, and result processing.
+
+Pure bookkeeping over ints (no torch): `select` forms a round's batch, the executor runs it,
+`process` applies the sampled tokens. Rules are design.md §3, the chapter made exact.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from engine.config import EngineConfig
+from engine.scheduling.admission import Admission, WaitReason, reservation
+from engine.scheduling.batch import Batch, BatchItem
+from engine.scheduling.kv_accounting import KVAccounting
+from engine.scheduling.request import FinishReason, Request, RequestError, RequestState
+from engine.scheduling.slots import SlotTable
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, cache_outputs: bool = True) -> None:
+        self.config = config
+        self.kv = KVAccounting(config.num_pages, config.page_size, config.prefix_cache, cache_outputs)
+        self.slots = SlotTable(config.max_running)
+        self.waiting: list[Request] = []  # arrival order; mid-chunk requests kept in front
+        self.running: list[Request] = []  # prefill done, decoding; by admission
+        self.chunked: list[Request] = []  # admitted, prompt not done (also in `waiting`)
+        self.live: dict[str, Request] = {}
+        self.last_phase: str | None = None
+        self._last_owner: str | None = None  # for fair round-robin
+
+    # -- messages --------------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        """Queue a request, or refuse it at once if it could never run."""
+        self.validate(req)
+        if req.id in self.live:
+            raise RequestError(f"duplicate request id {req.id}")
+        req.state = RequestState.WAITING
+        self.waiting.append(req)
+        self.live[req.id] = req
+
+    def validate(self, req: Request) -> None:
+        """Raise RequestError when `req` could never run (reads only the configuration)."""
+        cfg = self.config
+        need = req.prompt_len + req.params.max_tokens
+        if req.prompt_len == 0:
+            raise RequestError("the prompt is empty")
+        if need > cfg.max_context:
+            raise RequestError(
+                f"prompt ({req.prompt_len} tokens) + max_tokens ({req.params.max_tokens}) = "
+                f"{need} exceeds the context of {cfg.max_context} tokens")
+        if need + cfg.page_size - 1 > self.kv.total:
+            raise RequestError(
+                f"prompt ({req.prompt_len} tokens) + max_tokens ({req.params.max_tokens}) = "
+                f"{need} can never fit the KV pool of {self.kv.total} positions")
+
+    def cancel(self, request_id: str, now: float,
+               reason: FinishReason = "cancelled") -> Request | None:
+        """Finish a live request; returns it, or None when there was nothing to cancel."""
+        req = self.live.get(request_id)
+        if req is None:
+            return None
+        self.finish(req, reason, now)
+        return req
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.live)
+
+    # -- select ----------------------------------------------------------------------------
+    def select(self, now: float) -> Batch | None:
+        cfg = self.config
+        decodes = [BatchItem(r, r.num_computed, 1, True) for r in self._by_arrival(self.running)]
+        if cfg.policy == "interleave" and self.last_phase == "prefill" and decodes:
+            return self._finalize(Batch("decode", tuple(decodes)))
+        budget = cfg.max_prefill_tokens - (len(decodes) if cfg.policy == "mixed" else 0)
+        prefills = self._admit(budget, now)
+        if cfg.policy == "mixed" and (decodes or prefills):
+            phase = "mixed" if decodes and prefills else ("decode" if decodes else "prefill")
+            return self._finalize(Batch(phase, tuple(decodes + prefills)))
+        if prefills:
+            return self._finalize(Batch("prefill", tuple(prefills)))
+        if decodes:
+            return self._finalize(Batch("decode", tuple(decodes)))
+        return None
+
+    def _admit(self, budget: int, now: float) -> list[BatchItem]:
+        """Walk the waiting queue from its head; stop at the first request that fails a check."""
+        check = Admission(self.config, self.kv, self.slots, self._admitted())
+        items: list[BatchItem] = []
+        for req in self._ordered_waiting():
+            if budget <= 0:
+                break
+            if req.state is RequestState.WAITING:
+                match = self.kv.match(req)
+                if check.refuse(req, match, budget) is not None:
+                    break
+                self.kv.admit(req, match)
+                req.slot = self.slots.allocate(req.id)
+                req.state = RequestState.CHUNKED
+                self.chunked.append(req)
+                req.admitted_at = now
+                self._last_owner = req.owner
+                check.admitted(req)
+            take = min(budget, req.prefill_left)
+            budget -= take
+            items.append(BatchItem(req, req.num_computed, take, take == req.prefill_left))
+        return items
+
+    def _finalize(self, batch: Batch) -> Batch:
+        # Pages are allocated once selection is done, so admission sees one consistent state.
+        for item in batch.items:
+            self.kv.grow(item.request, item.start + item.num_tokens)
+        return batch
+
+    # -- process ---------------------------------------------------------------------------
+    def process(self, batch: Batch, tokens: list[int | None], now: float) -> list[Request]:
+        """Apply one round's results; returns the requests that finished in it."""
+        finished: list[Request] = []
+        for item, token in zip(batch.items, tokens, strict=True):
+            req = item.request
+            req.num_computed = item.start + item.num_tokens
+            if req.state is RequestState.CHUNKED:
+                req.num_chunks += 1
+                if req.num_computed >= req.prompt_len:
+                    self._prompt_done(req)
+            if item.sample:
+                assert token is not None, f"executor sampled nothing for {req.id}"
+                reason = self._append(req, token, now)
+                if reason is not None:
+                    self.finish(req, reason, now)
+                    finished.append(req)
+        self.last_phase = batch.phase
+        return finished
+
+    def fail(self, batch: Batch, error: str, now: float) -> list[Request]:
+        """A round raised: its requests end with reason `error`; nothing of it is cached."""
+        failed = []
+        for item in batch.items:
+            if not item.request.is_finished:
+                item.request.error = error
+                self.finish(item.request, "error", now)
+                failed.append(item.request)
+        self.last_phase = batch.phase
+        return failed
+
+    def _prompt_done(self, req: Request) -> None:
+        self.waiting.remove(req)
+        self.chunked.remove(req)
+        req.state = RequestState.RUNNING
+        self.running.append(req)
+        self.kv.prompt_done(req)
+
+    @staticmethod
+    def _append(req: Request, token: int, now: float) -> FinishReason | None:
+        if req.first_token_at is None:
+            req.first_token_at = now
+        else:
+            req.itl = now - (req.last_token_at or now)
+        req.last_token_at = now
+        req.output_ids.append(token)
+        if token in req.eos_ids and not req.params.ignore_eos:
+            return "stop"
+        if req.num_outputs >= req.params.max_tokens:
+            return "length"
+        return None
+
+    def finish(self, req: Request, reason: FinishReason, now: float) -> None:
+        """End a request in this round: slot, pages and reservation are released."""
+        if req.state is RequestState.RUNNING:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+            if req.state is RequestState.CHUNKED:
+                self.chunked.remove(req)
+        if req.slot is not None:
+            self.slots.free(req.slot)
+            req.slot = None
+            self.kv.release(req, keep=reason != "error")
+        req.state = RequestState.FINISHED
+        req.finish_reason = reason
+        req.finished_at = now
+        del self.live[req.id]
+
+    # -- order and explanations ------------------------------------------------------------
+    def _admitted(self) -> list[Request]:
+        return self.running + self.chunked
+
+    @staticmethod
+    def _by_arrival(reqs: list[Request]) -> list[Request]:
+        return sorted(reqs, key=lambda r: r.arrival)  # stable: ties keep admission order
+
+    def _ordered_waiting(self) -> Iterator[Request]:
+        """Mid-chunk requests first, then FIFO or round-robin across owners."""
+        if self.config.admission == "fifo":
+            yield from self.waiting  # mid-chunk requests are already in front
+            return
+        queues: dict[str, list[Request]] = {}
+        for req in self.waiting:
+            if req.state is RequestState.CHUNKED:
+                yield req
+            else:
+                queues.setdefault(req.owner, []).append(req)
+        owners = list(queues)
+        if self._last_owner in queues:  # start after the owner served last
+            i = owners.index(self._last_owner) + 1
+            owners = owners[i:] + owners[:i]
+        depth = 0
+        while owners:
+            owners = [o for o in owners if depth < len(queues[o])]
+            for owner in owners:
+                yield queues[owner][depth]
+            depth += 1
+
+    def ordered_waiting(self) -> list[Request]:
+        return list(self._ordered_waiting())
+
+    def wait_reasons(self) -> dict[str, WaitReason]:
+        """Why each waiting request waits now: a dry run of the next round's admission."""
+        cfg = self.config
+        check = Admission(cfg, self.kv, self.slots, self._admitted())
+        decode_turn = (cfg.policy == "interleave" and self.last_phase == "prefill"
+                       and bool(self.running))
+        budget = cfg.max_prefill_tokens - (len(self.running) if cfg.policy == "mixed" else 0)
+        return check.explain(self._ordered_waiting(), budget, decode_turn)
+
+    def check_accounting(self) -> None:
+        admitted = self._admitted()
+        assert len(admitted) + self.slots.num_free == self.config.max_running, "slot leak"
+        assert all(not r.is_finished for r in admitted), "a finished request holds a slot"
+        self.kv.check(admitted)
+
+    def reservations(self) -> int:
+        return sum(reservation(r, self.config.page_size) for r in self._admitted())

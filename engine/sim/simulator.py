@@ -1,0 +1,188 @@
+"""`ferry simulate`: the real scheduler against a simulated executor in virtual time.
+
+Round k runs from boundary k to k + 1; arrivals and cancels are seen at boundaries; a
+boundary where nothing can run prints no round (idle time is skipped).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import fields
+from typing import Any
+
+from engine.config import POLICIES, EngineConfig
+from engine.runtime.core import EngineCore
+from engine.scheduling.batch import Batch
+from engine.scheduling.request import Request, RequestError, SamplingParams
+from engine.sim.scenario import Scenario, ScenarioError, SimRequest, load
+
+SIM_EOS = -1  # never a prompt id
+SIM_TOKEN = 0
+
+
+class SimExecutor:
+    """Samples SIM_TOKEN, or SIM_EOS as the request's `eos_at`-th output token."""
+
+    def __init__(self, eos_at: dict[str, int]) -> None:
+        self.eos_at = eos_at
+
+    def run(self, batch: Batch) -> list[int | None]:
+        return [(SIM_EOS if self.eos_at.get(it.request.id) == it.request.num_outputs + 1
+                 else SIM_TOKEN) if it.sample else None for it in batch.items]
+
+    def release(self, request: Request) -> None:
+        pass
+
+
+class Simulation:
+    def __init__(self, scenario: Scenario, detail: bool = True) -> None:
+        self.scenario = scenario
+        self.detail = detail
+        self.boundary = 0
+        self.core = EngineCore(scenario.engine,
+                               SimExecutor({r.id: r.eos_at for r in scenario.requests if r.eos_at}),
+                               clock=lambda: float(self.boundary), cache_outputs=False)
+        self.requests: dict[str, Request] = {}
+        self.result: dict[str, dict[str, Any]] = {}
+        self.rounds: list[dict[str, Any]] = []
+        self._pending_finished: list[str] = []
+
+    def run(self) -> dict[str, Any]:
+        arrivals = sorted(self.scenario.requests, key=lambda r: r.arrive)  # stable: file order
+        # By the time a cancel takes effect (never before its request arrives), so that a
+        # cancel sent before a late arrival does not hold back the cancels after it.
+        cancels = sorted((r for r in arrivals if r.cancel_at is not None),
+                         key=lambda r: max(r.cancel_at, r.arrive))  # type: ignore[type-var]
+        a = c = 0
+        num_rounds = 0
+        while True:
+            k = self.boundary
+            while a < len(arrivals) and arrivals[a].arrive <= k:
+                self._submit(arrivals[a])
+                a += 1
+            while c < len(cancels) and max(cancels[c].cancel_at, cancels[c].arrive) <= k:  # type: ignore[type-var]
+                if self.core.cancel(cancels[c].id) is not None:
+                    self._pending_finished.append(cancels[c].id)
+                c += 1
+            record = self.core.step()
+            if record is None:
+                times = [arrivals[a].arrive] if a < len(arrivals) else []
+                if c < len(cancels):
+                    times.append(max(cancels[c].cancel_at, cancels[c].arrive))  # type: ignore[type-var]
+                if not times:
+                    break
+                assert not self.core.scheduler.running, "idle with running requests"
+                self.boundary = max(k + 1, math.ceil(min(times)))
+                continue
+            num_rounds += 1
+            finished = self._pending_finished + [r.id for r in record.finished]
+            self._pending_finished = []
+            if self.detail:
+                self.rounds.append(self._round_json(k, record.batch, finished, arrivals, a))
+            self.boundary = k + 1
+        self.core.scheduler.check_accounting()
+        for rid, req in self.requests.items():
+            # The clock reads the boundary index during a round, so times are round numbers.
+            self.result[rid].update(
+                first_token_round=None if req.first_token_at is None else int(req.first_token_at),
+                finish_round=None if req.finished_at is None else int(req.finished_at),
+                finish_reason=req.finish_reason, output_tokens=req.num_outputs)
+        out: dict[str, Any] = {"rounds": self.rounds if self.detail else num_rounds}
+        out["requests"] = self.result
+        return out
+
+    def _submit(self, sim: SimRequest) -> None:
+        params = SamplingParams(max_tokens=sim.output, ignore_eos=sim.ignore_eos)
+        req = Request(list(sim.prompt_ids), params, id=sim.id, owner=sim.user,
+                      arrival=sim.arrive, eos_ids=frozenset({SIM_EOS}))
+        self.requests[sim.id] = req
+        self.result[sim.id] = {}
+        try:
+            self.core.submit(req)
+        except RequestError as exc:  # could never run: fail at once, never block the queue
+            req.finish_reason, req.finished_at, req.error = "error", float(self.boundary), str(exc)
+            self.result[sim.id]["error"] = str(exc)
+            self._pending_finished.append(sim.id)
+
+    def _round_json(self, k: int, batch: Batch, finished: list[str],
+                    arrivals: list[SimRequest], visible: int) -> dict[str, Any]:
+        sched = self.core.scheduler
+        waiting = [r.id for r in sched.ordered_waiting()]
+        # Requests arriving during the round join the queue at the next boundary.
+        waiting += [r.id for r in arrivals[visible:] if r.arrive < k + 1]
+        reasons = {rid: {"code": w.code, "text": w.text} for rid, w in sched.wait_reasons().items()}
+        for rid in waiting:
+            reasons.setdefault(rid, {"code": "arriving", "text": f"arrived during round {k}"})
+        return {
+            "round": k, "phase": batch.phase,
+            "batch": [{"id": it.request.id, "tokens": it.num_tokens} for it in batch.items],
+            "outputs": {r.id: (self.requests[r.id].num_outputs if r.id in self.requests else 0)
+                        for r in self.scenario.requests},
+            "finished": finished,
+            "running": [r.id for r in sched.running],
+            "waiting": waiting, "waiting_reasons": reasons,
+            "free_slots": sched.slots.num_free, "kv_used": sched.kv.held,
+        }
+
+
+def simulate(scenario: Scenario, detail: bool = True) -> dict[str, Any]:
+    return Simulation(scenario, detail).run()
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """A chapter-style table: one line per round."""
+    head = f"{'round':>5}  {'phase':<8} {'batch':<24} {'running':<14} {'waiting (why)':<30} finished"
+    lines = [head, "-" * len(head)]
+    for r in result["rounds"]:
+        batch = " ".join(f"{b['id']}:{b['tokens']}" for b in r["batch"])
+        waiting = " ".join(f"{w}({r['waiting_reasons'][w]['code']})" for w in r["waiting"])
+        lines.append(f"{r['round']:>5}  {r['phase']:<8} {batch:<24} {' '.join(r['running']) or '-':<14} "
+                     f"{waiting or '-':<30} {' '.join(r['finished']) or '-'}")
+    lines.append("")
+    lines.append(f"{'request':<10} {'first token':>11} {'finished':>8}  reason     outputs")
+    for rid, q in result["requests"].items():
+        ftr = "-" if q["first_token_round"] is None else q["first_token_round"]
+        fin = "-" if q["finish_round"] is None else q["finish_round"]
+        lines.append(f"{rid:<10} {ftr:>11} {fin:>8}  {q['finish_reason'] or '-':<10} {q['output_tokens']}")
+    return "\n".join(lines)
+
+
+def _defaults() -> str:
+    d = EngineConfig()
+    return ", ".join(f"{f.name}={getattr(d, f.name)!r}" for f in fields(EngineConfig))
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="ferry simulate")
+    parser.description = (
+        "Run a scenario file through the real scheduler, KV accounting and prefix cache with a "
+        "simulated executor (one round = one unit of virtual time; no model, no torch). "
+        f"Engine fields left out of the file take the defaults: {_defaults()}.")
+    parser.add_argument("file", help="scenario JSON: {\"engine\": {...}, \"requests\": [...]}")
+    out = parser.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print every round as JSON")
+    out.add_argument("--summary", action="store_true",
+                     help="print only the round count and per-request results (large runs)")
+    parser.add_argument("--policy", choices=POLICIES, help="override the file's policy")
+    return parser
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    try:
+        scenario = load(args.file, args.policy)
+    except ScenarioError as exc:
+        print(f"ferry simulate: {exc}", file=sys.stderr)
+        return 2
+    result = simulate(scenario, detail=not args.summary)
+    if args.json or args.summary:
+        json.dump(result, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print(format_table(result))
+    return 0
+
+
+def cli(argv: list[str]) -> int:
+    return run_cli(build_parser().parse_args(argv))

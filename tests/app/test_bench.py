@@ -1,0 +1,83 @@
+"""`ferry bench` end to end: a real engine and Hugging Face `generate` on a tiny random Llama.
+
+The figures themselves are machine-dependent and not asserted (speed is measured by running
+the command, not in tests); what is checked is that every system ran the whole workload, the
+report has its rows and ratios, and bad arguments fail at once with a clear message.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path)
+    return path
+
+
+def bench(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "FERRY_HOME": str(home)}
+    ferry = Path(sys.executable).with_name("ferry")  # the venv's entry point
+    return subprocess.run([str(ferry), "bench", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_bench_with_hf_baseline_reports_every_system(tiny_llama: Path, tmp_path: Path) -> None:
+    done = bench(tmp_path, "--model", str(tiny_llama), "--requests", "4", "--concurrency", "2",
+                 "--prompt", "8", "--output", "6", "--baseline", "hf", "--baseline-requests",
+                 "2", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["workload"]["requests"] == 4 and report["dtype"] == "float32"
+    assert report["kernels"]
+    systems = [r["system"] for r in report["results"]]
+    assert systems[0] == "ferry (continuous batching)"
+    assert "ferry, one request alone" in systems
+    assert any(s.startswith("hf generate, one at a time") for s in systems)
+    assert any(s.startswith("hf generate, static batches") for s in systems)
+    for row in report["results"]:
+        assert row["output_tok_s"] > 0 and row["itl_p50_ms"] > 0, row
+    ferry = report["results"][0]
+    assert ferry["requests"] == 4 and 0 <= ferry["scheduler_share_pct"] < 100
+    assert set(report["ratios"]) == {"ferry / hf one-at-a-time (output tok/s)",
+                                     "single request / hf batch 1 (decode tok/s)",
+                                     "ferry / hf static batches (output tok/s)"}
+    assert all(v > 0 for v in report["ratios"].values())
+
+
+def test_bench_table_in_bf16(tiny_llama: Path, tmp_path: Path) -> None:
+    done = bench(tmp_path, "--model", str(tiny_llama), "--requests", "3", "--concurrency", "3",
+                 "--prompt", "5", "--output", "4", "--dtype", "bfloat16")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("workload: 3 requests, prompt 5, output 4") and \
+        "dtype bfloat16" in lines[0] and "CPU kernels" in lines[0]
+    assert lines[1].startswith("| system | out tok/s |")
+    assert any(line.startswith("| ferry (continuous batching) |") for line in lines)
+    assert not any("hf generate" in line for line in lines)  # no baseline asked for
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--requests", "0"], "--requests must be >= 1"),
+    (["--concurrency", "-1"], "--concurrency must be >= 1"),
+    (["--model", "/no/such/model"], "neither a local path nor a hub id"),
+])
+def test_bench_refuses_bad_arguments(args: list[str], message: str, tmp_path: Path) -> None:
+    done = bench(tmp_path, *args)
+    assert done.returncode != 0 and message in done.stderr, done.stderr

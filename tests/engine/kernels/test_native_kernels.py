@@ -1,0 +1,239 @@
+"""Ferry's fused CPU kernels (engine/kernels) against the torch ops they replace.
+
+float32 results must match to rounding; bfloat16 ones must round exactly as the torch ops do
+(norm as Hugging Face's LlamaRMSNorm, silu then multiply, x*cos + roll(x)*sin), so turning the
+kernels on does not change a bf16 model's tokens. Attention is checked against the gathered
+torch path over shuffled, partly filled pages.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.execution.attention.base import AttentionInputs
+from engine.execution.attention.torch_backend import TorchAttention
+from engine.execution.kv_pool import KVPool
+from engine.execution.model.layers import RotaryEmbedding
+from engine.kernels import native, ops
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+pytestmark = pytest.mark.usefixtures("native_kernels")
+
+
+def test_kernels_build_where_a_compiler_exists() -> None:
+    # guards against the whole module silently skipping on a machine that can build them
+    if shutil.which("cc") or shutil.which("gcc"):
+        assert native.library() is not None, native.status()
+        assert native.status().startswith("native")
+
+
+def hf_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 7])
+def test_rms_norm_and_fused_residual_add(dtype: torch.dtype, rows: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    x, res = (torch.randn(rows, 96, generator=g).to(dtype) for _ in range(2))
+    w = (1 + 0.3 * torch.randn(96, generator=g)).to(dtype)
+    exact = dtype == torch.bfloat16  # same roundings -> same bits
+    tol = {"atol": 0, "rtol": 0} if exact else {"atol": 1e-5, "rtol": 1e-5}
+    torch.testing.assert_close(ops.rms_norm(x, w, 1e-5), hf_rms_norm(x, w, 1e-5), **tol)
+    summed = res + x
+    running = res.clone()
+    out = ops.rms_norm(x, w, 1e-5, running)
+    assert torch.equal(running, summed)  # the residual is updated in place
+    torch.testing.assert_close(out, hf_rms_norm(summed, w, 1e-5), **tol)
+
+
+def test_rms_norm_rejects_a_mismatched_residual() -> None:
+    with pytest.raises(ValueError, match="residual"):
+        ops.rms_norm(torch.randn(2, 8), torch.ones(8), 1e-6, torch.randn(3, 8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul(dtype: torch.dtype) -> None:
+    # wide values (exp's range reduction) and an odd width (the vector loop's scalar tail)
+    gate_up = (4 * torch.randn(64, 2 * 515, generator=torch.Generator().manual_seed(1))).to(dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    expected = F.silu(gate) * up
+    got = ops.silu_and_mul(gate_up)
+    if dtype == torch.bfloat16:
+        assert torch.equal(got, expected)
+    else:
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_in_place_on_strided_rows(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(2)
+    heads, d, t = 5, 32, 6
+    rows = torch.randn(t, (heads + 2) * d, generator=g).to(dtype)  # like qkv: rotate the front
+    x = rows[:, :heads * d].view(t, heads, d)
+    rope = RotaryEmbedding(d, 512, 10000.0, {})
+    cos, sin = rope(torch.tensor([0, 3, 9, 100, 101, 511]), dtype)
+    expected = torch.addcmul(x * cos, torch.roll(x, d // 2, dims=-1), sin)
+    untouched = rows[:, heads * d:].clone()
+    ops.rotary(x, cos, sin)
+    if dtype == torch.bfloat16:
+        assert torch.equal(x, expected)
+    else:
+        torch.testing.assert_close(x, expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(rows[:, heads * d:], untouched)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_store_kv_matches_pool_write(dtype: torch.dtype) -> None:
+    a, b = (KVPool(1, 8, 4, 2, 16, dtype, "cpu") for _ in range(2))
+    qkv = torch.randn(5, (3 + 4) * 16).to(dtype)
+    kv = qkv[:, 3 * 16:].view(5, 2, 2, 16)  # strided token rows, as the model passes them
+    slots = torch.tensor([0, 5, 31, 17, 12])
+    a.write(0, a.locate(slots), kv)
+    ops.store_kv(kv, slots, b.paged(0))
+    assert torch.equal(a.data, b.data)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 16])
+@pytest.mark.parametrize(("n_in", "n_out", "bias"), [(64, 96, False), (48, 37, True),
+                                                     (40, 21, True)])
+def test_gemv_bf16_matches_a_wide_reference(rows: int, n_in: int, n_out: int,
+                                            bias: bool) -> None:
+    # 48 x 37: a tail of weight rows outside the 4/2-row blocks; 40: not a multiple of 16,
+    # so the plain loop computes everything
+    g = torch.Generator().manual_seed(rows * n_in)
+    x = torch.randn(rows, n_in, generator=g).bfloat16()
+    w = torch.randn(n_out, n_in, generator=g).bfloat16()
+    b = torch.randn(n_out, generator=g).bfloat16() if bias else None
+    ref = F.linear(x.double(), w.double(), None if b is None else b.double())
+    got = ops.gemv_bf16(x, w, b)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, n_out)
+    # accumulated in float32 and rounded once: within one bf16 rounding of the exact result
+    torch.testing.assert_close(got.double(), ref, atol=1e-3, rtol=2 ** -8)
+
+
+def test_gemv_bf16_rejects_mismatched_shapes() -> None:
+    with pytest.raises(ValueError, match="gemv_bf16"):
+        ops.gemv_bf16(torch.ones(2, 8).bfloat16(), torch.ones(3, 9).bfloat16())
+
+
+def test_bf16_model_fixes_its_products_at_load(tiny_models, make_harness) -> None:
+    from engine.execution.model import linear_kernels
+    from engine.execution.model.layers import Linear
+
+    model = make_harness(tiny_models["llama"].path, dtype=torch.bfloat16).executor.model
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert linears
+    for m in linears:
+        assert m.product is not linear_kernels.linear  # fixed at load, not chosen per call
+        if linear_kernels.emulated_bf16(m.weight.dtype, m.weight.device):
+            assert linear_kernels.direct_rows(m.weight) == linear_kernels.NATIVE_DIRECT_ROWS
+            x = torch.randn(3, m.weight.shape[1]).bfloat16()
+            assert torch.equal(m(x), ops.gemv_bf16(x, m.weight, m.bias))
+
+
+def _attention_case(dtype: torch.dtype, kv_lens: list[int], heads: int, kv_heads: int,
+                    seed: int, d: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """(native, torch) decode attention outputs for one round over the same pool."""
+    rng = random.Random(seed)
+    ps = 4
+    num_pages = sum(-(-n // ps) + 1 for n in kv_lens)
+    pool = KVPool(1, num_pages, ps, kv_heads, d, dtype, "cpu")
+    pool.data.normal_(generator=torch.Generator().manual_seed(seed))
+    free = list(range(num_pages))
+    rng.shuffle(free)
+    tables = [[free.pop() for _ in range(-(-n // ps) + rng.randrange(2))] for n in kv_lens]
+    slots = torch.tensor([t[(n - 1) // ps] * ps + (n - 1) % ps for t, n in zip(tables, kv_lens)])
+    q = torch.randn(len(kv_lens), heads, d).to(dtype)
+    kv = torch.randn(len(kv_lens), 2, kv_heads, d).to(dtype)
+    outs = []
+    for use_native in (True, False):
+        attn = TorchAttention(pool, heads, kv_heads, d, d ** -0.5)
+        attn.native = use_native
+        attn.prepare(AttentionInputs([1] * len(kv_lens), kv_lens, tables, slots))
+        outs.append(attn.forward(q, kv, 0))
+    return outs[0], outs[1]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("heads", "kv_heads", "d"),
+                         [(4, 4, 16), (6, 2, 16), (3, 1, 16), (9, 3, 64), (4, 2, 128), (2, 1, 40)])
+def test_decode_attention_matches_torch(dtype: torch.dtype, heads: int, kv_heads: int,
+                                        d: int) -> None:
+    # head sizes 64 and 128 take the register-blocked paths, 40 none of the vector ones
+    got, ref = _attention_case(dtype, [1, 4, 5, 23, 64, 9], heads, kv_heads, seed=heads, d=d)
+    tol = 1e-5 if dtype == torch.float32 else 8e-3  # bf16: one rounding of the output
+    torch.testing.assert_close(got, ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 40])
+def test_decode_attention_over_long_contexts(dtype: torch.dtype, d: int) -> None:
+    # hundreds of pages per sequence, lengths off the 8-position blocks, a short one beside
+    got, ref = _attention_case(dtype, [512, 513, 1500, 7], 6, 2, seed=d, d=d)
+    tol = 1e-5 if dtype == torch.float32 else 8e-3
+    torch.testing.assert_close(got, ref, atol=tol, rtol=tol)
+
+
+def test_decode_attention_rejects_pages_outside_the_pool() -> None:
+    with pytest.raises(ValueError, match="outside the KV pool"):
+        ops.DecodePages([[0, 99]], [6], 4, num_pages=8)
+    with pytest.raises(ValueError, match="need 2 pages"):
+        ops.DecodePages([[0]], [6], 4, num_pages=8)
+
+
+def test_prepare_rejects_slots_outside_the_pool() -> None:
+    pool = KVPool(1, 4, 4, 1, 8, torch.float32, "cpu")
+    attn = TorchAttention(pool, 2, 1, 8, 0.3)
+    assert attn.native
+    with pytest.raises(ValueError, match="outside the KV pool"):
+        attn.prepare(AttentionInputs([1], [3], [[0]], torch.tensor([16])))
+
+
+def _status_in_subprocess(env: dict[str, str]) -> str:
+    code = "from engine.kernels import native; print(native.status())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=120, check=True)
+    return done.stdout.strip()
+
+
+def test_switched_off_and_unbuildable_kernels_fall_back(tmp_path) -> None:
+    (tmp_path / "a").mkdir()
+    assert _status_in_subprocess({"FERRY_NATIVE_KERNELS": "0"}).startswith("off")
+    # a compiler that fails: a clear reason, and callers keep the torch path
+    status = _status_in_subprocess({"CC": "false", "TMPDIR": str(tmp_path / "a")})
+    assert status.startswith("unavailable"), status
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX ownership bits")
+def test_kernels_are_not_loaded_from_a_folder_others_can_write(tmp_path) -> None:
+    shared = tmp_path / f"ferry-kernels-{os.getuid()}"
+    shared.mkdir()
+    shared.chmod(0o777)  # anyone could have planted a library here
+    status = _status_in_subprocess({"TMPDIR": str(tmp_path)})
+    assert status.startswith("unavailable") and "not private" in status, status
+    assert not list(shared.iterdir())  # nothing built or loaded there
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_argmax_matches_torch_with_ties_infinities_and_nan(dtype: torch.dtype) -> None:
+    logits = torch.randn(6, 1003, generator=torch.Generator().manual_seed(5))
+    logits[1, [7, 300, 999]] = 50.0  # a tie: the first one wins
+    logits[2] = float("-inf")
+    logits[2, 500] = -1e30
+    logits[3] = float("-inf")  # all -inf: index 0, as torch
+    logits[4, [10, 20]] = float("nan")  # NaN counts as the maximum, as in torch
+    logits[5, -1] = float("inf")
+    logits = logits.to(dtype)
+    assert ops.argmax(logits) == logits.argmax(dim=-1).tolist()

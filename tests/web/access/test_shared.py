@@ -1,0 +1,133 @@
+"""Shared mode (listening on the LAN) through create_app: tokens, sessions, and ownership.
+
+A stand-in executor replaces the model (these tests are about who sees and cancels what),
+so they run in a few seconds; the tokenizer is the default model's.
+"""
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from engine.scheduling.batch import Batch
+from engine.scheduling.request import Request
+from web.access.users import UserStore
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+class SlowExecutor:
+    """Samples the same ordinary token every round, one round per 20 ms."""
+
+    def run(self, batch: Batch) -> list[int | None]:
+        time.sleep(0.02)
+        return [28 if item.sample else None for item in batch.items]
+
+    def release(self, request: Request) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def setup(make_server: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict]:
+    data = tmp_path_factory.mktemp("shared")
+    store = UserStore(data / "users.json")
+    tokens = {"ann": store.add("ann", admin=True), "bob": store.add("bob"),
+              "cat": store.add("cat")}
+    server = make_server(executor=SlowExecutor(), data_dir=data, max_running=2,
+                         web={"shared": True, "per_user_limit": 2, "chat_ignore_eos": True,
+                              "default_max_tokens": 400})
+    return server, tokens
+
+
+def client(server: Any, tokens: dict[str, str], name: str | None) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {tokens[name]}"} if name else {}
+    return httpx.Client(base_url=server.url, headers=headers, timeout=30)
+
+
+def long_request(c: httpx.Client) -> str:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 400, "ignore_eos": True}
+    with c.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        return r.headers["x-request-id"]  # leaving cancels it: only used for refusals
+
+
+def test_pages_and_api_need_sign_in(setup: tuple[Any, dict]) -> None:
+    server, tokens = setup
+    anon = client(server, tokens, None)
+    page = anon.get("/", headers={"Accept": "text/html"})
+    assert page.status_code == 303 and page.headers["location"].startswith("/login")
+    assert anon.get("/v1/models").status_code == 401
+    assert anon.get("/healthz").json()["status"] == "ok"
+    assert client(server, tokens, "bob").get("/v1/models").status_code == 200
+
+
+def test_others_cannot_see_or_cancel(setup: tuple[Any, dict], waiter: Any,
+                                     idle_check: Any) -> None:
+    server, tokens = setup
+    bob, cat, ann = (client(server, tokens, n) for n in ("bob", "cat", "ann"))
+    created = bob.post("/c", data={"content": "BOB-SECRET-TITLE please"})
+    assert created.status_code == 303
+    cid = int(created.headers["location"].rsplit("/", 1)[1])
+    rid = waiter(lambda: server.engine.live_ids(owner="bob"), 10, message="bob's reply")[0]
+    assert server.engine.handle(rid).owner == "bob"
+
+    assert cat.get(f"/c/{cid}").status_code == 404
+    assert "BOB-SECRET-TITLE" not in cat.get("/").text
+    assert cat.get(f"/v1/requests/{rid}").status_code == 404
+    assert rid not in [r["id"] for r in cat.get("/v1/requests").json()["data"]]
+    assert cat.delete(f"/v1/requests/{rid}").status_code == 404
+    assert cat.post(f"/dashboard/requests/{rid}/cancel").status_code == 404
+    board = cat.get("/dashboard").text
+    assert rid in board and "BOB-SECRET-TITLE" not in board  # metadata only
+    assert not re.search(rf'data-cancel="{rid}"', board)
+    assert "BOB-SECRET-TITLE" in bob.get("/dashboard").text
+    assert rid in server.engine.live_ids()
+
+    assert ann.get(f"/v1/requests/{rid}").json()["owner"] == "bob"  # the admin sees all
+    assert ann.delete(f"/v1/requests/{rid}").json()["cancelled"] is True
+    waiter(lambda: not server.engine.live_ids(), 10, message="cancel")
+    idle_check(server.engine)
+
+
+def test_per_user_limit(setup: tuple[Any, dict], waiter: Any, idle_check: Any) -> None:
+    server, tokens = setup
+    bob = client(server, tokens, "bob")
+    for text in ("one", "two"):
+        assert bob.post("/c", data={"content": text}).status_code == 303
+    waiter(lambda: len(server.engine.live_ids(owner="bob")) == 2, 10, message="two live")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "three"}], "max_tokens": 4}
+    refused = bob.post("/v1/chat/completions", json=body)
+    assert refused.status_code == 429 and refused.headers["retry-after"]
+    assert refused.json()["error"]["code"] == "queue_full"
+    cat = client(server, tokens, "cat")
+    assert cat.post("/v1/chat/completions", json=body).status_code == 200  # others still can
+    for rid in server.engine.live_ids():
+        client(server, tokens, "ann").delete(f"/v1/requests/{rid}")
+    idle_check(server.engine)
+
+
+def test_session_cookie_and_csrf(setup: tuple[Any, dict], idle_check: Any) -> None:
+    server, tokens = setup
+    with httpx.Client(base_url=server.url, timeout=30) as browser:
+        signed = browser.post("/login", data={"token": tokens["cat"], "next": "/"})
+        assert signed.status_code in (200, 303)
+        page = browser.get("/")
+        token = re.search(r'"X-CSRF-Token": "([^"]+)"', page.text)
+        assert page.status_code == 200 and token and "Sign out" in page.text
+        assert browser.post("/c", data={"content": "no token"}).status_code == 403
+        made = browser.post("/c", data={"content": "with token", "csrf_token": token.group(1)},
+                            follow_redirects=False)
+        assert made.status_code == 303
+    for rid in server.engine.live_ids():
+        client(server, tokens, "ann").delete(f"/v1/requests/{rid}")
+    idle_check(server.engine)
+
+
+def test_users_file_lives_in_data_dir(setup: tuple[Any, dict]) -> None:
+    server, _ = setup
+    assert Path(server.services.config.users_path).exists()

@@ -1,0 +1,31 @@
+"""Model output reaches HTML only through web.pages.markdown (raw HTML disabled) or escaping."""
+from __future__ import annotations
+
+from web.pages.markdown import render
+from web.sse import text_event
+
+
+def test_raw_html_in_output_is_escaped() -> None:
+    html = render("Hi <script>alert('x')</script> and <img src=x onerror=alert(1)>")
+    assert "<script" not in html and "<img" not in html
+    assert "&lt;script&gt;alert('x')&lt;/script&gt;" in html
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html
+
+
+def test_markdown_is_rendered() -> None:
+    html = render("**bold** and `code`\n\n```python\nprint('<b>')\n```\n\n"
+                  "| a | b |\n|---|---|\n| 1 | 2 |")
+    assert "<strong>bold</strong>" in html and "<code>code</code>" in html
+    assert "<code class=\"language-python\">print('&lt;b&gt;')" in html
+    assert "<table>" in html
+
+
+def test_dangerous_links_are_not_links() -> None:
+    html = render("[a](javascript:alert(1)) [b](https://example.org)")
+    assert 'href="javascript' not in html
+    assert 'href="https://example.org" rel="noopener noreferrer nofollow"' in html
+
+
+def test_streamed_text_is_escaped() -> None:
+    event = text_event("token", "<script>x</script> & more")
+    assert event.data == "&lt;script&gt;x&lt;/script&gt; &amp; more"

@@ -1,0 +1,363 @@
+"""Who is asking: the ASGI middleware that checks bearer tokens, session cookies and CSRF
+tokens (their signing lives in web.access.sessions).
+
+Local mode (Ferry listens on loopback only): everyone is LOCAL_ADMIN, and state-changing
+requests that a browser marks as coming from another site are refused (a web page must not be
+able to drive a local Ferry).
+
+Shared mode (any other address): every request except PUBLIC_PATHS needs either
+`Authorization: Bearer <token>` (API clients; no CSRF check, browsers never add it on their
+own) or the `ferry_session` cookie set by POST /login. Cookie-authenticated POST/PUT/PATCH/
+DELETE must also carry the CSRF token, as the `X-CSRF-Token` header (htmx, fetch) or as the
+`csrf_token` form field (plain forms). The token is an HMAC of the session cookie, so it needs
+no server-side state and changes with each login.
+
+The middleware leaves the user in scope["user"] (Litestar's `request.user`): a web.access.users.User,
+or None on a public path nobody is signed in to. Handlers read it with web.access.identity.current_user.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, quote, urlsplit
+
+from web.access.sessions import SESSION_MAX_AGE, SessionSigner, load_secret_key
+from web.access.users import LOCAL_ADMIN, User, UserError, UserStore
+
+if TYPE_CHECKING:
+    from web.config import WebConfig
+
+log = logging.getLogger("ferry.auth")
+
+SESSION_COOKIE = "ferry_session"
+COOKIE_SAMESITE = "lax"  # Lax: links from other sites still land signed in; CSRF tokens guard posts
+CSRF_FIELD = "csrf_token"
+CSRF_HEADER = "x-csrf-token"
+PUBLIC_PATHS = frozenset({"/login", "/healthz", "/favicon.ico"})
+PUBLIC_PREFIXES = ("/static/",)
+API_PREFIXES = ("/v1/", "/api/")
+API_PATHS = frozenset({"/v1", "/metrics"})
+UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# scope keys the middleware sets besides "user"
+SCOPE_AUTH = "ferry.auth"  # the Auth object (login handlers use it)
+SCOPE_CSRF = "ferry.csrf"  # the CSRF token for this session ("" when none is needed)
+SCOPE_VIA = "ferry.auth_via"  # "local" | "bearer" | "session" | None
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class Auth:
+    """Everything the middleware and the login handlers need: mode, users, signer."""
+
+    def __init__(self, *, shared: bool, store: UserStore, key: bytes,
+                 max_age: int = SESSION_MAX_AGE, max_body_bytes: int = 1024 * 1024,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.shared = shared
+        self.store = store
+        self.signer = SessionSigner(key, max_age=max_age, clock=clock)
+        self.max_body_bytes = max_body_bytes
+
+    @classmethod
+    def from_config(cls, config: WebConfig, store: UserStore | None = None) -> Auth:
+        return cls(shared=config.shared,
+                   store=store if store is not None else UserStore(config.users_path),
+                   key=load_secret_key(config.data_dir, config.secret_key),
+                   max_body_bytes=config.max_body_bytes)
+
+    @property
+    def max_age(self) -> int:
+        return self.signer.max_age
+
+    def bearer_user(self, token: str) -> User | None:
+        try:
+            return self.store.verify(token)
+        except UserError as exc:
+            log.error("cannot check a token: %s", exc)
+            return None
+
+    def session_user(self, cookie_value: str) -> User | None:
+        session = self.signer.unsign(cookie_value)
+        if session is None:
+            return None
+        try:
+            record = self.store.get(session.name)
+        except UserError as exc:
+            log.error("cannot check a session: %s", exc)
+            return None
+        if record is None or not hmac.compare_digest(record.token_id, session.token_id):
+            return None  # removed, or the token was rotated since this login
+        return record.user
+
+    def login(self, token: str) -> tuple[User, str] | None:
+        """(user, session cookie value) for a valid token, else None."""
+        user = self.bearer_user(token.strip())
+        if user is None:
+            return None
+        record = self.store.get(user.name)
+        if record is None:
+            return None
+        return user, self.signer.sign(user.name, record.token_id)
+
+    def csrf_token(self, cookie_value: str) -> str:
+        return self.signer.csrf_token(cookie_value)
+
+
+# --- helpers on raw ASGI scopes ------------------------------------------------------------
+
+def _header(scope: Scope, name: str) -> str | None:
+    raw = name.encode("latin-1")
+    for key, value in scope.get("headers", ()):
+        if key.lower() == raw:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def cookie_values(header: str | None, name: str) -> list[str]:
+    """Every value the Cookie header gives `name` (other apps on this host may share names)."""
+    if not header:
+        return []
+    found = []
+    for part in header.split(";"):
+        key, sep, value = part.strip().partition("=")
+        if sep and key == name:
+            found.append(value.strip().strip('"'))
+    return found
+
+
+def _norm_host(host: str, scheme: str) -> str:
+    host = host.strip().lower()
+    default = {"http": ":80", "https": ":443", "ws": ":80", "wss": ":443"}.get(scheme)
+    if default and host.endswith(default):
+        host = host[: -len(default)]
+    return host
+
+
+def is_cross_site(scope: Scope) -> bool:
+    """True when the browser says this request was started by another site (or origin)."""
+    site = _header(scope, "sec-fetch-site")
+    if site is not None:
+        return site.strip().lower() not in ("same-origin", "none")
+    origin = _header(scope, "origin")
+    if origin is None:
+        return False  # not a browser, or an old one on a same-origin GET-like request
+    if origin.strip() == "null":
+        return True
+    host = _header(scope, "host")
+    if not host:
+        return True
+    parts = urlsplit(origin.strip())
+    scheme = scope.get("scheme", "http")
+    return _norm_host(parts.netloc, parts.scheme) != _norm_host(host, scheme)
+
+
+def is_public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+
+
+def is_api(path: str) -> bool:
+    return path in API_PATHS or path.startswith(API_PREFIXES)
+
+
+def safe_next(target: str | None) -> str:
+    """A local path to go to after login; anything else (other hosts, odd schemes) -> "/"."""
+    if not target or not target.startswith("/") or target.startswith(("//", "/\\")):
+        return "/"
+    if any(c in target for c in "\r\n\t\\") or target.split("?")[0] in ("/login", "/logout"):
+        return "/"
+    return target
+
+
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+MULTIPART_FIELD = re.compile(
+    rb'name="' + CSRF_FIELD.encode() + rb'"[^\r\n]*\r\n(?:[^\r\n]+\r\n)*\r\n([^\r\n]*)\r\n')
+
+
+def csrf_from_body(content_type: str, body: bytes) -> str | None:
+    kind = content_type.split(";")[0].strip().lower()
+    if kind == "application/x-www-form-urlencoded":
+        values = parse_qs(body.decode("latin-1"), keep_blank_values=True).get(CSRF_FIELD)
+        return values[0] if values else None
+    if kind == "multipart/form-data":
+        match = MULTIPART_FIELD.search(body)
+        return match.group(1).decode("latin-1") if match else None
+    return None
+
+
+async def send_simple(send: Send, status: int, body: bytes, content_type: str,
+                      headers: list[tuple[str, str]] | None = None) -> None:
+    raw = [(b"content-type", content_type.encode()),
+           (b"content-length", str(len(body)).encode()),
+           (b"cache-control", b"no-store")]
+    raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers or ()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _error_json(status: int, kind: str, message: str) -> bytes:
+    code = {401: "unauthorized", 403: "forbidden", 413: "too_large"}.get(status, str(status))
+    # the same shape as web.api.errors (OpenAI's): message, type, param, code
+    return json.dumps({"error": {"message": message, "type": kind, "param": None,
+                                 "code": code}}).encode()
+
+
+class AuthMiddleware:
+    """Pure ASGI middleware; in Litestar: `DefineMiddleware(AuthMiddleware, auth=auth)`."""
+
+    def __init__(self, app: ASGIApp, auth: Auth) -> None:
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope.get("type")
+        if kind not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        auth = self.auth
+        scope[SCOPE_AUTH] = auth
+        scope[SCOPE_CSRF] = ""
+        path = scope.get("path", "/")
+        method = scope.get("method", "GET") if kind == "http" else "GET"
+        changes_state = kind == "websocket" or method in UNSAFE_METHODS
+
+        if not auth.shared:
+            scope["user"] = LOCAL_ADMIN
+            scope[SCOPE_VIA] = "local"
+            if changes_state and is_cross_site(scope):
+                await self.forbid(scope, send, "requests from other sites are not accepted")
+                return
+            await self.app(scope, receive, send)
+            return
+
+        public = is_public(path)
+        user: User | None = None
+        via: str | None = None
+        cookie = ""
+        authorization = _header(scope, "authorization")
+        if authorization is not None:
+            scheme, _, token = authorization.strip().partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                user = auth.bearer_user(token.strip())
+            if user is None and not public:
+                await self.unauthorized(scope, send, "invalid access token", force_json=True)
+                return
+            via = "bearer" if user else None
+        else:
+            for value in cookie_values(_header(scope, "cookie"), SESSION_COOKIE):
+                user = auth.session_user(value)
+                if user is not None:
+                    cookie, via = value, "session"
+                    scope[SCOPE_CSRF] = auth.csrf_token(value)
+                    break
+        scope["user"] = user
+        scope[SCOPE_VIA] = via
+
+        if via != "bearer" and changes_state and is_cross_site(scope):
+            await self.forbid(scope, send, "requests from other sites are not accepted")
+            return
+        if user is None:
+            if public:
+                await self.app(scope, receive, send)
+            else:
+                await self.unauthorized(scope, send, "sign in or send an access token")
+            return
+        if via == "session" and kind == "http" and method in UNSAFE_METHODS and not public:
+            supplied = _header(scope, CSRF_HEADER)
+            if supplied is None:
+                content_type = _header(scope, "content-type") or ""
+                if content_type.split(";")[0].strip().lower() in FORM_TYPES:
+                    body = await self.read_body(receive)
+                    if body is None:
+                        await send_simple(send, 413, _error_json(
+                            413, "invalid_request_error", "request body too large"),
+                            "application/json")
+                        return
+                    supplied = csrf_from_body(content_type, body)
+                    receive = self.replay(body, receive)
+            if not auth.signer.check_csrf(cookie, supplied):
+                await self.forbid(scope, send, "missing or wrong CSRF token; reload the page "
+                                               "and try again")
+                return
+        await self.app(scope, receive, send)
+
+    async def read_body(self, receive: Receive) -> bytes | None:
+        """The whole request body, or None when it exceeds max_body_bytes."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # disconnected: the app will see an empty body and the disconnect
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.auth.max_body_bytes:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+    @staticmethod
+    def replay(body: bytes, receive: Receive) -> Receive:
+        sent = False
+
+        async def again() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return again
+
+    async def unauthorized(self, scope: Scope, send: Send, message: str,
+                           force_json: bool = False) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        path = scope.get("path", "/")
+        accept = _header(scope, "accept") or ""
+        if not force_json and _header(scope, "hx-request") == "true":
+            await send_simple(send, 401, b"Please sign in.", "text/plain; charset=utf-8",
+                              [("HX-Redirect", "/login")])
+            return
+        if not force_json and "text/html" in accept and not is_api(path):
+            target = "/"
+            if scope.get("method") in ("GET", "HEAD"):
+                query = scope.get("query_string", b"").decode("latin-1")
+                target = safe_next(path + (f"?{query}" if query else ""))
+            location = "/login" if target == "/" else f"/login?next={quote(target, safe='')}"
+            await send_simple(send, 303, b"", "text/plain; charset=utf-8",
+                              [("Location", location)])
+            return
+        await send_simple(send, 401, _error_json(401, "authentication_error", message),
+                          "application/json",
+                          [("WWW-Authenticate", 'Bearer realm="ferry"')])
+
+    async def forbid(self, scope: Scope, send: Send, message: str) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if is_api(scope.get("path", "/")) or "json" in (_header(scope, "accept") or ""):
+            await send_simple(send, 403, _error_json(403, "permission_error", message),
+                              "application/json")
+        else:
+            await send_simple(send, 403, f"Forbidden: {message}.".encode(),
+                              "text/plain; charset=utf-8")
+
+
+def csrf_token(connection: Any) -> str:
+    """The token a page's forms send back as `csrf_token` (htmx: the X-CSRF-Token header).
+
+    Takes a Litestar Request (or anything with .scope). Empty when none is needed (local mode,
+    Bearer clients): templates can always include it.
+    """
+    return str(connection.scope.get(SCOPE_CSRF, "") or "")

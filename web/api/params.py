@@ -1,0 +1,124 @@
+"""Turning OpenAI-style request bodies into prompt ids and SamplingParams, with clear 400s."""
+from __future__ import annotations
+
+from typing import Any
+
+from engine import RequestError, SamplingParams, Tokenizer
+from web.api.errors import APIError, unsupported
+from web.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from web.config import WebConfig
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def check_model(body: SamplingFields, model_name: str) -> None:
+    if body.model != model_name:
+        raise APIError(f"the model {body.model!r} does not exist; this server serves "
+                       f"{model_name!r}", 404, param="model", code="model_not_found")
+
+
+def _check_common(body: SamplingFields) -> None:
+    if body.n not in (None, 1):
+        raise unsupported("n", "n > 1 (several choices)")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(body, name) not in (None, 0, 0.0):
+            raise unsupported(name)
+    if body.logit_bias:
+        raise unsupported("logit_bias")
+
+
+def check_chat(body: ChatCompletionRequest, config: WebConfig) -> list[dict[str, str]]:
+    """Validate what only chat completions have; return the messages as template input."""
+    _check_common(body)
+    if body.logprobs or body.top_logprobs:
+        raise unsupported("logprobs")
+    for name in ("tools", "functions"):
+        if getattr(body, name):
+            raise unsupported(name, "tool and function calling")
+    for name in ("tool_choice", "function_call"):
+        if getattr(body, name) not in (None, "none"):
+            raise unsupported(name, "tool and function calling")
+    if body.response_format and body.response_format.get("type", "text") != "text":
+        raise unsupported("response_format", "structured output (response_format)")
+    if not body.messages:
+        raise APIError("messages must not be empty", param="messages")
+    if len(body.messages) > config.max_messages:
+        raise APIError(f"too many messages: {len(body.messages)} (at most "
+                       f"{config.max_messages})", param="messages")
+    out = []
+    for i, message in enumerate(body.messages):
+        where = f"messages[{i}]"
+        role = ROLES.get(message.role)
+        if role is None:
+            raise unsupported(f"{where}.role", f"role {message.role!r}")
+        if message.tool_calls or message.tool_call_id:
+            raise unsupported(f"{where}.tool_calls", "tool and function calling")
+        content = message.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.type != "text" or part.text is None:
+                    raise unsupported(f"{where}.content", f"content of type {part.type!r}")
+                texts.append(part.text)
+            content = "".join(texts)
+        out.append({"role": role, "content": content or ""})
+    return out
+
+
+def check_completion(body: CompletionRequest, tokenizer: Tokenizer) -> list[int]:
+    """Validate what only completions have; return the prompt ids."""
+    _check_common(body)
+    if body.echo:
+        raise unsupported("echo")
+    if body.suffix:
+        raise unsupported("suffix")
+    if body.best_of not in (None, 1):
+        raise unsupported("best_of", "best_of > 1")
+    if body.logprobs:
+        raise unsupported("logprobs")
+    prompt: Any = body.prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) != 1:
+            raise unsupported("prompt", "more than one prompt in a request")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt)
+    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                          for t in prompt):
+        ids = list(prompt)
+        if any(not 0 <= t < tokenizer.vocab_size for t in ids):
+            raise APIError("prompt token ids must be within the vocabulary", param="prompt")
+    else:
+        raise APIError("prompt must be a string, a list of token ids, or a list with one "
+                       "of these", param="prompt")
+    if not ids:
+        raise APIError("the prompt is empty", param="prompt")
+    return ids
+
+
+def sampling_params(body: SamplingFields, config: WebConfig, prompt_len: int,
+                    context_limit: int, default_max: int, max_tokens: int | None) -> SamplingParams:
+    if max_tokens is not None and max_tokens > config.max_tokens_limit:
+        raise APIError(f"max_tokens is {max_tokens}, above this server's limit of "
+                       f"{config.max_tokens_limit}", param="max_tokens")
+    if max_tokens is None:
+        room = context_limit - prompt_len
+        max_tokens = max(1, min(default_max, config.max_tokens_limit, room))
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if len(stop) > config.max_stop:
+        raise APIError(f"at most {config.max_stop} stop sequences are allowed, got {len(stop)}",
+                       param="stop")
+    top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
+    if body.top_k is not None and body.top_k < -1:
+        raise APIError(f"top_k must be -1, 0 or positive, got {body.top_k}", param="top_k")
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if body.temperature is None else float(body.temperature),
+            top_p=1.0 if body.top_p is None else float(body.top_p), top_k=top_k,
+            seed=body.seed, stop=tuple(stop), ignore_eos=body.ignore_eos)
+    except RequestError as exc:
+        message = str(exc)
+        param = next((p for p in ("max_tokens", "temperature", "top_p", "top_k", "stop")
+                      if message.startswith(p)), None)
+        raise APIError(message, param=param) from exc

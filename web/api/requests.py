@@ -1,0 +1,128 @@
+"""Request inspection and cancel: GET /v1/requests, GET and DELETE /v1/requests/{id}.
+
+Users see their own requests; an admin sees all. A request that finished recently is still
+reported (from the web layer's tracker); one never seen, or another user's, is a 404.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Request, delete, get
+from litestar.params import FromPath
+from msgspec import Struct
+
+from engine import RequestView
+from web.access.identity import User, current_user
+from web.api.errors import APIError, error_docs
+from web.services import Services, services
+from web.tracker import Tracked
+
+
+class Reason(Struct):
+    code: str
+    text: str
+
+
+class Timings(Struct):
+    waited: float | None = None
+    ttft: float | None = None
+    itl: float | None = None
+    tpot: float | None = None
+    total: float | None = None
+
+
+class RequestInfo(Struct):
+    id: str
+    owner: str
+    state: str  # waiting | chunked | running | finished
+    phase: str
+    position: int | None
+    reason: Reason | None
+    slot: int | None
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_done: int
+    output_tokens: int
+    max_tokens: int | None
+    timings: Timings
+    finish_reason: str | None = None
+    kind: str | None = None
+
+
+class RequestList(Struct):
+    data: list[RequestInfo]
+    object: str = "list"
+
+
+class CancelResult(Struct):
+    id: str
+    cancelled: bool
+    state: str
+
+
+def live_info(view: RequestView, item: Tracked | None) -> RequestInfo:
+    reason = Reason(view.reason.code, view.reason.text) if view.reason else None
+    return RequestInfo(
+        view.id, view.owner, view.state, view.phase, view.position, reason, view.slot,
+        view.prompt_tokens, view.cached_tokens, view.prefill_done, view.output_tokens,
+        view.max_tokens, Timings(waited=view.waited, ttft=view.ttft, itl=view.itl),
+        view.finish_reason, item.kind if item else None)
+
+
+def finished_info(item: Tracked) -> RequestInfo:
+    h, final = item.handle, item.handle.final
+    usage = final.usage if final else None
+    t = final.timings if final else None
+    timings = Timings(waited=t.queued, ttft=t.ttft, tpot=t.tpot, total=t.total) if t else \
+        Timings()
+    return RequestInfo(
+        h.id, h.owner, "finished", "finished", None, None, None, h.prompt_tokens,
+        usage.cached_tokens if usage else 0, h.prompt_tokens,
+        usage.completion_tokens if usage else len(h.token_ids), None, timings,
+        final.finish_reason if final else "cancelled", item.kind)
+
+
+def find(s: Services, user: User, request_id: str) -> RequestInfo:
+    view = s.engine.snapshot().find(request_id)
+    item = s.tracker.get(request_id)
+    if view is not None and user.can_see(view.owner):
+        return live_info(view, item)
+    if item is not None and user.can_see(item.owner):
+        if s.engine.handle(request_id) is not None:  # submitted, not yet in a snapshot
+            return RequestInfo(request_id, item.owner, "waiting", "waiting", None, None, None,
+                               item.handle.prompt_tokens, 0, 0, 0, None, Timings(), None,
+                               item.kind)
+        return finished_info(item)
+    raise APIError(f"no request {request_id}", 404, param="id", code="request_not_found")
+
+
+class RequestsController(Controller):
+    path = "/v1/requests"
+    tags = ("Requests",)
+
+    @get("/", summary="Waiting and running requests (yours; all for an admin)")
+    async def list_requests(self, request: Request[Any, Any, Any]) -> RequestList:
+        s, user = services(request), current_user(request)
+        snap = s.engine.snapshot()
+        seen: set[str] = set()
+        data = []
+        for view in (*snap.running, *snap.waiting):
+            if view.id not in seen and user.can_see(view.owner):
+                seen.add(view.id)
+                data.append(live_info(view, s.tracker.get(view.id)))
+        return RequestList(data)
+
+    @get("/{request_id:str}", responses=error_docs(404),
+         summary="One request: state, queue position and reason, progress, timings")
+    async def get_request(self, request: Request[Any, Any, Any],
+                          request_id: FromPath[str]) -> RequestInfo:
+        return find(services(request), current_user(request), request_id)
+
+    @delete("/{request_id:str}", status_code=200, responses=error_docs(404),
+            summary="Cancel a request (404 when unknown; `cancelled` false when it had ended)")
+    async def cancel_request(self, request: Request[Any, Any, Any],
+                             request_id: FromPath[str]) -> CancelResult:
+        s, user = services(request), current_user(request)
+        info = find(s, user, request_id)
+        cancelled = info.state != "finished" and s.engine.cancel(request_id)
+        return CancelResult(request_id, cancelled, "cancelled" if cancelled else info.state)

@@ -1,0 +1,108 @@
+"""The dashboard's view of one engine snapshot, for one viewer.
+
+Snapshots carry no text; the only text shown is the label of the viewer's own chat
+requests (the conversation title), and others' requests show id and owner only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine import Engine, EngineSnapshot, RequestView, RoundView
+from web.access.identity import User
+from web.pages.charts import sparkline
+from web.tracker import RequestTracker
+
+TIMELINE_ROUNDS = 40
+TIMELINE_ROWS = 14
+CHART_SPAN = 360.0
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    view: RequestView
+    label: str | None
+    link: str | None
+    mine: bool
+    can_cancel: bool
+
+    @property
+    def progress(self) -> int:
+        return round(100 * self.view.output_tokens / max(1, self.view.max_tokens))
+
+    @property
+    def prefill_progress(self) -> int:
+        v = self.view
+        return round(100 * v.prefill_done / max(1, v.prompt_tokens))
+
+
+def _row(view: RequestView, user: User, tracker: RequestTracker) -> Row:
+    item = tracker.get(view.id)
+    mine = view.owner == user.name
+    return Row(view, item.label if item and mine else None, item.link if item and mine else None,
+               mine, user.can_see(view.owner))
+
+
+def _mark(rnd: RoundView, rid: str) -> str:
+    return "D" if rid in rnd.decodes else "P"
+
+
+def timeline(rounds: tuple[RoundView, ...]) -> dict[str, Any]:
+    """The chapter's figure 8: a row per request, a column per round, P / D marks."""
+    recent = rounds[-TIMELINE_ROUNDS:]
+    order: list[str] = []
+    cells: dict[str, dict[int, tuple[str, int, bool]]] = {}
+    for col, rnd in enumerate(recent):
+        finished = set(rnd.finished)
+        for rid, tokens in rnd.batch:
+            if rid not in cells:
+                order.append(rid)
+                cells[rid] = {}
+            cells[rid][col] = (_mark(rnd, rid), tokens, rid in finished)
+        for rid in finished:
+            if rid in cells and col not in cells[rid]:
+                cells[rid][col] = ("×", 0, True)
+    rows = [(rid, [cells[rid].get(c) for c in range(len(recent))])
+            for rid in order[-TIMELINE_ROWS:]]
+    return {"rounds": recent, "rows": rows}
+
+
+def charts(snap: EngineSnapshot) -> list[Any]:
+    h = snap.metrics.history
+    now = snap.time
+    return [
+        sparkline([(t, v) for t, v, _, _ in h], now, CHART_SPAN, "Throughput", " tok/s"),
+        sparkline([(t, None if v is None else v * 1000) for t, _, v, _ in h], now, CHART_SPAN,
+                  "TTFT p50", " ms", "{:.0f}"),
+        sparkline([(t, None if v is None else v * 1000) for t, _, _, v in h], now, CHART_SPAN,
+                  "ITL p50", " ms", "{:.0f}"),
+    ]
+
+
+def kv_segments(snap: EngineSnapshot) -> list[dict[str, Any]]:
+    kv = snap.kv
+    total = max(1, kv.total)
+    return [{"name": name, "value": value, "pct": 100 * value / total}
+            for name, value in (("used", kv.used), ("reserved", kv.reserved),
+                                ("cached", kv.cached), ("free", kv.free))]
+
+
+def board_context(snap: EngineSnapshot, engine: Engine, user: User,
+                  tracker: RequestTracker) -> dict[str, Any]:
+    running = [_row(v, user, tracker) for v in snap.running]
+    waiting = [_row(v, user, tracker) for v in snap.waiting]
+    by_id = {r.view.id: r for r in running}
+    slots = [(i, by_id.get(rid) if rid else None, rid) for i, rid in enumerate(snap.slots)]
+    cfg = engine.config
+    return {
+        "snap": snap, "running": running, "waiting": waiting, "slots": slots,
+        "kv": kv_segments(snap), "timeline": timeline(snap.rounds), "charts": charts(snap),
+        "metrics": snap.metrics, "alive": engine.alive, "user": user,
+        "settings": [("Policy", snap.policy), ("Admission", snap.admission),
+                     ("Slots", snap.max_running),
+                     ("Prefill budget", f"{snap.max_prefill_tokens} tokens / round"),
+                     ("KV pool", f"{snap.kv.total:,} positions · pages of {snap.page_size}"),
+                     ("Prefix cache", "on" if cfg.prefix_cache else "off"),
+                     ("Context", f"{cfg.max_context:,} tokens"),
+                     ("Queue bound", f"{cfg.max_waiting} waiting")],
+    }

@@ -1,0 +1,107 @@
+"""The live dashboard: one page, a board pushed over SSE, per-request cancel buttons."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from litestar import Controller, Request, Response, get, post
+from litestar.exceptions import NotFoundException
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import FromPath, URLEncodedBody
+from litestar.response import Redirect, Template
+from markupsafe import escape
+from msgspec import Struct
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from engine import ADMISSIONS, POLICIES
+from web.access.identity import User, current_user
+from web.access.ownership import admin_guard
+from web.api.controls import apply_policy
+from web.api.errors import APIError
+from web.pages.board import board_context
+from web.services import Services, services
+from web.sse import event_stream, html_event
+
+
+def owner_of(s: Services, request_id: str) -> str | None:
+    handle = s.engine.handle(request_id)
+    if handle is not None:
+        return handle.owner
+    view = s.engine.snapshot().find(request_id)
+    return view.owner if view is not None else None
+
+
+async def board_events(s: Services, user: User,
+                       shutdown: anyio.Event) -> AsyncIterator[ServerSentEvent]:
+    """The board whenever the engine published a new snapshot, at most every
+    `dashboard_interval` seconds; nothing while idle (the response pings keep it open)."""
+    last = s.engine.snapshot()
+    while not shutdown.is_set():
+        with anyio.move_on_after(s.config.dashboard_interval):
+            await shutdown.wait()
+        snap = s.engine.snapshot()
+        if snap is last:
+            continue
+        last = snap
+        yield html_event("board", s.render("_board.html",
+                                           **board_context(snap, s.engine, user, s.tracker)))
+
+
+class HTTPError(Struct):
+    """Litestar's own error body (the dashboard is a page, not the OpenAI-style API)."""
+
+    status_code: int
+    detail: str
+    extra: dict[str, Any] | list[Any] | None = None
+
+
+@dataclass
+class PolicyForm:
+    policy: str = ""
+    admission: str = ""
+    csrf_token: str = ""  # checked by web.access.auth's middleware (shared mode)
+
+
+class DashboardController(Controller):
+    path = "/dashboard"
+    tags = ("Dashboard",)
+
+    @get("/", include_in_schema=False, name="dashboard:page")
+    async def page(self, request: Request[Any, Any, Any]) -> Template:
+        s, user = services(request), current_user(request)
+        context = board_context(s.engine.snapshot(), s.engine, user, s.tracker)
+        return Template("dashboard.html", context={
+            **context, "page": "dashboard", "model_name": s.config.model_name,
+            "policies": POLICIES, "admissions": ADMISSIONS})
+
+    @post("/policy", status_code=200, guards=[admin_guard], name="dashboard:policy",
+          include_in_schema=False)
+    async def policy(self, request: Request[Any, Any, Any],
+                     data: URLEncodedBody[PolicyForm]) -> Response[Any]:
+        """The admin's policy control: a short status line for htmx, else back to the page."""
+        try:
+            info = apply_policy(services(request), data.policy, data.admission)
+        except APIError as exc:
+            return Response(str(escape(exc.message)), status_code=400, media_type="text/html")
+        if request.headers.get("hx-request") != "true":
+            return Redirect("/dashboard", status_code=303)
+        return Response(str(escape(f"Policy {info.policy}, admission {info.admission}: "
+                                   "applies from the next round.")), media_type="text/html")
+
+    @get("/stream", media_type="text/event-stream", name="dashboard:stream",
+         summary="The dashboard board as HTML fragments (event `board`), while it changes")
+    async def stream(self, request: Request[Any, Any, Any]) -> EventSourceResponse:
+        s, user = services(request), current_user(request)
+        return event_stream(lambda shutdown: board_events(s, user, shutdown))
+
+    @post("/requests/{request_id:str}/cancel", status_code=204, name="dashboard:cancel",
+          responses={404: ResponseSpec(HTTPError, description="No live request with this id "
+                                       "that the viewer may cancel", generate_examples=False)},
+          summary="Cancel a waiting or running request (the viewer's own; any for an admin)")
+    async def cancel(self, request: Request[Any, Any, Any], request_id: FromPath[str]) -> None:
+        s, user = services(request), current_user(request)
+        owner = owner_of(s, request_id)
+        if owner is None or not user.can_see(owner) or not s.engine.cancel(request_id):
+            raise NotFoundException(f"no live request {request_id}")
