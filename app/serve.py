@@ -27,15 +27,14 @@ def pick_device(name: str) -> str:
 
 def build(settings: Settings, paths: Paths, model: ModelRef, progress: bool = True):
     """Load the model and build the Litestar app (the engine starts with the app's lifespan)."""
-    import engine
-    from engine import Engine, ModelExecutor, Tokenizer
+    from engine import Engine, ModelExecutor, Tokenizer, set_kernel_build_dir
     from web.app import create_app
     from web.config import WebConfig
 
     config = engine_config(settings)
     device = pick_device(settings.device)
     spec = None if model.kind == "default" else (str(model.path) if model.path else model.name)
-    engine.set_kernel_build_dir(paths.kernels_cache)
+    set_kernel_build_dir(paths.kernels_cache)
     executor = ModelExecutor.from_pretrained(spec, config, dtype=settings.dtype, device=device,
                                              cache_dir=paths.models_cache, progress=progress)
     config = dataclasses.replace(config, max_context=min(config.max_context,

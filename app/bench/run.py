@@ -186,9 +186,8 @@ def main(argv: list[str]) -> int:
     if problem:
         print(f"ferry bench: {problem}", file=sys.stderr)
         return 2
-    import engine
     from app.paths import get_paths
-    from engine import Engine, ModelExecutor, ModelNotFound
+    from engine import Engine, ModelExecutor, ModelNotFound, kernel_status, set_kernel_build_dir
 
     work = Workload(args.requests, args.concurrency, args.prompt, args.output, args.rate,
                     args.shared_prefix, args.seed)
@@ -198,7 +197,7 @@ def main(argv: list[str]) -> int:
                                         args.stall + 8192),
                           policy=args.policy)
     paths = get_paths()
-    engine.set_kernel_build_dir(paths.kernels_cache)
+    set_kernel_build_dir(paths.kernels_cache)
     try:
         executor = ModelExecutor.from_pretrained(args.model, config, dtype=args.dtype,
                                                  device=args.device,
@@ -232,7 +231,7 @@ def main(argv: list[str]) -> int:
         subset = prompts[:min(args.baseline_requests, len(prompts))]
         results.append(bench_hf.one_at_a_time(model, torch, subset, work, pad, len(prompts)))
         results.append(bench_hf.static_batches(model, torch, prompts, work, pad))
-    kernels = engine.kernel_status().split(" (")[0]  # native / off / unavailable: why
+    kernels = kernel_status().split(" (")[0]  # native / off / unavailable: why
     if executor.model.fused is not None:
         kernels += ", fused decode layers"
     report(results, work, dtype, args.json, kernels)

@@ -70,9 +70,9 @@ def torch_checks(settings: Settings) -> Iterator[Check]:
         yield Check("ok" if onednn_works() else "info", "cpu kernels",
                     "float32 weights packed for oneDNN" if onednn_works()
                     else "oneDNN linear unavailable: plain torch matmuls")
-        import engine
+        from engine import kernel_status
 
-        state = engine.kernel_status()
+        state = kernel_status()
         yield Check("ok" if state.startswith("native") else "info", "fused kernels",
                     state if state.startswith(("native", "off")) else
                     f"{state}; plain torch ops instead (slower small-batch decode)")
@@ -114,9 +114,9 @@ def run_checks(settings: Settings | None, paths: Paths, config_error: str | None
         state = "" if paths.config_file.is_file() else " (not present: defaults)"
         checks.append(Check("ok", "config", f"{paths.config_file}{state}"))
     settings = settings or Settings()
-    import engine
+    from engine import set_kernel_build_dir
 
-    engine.set_kernel_build_dir(paths.kernels_cache)
+    set_kernel_build_dir(paths.kernels_cache)
     checks.extend(torch_checks(settings))
     checks.extend(model_checks(settings, paths))
     for label, folder in paths.as_dict().items():
