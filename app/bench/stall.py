@@ -54,7 +54,7 @@ def measure(executor: object, policy: str, long_prompt: int, budget: int,
             t.join()
     finally:
         engine.stop()
-    chunk_rounds = [r.duration for r in engine.runtime.snapshot().rounds if r.phase != "decode"]
+    chunk_rounds = [r.duration for r in engine.snapshot().rounds if r.phase != "decode"]
     return {"worst_stall_s": max(gaps), "median_itl_s": sorted(gaps)[len(gaps) // 2],
             "long_prompt_ttft_s": prefill_time,
             "max_prefill_round_s": max(chunk_rounds, default=0.0)}

@@ -130,7 +130,7 @@ def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05,
 def assert_engine_idle(engine: Any) -> None:
     """Every slot and KV page is free once the engine went idle."""
     assert engine.wait_idle(60), "the engine did not go idle"
-    snap = wait_for(lambda: (s := engine.runtime.snapshot()).busy is False and s, message="idle snapshot")
+    snap = wait_for(lambda: (s := engine.snapshot()).busy is False and s, message="idle snapshot")
     assert snap.free_slots == snap.max_running
     assert snap.kv.used == 0 and snap.kv.reserved == 0
     assert not snap.waiting and not snap.running

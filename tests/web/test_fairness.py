@@ -50,7 +50,7 @@ def run_rounds(policy: str, weights: Any, model_dir: Path) -> tuple[list[RoundVi
         list(a.events(timeout=120))
         list(events)
         assert engine.wait_idle(30)
-        rounds = list(engine.runtime.snapshot().rounds)
+        rounds = list(engine.snapshot().rounds)
     finally:
         engine.stop()
     return rounds, a.id, b.id

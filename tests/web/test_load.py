@@ -167,7 +167,7 @@ class HealthProbe(threading.Thread):
 
 def test_two_hundred_clients_with_faults(server: Any, idle_check: Any) -> None:
     engine = server.engine
-    before = engine.runtime.snapshot().metrics
+    before = engine.snapshot().metrics
     rejected_before = before.rejected
     probe = HealthProbe(server.url)
     probe.start()
@@ -185,7 +185,7 @@ def test_two_hundred_clients_with_faults(server: Any, idle_check: Any) -> None:
     refusals = sorted(o.seconds for o in outcomes if o.result.startswith("refused"))
     worst_refusal = refusals[-1] if refusals else 0.0
     median_refusal = refusals[len(refusals) // 2] if refusals else 0.0
-    snap = engine.runtime.snapshot()
+    snap = engine.snapshot()
     print(f"\nload: {CLIENTS} clients ({dict(kinds)}), max_running {MAX_RUNNING}, "
           f"queue bound {MAX_WAITING} waiting")
     print(f"load: outcomes {dict(results)}")
@@ -222,7 +222,7 @@ def test_two_hundred_clients_with_faults(server: Any, idle_check: Any) -> None:
             assert o.retry_after and int(o.retry_after) >= 1
             continue
         assert o.status == 200 and o.request_id, o
-        assert engine.runtime.handle(o.request_id) is None, f"{o.request_id} never ended"
+        assert engine.handle(o.request_id) is None, f"{o.request_id} never ended"
         handle = tracker.get(o.request_id).handle
         final = handle.final  # None when the client left before the end
         if o.result == "completed":

@@ -47,7 +47,7 @@ def run_all(engine: Engine, prompts: list[list[int]], cached: list[int] | None =
 
 def assert_all_free(engine: Engine) -> None:
     assert engine.wait_idle(30)
-    snap = engine.runtime.snapshot()
+    snap = engine.snapshot()
     assert snap.free_slots == snap.max_running
     assert snap.kv.used == 0 and snap.kv.reserved == 0
     assert snap.kv.free + snap.kv.cached == snap.kv.total

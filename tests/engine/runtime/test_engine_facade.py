@@ -51,7 +51,7 @@ def finish(handle) -> FinalEvent:
 
 def assert_all_free(engine: Engine) -> None:
     assert engine.wait_idle(10)
-    snap = engine.runtime.snapshot()
+    snap = engine.snapshot()
     assert snap.free_slots == snap.max_running and snap.kv.used == 0
     assert not snap.waiting and not snap.running
 
@@ -72,7 +72,7 @@ def test_requests_complete_with_usage(engine: Engine) -> None:
         assert final.usage.prompt_tokens == 4 and final.usage.completion_tokens == 5
         assert final.timings.ttft is not None and final.timings.total >= final.timings.ttft
     assert engine.wait_idle(5)
-    snap = engine.runtime.snapshot()
+    snap = engine.snapshot()
     assert snap.metrics.completed >= 5
     view = snap.find(handles[0].id)  # finished requests stay inspectable for a while
     assert view is not None and view.finish_reason == "length" and view.output_tokens == 5
@@ -156,7 +156,7 @@ def test_reconfigure_changes_policy(engine: Engine) -> None:
     engine.reconfigure(policy="interleave", admission="fair")
     h = engine.submit([1, 2, 3], SamplingParams(max_tokens=2))
     finish(h)
-    snap = engine.runtime.snapshot()
+    snap = engine.snapshot()
     assert (snap.policy, snap.admission) == ("interleave", "fair")
     with pytest.raises(ValueError):
         engine.reconfigure(policy="random")

@@ -61,7 +61,7 @@ def busy(server: Any, count: int) -> Any:
 def test_global_queue_bound_is_a_quick_429_and_counted(server: Any, waiter: Any,
                                                        idle_check: Any) -> None:
     engine = server.engine
-    before = engine.runtime.snapshot().metrics.rejected
+    before = engine.snapshot().metrics.rejected
     with busy(server, 4):  # 2 running + 2 waiting: the bound
         waiter(lambda: len(engine.live_ids()) == 4, 10, message="four live")
         body = {"model": MODEL, "messages": chat("one more"), "max_tokens": 4}
@@ -75,7 +75,7 @@ def test_global_queue_bound_is_a_quick_429_and_counted(server: Any, waiter: Any,
         page, took = timed("POST", server.url + "/c", data={"content": "queue full?"})
         assert page.status_code == 429 and page.headers["retry-after"] and took < QUICK
         assert "queue is full" in page.text
-        rejected = waiter(lambda: (n := engine.runtime.snapshot().metrics.rejected) >= before + 3
+        rejected = waiter(lambda: (n := engine.snapshot().metrics.rejected) >= before + 3
                           and n, 10, message="rejections in a snapshot")
         board = httpx.get(server.url + "/dashboard").text
         assert re.search(rf"<dt>Rejected</dt><dd>{rejected}</dd>", board), "dashboard count"
