@@ -15,7 +15,15 @@ from engine.runtime.events import FinalEvent, Timings, TokenEvent, Usage
 from engine.runtime.handle import RequestHandle, TextDelta
 from engine.runtime.snapshot import EngineSnapshot, KVView, MetricsView, RequestView, RoundView
 from engine.scheduling.admission import WaitReason
-from engine.scheduling.request import FinishReason, RequestError, SamplingParams
+from engine.scheduling.request import (
+    MAX_LOGPROBS,
+    SEED_MAX,
+    SEED_MIN,
+    FinishReason,
+    RequestError,
+    SamplingParams,
+    TokenLogprob,
+)
 
 if TYPE_CHECKING:
     from engine.execution.cpu import cpu_has_native_bf16
@@ -48,9 +56,11 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "ADMISSIONS", "POLICIES", "AdmissionOrder", "ConfigError", "Engine", "EngineConfig",
+    "ADMISSIONS", "MAX_LOGPROBS", "POLICIES", "SEED_MAX", "SEED_MIN", "AdmissionOrder",
+    "ConfigError", "Engine", "EngineConfig",
     "EngineSnapshot", "FinalEvent", "FinishReason", "KVView", "MetricsView", "ModelExecutor",
     "ModelNotFound", "Policy", "QueueFull", "RequestError", "RequestHandle", "RequestView",
-    "RoundView", "SamplingParams", "TextDelta", "Timings", "TokenEvent", "Tokenizer", "Usage",
+    "RoundView", "SamplingParams", "TextDelta", "Timings", "TokenEvent", "TokenLogprob",
+    "Tokenizer", "Usage",
     "WaitReason", "cpu_has_native_bf16", "kernel_status", "onednn_works", "set_kernel_build_dir",
 ]

@@ -23,7 +23,7 @@ from engine.execution.model.llama import LlamaForCausalLM
 from engine.execution.sampler import Sampler
 from engine.execution.tokenizer import read_eos_ids
 from engine.scheduling.batch import Batch
-from engine.scheduling.request import Request
+from engine.scheduling.request import Request, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,12 @@ class ModelExecutor:
             logits, sample_items = self.compute_logits(batch)
             reqs = [items[i].request for i in sample_items]
             tokens = self.sampler.sample(logits, [r.params for r in reqs], [r.id for r in reqs])
+            wanted = [row for row, r in enumerate(reqs) if r.params.logprobs is not None]
+            if wanted:  # from the logits sampled from, before temperature / top-k / top-p
+                scored = token_logprobs(logits[wanted], [tokens[row] for row in wanted],
+                                        max(reqs[row].params.logprobs or 0 for row in wanted))
+                for row, lp in zip(wanted, scored):
+                    reqs[row].output_logprobs.append(trim(lp, reqs[row].params.logprobs or 0))
         for i, tok in zip(sample_items, tokens):
             out[i] = tok
         return out
@@ -110,6 +116,8 @@ class ModelExecutor:
         positions: list[int] = []
         slots: list[int] = []
         query_lens, kv_lens, tables, sample_rows, sample_items = [], [], [], [], []
+        score_rows: list[int] = []  # rows whose logits score the next prompt token
+        scored: list[tuple[Request, int, int]] = []  # (request, first target, count)
         for i in order:
             it = items[i]
             req, start, n = it.request, it.start, it.num_tokens
@@ -132,6 +140,12 @@ class ModelExecutor:
             query_lens.append(n)
             kv_lens.append(end)
             tables.append(pages)
+            if req.params.prompt_logprobs is not None and start < req.prompt_len - 1:
+                # row of position p predicts prompt token p + 1 (the last prompt row samples)
+                last = min(end, req.prompt_len - 1)
+                first_row = len(ids) - n
+                score_rows.extend(range(first_row, first_row + last - start))
+                scored.append((req, start + 1, last - start))
             if it.sample:
                 sample_rows.append(len(ids) - 1)
                 sample_items.append(i)
@@ -140,11 +154,49 @@ class ModelExecutor:
         with torch.inference_mode():
             self.attn.prepare(AttentionInputs(query_lens, kv_lens, tables, as_tensor(slots)))
             logits = self.model(as_tensor(ids), as_tensor(positions), self.attn,
-                                as_tensor(sample_rows))
+                                as_tensor(score_rows + sample_rows))
+            if score_rows:
+                self._score_prompts(logits[:len(score_rows)], scored)
+                logits = logits[len(score_rows):]
         return logits, sample_items
+
+    @staticmethod
+    def _score_prompts(logits: torch.Tensor, scored: list[tuple[Request, int, int]]) -> None:
+        """logits [sum of counts, vocab] -> each request's prompt_logprobs, extended."""
+        row = 0
+        for req, first, count in scored:
+            n = req.params.prompt_logprobs or 0
+            targets = req.prompt_ids[first:first + count]
+            if not req.prompt_logprobs:
+                req.prompt_logprobs.append(None)  # the first prompt token: nothing predicts it
+            for block in range(0, count, SCORE_BLOCK):  # bounds the float32 copy
+                part = logits[row + block:row + min(count, block + SCORE_BLOCK)]
+                req.prompt_logprobs.extend(
+                    token_logprobs(part, targets[block:block + SCORE_BLOCK], n))
+            row += count
 
     # --- sizing ----------------------------------------------------------------
 
     def kv_bytes_per_token(self) -> int:
         cfg = self.model.config
         return KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype)
+
+
+SCORE_BLOCK = 128  # prompt rows turned into float32 log-probabilities at a time
+
+
+def token_logprobs(logits: torch.Tensor, targets: list[int], top: int) -> list[TokenLogprob]:
+    """logits [R, vocab] -> per row, log_softmax (float32) at `targets[r]` and the `top` best."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [R, vocab]
+    chosen = logp.gather(1, torch.tensor(targets, device=logp.device)[:, None]).squeeze(1)
+    chosen_list = chosen.tolist()
+    if top <= 0:
+        return [TokenLogprob(t, lp) for t, lp in zip(targets, chosen_list)]
+    vals, idx = logp.topk(top, dim=-1)  # [R, top]
+    return [TokenLogprob(t, lp, tuple(zip(i, v)))
+            for t, lp, i, v in zip(targets, chosen_list, idx.tolist(), vals.tolist())]
+
+
+def trim(lp: TokenLogprob, top: int) -> TokenLogprob:
+    """Keep a row's `top` best alternatives (rows of one batch are scored to the widest ask)."""
+    return lp if len(lp.top) <= top else TokenLogprob(lp.token_id, lp.logprob, lp.top[:top])

@@ -30,8 +30,14 @@ from engine.runtime.handle import RequestHandle
 from engine.runtime.metrics import MetricsRecorder
 from engine.runtime.snapshot import EngineSnapshot, RequestView, RoundView
 from engine.runtime.snapshot_builder import build_snapshot, request_view, round_view
-from engine.scheduling.batch import Executor
-from engine.scheduling.request import Request, RequestError, SamplingParams, new_request_id
+from engine.scheduling.batch import BatchItem, Executor
+from engine.scheduling.request import (
+    Request,
+    RequestError,
+    SamplingParams,
+    TokenLogprob,
+    new_request_id,
+)
 
 if TYPE_CHECKING:
     from engine.execution.tokenizer import Tokenizer
@@ -205,13 +211,19 @@ class Engine:
         for item, token in zip(record.batch.items, record.tokens):
             if not item.is_decode:
                 prefill += item.num_tokens
-            if token is not None and record.error is None:
-                out += 1
-                req = item.request
-                self._metrics.on_token(req, now)
+            if record.error is not None:
+                continue
+            req = item.request
+            scored = prompt_logprobs(req, item)
+            if token is not None or scored is not None:
+                if token is not None:
+                    out += 1
+                    self._metrics.on_token(req, now)
                 handle = self.handle(req.id)
                 if handle is not None:
-                    handle.put(TokenEvent((token,)))
+                    lps = (req.output_logprobs[-1],) if token is not None and \
+                        req.params.logprobs is not None and req.output_logprobs else ()
+                    handle.put(TokenEvent(() if token is None else (token,), lps, scored))
         self._metrics.on_round(now, out, prefill)
         for req in record.finished:
             self._end(req, req.finish_reason or "error", req.error)
@@ -252,6 +264,13 @@ class Engine:
             self._end(req, "cancelled", None)
         self._check_idle()
         self._publish()
+
+
+def prompt_logprobs(req: Request, item: BatchItem) -> tuple[TokenLogprob | None, ...] | None:
+    """The prompt's log-probabilities, once, in the round that completes a scored prompt."""
+    if req.params.prompt_logprobs is None or item.start + item.num_tokens != req.prompt_len:
+        return None
+    return tuple(req.prompt_logprobs) if req.prompt_logprobs else (None,)
 
 
 def final_event(req: Request, error: str | None) -> FinalEvent:

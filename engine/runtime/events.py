@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.scheduling.request import FinishReason, Request
+from engine.scheduling.request import FinishReason, Request, TokenLogprob
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +32,13 @@ class Stop:
 
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
-    """Token ids sampled for one request in one round (detokenized by the consumer)."""
+    """Token ids sampled for one request in one round (detokenized by the consumer), with
+    their log-probabilities when asked; the round that completes a prompt that is scored
+    carries all of its prompt log-probabilities (token_ids is empty for max_tokens 0)."""
 
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from engine.runtime.events import FinalEvent, TokenEvent
+from engine.scheduling.request import TokenLogprob
 
 if TYPE_CHECKING:
     from engine.execution.tokenizer import Tokenizer
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 class TextDelta:
     text: str
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()  # of token_ids, when the request asked
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # once, when asked
 
 
 Event = TextDelta | FinalEvent
@@ -36,6 +39,8 @@ class RequestHandle:
         self.created = time.time()
         self.text = ""  # everything emitted so far (for reattaching streams)
         self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprob] = []  # one per output token, when asked
+        self.prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
         self.final: FinalEvent | None = None
         self._cancel = cancel
         self._detok = tokenizer.detokenizer(prompt_ids) if tokenizer is not None else None
@@ -81,13 +86,16 @@ class RequestHandle:
         if self._stopped:
             return None  # generated after the stop string, before the cancel landed
         self.token_ids.extend(event.token_ids)
+        self.logprobs.extend(event.logprobs)
+        if event.prompt_logprobs is not None:
+            self.prompt_logprobs = event.prompt_logprobs
         text = "".join(self._detok.push(t) for t in event.token_ids) if self._detok else ""
         if self._stop is not None:
             text, hit = self._stop.push(text)
             if hit:
                 self._cancel(self.id, "stop")
         self.text += text
-        return TextDelta(text, event.token_ids)
+        return TextDelta(text, event.token_ids, event.logprobs, event.prompt_logprobs)
 
     @property
     def _stopped(self) -> bool:

@@ -53,7 +53,8 @@ class KVAccounting:
 
     # -- request lifecycle -----------------------------------------------------------------
     def match(self, req: Request, touch: bool = True) -> PrefixMatch:
-        if self.cache is None:
+        if self.cache is None or req.params.prompt_logprobs is not None:
+            # scoring the prompt needs the logits of every position: a cached prefix has none
             return PrefixMatch(None, [], 0)
         # At least the last prompt token is computed, to give logits.
         max_pages = (req.prompt_len - 1) // self.page_size

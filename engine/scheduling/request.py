@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 FinishReason = Literal["length", "stop", "cancelled", "error"]
+MAX_LOGPROBS = 20  # top alternatives per position, as OpenAI's and vLLM's limit
+# torch.Generator.manual_seed takes a signed or unsigned 64-bit integer
+SEED_MIN, SEED_MAX = -(2 ** 63), 2 ** 64 - 1
 
 
 class RequestError(ValueError):
@@ -22,10 +25,17 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # log-probabilities of the model's raw distribution (before temperature, top-k, top-p):
+    # None = not wanted; n = the chosen token's plus the n most likely alternatives
+    logprobs: int | None = None  # for each output token
+    prompt_logprobs: int | None = None  # for each prompt token after the first
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise RequestError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        # max_tokens 0 is a prefill-only request: it exists to score the prompt
+        least = 0 if self.prompt_logprobs is not None else 1
+        if not isinstance(self.max_tokens, int) or self.max_tokens < least:
+            what = "a positive integer" if least else "an integer >= 0"
+            raise RequestError(f"max_tokens must be {what}, got {self.max_tokens!r}")
         if not 0.0 <= self.temperature <= 2.0:
             raise RequestError(f"temperature must be within [0, 2], got {self.temperature!r}")
         if not 0.0 < self.top_p <= 1.0:
@@ -34,10 +44,25 @@ class SamplingParams:
             raise RequestError(f"top_k must be >= 0, got {self.top_k!r}")
         if any(not s for s in self.stop):
             raise RequestError("stop strings must not be empty")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise RequestError(f"seed must be within [{SEED_MIN}, {SEED_MAX}], got {self.seed}")
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(self, name)
+            if n is not None and not 0 <= n <= MAX_LOGPROBS:
+                raise RequestError(f"{name} must be within [0, {MAX_LOGPROBS}], got {n}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One position's log-probability: of `token_id`, and the `top` (id, logprob) pairs."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 class RequestState(enum.Enum):
@@ -73,6 +98,10 @@ class Request:
     num_chunks: int = 0  # prefill chunks run so far
     finish_reason: FinishReason | None = None
     error: str | None = None
+    # written by the executor when params ask: prompt_logprobs[p] scores prompt token p
+    # (None for p == 0, which nothing predicts); output_logprobs[i] scores output token i
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)
     # timings (engine clock)
     admitted_at: float | None = None
     first_token_at: float | None = None

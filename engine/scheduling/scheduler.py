@@ -102,7 +102,10 @@ class Scheduler:
                 check.admitted(req)
             take = min(budget, req.prefill_left)
             budget -= take
-            items.append(BatchItem(req, req.num_computed, take, take == req.prefill_left))
+            last = take == req.prefill_left
+            # a prefill-only request (max_tokens 0) samples nothing, even on its last chunk
+            items.append(BatchItem(req, req.num_computed, take,
+                                   last and req.params.max_tokens > 0))
         return items
 
     def _finalize(self, batch: Batch) -> Batch:
@@ -122,6 +125,10 @@ class Scheduler:
                 req.num_chunks += 1
                 if req.num_computed >= req.prompt_len:
                     self._prompt_done(req)
+                    if req.params.max_tokens == 0:  # prefill only: done once scored
+                        self.finish(req, "length", now)
+                        finished.append(req)
+                        continue
             if item.sample:
                 assert token is not None, f"executor sampled nothing for {req.id}"
                 reason = self._append(req, token, now)
