@@ -1,9 +1,10 @@
-"""Build (once per machine) and load Ferry's fused CPU kernels (cpu_kernels.c) through ctypes.
+"""Build (once per machine) and load Ferry's fused CPU kernels (csrc/) through ctypes.
 
-The C file has no torch or Python headers, so it compiles in about a second with the system C
-compiler; the result is cached under a name that hashes the source, the flags and the
-compiler, so an edit or a different machine rebuilds. Where no compiler works (or
-FERRY_NATIVE_KERNELS=0), `library()` returns None, says why in `status()`, and every caller
+Every csrc/*.c compiles into one shared library. The C has no torch or Python headers, so it
+builds in seconds with the system C compiler; the result is cached under a name that hashes
+every csrc/*.c and *.h, the flags and the compiler, so an edit or a different machine
+rebuilds. The functions' argument types come from the headers' prototypes (cdecl.py).
+Where no compiler works (or FERRY_NATIVE_KERNELS=0), `library()` returns None, says why in `status()`, and every caller
 keeps its plain torch path: the kernels make things faster, never possible.
 
 The library links the libgomp that torch loaded, so its OpenMP regions run on the same
@@ -20,32 +21,39 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from ctypes import c_float, c_int, c_int64, c_void_p
 from pathlib import Path
 
 import torch
 
+from engine.kernels import cdecl
+
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
+CSRC = Path(__file__).with_name("csrc")
 DISABLE_ENV = "FERRY_NATIVE_KERNELS"  # "0" turns the kernels off
 
 _build_dir: Path | None = None
 _status = "not loaded yet"
 
-# name -> argument types (all return void)
-_SIGNATURES: dict[str, list[type]] = {
-    "ferry_rms_norm": [c_void_p, c_void_p, c_void_p, c_void_p, c_int64, c_int, c_float, c_int],
-    "ferry_rotary": [c_void_p, c_int64, c_int64, c_int, c_int, c_void_p, c_void_p, c_int],
-    "ferry_silu_mul": [c_void_p, c_void_p, c_int64, c_int, c_int],
-    "ferry_store_kv": [c_void_p, c_int64, c_void_p, c_int64, c_void_p, c_int, c_int, c_int, c_int],
-    "ferry_decode_attention": [c_void_p, c_int64, c_void_p, c_void_p, c_void_p, c_void_p, c_int64,
-                               c_int, c_int, c_int, c_int, c_float, c_void_p, c_int],
-    "ferry_gemv_bf16": [c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_int64, c_int64],
-    "ferry_argmax": [c_void_p, c_int64, c_int64, c_int, c_void_p],
-    "ferry_decode_layer": [c_void_p, c_void_p, c_int64, c_void_p, c_void_p, c_int, c_void_p,
-                           c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p],
-}
+
+def sources() -> list[Path]:
+    """The C files compiled together into the library."""
+    return sorted(CSRC.glob("*.c"))
+
+
+def headers() -> list[Path]:
+    return sorted(CSRC.glob("*.h"))
+
+
+@functools.cache
+def declarations() -> cdecl.Declarations:
+    """The headers' prototypes and structs (read without a compiler)."""
+    return cdecl.parse(headers())
+
+
+def struct(name: str) -> type[ctypes.Structure]:
+    """The ctypes Structure of the C typedef `name` in csrc/*.h."""
+    return declarations().structs[name]
 
 
 def set_build_dir(path: Path) -> None:
@@ -79,7 +87,8 @@ def _flags(libdir: Path) -> tuple[list[str], list[str]]:
 def _target(cc: str, compile_flags: list[str], link: list[str]) -> Path:
     version = subprocess.run([cc, "--version"], check=False, capture_output=True, text=True,
                              timeout=30).stdout.splitlines()[:1]
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, *version, *compile_flags, *link,
+    code = [f"{p.name}\0{p.read_text()}" for p in [*sources(), *headers()]]
+    key = hashlib.sha256("\0".join([*code, cc, *version, *compile_flags, *link,
                                     platform.machine()]).encode()).hexdigest()[:16]
     user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
     base = _build_dir or Path(tempfile.gettempdir()) / f"ferry-kernels-{user}"
@@ -101,7 +110,8 @@ def _build(cc: str, compile_flags: list[str], link: list[str], target: Path) -> 
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        cmd = [cc, *compile_flags, "-shared", str(SOURCE), "-o", tmp, *link]
+        cmd = [cc, *compile_flags, "-shared", f"-I{CSRC}", *map(str, sources()), "-o", tmp,
+               *link]
         done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
@@ -136,9 +146,9 @@ def library() -> ctypes.CDLL | None:
             log.info("compiling Ferry's CPU kernels into %s", target)
             _build(cc, compile_flags, link, target)
         lib = ctypes.CDLL(str(target))
-        for name, args in _SIGNATURES.items():
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = args, None
+        for fn_decl in declarations().functions.values():
+            fn = getattr(lib, fn_decl.name)
+            fn.argtypes, fn.restype = fn_decl.argtypes, fn_decl.restype
     except Exception as exc:  # noqa: BLE001 -- any failure here means: use the torch path
         _status = f"unavailable: {exc}"
         log.warning("Ferry's CPU kernels are unavailable, using plain torch: %s", exc)

@@ -1,7 +1,8 @@
-"""Python entry points to the fused CPU kernels (cpu_kernels.c); callers check `usable` first.
+"""Python entry points to the fused CPU kernels (csrc/); callers check `usable` first.
 
 Each function takes and returns torch tensors, checks shapes only cheaply (they run ~300 times
 per decode step, where microseconds count) and leaves the plain torch path to the caller.
+Kernels that allocate return an error code: `_check` turns it into MemoryError.
 """
 from __future__ import annotations
 
@@ -11,7 +12,17 @@ import torch
 
 from engine.kernels import native
 
+# dt codes of csrc/ferry.h; the activations' kernels take float32 and bfloat16, the KV pool
+# may also be float16
 _DT = {torch.float32: 0, torch.bfloat16: 1}
+POOL_DT = {**_DT, torch.float16: 2}
+_ENOMEM = -1
+
+
+def _check(rc: int, name: str) -> None:
+    if rc != 0:
+        raise MemoryError(f"{name}: out of memory") if rc == _ENOMEM else RuntimeError(
+            f"{name} failed with code {rc}")
 
 
 def usable(t: torch.Tensor) -> bool:
@@ -27,9 +38,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     out = torch.empty_like(x)
     if residual is not None and (residual.shape != x.shape or not residual.is_contiguous()):
         raise ValueError(f"residual {tuple(residual.shape)} does not match x {tuple(x.shape)}")
-    native.library().ferry_rms_norm(
+    _check(native.library().ferry_rms_norm(
         x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
-        out.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], eps, _DT[x.dtype])
+        out.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], eps, _DT[x.dtype]), "rms_norm")
     return out
 
 
@@ -39,9 +50,9 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     t, heads, dim = x.shape
     if x.stride(2) != 1 or x.stride(1) != dim or cos.shape[0] != t or sin.shape[0] != t:
         raise ValueError("rotary: x must be [tokens, heads, dim] with contiguous heads")
-    native.library().ferry_rotary(x.data_ptr(), x.stride(0), t, heads, dim,
-                                  cos.contiguous().data_ptr(), sin.contiguous().data_ptr(),
-                                  _DT[x.dtype])
+    _check(native.library().ferry_rotary(x.data_ptr(), x.stride(0), t, heads, dim,
+                                         cos.contiguous().data_ptr(),
+                                         sin.contiguous().data_ptr(), _DT[x.dtype]), "rotary")
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -49,20 +60,21 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate_up = gate_up.contiguous()
     rows, n2 = gate_up.shape
     out = gate_up.new_empty(rows, n2 // 2)
-    native.library().ferry_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, n2 // 2,
-                                    _DT[gate_up.dtype])
+    _check(native.library().ferry_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, n2 // 2,
+                                           _DT[gate_up.dtype]), "silu_and_mul")
     return out
 
 
 def store_kv(kv: torch.Tensor, slots: torch.Tensor, paged: torch.Tensor) -> None:
     """kv [tokens, 2, kv_heads, dim] (token rows may be strided) into one layer of the pool,
-    paged [pages, 2, kv_heads, page_size, dim], at int64 `slots`."""
+    paged [pages, 2, kv_heads, page_size, dim], at int64 `slots` (rounded to the pool's dtype
+    as torch's .to() rounds, where the two differ)."""
     _, _, kvh, ps, dim = paged.shape
     if kv.stride(1) != kvh * dim or kv.stride(2) != dim or kv.stride(3) != 1:
         raise ValueError("store_kv: kv must have contiguous [2, kv_heads, dim] token rows")
     native.library().ferry_store_kv(kv.data_ptr(), kv.stride(0), slots.data_ptr(),
                                     slots.shape[0], paged.data_ptr(), kvh, ps, dim,
-                                    _DT[kv.dtype])
+                                    _DT[kv.dtype], POOL_DT[paged.dtype])
 
 
 class DecodePages:
@@ -89,16 +101,16 @@ class DecodePages:
 def decode_attention(q: torch.Tensor, paged: torch.Tensor, pages: DecodePages,
                      scale: float) -> torch.Tensor:
     """q [seqs, heads, dim] (rows may be strided) attends over each sequence's cached K/V in
-    `paged` (one layer of the pool) -> [seqs, heads * dim]."""
+    `paged` (one layer of the pool, any of POOL_DT) -> [seqs, heads * dim] in q's dtype."""
     seqs, heads, dim = q.shape
     _, _, kvh, ps, _ = paged.shape
     if q.stride(2) != 1 or q.stride(1) != dim or seqs != pages.num:
         raise ValueError("decode_attention: q must be [seqs, heads, dim] with contiguous heads")
     out = q.new_empty(seqs, heads * dim)
-    native.library().ferry_decode_attention(
+    _check(native.library().ferry_decode_attention(
         q.data_ptr(), q.stride(0), paged.data_ptr(), pages.page_ids.data_ptr(),
         pages.page_starts.data_ptr(), pages.kv_lens.data_ptr(), seqs, heads, kvh, dim, ps,
-        scale, out.data_ptr(), _DT[q.dtype])
+        scale, out.data_ptr(), _DT[q.dtype], POOL_DT[paged.dtype]), "decode_attention")
     return out
 
 
@@ -111,9 +123,10 @@ def gemv_bf16(x: torch.Tensor, weight: torch.Tensor,
     if rows < 1 or weight.shape[1] != n_in or not weight.is_contiguous():
         raise ValueError(f"gemv_bf16: x {tuple(x.shape)}, weight {tuple(weight.shape)}")
     out = x.new_empty(rows, weight.shape[0])
-    native.library().ferry_gemv_bf16(x.data_ptr(), weight.data_ptr(),
-                                     None if bias is None else bias.data_ptr(), out.data_ptr(),
-                                     rows, n_in, weight.shape[0])
+    _check(native.library().ferry_gemv_bf16(x.data_ptr(), weight.data_ptr(),
+                                            None if bias is None else bias.data_ptr(),
+                                            out.data_ptr(), rows, n_in, weight.shape[0]),
+           "gemv_bf16")
     return out
 
 
@@ -122,22 +135,15 @@ def argmax(logits: torch.Tensor) -> list[int]:
     logits = logits.contiguous()
     rows, n = logits.shape
     out = torch.empty(rows, dtype=torch.int64)
-    native.library().ferry_argmax(logits.data_ptr(), rows, n, _DT[logits.dtype], out.data_ptr())
+    _check(native.library().ferry_argmax(logits.data_ptr(), rows, n, _DT[logits.dtype],
+                                         out.data_ptr()), "argmax")
     return out.tolist()
 
 
-class LayerWeights(ctypes.Structure):
-    """One decoder layer's weights for `decode_layer` (mirrors ferry_layer in the C file);
-    None = absent (no bias, no q/k norm). Holds raw pointers: the tensors must outlive it."""
-    _fields_ = [(name, ctypes.c_void_p) for name in (
-        "input_norm", "post_norm", "q_norm", "k_norm", "qkv_w", "qkv_b", "o_w", "o_b",
-        "gate_up_w", "gate_up_b", "down_w", "down_b", "pages")]
-
-
-class LayerDims(ctypes.Structure):
-    _fields_ = [("hidden", ctypes.c_int64), ("inter", ctypes.c_int64), ("heads", ctypes.c_int),
-                ("kv_heads", ctypes.c_int), ("dim", ctypes.c_int), ("page_size", ctypes.c_int),
-                ("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+# One decoder layer's weights for `decode_layer` (ferry_layer, csrc/kernels.h); None = absent
+# (no bias, no q/k norm). Holds raw pointers: the tensors must outlive it.
+LayerWeights = native.struct("ferry_layer")
+LayerDims = native.struct("ferry_dims")
 
 
 def pointer(t: torch.Tensor | None) -> int | None:
@@ -156,7 +162,8 @@ def decode_layer(weights: LayerWeights, dims: LayerDims, x: torch.Tensor, residu
     """One bf16 decoder layer for a decode round of x.shape[0] sequences, in place: x (the
     previous layer's output) becomes this layer's output, residual the running sum (`first`:
     started from x). cos/sin: the round's rotary tables; slots/pages: the round's K/V places."""
-    native.library().ferry_decode_layer(
+    _check(native.library().ferry_decode_layer(
         ctypes.byref(weights), ctypes.byref(dims), x.shape[0], x.data_ptr(), residual.data_ptr(),
         int(first), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), pages.page_ids.data_ptr(),
-        pages.page_starts.data_ptr(), pages.kv_lens.data_ptr(), scratch.data_ptr())
+        pages.page_starts.data_ptr(), pages.kv_lens.data_ptr(), scratch.data_ptr()),
+        "decode_layer")

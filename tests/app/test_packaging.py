@@ -116,7 +116,7 @@ def test_pyinstaller_spec_compiles() -> None:
     compile(source, "ferry.spec", "exec")
     assert "app.cli" in (PACKAGING / "ferry_entry.py").read_text()
     for name in ("htmx.org/dist/htmx.min.js", "htmx-ext-sse/dist/sse.min.js", "web/templates",
-                 "web/static", "engine/kernels/cpu_kernels.c"):
+                 "web/static", "engine/kernels/csrc"):
         assert name in source
 
 
@@ -143,8 +143,10 @@ def test_pyinstaller_bundle(tmp_path: Path) -> None:
     assert (tmp_path / "dist" / "ferry" / "_internal" / "node_modules" / "htmx.org" / "dist" /
             "htmx.min.js").is_file()
     # the fused kernels' source travels, and the bundle builds and loads them
-    assert (tmp_path / "dist" / "ferry" / "_internal" / "engine" / "kernels" /
-            "cpu_kernels.c").is_file()
+    csrc = tmp_path / "dist" / "ferry" / "_internal" / "engine" / "kernels" / "csrc"
+    assert (csrc / "ferry.h").is_file() and (csrc / "kernels.h").is_file()
+    assert {p.name for p in csrc.glob("*.c")} == {p.name for p in
+                                                  (REPO / "engine/kernels/csrc").glob("*.c")}
     done = subprocess.run([str(exe), "doctor"], capture_output=True, text=True, env=env,
                           check=False)
     assert "fused kernels" in done.stdout, done.stdout + done.stderr

@@ -1,0 +1,57 @@
+/* The fused CPU kernels' entry points (one file per family beside this header) and the
+ * structs Python fills for them. engine/kernels/native.py binds each prototype below through
+ * ctypes and builds a ctypes Structure from each typedef: declare them here and nowhere else.
+ * Functions returning int return FERRY_OK or FERRY_ENOMEM (ferry.h). */
+#ifndef FERRY_KERNELS_H
+#define FERRY_KERNELS_H
+
+#include "ferry.h"
+
+/* norm.c: out[r] = rms_norm(x[r]) * w (residual: residual += x first, norm of the sum) */
+int ferry_rms_norm(void *x, void *residual, const void *w, void *out, int64_t rows, int dim,
+                   float eps, int dt);
+
+/* rotary.c: rotate `heads` head vectors of each token row in place (rotate_half convention) */
+int ferry_rotary(void *x, int64_t row_stride, int64_t tokens, int heads, int dim,
+                 const void *cos, const void *sin, int dt);
+
+/* activation.c: out[r] = silu(gate) * up for rows [gate (n) | up (n)] */
+int ferry_silu_mul(const void *gate_up, void *out, int64_t rows, int n, int dt);
+
+/* kv_store.c: new tokens' K/V rows (in dt) into one layer of the paged pool (in pool_dt) */
+void ferry_store_kv(const void *kv, int64_t row_stride, const int64_t *slots, int64_t tokens,
+                    void *pool, int kv_heads, int page_size, int dim, int dt, int pool_dt);
+
+/* attention.c: one new token per sequence attends over its cached K/V in the pool; q and out
+ * in dt, the pool in pool_dt */
+int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
+                           const int32_t *page_ids, const int64_t *page_starts,
+                           const int32_t *kv_lens, int64_t seqs, int heads, int kv_heads,
+                           int dim, int page_size, float scale, void *out, int dt, int pool_dt);
+
+/* gemv_bf16.c: y = x @ w.T (+ bias) for a few bf16 rows */
+int ferry_gemv_bf16(const void *x, const void *w, const void *bias, void *y, int rows,
+                    int64_t in, int64_t out);
+
+/* argmax.c: out[r] = index of the largest logit of row r (first on ties, first NaN) */
+int ferry_argmax(const void *logits, int64_t rows, int64_t n, int dt, int64_t *out);
+
+/* decode_layer.c: one bf16 decoder layer of a decode round */
+typedef struct {
+    const void *input_norm, *post_norm, *q_norm, *k_norm; /* q/k norms: NULL unless Qwen3 */
+    const void *qkv_w, *qkv_b, *o_w, *o_b, *gate_up_w, *gate_up_b, *down_w, *down_b;
+    void *pages; /* this layer of the KV pool, [pages, 2, kv_heads, page_size, dim] */
+} ferry_layer;
+
+typedef struct {
+    int64_t hidden, inter;
+    int heads, kv_heads, dim, page_size;
+    float eps, scale;
+} ferry_dims;
+
+int ferry_decode_layer(const ferry_layer *L, const ferry_dims *D, int64_t rows, void *x,
+                       void *residual, int first, const void *cos, const void *sin,
+                       const int64_t *slots, const int32_t *page_ids, const int64_t *page_starts,
+                       const int32_t *kv_lens, void *scratch);
+
+#endif /* FERRY_KERNELS_H */

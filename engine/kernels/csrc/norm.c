@@ -1,0 +1,33 @@
+/* RMS norm, optionally fused with the residual add before it. */
+#include "kernels.h"
+
+/* out[r] = rms_norm(x[r]) * w, as Hugging Face's LlamaRMSNorm rounds: normalise in float32,
+ * round to dt, multiply by the weight, round. With `residual` (non-NULL) first
+ * residual[r] += x[r] (rounded to dt) and normalise the sum: the decoder's residual add and
+ * the next norm in one pass. out may be x when residual is NULL. */
+int ferry_rms_norm(void *x, void *residual, const void *w, void *out, int64_t rows, int dim,
+                   float eps, int dt) {
+    size_t es = ferry_elem(dt);
+    float *h = (float *)malloc((size_t)dim * 3 * sizeof(float));
+    if (!h) return FERRY_ENOMEM;
+    float *wf = h + dim, *tmp = h + 2 * dim;
+    ferry_load_row(w, dt, wf, dim);
+    for (int64_t r = 0; r < rows; r++) {
+        char *xr = (char *)x + (size_t)r * dim * es;
+        ferry_load_row(xr, dt, h, dim);
+        if (residual) {
+            char *rr = (char *)residual + (size_t)r * dim * es;
+            ferry_load_row(rr, dt, tmp, dim);
+            for (int i = 0; i < dim; i++) h[i] = ferry_round_dt(h[i] + tmp[i], dt);
+            ferry_store_row(rr, dt, h, dim);
+        }
+        float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+        for (int i = 0; i < dim; i++) ss += h[i] * h[i];
+        float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+        for (int i = 0; i < dim; i++) h[i] = wf[i] * ferry_round_dt(h[i] * inv, dt);
+        ferry_store_row((char *)out + (size_t)r * dim * es, dt, h, dim);
+    }
+    free(h);
+    return FERRY_OK;
+}
