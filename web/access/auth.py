@@ -1,9 +1,9 @@
 """Who is asking: the ASGI middleware that checks bearer tokens, session cookies and CSRF
 tokens (their signing lives in web.access.sessions).
 
-Local mode (Ferry listens on loopback only): everyone is LOCAL_ADMIN, and state-changing
-requests that a browser marks as coming from another site are refused (a web page must not be
-able to drive a local Ferry).
+Local mode (Ferry listens on loopback only): everyone is LOCAL_USER (an admin), and
+state-changing requests that a browser marks as coming from another site are refused (a web
+page must not be able to drive a local Ferry).
 
 Shared mode (any other address): every request except PUBLIC_PATHS needs either
 `Authorization: Bearer <token>` (API clients; no CSRF check, browsers never add it on their
@@ -12,8 +12,9 @@ DELETE must also carry the CSRF token, as the `X-CSRF-Token` header (htmx, fetch
 `csrf_token` form field (plain forms). The token is an HMAC of the session cookie, so it needs
 no server-side state and changes with each login.
 
-The middleware leaves the user in scope["user"] (Litestar's `request.user`): a web.access.users.User,
-or None on a public path nobody is signed in to. Handlers read it with web.access.identity.current_user.
+The middleware leaves the user in scope["user"] (Litestar's `request.user`): a
+web.access.users.User, or None on a public path nobody is signed in to. Handlers read it with
+web.access.identity.current_user.
 """
 from __future__ import annotations
 
@@ -23,11 +24,12 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urlsplit
 
 from web.access.sessions import SESSION_MAX_AGE, SessionSigner, load_secret_key
-from web.access.users import LOCAL_ADMIN, User, UserError, UserStore
+from web.access.users import LOCAL_USER, User, UserError, UserStore
 
 if TYPE_CHECKING:
     from web.config import WebConfig
@@ -47,6 +49,8 @@ UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 SCOPE_AUTH = "ferry.auth"  # the Auth object (login handlers use it)
 SCOPE_CSRF = "ferry.csrf"  # the CSRF token for this session ("" when none is needed)
 SCOPE_VIA = "ferry.auth_via"  # "local" | "bearer" | "session" | None
+SCOPE_SESSION = "ferry.session"  # the session cookie value in use ("" when none): logout ends it
+CROSS_SITE = "requests from other sites are not accepted"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -209,6 +213,17 @@ def _error_json(status: int, kind: str, message: str) -> bytes:
                                  "code": code}}).encode()
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    user: User | None
+    via: str | None  # "bearer" | "session" | None
+    cookie: str = ""  # the session cookie value that signed the user in
+
+
+def changes_state(scope: Scope) -> bool:
+    return scope.get("type") == "websocket" or scope.get("method", "GET") in UNSAFE_METHODS
+
+
 class AuthMiddleware:
     """Pure ASGI middleware; in Litestar: `DefineMiddleware(AuthMiddleware, auth=auth)`."""
 
@@ -217,76 +232,94 @@ class AuthMiddleware:
         self.auth = auth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope.get("type")
-        if kind not in ("http", "websocket"):
+        if scope.get("type") not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        auth = self.auth
-        scope[SCOPE_AUTH] = auth
+        scope[SCOPE_AUTH] = self.auth
         scope[SCOPE_CSRF] = ""
-        path = scope.get("path", "/")
-        method = scope.get("method", "GET") if kind == "http" else "GET"
-        changes_state = kind == "websocket" or method in UNSAFE_METHODS
+        scope[SCOPE_SESSION] = ""
+        if self.auth.shared:
+            await self.shared(scope, receive, send)
+        else:
+            await self.local(scope, receive, send)
 
-        if not auth.shared:
-            scope["user"] = LOCAL_ADMIN
-            scope[SCOPE_VIA] = "local"
-            if changes_state and is_cross_site(scope):
-                await self.forbid(scope, send, "requests from other sites are not accepted")
-                return
-            await self.app(scope, receive, send)
+    async def local(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Loopback only: everyone is the local admin; other sites may not change state."""
+        scope["user"] = LOCAL_USER
+        scope[SCOPE_VIA] = "local"
+        if changes_state(scope) and is_cross_site(scope):
+            await self.forbid(scope, send, CROSS_SITE)
             return
+        await self.app(scope, receive, send)
 
-        public = is_public(path)
-        user: User | None = None
-        via: str | None = None
-        cookie = ""
-        authorization = _header(scope, "authorization")
-        if authorization is not None:
-            scheme, _, token = authorization.strip().partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                user = auth.bearer_user(token.strip())
-            if user is None and not public:
+    async def shared(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """On the LAN: a bearer token or a session cookie (+ CSRF token) on every path but
+        the public ones."""
+        public = is_public(scope.get("path", "/"))
+        caller = self.identify(scope)
+        if caller is None:  # a wrong bearer token
+            if not public:
                 await self.unauthorized(scope, send, "invalid access token", force_json=True)
                 return
-            via = "bearer" if user else None
-        else:
-            for value in cookie_values(_header(scope, "cookie"), SESSION_COOKIE):
-                user = auth.session_user(value)
-                if user is not None:
-                    cookie, via = value, "session"
-                    scope[SCOPE_CSRF] = auth.csrf_token(value)
-                    break
-        scope["user"] = user
-        scope[SCOPE_VIA] = via
-
-        if via != "bearer" and changes_state and is_cross_site(scope):
-            await self.forbid(scope, send, "requests from other sites are not accepted")
+            caller = Caller(None, None)
+        scope["user"] = caller.user
+        scope[SCOPE_VIA] = caller.via
+        if caller.via == "session":
+            scope[SCOPE_CSRF] = self.auth.csrf_token(caller.cookie)
+            scope[SCOPE_SESSION] = caller.cookie
+        if caller.via != "bearer" and changes_state(scope) and is_cross_site(scope):
+            await self.forbid(scope, send, CROSS_SITE)
             return
-        if user is None:
+        if caller.user is None:
             if public:
                 await self.app(scope, receive, send)
             else:
                 await self.unauthorized(scope, send, "sign in or send an access token")
             return
-        if via == "session" and kind == "http" and method in UNSAFE_METHODS and not public:
-            supplied = _header(scope, CSRF_HEADER)
-            if supplied is None:
-                content_type = _header(scope, "content-type") or ""
-                if content_type.split(";")[0].strip().lower() in FORM_TYPES:
-                    body = await self.read_body(receive)
-                    if body is None:
-                        await send_simple(send, 413, _error_json(
-                            413, "invalid_request_error", "request body too large"),
-                            "application/json")
-                        return
-                    supplied = csrf_from_body(content_type, body)
-                    receive = self.replay(body, receive)
-            if not auth.signer.check_csrf(cookie, supplied):
-                await self.forbid(scope, send, "missing or wrong CSRF token; reload the page "
-                                               "and try again")
+        if caller.via == "session" and scope["type"] == "http" and not public \
+                and scope.get("method", "GET") in UNSAFE_METHODS:
+            checked = await self.check_csrf(scope, receive, send, caller.cookie)
+            if checked is None:
                 return
+            receive = checked
         await self.app(scope, receive, send)
+
+    def identify(self, scope: Scope) -> Caller | None:
+        """Who sent this: by bearer token, else by session cookie; None for a bad token."""
+        authorization = _header(scope, "authorization")
+        if authorization is not None:
+            scheme, _, token = authorization.strip().partition(" ")
+            user = None
+            if scheme.lower() == "bearer" and token.strip():
+                user = self.auth.bearer_user(token.strip())
+            return Caller(user, "bearer") if user is not None else None
+        for value in cookie_values(_header(scope, "cookie"), SESSION_COOKIE):
+            user = self.auth.session_user(value)
+            if user is not None:
+                return Caller(user, "session", value)
+        return Caller(None, None)
+
+    async def check_csrf(self, scope: Scope, receive: Receive, send: Send,
+                         cookie: str) -> Receive | None:
+        """The receive to pass on (the body replayed if it was read for the token), or None
+        when the request was refused (answer sent)."""
+        supplied = _header(scope, CSRF_HEADER)
+        if supplied is None:
+            content_type = _header(scope, "content-type") or ""
+            if content_type.split(";")[0].strip().lower() in FORM_TYPES:
+                body = await self.read_body(receive)
+                if body is None:
+                    await send_simple(send, 413, _error_json(
+                        413, "invalid_request_error", "request body too large"),
+                        "application/json")
+                    return None
+                supplied = csrf_from_body(content_type, body)
+                receive = self.replay(body, receive)
+        if not self.auth.signer.check_csrf(cookie, supplied):
+            await self.forbid(scope, send, "missing or wrong CSRF token; reload the page "
+                                           "and try again")
+            return None
+        return receive
 
     async def read_body(self, receive: Receive) -> bytes | None:
         """The whole request body, or None when it exceeds max_body_bytes."""

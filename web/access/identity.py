@@ -1,28 +1,20 @@
-"""Who is asking: the one place handlers learn the current user.
+"""Who is asking: the one place handlers learn the current user, and the admin guard.
 
-An auth layer (web/auth.py, for LAN sharing) puts the signed-in user into
-`request.scope["user"]`; without one, every request comes from the local admin.
+web.access.auth's middleware puts the signed-in user into `request.scope["user"]`; without
+it, every request comes from the local admin. The user type and its ownership rule are
+web.access.users.User.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from litestar.connection import ASGIConnection
-from litestar.exceptions import NotAuthorizedException
+from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
+from litestar.handlers.base import BaseRouteHandler
 
+from web.access.users import LOCAL_USER, User
 
-@dataclass(frozen=True, slots=True)
-class User:
-    name: str
-    is_admin: bool = False
-
-    def can_see(self, owner: str) -> bool:
-        """Whether this user may see (and cancel) a request or conversation of `owner`."""
-        return self.is_admin or owner == self.name
-
-
-LOCAL_USER = User("local", is_admin=True)
+__all__ = ["LOCAL_USER", "User", "admin_guard", "current_user"]
 
 
 def current_user(request: ASGIConnection[Any, Any, Any, Any]) -> User:
@@ -39,4 +31,10 @@ def current_user(request: ASGIConnection[Any, Any, Any, Any]) -> User:
         return LOCAL_USER
     if isinstance(user, User):
         return user
-    return User(str(user.name), bool(getattr(user, "is_admin", False)))
+    return User(str(user.name), is_admin=bool(getattr(user, "is_admin", False)))
+
+
+def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Litestar guard for admin-only routes (changing the policy at runtime, ...)."""
+    if not current_user(connection).is_admin:
+        raise PermissionDeniedException("only an admin can do this")

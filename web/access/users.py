@@ -40,19 +40,29 @@ class UserError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class User:
+    """Who is asking; the one ownership rule of Ferry lives in its two methods.
+
+    Requests (metadata: state, queue place, timings; never text) are managed by their owner and
+    by admins: they see them in GET /v1/requests and on the dashboard and may cancel them.
+    Conversations (text) are read by their owner only, private by default even to admins; the
+    one exception is the "local" user's conversations, made before sharing was turned on:
+    any admin reaches them, so switching to shared mode strands nobody's history.
+    """
+
     name: str
-    admin: bool = False
+    is_admin: bool = False
 
-    @property
-    def is_admin(self) -> bool:  # the spelling web.access.identity's handlers use
-        return self.admin
+    def can_manage(self, owner: str) -> bool:
+        """Whether this user may see the metadata of `owner`'s request and cancel it."""
+        return self.is_admin or owner == self.name
 
-    def can_see(self, owner: str) -> bool:
-        """Whether this user may see (and cancel) a request or conversation of `owner`."""
-        return self.admin or owner == self.name
+    def can_read(self, owner: str) -> bool:
+        """Whether this user may read (and write to) a conversation of `owner`."""
+        return owner == self.name or (self.is_admin and owner == LOCAL_NAME)
 
 
-LOCAL_ADMIN = User("local", True)  # everyone is this user when Ferry listens on loopback only
+LOCAL_NAME = "local"
+LOCAL_USER = User(LOCAL_NAME, is_admin=True)  # everyone, when Ferry listens on loopback only
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,13 +77,13 @@ class UserRecord:
 
     @property
     def user(self) -> User:
-        return User(self.name, self.admin)
+        return User(self.name, is_admin=self.admin)
 
 
 def check_name(name: str) -> str:
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise UserError(f"invalid user name {name!r}: use 1-32 letters, digits, '_', '.' or '-'")
-    if name == LOCAL_ADMIN.name:
+    if name == LOCAL_NAME:
         raise UserError(f"the name {name!r} is reserved for the local (unshared) user")
     return name
 
@@ -227,7 +237,7 @@ class UserStore:
         with self._lock:
             if self._users.get(name) is rec:  # the file did not change meanwhile
                 self._verified[digest] = name
-        return User(name, bool(rec.get("admin")))
+        return User(name, is_admin=bool(rec.get("admin")))
 
     # --- changing --------------------------------------------------------------------------
 

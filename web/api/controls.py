@@ -13,7 +13,7 @@ from litestar.params import JSONBody
 from msgspec import Struct
 
 from engine import ADMISSIONS, POLICIES, AdmissionOrder, Policy
-from web.access.ownership import admin_guard
+from web.access.identity import admin_guard
 from web.api.errors import APIError, error_docs
 from web.services import Services, services
 

@@ -85,9 +85,9 @@ def finished_info(item: Tracked) -> RequestInfo:
 def find(s: Services, user: User, request_id: str) -> RequestInfo:
     view = s.engine.snapshot().find(request_id)
     item = s.tracker.get(request_id)
-    if view is not None and user.can_see(view.owner):
+    if view is not None and user.can_manage(view.owner):
         return live_info(view, item)
-    if item is not None and user.can_see(item.owner):
+    if item is not None and user.can_manage(item.owner):
         if s.engine.handle(request_id) is not None:  # submitted, not yet in a snapshot
             return RequestInfo(request_id, item.owner, "waiting", "waiting", None, None, None,
                                item.handle.prompt_tokens, 0, 0, 0, None, Timings(), None,
@@ -107,7 +107,7 @@ class RequestsController(Controller):
         seen: set[str] = set()
         data = []
         for view in (*snap.running, *snap.waiting):
-            if view.id not in seen and user.can_see(view.owner):
+            if view.id not in seen and user.can_manage(view.owner):
                 seen.add(view.id)
                 data.append(live_info(view, s.tracker.get(view.id)))
         return RequestList(data)

@@ -40,7 +40,7 @@ def _row(view: RequestView, user: User, tracker: RequestTracker) -> Row:
     item = tracker.get(view.id)
     mine = view.owner == user.name
     return Row(view, item.label if item and mine else None, item.link if item and mine else None,
-               mine, user.can_see(view.owner))
+               mine, user.can_manage(view.owner))
 
 
 def _mark(rnd: RoundView, rid: str) -> str:

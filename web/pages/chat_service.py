@@ -29,7 +29,7 @@ class ChatService:
     def conversation(self, user: User, conversation_id: int) -> Conversation | None:
         """The conversation if `user` owns it (others' chats do not exist for them)."""
         conv = self.s.store.conversation(conversation_id)
-        return conv if conv is not None and conv.owner == user.name else None
+        return conv if conv is not None and user.can_read(conv.owner) else None
 
     def message(self, conv: Conversation, message_id: int) -> Message | None:
         msg = self.s.store.message(message_id)

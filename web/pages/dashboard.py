@@ -16,8 +16,7 @@ from msgspec import Struct
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from engine import ADMISSIONS, POLICIES
-from web.access.identity import User, current_user
-from web.access.ownership import admin_guard
+from web.access.identity import User, admin_guard, current_user
 from web.api.controls import apply_policy
 from web.api.errors import APIError
 from web.pages.board import board_context
@@ -103,5 +102,5 @@ class DashboardController(Controller):
     async def cancel(self, request: Request[Any, Any, Any], request_id: FromPath[str]) -> None:
         s, user = services(request), current_user(request)
         owner = owner_of(s, request_id)
-        if owner is None or not user.can_see(owner) or not s.engine.cancel(request_id):
+        if owner is None or not user.can_manage(owner) or not s.engine.cancel(request_id):
             raise NotFoundException(f"no live request {request_id}")

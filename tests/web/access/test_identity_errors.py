@@ -23,14 +23,14 @@ def connection(user: object, shared: bool) -> SimpleNamespace:
 
 def test_local_admin_without_auth() -> None:
     assert current_user(connection(None, shared=False)) == LOCAL_USER
-    assert LOCAL_USER.is_admin and LOCAL_USER.can_see("anyone")
+    assert LOCAL_USER.is_admin and LOCAL_USER.can_manage("anyone")
 
 
 def test_auth_layer_user_is_used() -> None:
     alice = User("alice")
     assert current_user(connection(alice, shared=True)) is alice
     other = current_user(connection(SimpleNamespace(name="bob", is_admin=False), shared=True))
-    assert other == User("bob") and other.can_see("bob") and not other.can_see("alice")
+    assert other == User("bob") and other.can_manage("bob") and not other.can_manage("alice")
 
 
 def test_shared_server_never_falls_back_to_local_admin() -> None:

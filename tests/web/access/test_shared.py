@@ -88,10 +88,28 @@ def test_others_cannot_see_or_cancel(setup: tuple[Any, dict], waiter: Any,
     assert "BOB-SECRET-TITLE" in bob.get("/dashboard").text
     assert rid in server.engine.live_ids()
 
-    assert ann.get(f"/v1/requests/{rid}").json()["owner"] == "bob"  # the admin sees all
+    assert cat.delete("/v1/requests/nope").status_code == 404
+    assert bob.get(f"/c/{cid}").status_code == 200  # the owner reads it
+    assert ann.get(f"/c/{cid}").status_code == 404  # private, even to an admin
+    admin_view = ann.get(f"/v1/requests/{rid}")
+    assert admin_view.json()["owner"] == "bob"  # the admin sees every request's metadata
+    assert "BOB-SECRET" not in admin_view.text and "BOB-SECRET" not in ann.get("/v1/requests").text
+    admin_board = ann.get("/dashboard").text
+    assert rid in admin_board and "BOB-SECRET-TITLE" not in admin_board
+    assert re.search(rf'data-cancel="{rid}"', admin_board)  # ... and may cancel it
     assert ann.delete(f"/v1/requests/{rid}").json()["cancelled"] is True
     waiter(lambda: not server.engine.live_ids(), 10, message="cancel")
     idle_check(server.engine)
+
+
+def test_local_conversations_stay_with_the_admins(setup: tuple[Any, dict]) -> None:
+    """What was made before sharing (owner "local") is reachable by any admin, no one else."""
+    server, tokens = setup
+    conv = server.services.store.create_conversation("local", "LOCAL-HISTORY")
+    ann, bob = client(server, tokens, "ann"), client(server, tokens, "bob")
+    page = ann.get(f"/c/{conv.id}")
+    assert page.status_code == 200 and "LOCAL-HISTORY" in page.text
+    assert bob.get(f"/c/{conv.id}").status_code == 404
 
 
 def test_per_user_limit(setup: tuple[Any, dict], waiter: Any, idle_check: Any) -> None:
