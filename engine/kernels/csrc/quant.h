@@ -1,0 +1,38 @@
+/* Products over GGUF block-quantized weights (issue 12), plus their dequantization and the
+ * Q8_0 / Q4_0 quantizer used by `--quantize`. Weights stay in their block format: row o of a
+ * weight is `row_bytes` bytes of blocks (ggml's layout), rows back to back.
+ * qtype: ggml type ids F32=0 F16=1 Q4_0=2 Q4_1=3 Q5_0=6 Q8_0=8 Q4_K=12 Q5_K=13 Q6_K=14 BF16=30.
+ * Functions return FERRY_OK, FERRY_ENOMEM (ferry.h) or FERRY_EQUANT (a type or shape these
+ * kernels do not take; quant.py checks first, so this is the last line of defence). */
+#ifndef FERRY_QUANT_H
+#define FERRY_QUANT_H
+
+#include "ferry.h"
+
+enum { FERRY_EQUANT = -2 };
+
+typedef struct {
+    int32_t qtype;
+    int32_t pad;
+    const void *data; /* [out, row_bytes] */
+    int64_t in;
+    int64_t out;
+    int64_t row_bytes;
+} ferry_weight;
+
+/* y[r, o] = sum_i x[r, i] * W[o, i] (+ bias[o]); x float32 [rows, x_stride], y float32
+ * [rows, y_stride]. Opens its own OpenMP region over output rows: call from serial code. */
+int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w,
+                  const float *bias, float *y, int64_t y_stride);
+
+/* out[k] = float32 row ids[k] of W ([n, in]); ids NULL: rows 0..n-1 */
+int ferry_qdequantize(const ferry_weight *w, const int64_t *ids, int64_t n, float *out);
+
+/* float32 x [rows, in] -> rows of Q8_0 or Q4_0 blocks at out, bit for bit gguf-py's quantize */
+int ferry_qquantize(const float *x, int64_t rows, int64_t in, int qtype, void *out);
+
+/* which dot products ferry_qmatmul runs: 1 = AVX2, 0 = plain C. force_plain: 1 plain C even
+ * where AVX2 runs (the tests compare the two), 0 back to the CPU's best; returns the path */
+int ferry_qpath(int force_plain);
+
+#endif /* FERRY_QUANT_H */

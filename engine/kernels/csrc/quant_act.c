@@ -1,0 +1,85 @@
+/* Quantizing float32 rows: activations per call (both dot-product paths use these same
+ * routines, so their integer parts agree exactly), and weights to Q8_0 / Q4_0 at load. */
+#include "quant_impl.h"
+
+/* per 32 values: d = max|x| / 127, qs = round-to-nearest-even(x / d) */
+void q_act32(const float *x, int64_t n, qa32 *out) {
+    for (int64_t b = 0; b < n / 32; b++) {
+        const float *v = x + b * 32;
+        float amax = 0.f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v[j]));
+        float d = amax / 127.f, id = d > 0.f ? 127.f / amax : 0.f;
+        int32_t sum = 0;
+        for (int j = 0; j < 32; j++) {
+            int q = (int)nearbyintf(v[j] * id);
+            out[b].qs[j] = (int8_t)q;
+            sum += q;
+        }
+        out[b].d = d;
+        out[b].isum = sum;
+    }
+}
+
+/* per 256 values: one scale, and the sum of each 16 quantized values */
+void q_act256(const float *x, int64_t n, qa256 *out) {
+    for (int64_t b = 0; b < n / 256; b++) {
+        const float *v = x + b * 256;
+        float amax = 0.f;
+        for (int j = 0; j < 256; j++) amax = fmaxf(amax, fabsf(v[j]));
+        float d = amax / 127.f, id = d > 0.f ? 127.f / amax : 0.f;
+        for (int j = 0; j < 256; j++) out[b].qs[j] = (int8_t)(int)nearbyintf(v[j] * id);
+        for (int g = 0; g < 16; g++) {
+            int s = 0;
+            for (int j = 0; j < 16; j++) s += out[b].qs[g * 16 + j];
+            out[b].bsums[g] = (int16_t)s;
+        }
+        out[b].d = d;
+    }
+}
+
+/* gguf-py's Q8_0 (= ggml's reference): d = amax / 127 in float32, qs = roundf(x * (1 / d)) */
+static void quantize_q8_0(const float *v, uint8_t *blk) {
+    float amax = 0.f;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v[j]));
+    float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+    uint16_t h = ferry_f32_to_f16(d);
+    memcpy(blk, &h, 2);
+    for (int j = 0; j < 32; j++) blk[2 + j] = (uint8_t)(int8_t)roundf(v[j] * id);
+}
+
+/* gguf-py's Q4_0: d = (the value of largest magnitude, first one on ties) / -8,
+ * q = min(15, trunc(x * (1 / d) + 8.5)) */
+static void quantize_q4_0(const float *v, uint8_t *blk) {
+    float amax = 0.f, max = 0.f;
+    for (int j = 0; j < 32; j++) {
+        if (fabsf(v[j]) > amax) {
+            amax = fabsf(v[j]);
+            max = v[j];
+        }
+    }
+    float d = max / -8.f, id = d != 0.f ? 1.f / d : 0.f;
+    uint16_t h = ferry_f32_to_f16(d);
+    memcpy(blk, &h, 2);
+    for (int j = 0; j < 16; j++) {
+        float a = truncf(v[j] * id + 8.5f), b = truncf(v[j + 16] * id + 8.5f);
+        uint8_t qa = a >= 15.f ? 15 : (uint8_t)a, qb = b >= 15.f ? 15 : (uint8_t)b;
+        blk[2 + j] = (uint8_t)(qa | (qb << 4));
+    }
+}
+
+int ferry_qquantize(const float *x, int64_t rows, int64_t in, int qtype, void *out) {
+    if ((qtype != QT_Q8_0 && qtype != QT_Q4_0) || in % 32 != 0 || rows < 0) return FERRY_EQUANT;
+    int bytes = qtype == QT_Q8_0 ? 34 : 18;
+    int64_t nb = in / 32;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        uint8_t *dst = (uint8_t *)out + r * nb * bytes;
+        for (int64_t b = 0; b < nb; b++) {
+            if (qtype == QT_Q8_0)
+                quantize_q8_0(x + r * in + b * 32, dst + b * bytes);
+            else
+                quantize_q4_0(x + r * in + b * 32, dst + b * bytes);
+        }
+    }
+    return FERRY_OK;
+}

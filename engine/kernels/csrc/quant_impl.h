@@ -1,0 +1,84 @@
+/* Internal to the quant*.c files: block layouts, quantized activations, the dot-product
+ * table. Nothing here is called from Python (no ferry_ names). */
+#ifndef FERRY_QUANT_IMPL_H
+#define FERRY_QUANT_IMPL_H
+
+#include "quant.h"
+
+enum {
+    QT_F32 = 0, QT_F16 = 1, QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q5_0 = 6, QT_Q8_0 = 8,
+    QT_Q4_K = 12, QT_Q5_K = 13, QT_Q6_K = 14, QT_BF16 = 30
+};
+
+/* activations of 32-block weights: x ~= d * qs, isum = sum(qs) (llama.cpp's Q8_0/Q8_1) */
+typedef struct {
+    float d;
+    int32_t isum;
+    int8_t qs[32];
+} qa32;
+
+/* activations of K-quant weights: one scale per 256, sums per 16 (llama.cpp's Q8_K) */
+typedef struct {
+    float d;
+    int16_t bsums[16];
+    int8_t qs[256];
+} qa256;
+
+enum { ACT_F32 = 0, ACT_32 = 1, ACT_256 = 2 };
+
+/* out[r] = dot(weight row `w` of nb blocks, activation row r), r < R <= QMAX_R; activation
+ * row r starts at act + r * astride bytes (float32 rows for ACT_F32, nb = in there) */
+enum { QMAX_R = 4 };
+typedef void (*qdot_fn)(const uint8_t *w, int64_t nb, const void *act, int64_t astride, int R,
+                        float *out);
+
+typedef struct {
+    int qtype;
+    int block;      /* values per block */
+    int bytes;      /* bytes per block */
+    int act;        /* ACT_* */
+    qdot_fn plain;
+    qdot_fn avx2;   /* NULL where not built */
+} qtype_info;
+
+const qtype_info *q_info(int qtype);
+
+/* quant_act.c: one activation row of n values (n % 32 or % 256 == 0) */
+void q_act32(const float *x, int64_t n, qa32 *out);
+void q_act256(const float *x, int64_t n, qa256 *out);
+
+/* Q4_K / Q5_K packed 6-bit scales and mins of the eight 32-value groups */
+static inline void q_scale_min_k4(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = s[j] & 63;
+        m[j] = s[j + 4] & 63;
+        sc[j + 4] = (uint8_t)((s[j + 8] & 0xF) | ((s[j] >> 6) << 4));
+        m[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
+    }
+}
+
+static inline float q_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return ferry_f16_to_f32(h);
+}
+
+/* the dot products, one per type (quant_dot.c plain C, quant_dot_avx2.c AVX2) */
+#define Q_DOTS(suffix)                                                                      \
+    void q_dot_f32_##suffix(const uint8_t *, int64_t, const void *, int64_t, int, float *);  \
+    void q_dot_f16_##suffix(const uint8_t *, int64_t, const void *, int64_t, int, float *);  \
+    void q_dot_bf16_##suffix(const uint8_t *, int64_t, const void *, int64_t, int, float *); \
+    void q_dot_q4_0_##suffix(const uint8_t *, int64_t, const void *, int64_t, int, float *); \
+    void q_dot_q4_1_##suffix(const uint8_t *, int64_t, const void *, int64_t, int, float *); \
+    void q_dot_q5_0_##suffix(const uint8_t *, int64_t, const void *, int64_t, int, float *); \
+    void q_dot_q8_0_##suffix(const uint8_t *, int64_t, const void *, int64_t, int, float *); \
+    void q_dot_q4_k_##suffix(const uint8_t *, int64_t, const void *, int64_t, int, float *); \
+    void q_dot_q5_k_##suffix(const uint8_t *, int64_t, const void *, int64_t, int, float *); \
+    void q_dot_q6_k_##suffix(const uint8_t *, int64_t, const void *, int64_t, int, float *);
+Q_DOTS(plain)
+#if defined(__x86_64__) || defined(__i386__)
+#define Q_HAVE_AVX2 1
+Q_DOTS(avx2)
+#endif
+
+#endif /* FERRY_QUANT_IMPL_H */

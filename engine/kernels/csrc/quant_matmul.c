@@ -1,0 +1,98 @@
+/* ferry_qmatmul: y = x @ W.T over block-quantized W. The activation rows are quantized once
+ * per call (int8 per 32 or per 256 values), then output rows are split over the OpenMP team
+ * in chunks; each weight row is read once per group of up to 4 activation rows. */
+#include "quant_impl.h"
+
+#define T(qt, bs, by, act, name) {qt, bs, by, act, q_dot_##name##_plain, AVX2(name)}
+#ifdef Q_HAVE_AVX2
+#define AVX2(name) q_dot_##name##_avx2
+#else
+#define AVX2(name) NULL
+#endif
+
+static const qtype_info TYPES[] = {
+    T(QT_F32, 1, 4, ACT_F32, f32),       T(QT_F16, 1, 2, ACT_F32, f16),
+    T(QT_BF16, 1, 2, ACT_F32, bf16),     T(QT_Q4_0, 32, 18, ACT_32, q4_0),
+    T(QT_Q4_1, 32, 20, ACT_32, q4_1),    T(QT_Q5_0, 32, 22, ACT_32, q5_0),
+    T(QT_Q8_0, 32, 34, ACT_32, q8_0),    T(QT_Q4_K, 256, 144, ACT_256, q4_k),
+    T(QT_Q5_K, 256, 176, ACT_256, q5_k), T(QT_Q6_K, 256, 210, ACT_256, q6_k),
+};
+
+const qtype_info *q_info(int qtype) {
+    for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
+        if (TYPES[i].qtype == qtype) return &TYPES[i];
+    return NULL;
+}
+
+static int force_plain = 0;
+
+static int cpu_has_avx2(void) {
+#ifdef Q_HAVE_AVX2
+    static int has = -1;
+    if (has < 0) {
+        __builtin_cpu_init();
+        has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+              __builtin_cpu_supports("f16c");
+    }
+    return has;
+#else
+    return 0;
+#endif
+}
+
+int ferry_qpath(int plain) {
+    force_plain = plain != 0;
+    return !force_plain && cpu_has_avx2();
+}
+
+static int valid(const ferry_weight *w, const qtype_info **info) {
+    *info = q_info(w->qtype);
+    if (!*info || w->in <= 0 || w->out < 0 || w->in % (*info)->block != 0) return 0;
+    return w->row_bytes == w->in / (*info)->block * (*info)->bytes;
+}
+
+enum { CHUNK = 8 }; /* output rows per OpenMP work item */
+
+int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w,
+                  const float *bias, float *y, int64_t y_stride) {
+    const qtype_info *info;
+    if (!valid(w, &info) || rows < 0) return FERRY_EQUANT;
+    if (rows == 0 || w->out == 0) return FERRY_OK;
+    qdot_fn dot = !force_plain && cpu_has_avx2() && info->avx2 ? info->avx2 : info->plain;
+    int64_t nb = w->in / info->block;
+    const void *act = x;
+    int64_t astride = x_stride * 4;
+    void *buf = NULL;
+    if (info->act != ACT_F32) {
+        size_t unit = info->act == ACT_32 ? sizeof(qa32) : sizeof(qa256);
+        astride = nb * (int64_t)unit;
+        buf = malloc((size_t)(rows * astride));
+        if (!buf) return FERRY_ENOMEM;
+#pragma omp parallel for schedule(static) if (rows >= 8)
+        for (int64_t r = 0; r < rows; r++) {
+            if (info->act == ACT_32)
+                q_act32(x + r * x_stride, w->in, (qa32 *)((char *)buf + r * astride));
+            else
+                q_act256(x + r * x_stride, w->in, (qa256 *)((char *)buf + r * astride));
+        }
+        act = buf;
+    }
+    int64_t chunks = (w->out + CHUNK - 1) / CHUNK;
+    const uint8_t *wd = (const uint8_t *)w->data;
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t o1 = (c + 1) * CHUNK < w->out ? (c + 1) * CHUNK : w->out;
+        for (int64_t r0 = 0; r0 < rows; r0 += QMAX_R) {
+            int R = rows - r0 < QMAX_R ? (int)(rows - r0) : QMAX_R;
+            const char *a = (const char *)act + r0 * astride;
+            for (int64_t o = c * CHUNK; o < o1; o++) {
+                float part[QMAX_R];
+                dot(wd + o * w->row_bytes, nb, a, astride, R, part);
+                float bo = bias ? bias[o] : 0.f;
+                for (int r = 0; r < R; r++) y[(r0 + r) * y_stride + o] = part[r] + bo;
+            }
+        }
+    }
+    free(buf);
+    return FERRY_OK;
+}

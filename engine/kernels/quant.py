@@ -1,0 +1,226 @@
+"""GGUF block-quantized weights kept in their block format, and products over them.
+
+A QuantWeight is the raw bytes of a GGUF tensor ([out, row_bytes] uint8, ggml's block layout,
+possibly a view of the memory-mapped file). `quant_matmul` multiplies float32 activations by it
+with the native kernels (csrc/quant*.c: activations quantized to int8 per call, AVX2 integer
+dot products, a plain-C path elsewhere). Without the native library (no compiler, or
+FERRY_NATIVE_KERNELS=0) everything still works: gguf-py dequantizes tiles of rows and torch
+multiplies them, slowly, never holding the whole float weight.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.kernels import native
+
+F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 8, 12, 13, 14, 30
+
+# ggml type id -> (name, values per block, bytes per block)
+_TYPES: dict[int, tuple[str, int, int]] = {
+    F32: ("F32", 1, 4), F16: ("F16", 1, 2), BF16: ("BF16", 1, 2),
+    Q4_0: ("Q4_0", 32, 18), Q4_1: ("Q4_1", 32, 20), Q5_0: ("Q5_0", 32, 22),
+    Q8_0: ("Q8_0", 32, 34), Q4_K: ("Q4_K", 256, 144), Q5_K: ("Q5_K", 256, 176),
+    Q6_K: ("Q6_K", 256, 210),
+}
+QUANTIZABLE = (Q8_0, Q4_0)  # what quantize() writes
+
+# Rows at or above this go to dequantized tiles + torch's matmul when that is faster than the
+# int8 kernels (float weights only: the block types stay on the int8 path at any row count).
+_FLOAT_TORCH_ROWS = 8
+_TILE_ELEMS = 1 << 21  # float32 values per dequantized tile (8 MiB) on the torch paths
+_EQUANT = -2
+
+
+def type_name(qtype: int) -> str:
+    """"Q4_K", ... for a ggml type id (ggml's own name for ids Ferry cannot run)."""
+    if qtype in _TYPES:
+        return _TYPES[qtype][0]
+    try:
+        import gguf
+
+        return f"{gguf.GGMLQuantizationType(qtype).name} (unsupported)"
+    except (ImportError, ValueError):
+        return f"type {qtype} (unknown)"
+
+
+def supported(qtype: int) -> bool:
+    return qtype in _TYPES
+
+
+def _info(qtype: int) -> tuple[str, int, int]:
+    if qtype not in _TYPES:
+        raise ValueError(f"block type {type_name(qtype)} is not supported; Ferry runs "
+                         + ", ".join(name for name, _, _ in _TYPES.values()))
+    return _TYPES[qtype]
+
+
+def row_bytes(qtype: int, in_features: int) -> int:
+    """Bytes of one row of `in_features` values; ValueError if they do not fill whole blocks."""
+    name, block, nbytes = _info(qtype)
+    if in_features <= 0 or in_features % block:
+        raise ValueError(f"{name} rows hold whole blocks of {block} values; "
+                         f"{in_features} values per row do not fit")
+    return in_features // block * nbytes
+
+
+@dataclass(frozen=True, slots=True)
+class QuantWeight:
+    qtype: int
+    data: torch.Tensor  # uint8 [out_features, row_bytes], C-contiguous
+    in_features: int
+    out_features: int
+
+    def __post_init__(self) -> None:
+        rb = row_bytes(self.qtype, self.in_features)
+        d = self.data
+        if d.dtype != torch.uint8 or d.device.type != "cpu" or not d.is_contiguous():
+            raise ValueError(f"{type_name(self.qtype)} weight data must be contiguous CPU uint8, "
+                             f"got {d.dtype} on {d.device}")
+        if tuple(d.shape) != (self.out_features, rb):
+            raise ValueError(f"{type_name(self.qtype)} weight [{self.out_features}, "
+                             f"{self.in_features}] needs data [{self.out_features}, {rb}] bytes, "
+                             f"got {list(d.shape)}")
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    @property
+    def type_name(self) -> str:
+        return type_name(self.qtype)
+
+
+def _c(w: QuantWeight) -> ctypes.Structure:
+    """The ferry_weight struct (csrc/quant.h) describing w; keep it alive across the call."""
+    return native.struct("ferry_weight")(w.qtype, 0, w.data.data_ptr(), w.in_features,
+                                         w.out_features, w.data.shape[1])
+
+
+def _lib() -> ctypes.CDLL | None:
+    lib = native.library()
+    if lib is None or not hasattr(lib, "ferry_qmatmul"):
+        return None
+    return lib
+
+
+def _check(rc: int, what: str) -> None:
+    if rc == _EQUANT:
+        raise ValueError(f"{what}: the kernels refused the weight's type or shape")
+    if rc != 0:
+        raise MemoryError(f"{what}: out of memory in the native kernels")
+
+
+def kernel_path() -> str:
+    """"avx2", "plain" (native C without AVX2, or forced) or "torch" (no native library)."""
+    lib = _lib()
+    if lib is None:
+        return "torch"
+    return "avx2" if lib.ferry_qpath(int(_plain)) else "plain"
+
+
+_plain = False
+
+
+def force_plain(on: bool) -> str:
+    """Run the plain-C dot products even where AVX2 runs (tests compare the two paths)."""
+    global _plain
+    _plain = bool(on)
+    return kernel_path()
+
+
+def quant_matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+    """x [rows, in] float32 @ W.T (+ bias) -> [rows, out] float32."""
+    if x.dim() != 2 or x.shape[1] != w.in_features or x.dtype != torch.float32:
+        raise ValueError(f"quant_matmul: x must be float32 [rows, {w.in_features}], got "
+                         f"{x.dtype} {list(x.shape)}")
+    if bias is not None and (bias.shape != (w.out_features,) or bias.dtype != torch.float32):
+        raise ValueError(f"quant_matmul: bias must be float32 [{w.out_features}]")
+    rows = x.shape[0]
+    lib = _lib()
+    if w.qtype == F32:  # the bytes are the float matrix: torch reads them in place
+        return torch.nn.functional.linear(x, _float_view(w), bias)
+    if lib is None or (w.qtype in (F16, BF16) and rows >= _FLOAT_TORCH_ROWS):
+        return _tiled_matmul(x, w, bias)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    y = torch.empty(rows, w.out_features, dtype=torch.float32)
+    cw = _c(w)
+    _check(lib.ferry_qmatmul(x.data_ptr(), rows, x.stride(0), ctypes.addressof(cw),
+                             None if bias is None else bias.data_ptr(), y.data_ptr(),
+                             w.out_features), "quant_matmul")
+    return y
+
+
+def _float_view(w: QuantWeight) -> torch.Tensor:
+    return w.data.view(torch.float32).view(w.out_features, w.in_features)
+
+
+def _tiled_matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    y = torch.empty(x.shape[0], w.out_features, dtype=torch.float32)
+    step = max(1, _TILE_ELEMS // w.in_features)
+    for o in range(0, w.out_features, step):
+        ids = torch.arange(o, min(o + step, w.out_features))
+        tile = dequantize_rows(w, ids)  # [step, in]
+        torch.matmul(x, tile.T, out=y[:, o:o + step])
+    if bias is not None:
+        y += bias
+    return y
+
+
+def dequantize(w: QuantWeight) -> torch.Tensor:
+    """float32 [out, in], bit for bit gguf-py's dequantize."""
+    return _dequantize(w, None)
+
+
+def dequantize_rows(w: QuantWeight, ids: torch.Tensor) -> torch.Tensor:
+    """Embedding lookup: int64 ids [n] -> float32 [n, in]; only those rows are decoded."""
+    if ids.dim() != 1:
+        raise ValueError(f"dequantize_rows: ids must be 1-D, got {list(ids.shape)}")
+    ids = ids.to(torch.int64).contiguous()
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= w.out_features):
+        raise ValueError(f"dequantize_rows: ids must lie in [0, {w.out_features})")
+    return _dequantize(w, ids)
+
+
+def _dequantize(w: QuantWeight, ids: torch.Tensor | None) -> torch.Tensor:
+    n = w.out_features if ids is None else ids.numel()
+    lib = _lib()
+    if lib is None:
+        import gguf
+
+        rows = w.data if ids is None else w.data[ids]
+        out = gguf.quants.dequantize(rows.numpy(), gguf.GGMLQuantizationType(w.qtype))
+        return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).view(n, w.in_features)
+    out = torch.empty(n, w.in_features, dtype=torch.float32)
+    cw = _c(w)
+    _check(lib.ferry_qdequantize(ctypes.addressof(cw), None if ids is None else ids.data_ptr(),
+                                 n, out.data_ptr()), "dequantize")
+    return out
+
+
+def quantize(weight: torch.Tensor, qtype: int) -> QuantWeight:
+    """float [out, in] -> Q8_0 or Q4_0 blocks, bit for bit gguf-py's quantize."""
+    if qtype not in QUANTIZABLE:
+        raise ValueError(f"quantize writes Q8_0 or Q4_0, not {type_name(qtype)}")
+    if weight.dim() != 2 or not weight.is_floating_point():
+        raise ValueError(f"quantize: weight must be a float matrix, got {weight.dtype} "
+                         f"{list(weight.shape)}")
+    out_f, in_f = weight.shape
+    rb = row_bytes(qtype, in_f)
+    x = weight.detach().to("cpu", torch.float32).contiguous()
+    lib = _lib()
+    if lib is None:
+        import gguf
+
+        data = gguf.quants.quantize(x.numpy(), gguf.GGMLQuantizationType(qtype))
+        return QuantWeight(qtype, torch.from_numpy(np.ascontiguousarray(data)).view(out_f, rb),
+                           in_f, out_f)
+    data = torch.empty(out_f, rb, dtype=torch.uint8)
+    _check(lib.ferry_qquantize(x.data_ptr(), out_f, in_f, qtype, data.data_ptr()), "quantize")
+    return QuantWeight(qtype, data, in_f, out_f)

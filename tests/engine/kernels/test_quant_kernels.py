@@ -1,0 +1,251 @@
+"""GGUF block-quantized weights (engine/kernels/quant.py, csrc/quant*.c) against gguf-py.
+
+Tolerances (why): dequantization is exact (same float32 operations as gguf-py). A product
+quantizes the activations to int8 (per 32 values, or per 256 for K-quants; float weights use
+float activations), so it is compared with W_deq @ x_hat, x_hat the activations as the kernel
+quantized them (emulated here in numpy): |y - ref| <= 1e-5 * (|W_deq| @ |x_hat|), float32
+rounding only. Against the unquantized x the relative error is below 1.5% (int8 rounding).
+The plain-C and AVX2 paths compute the same integer block sums; with power-of-two scales every
+float step is exact too, and then both must equal the exact integer result bit for bit.
+"""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from engine.kernels import native, quant
+from engine.kernels.quant import QuantWeight
+
+GQ = gguf.GGMLQuantizationType
+BLOCK_TYPES = [quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q8_0, quant.Q4_K, quant.Q5_K,
+               quant.Q6_K]
+FLOAT_TYPES = [quant.F32, quant.F16, quant.BF16]
+ALL_TYPES = BLOCK_TYPES + FLOAT_TYPES
+# where the f16 scales sit in each block: (offset, kind) with kind "d" (positive scale) or
+# "m" (Q4_1's min, either sign)
+SCALES = {quant.Q4_0: [(0, "d")], quant.Q4_1: [(0, "d"), (2, "m")], quant.Q5_0: [(0, "d")],
+          quant.Q8_0: [(0, "d")], quant.Q4_K: [(0, "d"), (2, "d")],
+          quant.Q5_K: [(0, "d"), (2, "d")], quant.Q6_K: [(208, "d")]}
+
+
+@pytest.fixture(params=["avx2", "plain"])
+def path(request: pytest.FixtureRequest) -> str:
+    if quant.kernel_path() == "torch":
+        pytest.skip(native.status())
+    got = quant.force_plain(request.param == "plain")
+    if got != request.param:
+        quant.force_plain(False)
+        pytest.skip("this CPU has no AVX2")
+    yield request.param
+    quant.force_plain(False)
+
+
+def test_native_quant_kernels_build_where_the_kernels_do() -> None:
+    if native.library() is not None:
+        assert quant.kernel_path() in ("avx2", "plain")
+
+
+def random_weight(qtype: int, out: int, inn: int, rng: np.random.Generator,
+                  exact: bool = False) -> QuantWeight:
+    """Random blocks with sane scales; exact: power-of-two scales and small sub-scales so every
+    float step of a product is exact."""
+    if qtype in FLOAT_TYPES:
+        w = rng.standard_normal((out, inn)).astype(np.float32) * 0.1
+        if exact:
+            w = np.round(w * 64) / 64
+        raw = {quant.F32: w, quant.F16: w.astype(np.float16),
+               quant.BF16: gguf.quants.quantize(w, GQ.BF16)}[qtype]
+        data = np.ascontiguousarray(raw).view(np.uint8).reshape(out, -1)
+        return QuantWeight(qtype, torch.from_numpy(data.copy()), inn, out)
+    _, block, nbytes = quant._TYPES[qtype]
+    nb = out * inn // block
+    blocks = rng.integers(0, 256, (nb, nbytes), dtype=np.uint8)
+    for off, kind in SCALES[qtype]:
+        if exact:
+            v = np.float16(2.0) ** rng.integers(-8, -3, nb).astype(np.float16)
+        else:
+            v = rng.uniform(0.001, 0.02, nb).astype(np.float16)
+        if kind == "m":
+            v = v * np.where(rng.random(nb) < 0.5, -1, 1).astype(np.float16)
+        blocks[:, off:off + 2] = v.astype(np.float16).view(np.uint8).reshape(nb, 2)
+    if exact and qtype in (quant.Q4_K, quant.Q5_K):  # 6-bit scales and mins <= 3
+        blocks[:, 4:12] &= 0x03
+        blocks[:, 12:16] &= 0x33
+    if exact and qtype == quant.Q6_K:  # int8 scales in -3..3
+        blocks[:, 192:208] = rng.integers(-3, 4, (nb, 16)).astype(np.int8).view(np.uint8)
+    data = blocks.reshape(out, -1)
+    return QuantWeight(qtype, torch.from_numpy(np.ascontiguousarray(data)), inn, out)
+
+
+def gguf_dequant(w: QuantWeight) -> np.ndarray:
+    return gguf.quants.dequantize(w.data.numpy(), GQ(w.qtype)).reshape(w.out_features, -1)
+
+
+def emulate_activations(x: np.ndarray, qtype: int) -> np.ndarray:
+    """The kernel's int8 activations, dequantized (float weights: x itself)."""
+    if qtype in FLOAT_TYPES:
+        return x.astype(np.float64)
+    block = 256 if qtype in (quant.Q4_K, quant.Q5_K, quant.Q6_K) else 32
+    b = x.reshape(x.shape[0], -1, block).astype(np.float32)
+    amax = np.abs(b).max(-1, keepdims=True)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(b * inv)
+    return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
+
+
+def check_product(w: QuantWeight, x: torch.Tensor, y: torch.Tensor) -> None:
+    wd = gguf_dequant(w).astype(np.float64)
+    xh = emulate_activations(x.numpy(), w.qtype)
+    ref, scale = xh @ wd.T, np.abs(xh) @ np.abs(wd).T
+    err = np.abs(y.numpy() - ref)
+    assert (err <= 1e-5 * scale + 1e-30).all(), f"{w.type_name}: worst {(err / scale).max():.2e}"
+    full = x.numpy().astype(np.float64) @ wd.T
+    assert np.linalg.norm(y.numpy() - full) <= 0.015 * np.linalg.norm(full)
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=quant.type_name)
+def test_dequantize_is_exactly_gguf_py(qtype: int) -> None:
+    rng = np.random.default_rng(qtype)
+    w = random_weight(qtype, 9, 512, rng)
+    ref = gguf_dequant(w)
+    got = quant.dequantize(w)
+    assert got.dtype == torch.float32 and got.shape == (9, 512)
+    np.testing.assert_array_equal(got.numpy(), ref)
+    ids = torch.tensor([7, 0, 7, 3])
+    np.testing.assert_array_equal(quant.dequantize_rows(w, ids).numpy(), ref[[7, 0, 7, 3]])
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=quant.type_name)
+@pytest.mark.parametrize("rows", [1, 2, 7, 16, 33, 64])
+def test_product_matches_gguf_dequantized_float_product(qtype: int, rows: int, path: str
+                                                        ) -> None:
+    rng = np.random.default_rng(100 * qtype + rows)
+    inn = 512 if qtype in (quant.Q4_K, quant.Q5_K, quant.Q6_K) else 576
+    w = random_weight(qtype, 37, inn, rng)  # 37: a ragged count of output rows
+    x = torch.from_numpy(rng.standard_normal((rows, inn)).astype(np.float32))
+    check_product(w, x, quant.quant_matmul(x, w))
+
+
+@pytest.mark.parametrize("qtype", [quant.Q4_0, quant.Q8_0, quant.Q5_0, quant.F16])
+def test_model_shapes_with_bias_and_strided_rows(qtype: int, path: str) -> None:
+    rng = np.random.default_rng(7)
+    w = random_weight(qtype, 1536, 576, rng)
+    x = torch.from_numpy(rng.standard_normal((5, 700)).astype(np.float32))[:, 100:676]
+    bias = torch.from_numpy(rng.standard_normal(1536).astype(np.float32))
+    y = quant.quant_matmul(x, w, bias)
+    check_product(w, x.contiguous(), y - bias)
+
+
+def exact_activations(rows: int, inn: int, rng: np.random.Generator) -> np.ndarray:
+    """Integers times 2^-3 with max |value| 127 * 2^-3 in every block of 256 (so of 32 too):
+    the kernels' int8 activations are these integers exactly."""
+    q = rng.integers(-127, 128, (rows, inn // 32, 32))
+    q[:, :, 0] = np.where(rng.random((rows, inn // 32)) < 0.5, -127, 127)
+    return (q.reshape(rows, inn) / 8).astype(np.float32)
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=quant.type_name)
+def test_plain_c_and_avx2_agree_bit_for_bit_where_floats_are_exact(qtype: int) -> None:
+    if quant.kernel_path() == "torch":
+        pytest.skip(native.status())
+    rng = np.random.default_rng(qtype + 1000)
+    w = random_weight(qtype, 19, 512, rng, exact=True)
+    x = torch.from_numpy(exact_activations(6, 512, rng))
+    try:
+        quant.force_plain(True)
+        plain = quant.quant_matmul(x, w)
+    finally:
+        quant.force_plain(False)
+    fast = quant.quant_matmul(x, w)
+    exact = x.numpy().astype(np.float64) @ gguf_dequant(w).astype(np.float64).T
+    np.testing.assert_array_equal(plain.numpy(), exact.astype(np.float32))
+    np.testing.assert_array_equal(fast.numpy(), plain.numpy())
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=quant.type_name)
+def test_plain_c_and_avx2_agree_on_random_blocks(qtype: int) -> None:
+    if quant.kernel_path() != "avx2":
+        pytest.skip("needs both paths")
+    rng = np.random.default_rng(qtype + 2000)
+    w = random_weight(qtype, 21, 1024, rng)
+    x = torch.from_numpy(rng.standard_normal((9, 1024)).astype(np.float32))
+    try:
+        quant.force_plain(True)
+        plain = quant.quant_matmul(x, w).numpy()
+    finally:
+        quant.force_plain(False)
+    fast = quant.quant_matmul(x, w).numpy()
+    scale = np.abs(x.numpy()) @ np.abs(gguf_dequant(w)).T
+    assert (np.abs(fast - plain) <= 2e-6 * scale).all()
+
+
+@pytest.mark.parametrize("qtype", quant.QUANTIZABLE, ids=quant.type_name)
+def test_quantize_is_bit_identical_to_gguf_py(qtype: int) -> None:
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((70, 320)).astype(np.float32)
+    w[3, :32] = 0.0  # an all-zero block
+    w[4, 32:64] = 0.5  # ties in the largest magnitude
+    w[5, 5] = 1e-6
+    got = quant.quantize(torch.from_numpy(w), qtype)
+    ref = gguf.quants.quantize(w, GQ(qtype))
+    assert got.qtype == qtype and got.out_features == 70 and got.in_features == 320
+    np.testing.assert_array_equal(got.data.numpy(), ref)
+    # and from bf16 weights (as a safetensors checkpoint holds them)
+    wb = torch.from_numpy(w).bfloat16()
+    ref_b = gguf.quants.quantize(wb.float().numpy(), GQ(qtype))
+    np.testing.assert_array_equal(quant.quantize(wb, qtype).data.numpy(), ref_b)
+
+
+def test_torch_fallback_without_native_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quant, "_lib", lambda: None)
+    monkeypatch.setattr(quant, "_TILE_ELEMS", 576 * 10)  # several tiles, one ragged
+    rng = np.random.default_rng(11)
+    assert quant.kernel_path() == "torch"
+    for qtype in (quant.Q4_K, quant.Q8_0, quant.BF16):
+        inn = 512 if qtype == quant.Q4_K else 576
+        w = random_weight(qtype, 37, inn, rng)
+        x = torch.from_numpy(rng.standard_normal((3, inn)).astype(np.float32))
+        ref = x.numpy().astype(np.float64) @ gguf_dequant(w).astype(np.float64).T
+        np.testing.assert_allclose(quant.quant_matmul(x, w).numpy(), ref, rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(quant.dequantize_rows(w, torch.tensor([2, 1])).numpy(),
+                                      gguf_dequant(w)[[2, 1]])
+    wf = rng.standard_normal((8, 64)).astype(np.float32)
+    np.testing.assert_array_equal(quant.quantize(torch.from_numpy(wf), quant.Q4_0).data.numpy(),
+                                  gguf.quants.quantize(wf, GQ.Q4_0))
+
+
+def test_names_sizes_and_refusals() -> None:
+    assert quant.type_name(quant.Q4_K) == "Q4_K" and quant.supported(quant.Q6_K)
+    assert not quant.supported(int(GQ.Q2_K)) and "Q2_K" in quant.type_name(int(GQ.Q2_K))
+    assert quant.row_bytes(quant.Q4_0, 576) == 18 * 18
+    assert quant.row_bytes(quant.Q6_K, 512) == 2 * 210
+    assert quant.row_bytes(quant.F16, 7) == 14
+    with pytest.raises(ValueError, match=r"Q4_K.*256.*576"):
+        quant.row_bytes(quant.Q4_K, 576)
+    with pytest.raises(ValueError, match="Q2_K"):
+        quant.row_bytes(int(GQ.Q2_K), 256)
+    with pytest.raises(ValueError, match="type 99"):
+        QuantWeight(99, torch.zeros(1, 1, dtype=torch.uint8), 32, 1)
+    with pytest.raises(ValueError, match=r"Q8_0.*\[4, 34\]"):
+        QuantWeight(quant.Q8_0, torch.zeros(4, 33, dtype=torch.uint8), 32, 4)
+    with pytest.raises(ValueError, match="uint8"):
+        QuantWeight(quant.Q8_0, torch.zeros(4, 34, dtype=torch.int8), 32, 4)
+    w = random_weight(quant.Q8_0, 4, 64, np.random.default_rng(0))
+    assert w.nbytes == 4 * 68
+    with pytest.raises(ValueError, match=r"float32 \[rows, 64\]"):
+        quant.quant_matmul(torch.zeros(2, 32), w)
+    with pytest.raises(ValueError, match="float32"):
+        quant.quant_matmul(torch.zeros(2, 64, dtype=torch.float64), w)
+    with pytest.raises(ValueError, match="bias"):
+        quant.quant_matmul(torch.zeros(2, 64), w, torch.zeros(3))
+    with pytest.raises(ValueError, match=r"ids must lie in \[0, 4\)"):
+        quant.dequantize_rows(w, torch.tensor([4]))
+    with pytest.raises(ValueError, match="Q8_0 or Q4_0"):
+        quant.quantize(torch.zeros(4, 256), quant.Q4_K)
+    with pytest.raises(ValueError, match="32 values"):
+        quant.quantize(torch.zeros(4, 40), quant.Q8_0)
+    assert quant.quant_matmul(torch.zeros(0, 64), w).shape == (0, 4)
