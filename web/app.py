@@ -82,8 +82,9 @@ def create_app(engine: Engine, tokenizer: Tokenizer, config: WebConfig) -> Lites
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         store = Store(config.db_path)
-        replies = Replies(store, config.reattach_grace, config.save_interval)
-        app.state.services = Services(engine, tokenizer, config, store, RequestTracker(),
+        tracker = RequestTracker()
+        replies = Replies(store, config.save_interval, tracker)
+        app.state.services = Services(engine, tokenizer, config, store, tracker,
                                       replies, env, time.time())
         started_here = not engine.alive
         if started_here:

@@ -23,7 +23,6 @@ class WebConfig:
     chat_top_p: float = 0.95
     chat_ignore_eos: bool = False  # keep writing past EOS up to default_max_tokens (demos, tests)
     chat_system_prompt: str | None = None  # None: the chat template's own default
-    reattach_grace: float = 3.0  # seconds a reply with no open stream waits before it is cancelled
     save_interval: float = 0.5  # seconds between saves of a streaming reply
     assets_dir: Path | None = None  # node_modules with htmx.org and htmx-ext-sse (None: repo's)
 
@@ -38,9 +37,8 @@ class WebConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.max_stop < 0:
             raise ValueError("max_stop must be >= 0")
-        if self.reattach_grace < 0 or self.save_interval < 0 or self.dashboard_interval <= 0:
-            raise ValueError("reattach_grace and save_interval must be >= 0, "
-                             "dashboard_interval > 0")
+        if self.save_interval < 0 or self.dashboard_interval <= 0:
+            raise ValueError("save_interval must be >= 0, dashboard_interval > 0")
 
     @property
     def db_path(self) -> Path:

@@ -1,24 +1,27 @@
-"""Chat pages: the conversation list, a conversation, sending, streaming, stop, regenerate."""
+"""Chat pages: the conversation list (and its search), a conversation, sending, editing,
+streaming, Stop, regenerate (versions), Continue, settings, rename, export and import."""
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-import anyio
 from litestar import Controller, Response, delete, get, post
+from litestar.datastructures import UploadFile
+from litestar.enums import RequestEncodingType
 from litestar.exceptions import HTTPException, NotFoundException
-from litestar.params import FromPath, URLEncodedBody
+from litestar.params import Body, FromPath, URLEncodedBody
 from litestar.plugins.htmx import ClientRedirect, HTMXRequest, HTMXTemplate
 from litestar.response import Redirect, Template
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import EventSourceResponse
 
 from engine import QueueFull, RequestError
 from web.access.identity import User, current_user
-from web.pages.chat_service import ChatError, ChatService
-from web.services import EngineUnavailable, Services, services
-from web.sse import done_event, event_stream, html_event, on_event, text_event
-from web.storage.store import Conversation
+from web.pages import transfer
+from web.pages.chat_service import ChatError, ChatService, version_nav
+from web.pages.replies import reply_events
+from web.services import EngineUnavailable, services
+from web.sse import event_stream
+from web.storage.store import Conversation, Message
 
 
 @dataclass
@@ -27,19 +30,60 @@ class ChatForm:
     csrf_token: str = ""  # checked by web.access.auth's middleware (shared mode)
 
 
+@dataclass
+class TitleForm:
+    title: str
+    csrf_token: str = ""
+
+
+@dataclass
+class SettingsForm:
+    system_prompt: str = ""
+    temperature: str = ""
+    top_p: str = ""
+    max_tokens: str = ""
+    csrf_token: str = ""
+
+
+@dataclass
+class ImportForm:
+    file: UploadFile
+    csrf_token: str = ""
+
+
 Form = URLEncodedBody[ChatForm]
 
 
-def page(request: HTMXRequest, user: User, conv: Conversation | None,
-         notice: str | None = None, status_code: int = 200) -> Template:
+def sidebar(request: HTMXRequest, user: User, conv: Conversation | None,
+            search: str | None = None) -> dict[str, Any]:
     s = services(request)
+    return {"conversations": s.store.conversations(user.name, search=search),
+            "live": s.replies.live_conversations(), "conversation": conv, "search": search or ""}
+
+
+def page(request: HTMXRequest, user: User, conv: Conversation | None,
+         notice: str | None = None, status_code: int = 200, draft: str = "",
+         search: str | None = None) -> Template:
+    s = services(request)
+    messages = s.store.messages(conv.id) if conv else []
+    cfg = s.config
     return Template("chat.html", status_code=status_code, context={
-        "page": "chat", "user": user, "model_name": s.config.model_name, "notice": notice,
-        "conversations": s.store.conversations(user.name), "conversation": conv,
-        "messages": s.store.messages(conv.id) if conv else []})
+        "page": "chat", "user": user, "model_name": cfg.model_name, "notice": notice,
+        "messages": messages, "versions": version_nav(s, messages), "draft": draft,
+        "defaults": {"system_prompt": cfg.chat_system_prompt or "", "temperature":
+                     cfg.chat_temperature, "top_p": cfg.chat_top_p,
+                     "max_tokens": cfg.default_max_tokens},
+        **sidebar(request, user, conv, search)})
 
 
-def refusal(request: HTMXRequest, exc: Exception, conv: Conversation | None) -> Response[Any]:
+def fragment(request: HTMXRequest, conv: Conversation, messages: list[Message]) -> HTMXTemplate:
+    return HTMXTemplate(template_name="_messages.html", context={
+        "messages": messages, "conversation": conv,
+        "versions": version_nav(services(request), messages)})
+
+
+def refusal(request: HTMXRequest, exc: Exception, conv: Conversation | None,
+            draft: str = "") -> Response[Any]:
     """Why an action was refused: a notice swapped into the page, or the page with it."""
     status = 400
     headers: dict[str, str] = {}
@@ -52,7 +96,7 @@ def refusal(request: HTMXRequest, exc: Exception, conv: Conversation | None) -> 
         return HTMXTemplate(template_name="_notice.html", context={"notice": str(exc)},
                             status_code=status, headers=headers, re_target="#notice",
                             re_swap="innerHTML")
-    response = page(request, current_user(request), conv, str(exc), status)
+    response = page(request, current_user(request), conv, str(exc), status, draft)
     response.headers.update(headers)
     return response
 
@@ -64,6 +108,10 @@ def http_error(request: HTMXRequest, exc: HTTPException) -> Response[Any]:
     """A 404 or 413 on a chat route: a notice in the page, never a JSON body in the chat."""
     detail = "the message is too long" if exc.status_code == 413 else str(exc.detail)
     return refusal(request, ChatError(detail, exc.status_code), None)
+
+
+def go(request: HTMXRequest, url: str) -> Response[Any]:
+    return ClientRedirect(url) if request.htmx else Redirect(url, status_code=303)
 
 
 class ChatController(Controller):
@@ -80,8 +128,21 @@ class ChatController(Controller):
         return chat, conv, msg
 
     @get("/", name="chat:index")
-    async def index(self, request: HTMXRequest) -> Template:
-        return page(request, current_user(request), None)
+    async def index(self, request: HTMXRequest, q: str | None = None) -> Template:
+        return page(request, current_user(request), None, search=q)
+
+    @get("/conversations", name="chat:search")
+    async def search(self, request: HTMXRequest, q: str = "",
+                     current: int | None = None) -> Template:
+        """The sidebar's list, filtered by title and content (the search box)."""
+        user = current_user(request)
+        conv = ChatService(services(request)).conversation(user, current) if current else None
+        return HTMXTemplate(template_name="_conversations.html",
+                            context=sidebar(request, user, conv, q.strip()[:200] or None))
+
+    @get("/c", name="chat:new")
+    async def new(self) -> Redirect:
+        return Redirect("/")  # a reload after a refused first message lands on a fresh chat
 
     @get("/c/{conversation_id:int}", name="chat:conversation")
     async def conversation(self, request: HTMXRequest, conversation_id: FromPath[int]) -> Template:
@@ -94,10 +155,8 @@ class ChatController(Controller):
         try:
             conv, _, _ = await chat.create(current_user(request), data.content)
         except REFUSED as exc:
-            return refusal(request, exc, None)
-        if request.htmx:
-            return ClientRedirect(f"/c/{conv.id}")
-        return Redirect(f"/c/{conv.id}", status_code=303)
+            return refusal(request, exc, None, data.content)
+        return go(request, f"/c/{conv.id}")
 
     @post("/c/{conversation_id:int}/messages", name="chat:send")
     async def send(self, request: HTMXRequest, conversation_id: FromPath[int],
@@ -106,11 +165,22 @@ class ChatController(Controller):
         try:
             mine, reply = await chat.send(current_user(request), conv, data.content)
         except REFUSED as exc:
+            return refusal(request, exc, conv, data.content)
+        if not request.htmx:
+            return Redirect(f"/c/{conv.id}", status_code=303)
+        return fragment(request, conv, [mine, reply])
+
+    @post("/c/{conversation_id:int}/messages/{message_id:int}/edit", name="chat:edit")
+    async def edit(self, request: HTMXRequest, conversation_id: FromPath[int],
+                   message_id: FromPath[int], data: Form) -> Response[Any]:
+        chat, conv, msg = self._find(request, conversation_id, message_id)
+        try:
+            await chat.edit(current_user(request), conv, msg, data.content)
+        except REFUSED as exc:
             return refusal(request, exc, conv)
         if not request.htmx:
             return Redirect(f"/c/{conv.id}", status_code=303)
-        return HTMXTemplate(template_name="_messages.html",
-                            context={"messages": [mine, reply], "conversation": conv})
+        return fragment(request, conv, chat.s.store.messages(conv.id))
 
     @post("/c/{conversation_id:int}/messages/{message_id:int}/stop", status_code=204,
           name="chat:stop")
@@ -130,8 +200,89 @@ class ChatController(Controller):
             return refusal(request, exc, conv)
         if not request.htmx:
             return Redirect(f"/c/{conv.id}", status_code=303)
-        return HTMXTemplate(template_name="_messages.html",
-                            context={"messages": [reply], "conversation": conv})
+        return fragment(request, conv, [reply])
+
+    @post("/c/{conversation_id:int}/messages/{message_id:int}/continue", name="chat:continue")
+    async def continue_reply(self, request: HTMXRequest, conversation_id: FromPath[int],
+                             message_id: FromPath[int]) -> Response[Any]:
+        chat, conv, msg = self._find(request, conversation_id, message_id)
+        try:
+            reply = await chat.continue_reply(current_user(request), conv, msg)
+        except REFUSED as exc:
+            return refusal(request, exc, conv)
+        if not request.htmx:
+            return Redirect(f"/c/{conv.id}", status_code=303)
+        return fragment(request, conv, [reply])
+
+    @post("/c/{conversation_id:int}/messages/{message_id:int}/show", name="chat:show")
+    async def show(self, request: HTMXRequest, conversation_id: FromPath[int],
+                   message_id: FromPath[int]) -> Response[Any]:
+        """Switch to another version of the last reply (‹1/2›)."""
+        chat, conv, msg = self._find(request, conversation_id, message_id)
+        try:
+            chat.show_version(conv, msg)
+        except REFUSED as exc:
+            return refusal(request, exc, conv)
+        if not request.htmx:
+            return Redirect(f"/c/{conv.id}", status_code=303)
+        shown = chat.s.store.message(msg.id)
+        assert shown is not None
+        return fragment(request, conv, [shown])
+
+    @post("/c/{conversation_id:int}/rename", name="chat:rename")
+    async def rename(self, request: HTMXRequest, conversation_id: FromPath[int],
+                     data: URLEncodedBody[TitleForm]) -> Response[Any]:
+        chat, conv, _ = self._find(request, conversation_id)
+        try:
+            chat.rename(conv, data.title)
+        except REFUSED as exc:
+            return refusal(request, exc, conv)
+        return go(request, f"/c/{conv.id}")
+
+    @post("/c/{conversation_id:int}/settings", name="chat:settings")
+    async def settings(self, request: HTMXRequest, conversation_id: FromPath[int],
+                       data: URLEncodedBody[SettingsForm]) -> Response[Any]:
+        chat, conv, _ = self._find(request, conversation_id)
+        try:
+            chat.set_settings(conv, data.system_prompt, data.temperature, data.top_p,
+                              data.max_tokens)
+        except REFUSED as exc:
+            return refusal(request, exc, conv)
+        if request.htmx:
+            return HTMXTemplate(template_name="_notice.html", context={
+                "notice": "Settings saved: they apply from the next reply", "kind": "ok"},
+                re_target="#notice", re_swap="innerHTML")
+        return Redirect(f"/c/{conv.id}", status_code=303)
+
+    @get("/c/{conversation_id:int}/export.json", name="chat:export_json")
+    async def export_json(self, request: HTMXRequest,
+                          conversation_id: FromPath[int]) -> Response[Any]:
+        chat, conv, _ = self._find(request, conversation_id)
+        body = transfer.to_json(conv, chat.s.store.messages(conv.id))
+        return Response(body, headers={
+            "Content-Disposition": f'attachment; filename="conversation-{conv.id}.json"'})
+
+    @get("/c/{conversation_id:int}/export.md", name="chat:export_md")
+    async def export_md(self, request: HTMXRequest,
+                        conversation_id: FromPath[int]) -> Response[str]:
+        chat, conv, _ = self._find(request, conversation_id)
+        text = transfer.to_markdown(conv, chat.s.store.messages(conv.id))
+        return Response(text, media_type="text/markdown; charset=utf-8", headers={
+            "Content-Disposition": f'attachment; filename="conversation-{conv.id}.md"'})
+
+    @post("/import", name="chat:import")
+    async def import_json(self, request: HTMXRequest, data: Annotated[
+            ImportForm, Body(media_type=RequestEncodingType.MULTI_PART)]) -> Response[Any]:
+        s = services(request)
+        raw = await data.file.read()
+        try:
+            if len(raw) > s.config.max_body_bytes:
+                raise ChatError("the file is too large", 413)
+            conv = transfer.from_json(s.store, current_user(request).name, raw,
+                                      s.config.max_messages)
+        except ChatError as exc:
+            return refusal(request, exc, None)
+        return go(request, f"/c/{conv.id}")
 
     @delete("/c/{conversation_id:int}", status_code=200, name="chat:delete")
     async def delete(self, request: HTMXRequest, conversation_id: FromPath[int]) -> Response[Any]:
@@ -145,35 +296,3 @@ class ChatController(Controller):
         _, conv, msg = self._find(request, conversation_id, message_id)
         s = services(request)
         return event_stream(lambda shutdown: reply_events(s, conv, msg.id, shutdown))
-
-
-async def reply_events(s: Services, conv: Conversation, message_id: int,
-                       shutdown: anyio.Event) -> AsyncIterator[ServerSentEvent]:
-    """Text so far, each new delta, then the finished message (rendered Markdown) and `done`.
-
-    Idempotent: a finished reply gets its final form and `done` at once. Leaving (the
-    generator is cancelled) lets the reply's grace timer cancel it if nobody comes back.
-    On server shutdown the stream just ends: the page reconnects when the server is back
-    and gets the reply as it was saved.
-    """
-    reply = s.replies.get(message_id)
-    if reply is not None and not reply.done:
-        text, queue = reply.subscribe()
-        watcher = on_event(shutdown, lambda: queue.put_nowait(("shutdown", "")))
-        try:
-            if text:
-                yield text_event("token", text)
-            while True:
-                kind, payload = await queue.get()
-                if kind == "shutdown":
-                    return
-                if kind != "token":
-                    break
-                yield text_event("token", payload)
-        finally:
-            watcher.cancel()
-            reply.unsubscribe(queue)
-    msg = s.store.message(message_id)
-    if msg is not None:
-        yield html_event("final", s.render("_messages.html", messages=[msg], conversation=conv))
-    yield done_event()

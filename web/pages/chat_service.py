@@ -1,5 +1,8 @@
-"""The chat's actions (send, regenerate, stop, delete) over the store, the engine and replies."""
+"""The chat's actions (send, edit, regenerate, continue, stop, settings, delete) over the
+store, the engine and replies."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import anyio
 
@@ -22,6 +25,37 @@ def title_for(content: str, limit: int = 60) -> str:
     return line if len(line) <= limit else line[:limit - 1].rstrip() + "…"
 
 
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    ids: list[int]
+    max_tokens: int  # the reply's limit once the prompt's room is taken
+    note: str | None  # what the reader should know (turns left out, a smaller limit)
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """Where a reply stands among the versions of its group (‹index/count›)."""
+
+    index: int  # 1-based
+    count: int
+    previous: int | None  # message ids to switch to
+    next: int | None
+
+
+def version_nav(s: Services, messages: list[Message]) -> dict[int, Version]:
+    """Version navigation for the replies of `messages` that have more than one version."""
+    nav: dict[int, Version] = {}
+    for m in messages:
+        if m.role != "assistant":
+            continue
+        ids = [v.id for v in s.store.versions(m.group)]
+        if len(ids) > 1 and m.id in ids:
+            i = ids.index(m.id)
+            nav[m.id] = Version(i + 1, len(ids), ids[i - 1] if i else None,
+                                ids[i + 1] if i + 1 < len(ids) else None)
+    return nav
+
+
 class ChatService:
     def __init__(self, s: Services) -> None:
         self.s = s
@@ -35,36 +69,61 @@ class ChatService:
         msg = self.s.store.message(message_id)
         return msg if msg is not None and msg.conversation_id == conv.id else None
 
-    def _params(self, prompt_len: int) -> SamplingParams:
+    # -- the prompt ----------------------------------------------------------------------
+    def _params(self, conv: Conversation, max_tokens: int) -> SamplingParams:
         cfg = self.s.config
-        max_tokens = max(1, min(cfg.default_max_tokens, self.s.context_limit - prompt_len))
-        return SamplingParams(max_tokens=max_tokens, temperature=cfg.chat_temperature,
-                              top_p=cfg.chat_top_p, ignore_eos=cfg.chat_ignore_eos)
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=cfg.chat_temperature if conv.temperature is None else conv.temperature,
+            top_p=cfg.chat_top_p if conv.top_p is None else conv.top_p,
+            ignore_eos=cfg.chat_ignore_eos)
 
-    def _prompt(self, history: list[Message]) -> list[int]:
-        """Prompt ids for the history, dropping the oldest turns until a reply fits."""
+    def wanted_tokens(self, conv: Conversation) -> int:
+        return conv.max_tokens if conv.max_tokens is not None else self.s.config.default_max_tokens
+
+    def prompt(self, conv: Conversation, history: list[Message], tail: str = "") -> Prompt:
+        """Prompt ids for the history, leaving out the oldest turns (never the system prompt)
+        until the prompt and a reply fit the context; `tail` is a reply being continued."""
         turns = [{"role": m.role, "content": m.content} for m in history
                  if m.role == "user" or m.content]
-        system = self.s.config.chat_system_prompt
+        system = conv.system_prompt if conv.system_prompt is not None else \
+            self.s.config.chat_system_prompt
         head = [{"role": "system", "content": system}] if system else []
-        room = self.s.context_limit - min(self.s.config.default_max_tokens,
-                                          self.s.context_limit // 2)
+        limit = self.s.context_limit
+        wanted = self.wanted_tokens(conv)
+        room = limit - min(wanted, limit // 2)  # at least half the context for the prompt
+        tokenizer = self.s.tokenizer
+        tail_ids = tokenizer.encode(tail, add_special_tokens=False) if tail else []
+        dropped = 0
         while True:
-            ids = self.s.tokenizer.apply_chat_template(head + turns)
+            ids = tokenizer.apply_chat_template(head + turns) + tail_ids
             if len(ids) <= room or len(turns) <= 1:
-                return ids
-            turns = turns[2:] if len(turns) > 2 else turns[1:]
+                break
+            step = 2 if len(turns) > 2 else 1
+            turns, dropped = turns[step:], dropped + step
+        max_tokens = max(1, min(wanted, limit - len(ids)))
+        notes = []
+        if dropped:
+            notes.append(f"the {dropped} oldest message{'s' if dropped > 1 else ''} "
+                         f"{'were' if dropped > 1 else 'was'} left out to fit the "
+                         f"{limit}-token context")
+        if max_tokens < wanted:
+            notes.append(f"the reply is limited to {max_tokens} tokens (not {wanted}): "
+                         "the context is nearly full")
+        return Prompt(ids, max_tokens, "; ".join(notes) or None)
 
-    async def start_reply(self, user: User, conv: Conversation,
-                          history: list[Message]) -> Message:
+    async def start_reply(self, user: User, conv: Conversation, history: list[Message],
+                          version_group: int | None = None) -> Message:
         """Submit a reply to `history` and start streaming it (raises RequestError, QueueFull)."""
-        ids = await anyio.to_thread.run_sync(self._prompt, history)
-        handle = self.s.submit(user, ids, self._params(len(ids)), "chat", label=conv.title,
-                               link=f"/c/{conv.id}")
-        msg = self.s.store.add_message(conv.id, "assistant", "", "streaming", handle.id)
-        self.s.replies.start(handle, msg.id, conv.id)
+        p = await anyio.to_thread.run_sync(self.prompt, conv, history)
+        handle = self.s.submit(user, p.ids, self._params(conv, p.max_tokens), "chat",
+                               label=conv.title, link=f"/c/{conv.id}")
+        msg = self.s.store.add_message(conv.id, "assistant", "", "streaming", handle.id,
+                                       version_group, p.note, p.max_tokens)
+        self.s.replies.start(handle, msg.id, conv.id, p.max_tokens)
         return msg
 
+    # -- checks --------------------------------------------------------------------------
     def _check_idle(self, conv: Conversation) -> None:
         if self.s.replies.in_conversation(conv.id):
             raise ChatError("a reply is still being written: wait for it or press Stop")
@@ -77,6 +136,13 @@ class ChatService:
             raise ChatError("the message is too long", 413)
         return content
 
+    def _last(self, conv: Conversation, msg: Message, what: str) -> list[Message]:
+        history = self.s.store.messages(conv.id)
+        if msg.role != "assistant" or not history or history[-1].group != msg.group:
+            raise ChatError(f"only the last reply can be {what}")
+        return history
+
+    # -- actions -------------------------------------------------------------------------
     async def create(self, user: User, content: str) -> tuple[Conversation, Message, Message]:
         content = self._check_content(content)
         conv = self.s.store.create_conversation(user.name, title_for(content))
@@ -98,18 +164,81 @@ class ChatService:
             raise
         return mine, reply
 
-    async def regenerate(self, user: User, conv: Conversation, msg: Message) -> Message:
-        history = self.s.store.messages(conv.id)
-        if msg.role != "assistant" or not history or history[-1].id != msg.id:
-            raise ChatError("only the last reply can be regenerated")
+    async def edit(self, user: User, conv: Conversation, msg: Message,
+                   content: str) -> tuple[Message, Message]:
+        """Change a sent message and ask again: what followed it is replaced by a new reply."""
+        content = self._check_content(content)
+        if msg.role != "user":
+            raise ChatError("only your own messages can be edited")
         self._check_idle(conv)
-        reply = await self.start_reply(user, conv, history[:-1])
-        self.s.store.delete_message(msg.id)
+        self.s.store.edit_message(msg.id, content)
+        self.s.store.delete_after(conv.id, msg.id)
+        edited = self.s.store.message(msg.id)
+        assert edited is not None
+        reply = await self.start_reply(user, conv, self.s.store.messages(conv.id))
+        return edited, reply
+
+    async def regenerate(self, user: User, conv: Conversation, msg: Message) -> Message:
+        """A new version of the last reply; the earlier ones stay (‹1/2›)."""
+        history = self._last(conv, msg, "regenerated")
+        self._check_idle(conv)
+        reply = await self.start_reply(user, conv, history[:-1], msg.group)
+        self.s.store.set_hidden(history[-1].id, True)
         return reply
+
+    def show_version(self, conv: Conversation, msg: Message) -> None:
+        self._last(conv, msg, "switched")
+        self._check_idle(conv)
+        self.s.store.show_version(msg)
+
+    async def continue_reply(self, user: User, conv: Conversation, msg: Message) -> Message:
+        """Go on writing a reply that was cut at its token limit (or stopped)."""
+        history = self._last(conv, msg, "continued")
+        self._check_idle(conv)
+        if msg.id != history[-1].id or msg.finish_reason not in ("length", "cancelled"):
+            raise ChatError("only a reply that was cut short can be continued")
+        p = await anyio.to_thread.run_sync(self.prompt, conv, history[:-1], msg.content)
+        handle = self.s.submit(user, p.ids, self._params(conv, p.max_tokens), "chat",
+                               label=conv.title, link=f"/c/{conv.id}")
+        self.s.store.restart_message(msg.id, p.max_tokens)
+        self.s.replies.start(handle, msg.id, conv.id, p.max_tokens, prefix=msg.content,
+                             earlier_tokens=msg.completion_tokens or 0)
+        again = self.s.store.message(msg.id)
+        assert again is not None
+        return again
 
     def stop(self, msg: Message) -> bool:
         reply = self.s.replies.get(msg.id)
-        return reply.handle.cancel() if reply is not None else False
+        return reply.stop() if reply is not None else False
+
+    def rename(self, conv: Conversation, title: str) -> None:
+        title = " ".join(title.split())
+        if not title:
+            raise ChatError("the title is empty", 400)
+        self.s.store.rename(conv.id, title[:200])
+
+    def set_settings(self, conv: Conversation, system_prompt: str, temperature: str,
+                     top_p: str, max_tokens: str) -> None:
+        """Blank fields mean the server's defaults; out-of-range values are refused."""
+        def number(text: str, name: str, low: float, high: float) -> float | None:
+            if not text.strip():
+                return None
+            try:
+                value = float(text)
+            except ValueError:
+                raise ChatError(f"{name} must be a number", 400) from None
+            if not low <= value <= high:
+                raise ChatError(f"{name} must be between {low:g} and {high:g}", 400)
+            return value
+        temp = number(temperature, "temperature", 0.0, 2.0)
+        nucleus = number(top_p, "top_p", 0.0, 1.0)
+        if nucleus == 0.0:
+            raise ChatError("top_p must be above 0", 400)
+        limit = number(max_tokens, "max tokens", 1, self.s.config.max_tokens_limit)
+        if limit is not None and limit != int(limit):
+            raise ChatError("max tokens must be a whole number", 400)
+        self.s.store.set_settings(conv.id, system_prompt.strip() or None, temp, nucleus,
+                                  None if limit is None else int(limit))
 
     def delete(self, conv: Conversation) -> None:
         for reply in self.s.replies.in_conversation(conv.id):

@@ -1,22 +1,36 @@
-"""Chat replies that outlive their HTTP connections.
+"""Chat replies that belong to their conversation, not to the open tab.
 
 A Reply consumes one engine request, saves its text as it grows (at most every
 `flush_interval` seconds, and at the end) and fans the deltas out to any number of SSE
-listeners. A page that reloads mid-reply subscribes again and gets the text so far, then
-the rest. When the last listener leaves (tab closed, network gone) and nobody comes back
-within `grace` seconds, the request is cancelled and the partial reply kept as incomplete.
+listeners. Leaving the page (another conversation, the dashboard, a closed tab) never cancels
+it: it runs to its end unless its owner presses Stop, an admin cancels it, or the server
+shuts down. A page that comes back subscribes again and gets the text so far, then the rest;
+`reply_events` is that stream.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import anyio
+from sse_starlette import ServerSentEvent
 
 from engine import FinalEvent, RequestHandle, TextDelta
-from web.storage.store import Store
+from web.pages import reply_status
+from web.pages.chat_service import version_nav
+from web.sse import done_event, html_event, on_event, text_event
+from web.storage.store import Conversation, Store
+
+if TYPE_CHECKING:
+    from web.services import Services
+    from web.tracker import RequestTracker
 
 log = logging.getLogger(__name__)
 Note = tuple[str, str]  # ("token", text) | ("final", status)
+STATUS_POLL = 0.25  # seconds between looks at the engine snapshot while a reply waits
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:
@@ -26,53 +40,45 @@ def _log_failure(task: asyncio.Task[None]) -> None:
 
 class Reply:
     def __init__(self, replies: Replies, handle: RequestHandle, message_id: int,
-                 conversation_id: int) -> None:
+                 conversation_id: int, max_tokens: int | None = None, prefix: str = "",
+                 earlier_tokens: int = 0) -> None:
         self.handle = handle
         self.message_id = message_id
         self.conversation_id = conversation_id
+        self.max_tokens = max_tokens
+        self.prefix = prefix  # text before this request (Continue appends to a reply)
+        self.earlier_tokens = earlier_tokens
         self.status = "streaming"
         self.final: FinalEvent | None = None
+        self.stopped_by_owner = False
+        self.shut_down = False
         self._replies = replies
         self._listeners: set[asyncio.Queue[Note]] = set()
-        self._timer: asyncio.TimerHandle | None = None
         self.task = asyncio.get_running_loop().create_task(self._run())
         self.task.add_done_callback(_log_failure)
-        self._arm()
 
     @property
     def text(self) -> str:
-        return self.handle.text
+        return self.prefix + self.handle.text
 
     @property
     def done(self) -> bool:
         return self.status != "streaming"
+
+    def stop(self) -> bool:
+        """The owner's Stop."""
+        self.stopped_by_owner = True
+        return self.handle.cancel()
 
     # -- listeners ---------------------------------------------------------------------
     def subscribe(self) -> tuple[str, asyncio.Queue[Note]]:
         """The text so far and a queue of what follows (atomic: one event loop)."""
         queue: asyncio.Queue[Note] = asyncio.Queue()
         self._listeners.add(queue)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         return self.text, queue
 
     def unsubscribe(self, queue: asyncio.Queue[Note]) -> None:
-        self._listeners.discard(queue)
-        if not self._listeners and not self.done:
-            self._arm()
-
-    def _arm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        grace = self._replies.grace
-        self._timer = asyncio.get_running_loop().call_later(grace, self._orphaned)
-
-    def _orphaned(self) -> None:
-        self._timer = None
-        if not self._listeners and not self.done:
-            log.info("reply %s has no listener: cancelling %s", self.message_id, self.handle.id)
-            self.handle.cancel()
+        self._listeners.discard(queue)  # the reply goes on: it belongs to the conversation
 
     def _tell(self, note: Note) -> None:
         for queue in self._listeners:
@@ -94,10 +100,20 @@ class Reply:
                     self.final = event
         except BaseException:  # cancelled (shutdown) or failed: stop the engine's work too
             if self.final is None:
+                self.shut_down = True
                 self.handle.cancel()
             raise
         finally:
             self._finish()
+
+    def _canceller(self) -> str | None:
+        """Who cancelled the request, when someone else did (the dashboard says so)."""
+        tracker = self._replies.tracker
+        item = tracker.get(self.handle.id) if tracker is not None else None
+        who = getattr(item, "cancelled_by", None)
+        if who is None and self.final is not None:
+            who = self.final.extra.get("cancelled_by")
+        return str(who) if who else None
 
     def _finish(self) -> None:
         final = self.final
@@ -106,25 +122,30 @@ class Reply:
         self.status = "complete" if complete else "incomplete"
         reason = final.finish_reason if final is not None else "cancelled"
         error = final.error if final is not None else None
+        ended = reply_status.ended_words(final, self.max_tokens, self.stopped_by_owner,
+                                         self.shut_down, None if complete else self._canceller())
         try:
-            self._replies.store.finish_message(self.message_id, self.text, self.status, reason,
-                                               error)
+            self._replies.store.finish_message(
+                self.message_id, self.text, self.status, reason, error, ended,
+                reply_status.figures(final, self.earlier_tokens))
         finally:
-            if self._timer is not None:
-                self._timer.cancel()
             self._tell(("final", self.status))
             self._replies.forget(self)
 
 
 class Replies:
-    def __init__(self, store: Store, grace: float = 3.0, flush_interval: float = 0.5) -> None:
+    def __init__(self, store: Store, flush_interval: float = 0.5,
+                 tracker: RequestTracker | None = None) -> None:
         self.store = store
-        self.grace = grace
         self.flush_interval = flush_interval
+        self.tracker = tracker
         self._live: dict[int, Reply] = {}  # message id -> reply
 
-    def start(self, handle: RequestHandle, message_id: int, conversation_id: int) -> Reply:
-        reply = Reply(self, handle, message_id, conversation_id)
+    def start(self, handle: RequestHandle, message_id: int, conversation_id: int,
+              max_tokens: int | None = None, prefix: str = "",
+              earlier_tokens: int = 0) -> Reply:
+        reply = Reply(self, handle, message_id, conversation_id, max_tokens, prefix,
+                      earlier_tokens)
         self._live[message_id] = reply  # before its task first runs: forget() comes later
         return reply
 
@@ -134,6 +155,10 @@ class Replies:
     def in_conversation(self, conversation_id: int) -> list[Reply]:
         return [r for r in self._live.values() if r.conversation_id == conversation_id]
 
+    def live_conversations(self) -> set[int]:
+        """Conversations with a reply in progress (the sidebar marks them)."""
+        return {r.conversation_id for r in self._live.values()}
+
     def forget(self, reply: Reply) -> None:
         self._live.pop(reply.message_id, None)
 
@@ -141,6 +166,7 @@ class Replies:
         """Cancel every live reply and wait until each has saved its text."""
         replies = list(self._live.values())
         for reply in replies:
+            reply.shut_down = True
             reply.handle.cancel()
         tasks = [r.task for r in replies]
         if not tasks:
@@ -150,3 +176,45 @@ class Replies:
             task.cancel()
         if pending:
             await asyncio.wait(pending, timeout=1.0)
+
+
+async def reply_events(s: Services, conv: Conversation, message_id: int,
+                       shutdown: anyio.Event) -> AsyncIterator[ServerSentEvent]:
+    """Where the reply stands while it waits (`status`), the text so far, each new delta,
+    then the finished message (rendered Markdown, `final`) and `done`.
+
+    Idempotent: a finished reply gets its final form and `done` at once. Leaving (the
+    generator is cancelled) changes nothing for the reply. On server shutdown the stream
+    just ends: the page reconnects when the server is back and gets the reply as saved.
+    """
+    reply = s.replies.get(message_id)
+    if reply is not None and not reply.done:
+        text, queue = reply.subscribe()
+        watcher = on_event(shutdown, lambda: queue.put_nowait(("shutdown", "")))
+        said: str | None = None
+        try:
+            if text:
+                yield text_event("token", text)
+            while True:
+                if not reply.handle.text:  # nothing written yet: say where it stands
+                    now = reply_status.standing(s.engine.snapshot(), reply.handle.id)
+                    if now is not None and now != said:
+                        said = now
+                        yield text_event("status", now)
+                try:
+                    kind, payload = await asyncio.wait_for(queue.get(), STATUS_POLL)
+                except TimeoutError:
+                    continue
+                if kind == "shutdown":
+                    return
+                if kind != "token":
+                    break
+                yield text_event("token", payload)
+        finally:
+            watcher.cancel()
+            reply.unsubscribe(queue)
+    msg = s.store.message(message_id)
+    if msg is not None:
+        yield html_event("final", s.render("_messages.html", messages=[msg], conversation=conv,
+                                           versions=version_nav(s, [msg])))
+    yield done_event()

@@ -1,8 +1,14 @@
 """Chat history in SQLite (WAL): conversations and their messages, each with an owner.
 
 A reply is written while it streams (status `streaming`), so a crash keeps the text that
-was generated; opening the store marks such leftovers `incomplete`. A finished reply is
-`complete`, or `incomplete` when Stop, a disconnect, shutdown or an error cut it short.
+was generated; opening the store marks such leftovers `incomplete` ("the server restarted").
+A finished reply is `complete`, or `incomplete` when Stop, an admin's cancel, shutdown or an
+error cut it short; `ended` says why in words. Regenerating keeps the earlier replies as
+hidden versions of one `version_group`.
+
+Schema versions (PRAGMA user_version): 0 the first release; 1 adds per-conversation
+settings, reply figures (tokens, TTFT, tokens/s), `ended`, `note` and reply versions.
+Opening an older database adds the columns in place (existing rows keep their values).
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+SCHEMA_VERSION = 1
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY,
@@ -35,6 +42,26 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 CREATE INDEX IF NOT EXISTS messages_conversation ON messages (conversation_id, id);
 """
+# version 1: (table, column, declaration); NULL settings mean "the server's default"
+ADDED_COLUMNS = (
+    ("conversations", "system_prompt", "TEXT"),
+    ("conversations", "temperature", "REAL"),
+    ("conversations", "top_p", "REAL"),
+    ("conversations", "max_tokens", "INTEGER"),
+    ("messages", "prompt_tokens", "INTEGER"),
+    ("messages", "completion_tokens", "INTEGER"),
+    ("messages", "ttft", "REAL"),
+    ("messages", "tokens_per_s", "REAL"),
+    ("messages", "max_tokens", "INTEGER"),
+    ("messages", "ended", "TEXT"),
+    ("messages", "note", "TEXT"),
+    ("messages", "version_group", "INTEGER"),
+    ("messages", "hidden", "INTEGER NOT NULL DEFAULT 0"),
+)
+RESTARTED = "the server restarted"
+MESSAGE_COLUMNS = ("id, conversation_id, role, content, status, finish_reason, error, "
+                   "request_id, created, prompt_tokens, completion_tokens, ttft, tokens_per_s, "
+                   "max_tokens, ended, note, version_group, hidden")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +71,10 @@ class Conversation:
     title: str
     created: float
     updated: float
+    system_prompt: str | None = None  # None: the server's default
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +88,47 @@ class Message:
     error: str | None
     request_id: str | None
     created: float
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    ttft: float | None = None  # seconds to the first token
+    tokens_per_s: float | None = None
+    max_tokens: int | None = None  # the reply's token limit
+    ended: str | None = None  # why it ended, in words ("stopped by you")
+    note: str | None = None  # e.g. "the 4 oldest messages were left out to fit the context"
+    version_group: int | None = None  # replies to the same question share one (None: own id)
+    hidden: int = 0  # 1: an earlier version, not shown
 
     @property
     def is_streaming(self) -> bool:
         return self.status == "streaming"
+
+    @property
+    def group(self) -> int:
+        return self.version_group if self.version_group is not None else self.id
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyFigures:
+    """What the engine reports when a reply ends."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    ttft: float | None = None
+    tokens_per_s: float | None = None
+
+
+def migrate(db: sqlite3.Connection) -> None:
+    """Bring a database of any earlier schema version to SCHEMA_VERSION (idempotent)."""
+    db.executescript(SCHEMA)
+    version = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if version >= SCHEMA_VERSION:
+        return
+    for table, column, decl in ADDED_COLUMNS:
+        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+    db.execute("CREATE INDEX IF NOT EXISTS messages_group ON messages (version_group)")
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
 class Store:
@@ -74,9 +142,10 @@ class Store:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(SCHEMA)
+        migrate(self._db)
         # replies that were streaming when the last process died keep their text
-        self._db.execute("UPDATE messages SET status = 'incomplete' WHERE status = 'streaming'")
+        self._db.execute("UPDATE messages SET status = 'incomplete', ended = ? "
+                         "WHERE status = 'streaming'", (RESTARTED,))
 
     def close(self) -> None:
         with self._lock:
@@ -85,6 +154,10 @@ class Store:
     @property
     def journal_mode(self) -> str:
         return str(self._db.execute("PRAGMA journal_mode").fetchone()[0])
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._run("PRAGMA user_version").fetchone()[0])
 
     def _run(self, sql: str, args: tuple[object, ...] = ()) -> sqlite3.Cursor:
         with self._lock:
@@ -101,9 +174,19 @@ class Store:
         row = self._run("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
         return Conversation(**dict(row)) if row else None
 
-    def conversations(self, owner: str, limit: int = 200) -> list[Conversation]:
-        rows = self._run("SELECT * FROM conversations WHERE owner = ? "
-                         "ORDER BY updated DESC, id DESC LIMIT ?", (owner, limit)).fetchall()
+    def conversations(self, owner: str, limit: int = 200,
+                      search: str | None = None) -> list[Conversation]:
+        """The owner's conversations, newest first; `search` matches titles and messages."""
+        if not search:
+            rows = self._run("SELECT * FROM conversations WHERE owner = ? "
+                             "ORDER BY updated DESC, id DESC LIMIT ?", (owner, limit)).fetchall()
+        else:
+            like = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            rows = self._run(
+                "SELECT * FROM conversations c WHERE owner = ? AND (title LIKE ? ESCAPE '\\' "
+                "OR EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id "
+                "AND m.hidden = 0 AND m.content LIKE ? ESCAPE '\\')) "
+                "ORDER BY updated DESC, id DESC LIMIT ?", (owner, like, like, limit)).fetchall()
         return [Conversation(**dict(r)) for r in rows]
 
     def delete_conversation(self, conversation_id: int) -> None:
@@ -113,38 +196,88 @@ class Store:
         self._run("UPDATE conversations SET updated = ? WHERE id = ?",
                   (time.time(), conversation_id))
 
+    def rename(self, conversation_id: int, title: str) -> None:
+        self._run("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
+
+    def set_settings(self, conversation_id: int, system_prompt: str | None,
+                     temperature: float | None, top_p: float | None,
+                     max_tokens: int | None) -> None:
+        self._run("UPDATE conversations SET system_prompt = ?, temperature = ?, top_p = ?, "
+                  "max_tokens = ? WHERE id = ?",
+                  (system_prompt, temperature, top_p, max_tokens, conversation_id))
+
     # -- messages ----------------------------------------------------------------------
     def add_message(self, conversation_id: int, role: str, content: str,
-                    status: str = "complete", request_id: str | None = None) -> Message:
+                    status: str = "complete", request_id: str | None = None,
+                    version_group: int | None = None, note: str | None = None,
+                    max_tokens: int | None = None) -> Message:
         now = time.time()
         cur = self._run("INSERT INTO messages (conversation_id, role, content, status, "
-                        "request_id, created, updated) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (conversation_id, role, content, status, request_id, now, now))
+                        "request_id, created, updated, version_group, note, max_tokens) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (conversation_id, role, content, status, request_id, now, now,
+                         version_group, note, max_tokens))
         self.touch(conversation_id)
         return Message(int(cur.lastrowid or 0), conversation_id, role, content, status, None,
-                       None, request_id, now)
+                       None, request_id, now, max_tokens=max_tokens, note=note,
+                       version_group=version_group)
 
     def message(self, message_id: int) -> Message | None:
-        row = self._run("SELECT id, conversation_id, role, content, status, finish_reason, "
-                        "error, request_id, created FROM messages WHERE id = ?",
+        row = self._run(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ?",
                         (message_id,)).fetchone()
         return Message(**dict(row)) if row else None
 
-    def messages(self, conversation_id: int) -> list[Message]:
-        rows = self._run("SELECT id, conversation_id, role, content, status, finish_reason, "
-                         "error, request_id, created FROM messages WHERE conversation_id = ? "
-                         "ORDER BY id", (conversation_id,)).fetchall()
+    def messages(self, conversation_id: int, hidden: bool = False) -> list[Message]:
+        """The conversation as shown (earlier versions left out unless `hidden`)."""
+        where = "" if hidden else " AND hidden = 0"
+        rows = self._run(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE conversation_id = ?"
+                         f"{where} ORDER BY id", (conversation_id,)).fetchall()
         return [Message(**dict(r)) for r in rows]
+
+    def versions(self, group: int) -> list[Message]:
+        """Every version of a reply, oldest first."""
+        rows = self._run(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ? OR "
+                         "version_group = ? ORDER BY id", (group, group)).fetchall()
+        return [Message(**dict(r)) for r in rows]
+
+    def show_version(self, message: Message) -> None:
+        """Make `message` the shown version of its group (the others hidden)."""
+        with self._lock:
+            self._db.execute("UPDATE messages SET hidden = (id != ?) WHERE id = ? OR "
+                             "version_group = ?", (message.id, message.group, message.group))
+
+    def set_hidden(self, message_id: int, hidden: bool) -> None:
+        self._run("UPDATE messages SET hidden = ? WHERE id = ?", (int(hidden), message_id))
+
+    def edit_message(self, message_id: int, content: str) -> None:
+        self._run("UPDATE messages SET content = ?, updated = ? WHERE id = ?",
+                  (content, time.time(), message_id))
+
+    def delete_after(self, conversation_id: int, message_id: int) -> None:
+        """Drop every message after `message_id` (an edited question starts over from there)."""
+        self._run("DELETE FROM messages WHERE conversation_id = ? AND id > ?",
+                  (conversation_id, message_id))
 
     def save_partial(self, message_id: int, content: str) -> None:
         self._run("UPDATE messages SET content = ?, updated = ? WHERE id = ?",
                   (content, time.time(), message_id))
 
+    def restart_message(self, message_id: int, max_tokens: int | None) -> None:
+        """A reply that streams again (Continue): its end and figures are open again."""
+        self._run("UPDATE messages SET status = 'streaming', finish_reason = NULL, error = NULL, "
+                  "ended = NULL, max_tokens = ?, updated = ? WHERE id = ?",
+                  (max_tokens, time.time(), message_id))
+
     def finish_message(self, message_id: int, content: str, status: str,
-                       finish_reason: str | None, error: str | None = None) -> None:
+                       finish_reason: str | None, error: str | None = None,
+                       ended: str | None = None,
+                       figures: ReplyFigures | None = None) -> None:
+        f = figures or ReplyFigures()
         self._run("UPDATE messages SET content = ?, status = ?, finish_reason = ?, error = ?, "
-                  "updated = ? WHERE id = ?",
-                  (content, status, finish_reason, error, time.time(), message_id))
+                  "ended = ?, prompt_tokens = ?, completion_tokens = ?, ttft = ?, "
+                  "tokens_per_s = ?, updated = ? WHERE id = ?",
+                  (content, status, finish_reason, error, ended, f.prompt_tokens,
+                   f.completion_tokens, f.ttft, f.tokens_per_s, time.time(), message_id))
 
     def delete_message(self, message_id: int) -> None:
         self._run("DELETE FROM messages WHERE id = ?", (message_id,))

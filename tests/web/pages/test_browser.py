@@ -26,7 +26,7 @@ SCREENSHOTS = Path(__file__).resolve().parents[3] / "docs" / "screenshots"
 def server(make_server: Any) -> Any:
     # replies run past EOS to 200 tokens, so they are still streaming when Stop is pressed
     return make_server(max_running=2, web={"chat_ignore_eos": True, "default_max_tokens": 200,
-                                            "reattach_grace": 1.0, "dashboard_interval": 0.25,
+                                            "dashboard_interval": 0.25,
                                             "max_body_bytes": 64 * 1024})
 
 
@@ -100,23 +100,31 @@ def test_reload_mid_reply_reattaches(server: Any, page: Any, waiter: Any,
     idle_check(server.engine)
 
 
-def test_chat_stream_disconnect_cancels_after_grace(server: Any, waiter: Any,
-                                                    idle_check: Any) -> None:
+def test_chat_stream_disconnect_leaves_the_reply_running(server: Any, waiter: Any,
+                                                        idle_check: Any) -> None:
+    store = server.services.store
     with httpx.Client(base_url=server.url, timeout=30) as client:
         created = client.post("/c", data={"content": "Count slowly to one hundred."})
         assert created.status_code == 303
         cid = int(created.headers["location"].rsplit("/", 1)[1])
-        reply = server.services.store.messages(cid)[-1]
+        reply = store.messages(cid)[-1]
         with client.stream("GET", f"/c/{cid}/messages/{reply.id}/stream") as stream:
             next(line for line in stream.iter_lines() if line.startswith("data:"))
-        # nobody reattaches within the 1 s grace: the request is cancelled, the text kept
-        waiter(lambda: not server.engine.live_ids(), 10, message="cancel after disconnect")
-        kept = waiter(lambda: (m := server.services.store.message(reply.id)).status !=
-                      "streaming" and m, 10, message="saved reply")
-        assert kept.status == "incomplete" and kept.content
+        # nobody listens any more: the reply belongs to the conversation and goes on
+        seen = len(waiter(lambda: store.message(reply.id).content, 30, message="saved text"))
+        waiter(lambda: len(store.message(reply.id).content) > seen + 10, 30,
+               message="the reply growing with no listener")
+        assert server.engine.live_ids() == [reply.request_id]
+        page = client.get(f"/c/{cid}").text
+        assert 'class="live-dot"' in page  # the sidebar marks the reply in progress
+        assert client.post(f"/c/{cid}/messages/{reply.id}/stop").status_code == 204
+        kept = waiter(lambda: (m := store.message(reply.id)).status != "streaming" and m, 10,
+                      message="saved reply")
+        assert kept.status == "incomplete" and kept.content and kept.ended == "stopped by you"
         # the stream URL stays idempotent: a finished reply answers its final form and `done`
         text = client.get(f"/c/{cid}/messages/{reply.id}/stream").text
         assert "event: final" in text and text.rstrip().endswith("data: done")
+        assert "stopped by you" in text
     idle_check(server.engine)
 
 
@@ -139,7 +147,8 @@ def test_regenerate_busy_notice_and_delete(server: Any, waiter: Any, idle_check:
         refused = c.post(f"/c/{cid}/messages/{user_msg.id}/regenerate")
         assert refused.status_code == 409 and "only the last reply" in refused.text
         again = c.post(f"/c/{cid}/messages/{reply.id}/regenerate")
-        assert again.status_code == 200 and store.message(reply.id) is None
+        # the earlier version stays, hidden (‹1/2›)
+        assert again.status_code == 200 and store.message(reply.id).hidden == 1
         new = store.messages(cid)[-1]
         assert new.status == "streaming" and f'id="msg-{new.id}"' in again.text
         assert f'sse-connect="/c/{cid}/messages/{new.id}/stream"' in again.text

@@ -16,7 +16,9 @@ def test_markdown_is_rendered() -> None:
     html = render("**bold** and `code`\n\n```python\nprint('<b>')\n```\n\n"
                   "| a | b |\n|---|---|\n| 1 | 2 |")
     assert "<strong>bold</strong>" in html and "<code>code</code>" in html
-    assert "<code class=\"language-python\">print('&lt;b&gt;')" in html
+    # highlighted by Pygments on the server, still escaped
+    assert "<code class=\"language-python\"><span class=\"nb\">print</span>" in html
+    assert "<span class=\"s1\">'&lt;b&gt;'</span>" in html and "<b>" not in html
     assert "<table>" in html
 
 
@@ -29,3 +31,10 @@ def test_dangerous_links_are_not_links() -> None:
 def test_streamed_text_is_escaped() -> None:
     event = text_event("token", "<script>x</script> & more")
     assert event.data == "&lt;script&gt;x&lt;/script&gt; &amp; more"
+
+
+def test_code_blocks_get_copy_buttons_and_hostile_languages_stay_text() -> None:
+    html = render('```"><script>x</script>\n<i>hi</i>\n```\n\n```python\nx = 1\n```')
+    assert "<script" not in html and "<i>" not in html
+    assert html.count('class="copy-code') == 2
+    assert "&lt;i&gt;hi&lt;/i&gt;" in html

@@ -1,13 +1,15 @@
-"""The chat store: WAL mode, and a reply's text survives a crash mid-stream."""
+"""The chat store: WAL mode, a reply's text survives a crash mid-stream, older databases are
+migrated in place, search, versions; replies run to their end with nobody listening."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 
 from engine.runtime.events import FinalEvent, Timings, Usage
 from engine.runtime.handle import TextDelta
 from web.pages.replies import Replies
-from web.storage.store import Store
+from web.storage.store import RESTARTED, SCHEMA_VERSION, ReplyFigures, Store
 
 
 def test_wal_mode_and_ownership(tmp_path: Path) -> None:
@@ -33,6 +35,7 @@ def test_streaming_reply_left_by_a_crash_is_kept_incomplete(tmp_path: Path) -> N
     again = Store(path)
     kept = again.message(msg.id)
     assert kept is not None and kept.content == "Once upon a" and kept.status == "incomplete"
+    assert kept.ended == RESTARTED
     store.close()
     again.close()
 
@@ -74,7 +77,7 @@ def test_reply_is_saved_while_it_streams(tmp_path: Path) -> None:
     msg = store.add_message(conv.id, "assistant", "", "streaming")
 
     async def run() -> None:
-        replies = Replies(store, grace=30, flush_interval=0.1)
+        replies = Replies(store, flush_interval=0.1)
         handle = FakeHandle([f"w{i} " for i in range(40)], 0.02)
         reply = replies.start(handle, msg.id, conv.id)  # type: ignore[arg-type]
         _, queue = reply.subscribe()
@@ -93,25 +96,120 @@ def test_reply_is_saved_while_it_streams(tmp_path: Path) -> None:
     store.close()
 
 
-def test_reply_nobody_listens_to_is_cancelled_and_kept_incomplete(tmp_path: Path) -> None:
+def test_reply_nobody_listens_to_runs_to_its_end(tmp_path: Path) -> None:
     store = Store(tmp_path / "ferry.sqlite3")
     conv = store.create_conversation("local", "t")
     msg = store.add_message(conv.id, "assistant", "", "streaming")
 
     async def run() -> FakeHandle:
-        replies = Replies(store, grace=0.15, flush_interval=0.1)
-        handle = FakeHandle([f"w{i} " for i in range(200)], 0.01)
+        replies = Replies(store, flush_interval=0.1)
+        handle = FakeHandle([f"w{i} " for i in range(60)], 0.01)
         reply = replies.start(handle, msg.id, conv.id)  # type: ignore[arg-type]
         _, queue = reply.subscribe()
         await asyncio.sleep(0.1)
-        reply.unsubscribe(queue)  # the page went away and does not come back
+        reply.unsubscribe(queue)  # the page went away (the dashboard, another chat, closed)
+        assert replies.live_conversations() == {conv.id}
         await asyncio.wait_for(reply.task, 5)
-        assert replies.get(msg.id) is None
+        assert replies.get(msg.id) is None and replies.live_conversations() == set()
         return handle
 
     handle = asyncio.run(run())
-    assert handle.cancelled.is_set()
+    assert not handle.cancelled.is_set()
     kept = store.message(msg.id)
-    assert kept is not None and kept.status == "incomplete" and kept.content
-    assert kept.finish_reason == "cancelled"
+    assert kept is not None and kept.status == "complete" and kept.content.endswith("w59 ")
+    assert kept.finish_reason == "stop" and kept.ended is None
+    store.close()
+
+
+def test_stop_by_the_owner_says_so(tmp_path: Path) -> None:
+    store = Store(tmp_path / "ferry.sqlite3")
+    conv = store.create_conversation("local", "t")
+    msg = store.add_message(conv.id, "assistant", "", "streaming")
+
+    async def run() -> None:
+        replies = Replies(store, flush_interval=0.1)
+        reply = replies.start(FakeHandle([f"w{i} " for i in range(200)], 0.01),  # type: ignore[arg-type]
+                              msg.id, conv.id)
+        await asyncio.sleep(0.1)
+        assert reply.stop()
+        await asyncio.wait_for(reply.task, 5)
+
+    asyncio.run(run())
+    kept = store.message(msg.id)
+    assert kept is not None and kept.status == "incomplete" and kept.ended == "stopped by you"
+    assert kept.finish_reason == "cancelled" and kept.completion_tokens is not None
+    store.close()
+
+
+OLD_SCHEMA = """
+CREATE TABLE conversations (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, title TEXT NOT NULL,
+    created REAL NOT NULL, updated REAL NOT NULL);
+CREATE INDEX conversations_owner ON conversations (owner, updated);
+CREATE TABLE messages (id INTEGER PRIMARY KEY,
+    conversation_id INTEGER NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    role TEXT NOT NULL, content TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'complete',
+    finish_reason TEXT, error TEXT, request_id TEXT, created REAL NOT NULL, updated REAL NOT NULL);
+CREATE INDEX messages_conversation ON messages (conversation_id, id);
+INSERT INTO conversations VALUES (1, 'alice', 'Old chat', 1.0, 2.0);
+INSERT INTO messages VALUES (1, 1, 'user', 'hi', 'complete', NULL, NULL, NULL, 1.0, 1.0);
+INSERT INTO messages VALUES (2, 1, 'assistant', 'Hello!', 'complete', 'stop', NULL, 'req-1',
+    1.5, 1.5);
+INSERT INTO messages VALUES (3, 1, 'assistant', 'Half a', 'streaming', NULL, NULL, 'req-2',
+    1.6, 1.6);
+"""
+
+
+def test_a_database_of_the_first_schema_is_migrated_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "ferry.sqlite3"
+    old = sqlite3.connect(path)
+    old.executescript(OLD_SCHEMA)
+    old.close()
+    store = Store(path)
+    assert store.schema_version == SCHEMA_VERSION
+    conv = store.conversation(1)
+    assert conv is not None and conv.title == "Old chat" and conv.owner == "alice"
+    assert conv.system_prompt is None and conv.temperature is None and conv.max_tokens is None
+    user, reply, cut = store.messages(1)
+    assert (user.content, reply.content, reply.finish_reason) == ("hi", "Hello!", "stop")
+    assert reply.hidden == 0 and reply.group == reply.id and reply.ttft is None
+    assert cut.status == "incomplete" and cut.ended == RESTARTED and cut.content == "Half a"
+    # the new columns work on the old rows, and opening again changes nothing
+    store.set_settings(1, "Be brief.", 0.2, 0.9, 64)
+    store.finish_message(2, "Hello!", "complete", "stop",
+                         figures=ReplyFigures(10, 3, 0.25, 12.5))
+    store.close()
+    again = Store(path)
+    conv = again.conversation(1)
+    assert conv is not None and (conv.system_prompt, conv.temperature, conv.max_tokens) == (
+        "Be brief.", 0.2, 64)
+    m = again.message(2)
+    assert m is not None and (m.prompt_tokens, m.completion_tokens, m.ttft, m.tokens_per_s) == (
+        10, 3, 0.25, 12.5)
+    again.close()
+
+
+def test_search_versions_rename_and_edit(tmp_path: Path) -> None:
+    store = Store(tmp_path / "ferry.sqlite3")
+    a = store.create_conversation("alice", "Cooking")
+    b = store.create_conversation("alice", "Travel")
+    store.create_conversation("bob", "Cooking for bob")
+    store.add_message(a.id, "user", "how long to boil an egg?")
+    store.add_message(b.id, "user", "trains to 50%_off Lisbon")
+    assert [c.id for c in store.conversations("alice", search="cook")] == [a.id]
+    assert [c.id for c in store.conversations("alice", search="EGG")] == [a.id]
+    assert [c.id for c in store.conversations("alice", search="50%_")] == [b.id]
+    assert store.conversations("alice", search="b%l") == []  # LIKE wildcards are literal
+    store.rename(a.id, "Eggs")
+    assert store.conversation(a.id).title == "Eggs"  # type: ignore[union-attr]
+    first = store.add_message(a.id, "assistant", "ten minutes")
+    store.set_hidden(first.id, True)
+    second = store.add_message(a.id, "assistant", "seven", version_group=first.group)
+    assert [m.id for m in store.messages(a.id)][-1] == second.id
+    assert [m.id for m in store.versions(first.group)] == [first.id, second.id]
+    store.show_version(first)
+    assert [m.content for m in store.messages(a.id)] == ["how long to boil an egg?",
+                                                        "ten minutes"]
+    assert len(store.messages(a.id, hidden=True)) == 3
+    store.delete_after(a.id, store.messages(a.id)[0].id)
+    assert [m.role for m in store.messages(a.id, hidden=True)] == ["user"]
     store.close()

@@ -1,0 +1,84 @@
+"""A conversation exported as Markdown or JSON, and imported back from that JSON."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from web.pages.chat_service import ChatError, title_for
+from web.storage.store import Conversation, Message, Store
+
+FORMAT = "ferry-conversation"
+VERSION = 1
+SETTINGS = ("system_prompt", "temperature", "top_p", "max_tokens")
+
+
+def to_json(conv: Conversation, messages: list[Message]) -> dict[str, Any]:
+    return {
+        "format": FORMAT, "version": VERSION, "title": conv.title, "created": conv.created,
+        "settings": {name: getattr(conv, name) for name in SETTINGS},
+        "messages": [{"role": m.role, "content": m.content, "status": m.status,
+                      "finish_reason": m.finish_reason, "created": m.created}
+                     for m in messages if not m.is_streaming],
+    }
+
+
+def to_markdown(conv: Conversation, messages: list[Message]) -> str:
+    parts = [f"# {conv.title}\n"]
+    if conv.system_prompt:
+        parts.append(f"> System prompt: {conv.system_prompt}\n")
+    for m in messages:
+        if m.is_streaming:
+            continue
+        who = "You" if m.role == "user" else "Assistant"
+        parts.append(f"## {who}\n\n{m.content.rstrip()}\n")
+    return "\n".join(parts)
+
+
+def _field(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = data.get(name)
+    if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+        raise ChatError(f"the file's {name!r} has the wrong type", 400)
+    return value
+
+
+def from_json(store: Store, owner: str, raw: bytes, max_messages: int) -> Conversation:
+    """A new conversation of `owner` from an exported file (raises ChatError, 400)."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ChatError("the file is not JSON", 400) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ChatError(f"the file is not a Ferry conversation (format {FORMAT!r})", 400)
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ChatError("the file has no messages", 400)
+    if len(messages) > max_messages:
+        raise ChatError(f"the file has {len(messages)} messages (at most {max_messages})", 400)
+    checked = []
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") or \
+                not isinstance(m.get("content"), str):
+            raise ChatError("each message needs a role (user or assistant) and a content", 400)
+        checked.append((m["role"], m["content"], m.get("finish_reason")))
+    settings = data.get("settings") or {}
+    if not isinstance(settings, dict):
+        raise ChatError("the file's 'settings' has the wrong type", 400)
+    system = _field(settings, "system_prompt", str)
+    temperature = _field(settings, "temperature", (int, float))
+    top_p = _field(settings, "top_p", (int, float))
+    max_tokens = _field(settings, "max_tokens", int)
+    if (temperature is not None and not 0 <= temperature <= 2) or \
+            (top_p is not None and not 0 < top_p <= 1) or \
+            (max_tokens is not None and max_tokens < 1):
+        raise ChatError("the file's settings are out of range", 400)
+    title = _field(data, "title", str) or title_for(checked[0][1])
+    conv = store.create_conversation(owner, title_for(title, 200))
+    store.set_settings(conv.id, system, temperature, top_p, max_tokens)
+    for role, content, reason in checked:
+        status = "incomplete" if reason in ("cancelled", "error") else "complete"
+        msg = store.add_message(conv.id, role, content, status)
+        if role == "assistant" and isinstance(reason, str):
+            store.finish_message(msg.id, content, status, reason)
+    found = store.conversation(conv.id)
+    assert found is not None
+    return found
