@@ -9,8 +9,8 @@ Shared mode (any other address): every request except PUBLIC_PATHS needs either
 `Authorization: Bearer <token>` (API clients; no CSRF check, browsers never add it on their
 own) or the `ferry_session` cookie set by POST /login. Cookie-authenticated POST/PUT/PATCH/
 DELETE must also carry the CSRF token, as the `X-CSRF-Token` header (htmx, fetch) or as the
-`csrf_token` form field (plain forms). The token is an HMAC of the session cookie, so it needs
-no server-side state and changes with each login.
+`csrf_token` form field (plain forms). The token is an HMAC of the session cookie and changes
+with each login; the session itself is listed in the users file until Sign out.
 
 The middleware leaves the user in scope["user"] (Litestar's `request.user`): a
 web.access.users.User, or None on a public path nobody is signed in to. Handlers read it with
@@ -99,6 +99,8 @@ class Auth:
             return None
         if record is None or not hmac.compare_digest(record.token_id, session.token_id):
             return None  # removed, or the token was rotated since this login
+        if session.sid not in record.sessions:
+            return None  # signed out (or pushed out by newer sessions)
         return record.user
 
     def login(self, token: str) -> tuple[User, str] | None:
@@ -109,7 +111,23 @@ class Auth:
         record = self.store.get(user.name)
         if record is None:
             return None
-        return user, self.signer.sign(user.name, record.token_id)
+        try:
+            sid = self.store.open_session(user.name)
+        except UserError as exc:
+            log.error("cannot open a session: %s", exc)
+            return None
+        return user, self.signer.sign(user.name, record.token_id, sid)
+
+    def logout(self, cookie_value: str) -> None:
+        """End the session behind this cookie on the server: the cookie stops working even
+        where a copy of it is kept."""
+        session = self.signer.unsign(cookie_value)
+        if session is None:
+            return
+        try:
+            self.store.close_session(session.name, session.sid)
+        except UserError as exc:
+            log.error("cannot close a session: %s", exc)
 
     def csrf_token(self, cookie_value: str) -> str:
         return self.signer.csrf_token(cookie_value)

@@ -1,8 +1,10 @@
 """Signed session cookies and CSRF tokens: the signing key, the cookie format, the HMACs.
 
-A cookie is base64url(JSON {user, token id, expiry, nonce}) "." base64url(HMAC-SHA256); the
-CSRF token is an HMAC of the cookie value under a second derived key, so neither needs
-server-side state. web.access.auth decides who is asking and when these are checked.
+A cookie is base64url(JSON {user, token id, expiry, session id}) "." base64url(HMAC-SHA256);
+the CSRF token is an HMAC of the cookie value under a second derived key. A signature alone
+does not make a session live: the users file lists each user's open session ids, and Sign out
+removes its id there (web.access.users.UserStore), so a copied cookie dies with the session.
+web.access.auth decides who is asking and when these are checked.
 """
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ class Session:
     name: str
     token_id: str  # the user's token id at login: a rotate or remove ends the session
     expires: int  # unix seconds
+    sid: str  # the session id the users file lists while the session is open
 
 
 class SessionSigner:
@@ -73,9 +76,10 @@ class SessionSigner:
         self.max_age = max_age
         self.clock = clock
 
-    def sign(self, name: str, token_id: str) -> str:
+    def sign(self, name: str, token_id: str, sid: str | None = None) -> str:
+        # n: the session id; every login gets its own, so its own cookie and CSRF token
         payload = {"u": name, "t": token_id, "e": int(self.clock()) + self.max_age,
-                   "n": secrets.token_hex(8)}  # n: every login gets its own cookie and CSRF token
+                   "n": sid or secrets.token_hex(8)}
         body = _b64(json.dumps(payload, separators=(",", ":")).encode())
         return f"{body}.{self._mac(body)}"
 
@@ -96,11 +100,13 @@ class SessionSigner:
         if not isinstance(payload, dict):
             return None
         name, token_id, expires = payload.get("u"), payload.get("t"), payload.get("e")
-        if not (isinstance(name, str) and isinstance(token_id, str) and isinstance(expires, int)):
+        sid = payload.get("n")
+        if not (isinstance(name, str) and isinstance(token_id, str) and isinstance(expires, int)
+                and isinstance(sid, str)):
             return None
         if expires <= self.clock():
             return None
-        return Session(name, token_id, expires)
+        return Session(name, token_id, expires, sid)
 
     def csrf_token(self, cookie_value: str) -> str:
         return _b64(hmac.new(self._csrf_key, cookie_value.encode("ascii", "replace"),

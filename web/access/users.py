@@ -32,6 +32,7 @@ SCRYPT_R = 8
 SCRYPT_P = 1
 PBKDF2_ITERATIONS = 300_000
 HASH_BYTES = 32
+MAX_SESSIONS = 20  # open browser sessions kept per user; the oldest ends when one more opens
 
 
 class UserError(ValueError):
@@ -74,6 +75,7 @@ class UserRecord:
     created: str  # ISO 8601, UTC
     rotated: str | None = None
     token_id: str = ""  # changes on rotate; session cookies carry it, so rotate logs out
+    sessions: tuple[str, ...] = ()  # open session ids (Sign out removes one; rotate all)
 
     @property
     def user(self) -> User:
@@ -142,7 +144,8 @@ def write_private(path: Path, data: bytes) -> None:
 
 
 class UserStore:
-    """users.json: {"version": 1, "users": {name: {admin, created, token_id, kdf, salt, hash}}}."""
+    """users.json: {"version": 1, "users": {name: {admin, created, token_id, kdf, salt, hash,
+    sessions}}}."""
 
     def __init__(self, path: Path | str, *, scrypt_n: int = SCRYPT_N) -> None:
         self.path = Path(path)
@@ -209,8 +212,11 @@ class UserStore:
 
     @staticmethod
     def _record(name: str, rec: dict[str, Any]) -> UserRecord:
+        sessions = rec.get("sessions")
+        open_ids = tuple(s for s in sessions if isinstance(s, str)) \
+            if isinstance(sessions, list) else ()
         return UserRecord(name, bool(rec.get("admin")), str(rec.get("created", "")),
-                          rec.get("rotated"), rec["token_id"])
+                          rec.get("rotated"), rec["token_id"], open_ids)
 
     def verify(self, token: str) -> User | None:
         """The user this token belongs to, or None. Never raises for a bad token."""
@@ -287,6 +293,32 @@ class UserStore:
             if name not in users:
                 raise UserError(f"no user named {name!r}")
             token, fields = self._new_secret(users)
-            users[name] = {**users[name], **fields, "rotated": _now()}
+            users[name] = {**users[name], **fields, "rotated": _now(), "sessions": []}
             self._save(users)
             return token
+
+    # --- browser sessions ------------------------------------------------------------------
+
+    def open_session(self, name: str) -> str:
+        """A new session id for `name`, listed until close_session (or a rotate)."""
+        with self._lock:
+            users = dict(self._load())
+            if name not in users:
+                raise UserError(f"no user named {name!r}")
+            sid = secrets.token_hex(8)
+            kept = [s for s in users[name].get("sessions") or [] if isinstance(s, str)]
+            users[name] = {**users[name], "sessions": [*kept[-(MAX_SESSIONS - 1):], sid]}
+            self._save(users)
+            return sid
+
+    def close_session(self, name: str, sid: str) -> bool:
+        """End one session (Sign out); False when it was not open."""
+        with self._lock:
+            users = dict(self._load())
+            kept = list(users.get(name, {}).get("sessions") or [])
+            if sid not in kept:
+                return False
+            kept.remove(sid)
+            users[name] = {**users[name], "sessions": kept}
+            self._save(users)
+            return True

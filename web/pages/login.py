@@ -12,7 +12,15 @@ from litestar.datastructures import Cookie
 from litestar.exceptions import ImproperlyConfiguredException
 from litestar.response import Redirect, Response, Template
 
-from web.access.auth import COOKIE_SAMESITE, SCOPE_AUTH, SESSION_COOKIE, Auth, csrf_token, safe_next
+from web.access.auth import (
+    COOKIE_SAMESITE,
+    SCOPE_AUTH,
+    SCOPE_SESSION,
+    SESSION_COOKIE,
+    Auth,
+    csrf_token,
+    safe_next,
+)
 
 LOGIN_TEMPLATE = "login.html"
 
@@ -69,6 +77,9 @@ async def login_submit(request: Request[Any, Any, Any]) -> Response[Any]:
 @post("/logout", name="logout", status_code=303)
 async def logout(request: Request[Any, Any, Any]) -> Response[Any]:
     auth = auth_of(request)
+    cookie = request.scope.get(SCOPE_SESSION)
+    if cookie:
+        auth.logout(cookie)  # the server forgets the session: copies of the cookie stop working
     response: Response[Any] = Redirect("/login" if auth.shared else "/", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response

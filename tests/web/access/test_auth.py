@@ -401,6 +401,35 @@ def test_logout(shared: TestClient[Litestar], tokens: dict[str, str]) -> None:
     assert shared.get("/v1/whoami").status_code == 401
 
 
+def test_sign_out_ends_the_session_on_the_server(shared: TestClient[Litestar], store: UserStore,
+                                                 tokens: dict[str, str]) -> None:
+    csrf = login(shared, tokens["bob"])
+    copied = shared.cookies[SESSION_COOKIE]  # what a cookie thief (or a second tab) kept
+    other = TestClient(shared.app, base_url=str(shared.base_url))  # closed with the app
+    login(other, tokens["bob"])  # bob's second browser: stays signed in
+    assert len(store.get("bob").sessions) == 2  # type: ignore[union-attr]
+    assert shared.post("/logout", data={CSRF_FIELD: csrf}).status_code == 200  # -> /login
+    assert len(store.get("bob").sessions) == 1  # type: ignore[union-attr]
+    shared.cookies.set(SESSION_COOKIE, copied)
+    assert shared.get("/v1/whoami").status_code == 401
+    page = shared.get("/", headers={"accept": "text/html"}, follow_redirects=False)
+    assert page.status_code == 303 and page.headers["location"] == "/login"
+    assert other.get("/v1/whoami").json() == {"name": "bob", "admin": False}
+
+
+def test_sessions_are_bounded_and_rotate_ends_them(store: UserStore) -> None:
+    store.add("bob")
+    from web.access.users import MAX_SESSIONS
+    sids = [store.open_session("bob") for _ in range(MAX_SESSIONS + 3)]
+    assert store.get("bob").sessions == tuple(sids[-MAX_SESSIONS:])  # type: ignore[union-attr]
+    assert store.close_session("bob", sids[-1]) and not store.close_session("bob", sids[-1])
+    assert not store.close_session("nobody", "x")
+    store.rotate("bob")
+    assert store.get("bob").sessions == ()  # type: ignore[union-attr]
+    with pytest.raises(UserError):
+        store.open_session("nobody")
+
+
 def test_rotate_and_remove_end_sessions(shared: TestClient[Litestar], store: UserStore,
                                         tokens: dict[str, str]) -> None:
     login(shared, tokens["bob"])

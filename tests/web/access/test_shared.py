@@ -149,3 +149,50 @@ def test_session_cookie_and_csrf(setup: tuple[Any, dict], idle_check: Any) -> No
 def test_users_file_lives_in_data_dir(setup: tuple[Any, dict]) -> None:
     server, _ = setup
     assert Path(server.services.config.users_path).exists()
+
+
+def test_sign_out_kills_a_copied_cookie(setup: tuple[Any, dict]) -> None:
+    """Over HTTP with the real cookie: after Sign out, a kept copy gets the login page."""
+    server, tokens = setup
+    with httpx.Client(base_url=server.url, timeout=30) as browser:
+        assert browser.post("/login", data={"token": tokens["cat"], "next": "/"}).status_code \
+            in (200, 303)
+        copied = browser.cookies["ferry_session"]
+        page = browser.get("/")
+        csrf = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+        assert page.status_code == 200 and csrf
+        out = browser.post("/logout", data={"csrf_token": csrf.group(1)}, follow_redirects=False)
+        assert out.status_code == 303 and out.headers["location"] == "/login"
+    with httpx.Client(base_url=server.url, timeout=30,
+                      cookies={"ferry_session": copied}) as thief:
+        again = thief.get("/", headers={"Accept": "text/html"})
+        assert again.status_code == 303 and again.headers["location"] == "/login"
+        assert thief.get("/v1/requests").status_code == 401
+
+
+@pytest.mark.browser
+def test_sign_out_in_chromium_then_the_old_cookie_gets_the_login_page(
+        setup: tuple[Any, dict], browser: Any) -> None:
+    server, tokens = setup
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(server.url + "/login")
+        page.fill("input[name=token]", tokens["bob"])
+        page.locator("form button, form input[type=submit]").first.click()
+        page.wait_for_url(re.compile(r"/$"))
+        kept = [c for c in context.cookies() if c["name"] == "ferry_session"]
+        assert kept
+        page.get_by_role("button", name="Sign out").click()
+        page.wait_for_url(re.compile(r"/login"))
+    finally:
+        context.close()
+    replay = browser.new_context()
+    try:
+        replay.add_cookies(kept)  # type: ignore[arg-type]
+        page = replay.new_page()
+        page.goto(server.url + "/")
+        assert "/login" in page.url and page.locator("input[name=token]").count() == 1
+    finally:
+        replay.close()
