@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--device", metavar="auto|cpu|cuda", help="where to run (default auto)")
     serve.add_argument("--policy", metavar="|".join(POLICIES),
                        help="scheduling policy (default prefill-first; interleave when shared)")
+    serve.add_argument("--upstream", action="append", metavar="URL", dest="upstreams",
+                       help="serve in front of this OpenAI-compatible server (vLLM, SGLang, "
+                            "llama.cpp, Ferry) instead of loading a model; repeatable")
     serve.add_argument("--open", action=argparse.BooleanOptionalAction, default=None,
                        help="open the chat in the default browser once serving")
     serve.add_argument("--config", type=Path, metavar="FILE",
@@ -104,7 +107,7 @@ def passthrough(command: str, argv: list[str]) -> int:
 
 def serve_flags(args: argparse.Namespace) -> dict[str, object]:
     return {name: getattr(args, name) for name in
-            ("host", "port", "model", "dtype", "device", "policy", "open")}
+            ("host", "port", "model", "dtype", "device", "policy", "open", "upstreams")}
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -60,6 +60,8 @@ def parse_text(name: str, kind: str, text: str) -> object:
         return text
     if kind == "list[str]":
         return [part for part in text.split(os.pathsep) if part]
+    if kind == "list[dict[str, object]]":  # FERRY_UPSTREAMS: URLs, space or comma separated
+        return [part for part in text.replace(",", " ").split() if part]
     return text
 
 
@@ -115,6 +117,11 @@ def toml_value(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
+    if isinstance(value, list) and any(isinstance(v, dict) for v in value):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table; an API key is never printed
+        return "{" + ", ".join(f"{k} = {toml_value('***' if k == 'api_key' else v)}"
+                               for k, v in value.items()) + "}"
     return json.dumps(value)  # JSON strings and string lists are valid TOML here
 
 

@@ -50,6 +50,28 @@ def build(settings: Settings, paths: Paths, model: ModelRef, progress: bool = Tr
     return app, device, dtype
 
 
+def build_upstream(settings: Settings, paths: Paths):
+    """Upstream mode: no model, the web app over a gateway to the configured upstreams."""
+    from app.upstreams import gateway_config
+    from web.app import create_app
+    from web.config import WebConfig
+    from web.gateway import Gateway, GatewayTokenizer
+    from web.gateway.probe import first_model_name
+
+    config = gateway_config(settings.upstreams, settings.max_waiting, settings.shared)
+    name = first_model_name(config, wait=10.0)
+    if name is None:
+        log.warning("no upstream answered /v1/models: the API serves the model name "
+                    "'upstream'")
+        name = "upstream"
+    gateway = Gateway(config, name)
+    web = WebConfig(data_dir=paths.data, model_name=name, shared=settings.shared,
+                    per_user_limit=settings.per_user_limit,
+                    max_body_bytes=settings.max_body_bytes, max_messages=settings.max_messages,
+                    max_stop=settings.max_stop, max_tokens_limit=settings.max_tokens_limit)
+    return create_app(gateway, GatewayTokenizer(), web), name  # type: ignore[arg-type]
+
+
 def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
     """Serve until SIGINT/SIGTERM; uvicorn's shutdown runs the app's lifespan, which stops the
     engine (running requests end, partial replies are saved) and closes the database."""
@@ -57,13 +79,18 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
 
     from engine import ModelNotFound
 
-    print(f"Loading {model.name} ...", file=sys.stderr)
-    try:
-        app, device, dtype = build(settings, paths, model)
-    except ModelNotFound as exc:
-        print(f"ferry serve: {exc}", file=sys.stderr)
-        return 2
-    print(banner(settings, model.name, device, dtype), flush=True)
+    if settings.upstreams:
+        app, name = build_upstream(settings, paths)
+        urls = ", ".join(str(u["url"]) for u in settings.upstreams)
+        print(banner(settings, name, "upstream", urls), flush=True)
+    else:
+        print(f"Loading {model.name} ...", file=sys.stderr)
+        try:
+            app, device, dtype = build(settings, paths, model)
+        except ModelNotFound as exc:
+            print(f"ferry serve: {exc}", file=sys.stderr)
+            return 2
+        print(banner(settings, model.name, device, dtype), flush=True)
     if settings.open:
         open_browser(local_url(settings))
     with exit_quietly_after_shutdown():

@@ -77,6 +77,8 @@ class Settings:
     max_tokens_limit: int = 4096
     open: bool = False  # open the browser once serving
     model_folders: list[str] = field(default_factory=list)
+    # upstream mode: serve in front of these servers, load no model (app/upstreams.py)
+    upstreams: list[dict[str, object]] = field(default_factory=list)
     # where each value came from: "default", "file <path>", "env FERRY_X", "flag --x"
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -108,6 +110,12 @@ class Settings:
             if value not in choices:
                 raise SettingsError(
                     name, f"{name} must be one of {', '.join(choices)}, got {value!r}")
+        if self.upstreams:
+            from app.upstreams import normalize
+            try:
+                self.upstreams = normalize(self.upstreams)
+            except ValueError as exc:
+                raise SettingsError("upstreams", str(exc)) from None
         if self.kv_tokens < self.page_size:
             raise SettingsError("kv_tokens", "kv_tokens must hold at least one page (page_size)")
 
@@ -139,10 +147,13 @@ def _check_type(name: str, kind: object, value: object) -> None:
         "bool": isinstance(value, bool),
         "str": isinstance(value, str),
         "list[str]": isinstance(value, list) and all(isinstance(v, str) for v in value),
+        "list[dict[str, object]]": isinstance(value, list)
+        and all(isinstance(v, (str, dict)) for v in value),
     }[str(kind)]
     if not ok:
         wanted = {"int": "an integer", "bool": "true or false", "str": "a string",
-                  "list[str]": "a list of strings"}[str(kind)]
+                  "list[str]": "a list of strings",
+                  "list[dict[str, object]]": "a list of URLs or tables"}[str(kind)]
         raise SettingsError(name, f"{name} must be {wanted}, got {value!r}")
 
 

@@ -1,0 +1,153 @@
+"""Reading an upstream's own state: its Prometheus /metrics by kind, its model list, and the
+extra endpoints some kinds have (llama.cpp /slots, Ferry /v1/requests)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+# kind -> (metric prefix, running, waiting, KV usage names (first found wins))
+GAUGES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    "vllm": ("vllm:", ("vllm:num_requests_running",), ("vllm:num_requests_waiting",),
+             ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
+    "sglang": ("sglang:", ("sglang:num_running_reqs",), ("sglang:num_queue_reqs",),
+               ("sglang:token_usage",)),
+    "llamacpp": ("llamacpp:", ("llamacpp:requests_processing",),
+                 ("llamacpp:requests_deferred",), ("llamacpp:kv_cache_usage_ratio",)),
+    "ferry": ("ferry:", ("ferry:num_requests_running",), ("ferry:num_requests_waiting",),
+              ("ferry:kv_cache_usage_perc",)),
+}
+GENERATED = ("generation_tokens_total", "tokens_predicted_total")
+TTFT = ("time_to_first_token_seconds",)
+ITL = ("inter_token_latency_seconds", "time_per_output_token_seconds")
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """What one scrape of an upstream said (None: it does not report that)."""
+
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None  # 0..1
+    generated_total: float | None = None  # output tokens so far (a counter)
+    ttft_sum: float | None = None
+    ttft_count: float | None = None
+    itl_sum: float | None = None
+    itl_count: float | None = None
+    slots_busy: int | None = None  # llama.cpp /slots
+    slots_total: int | None = None
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> sample name -> value summed over labels (buckets left out).
+    Raises ValueError on text that is not the exposition format."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_bucket") or sample.name.endswith("_created"):
+                continue
+            out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+    return out
+
+
+def detect_kind(samples: dict[str, float]) -> str | None:
+    for kind, (prefix, *_rest) in GAUGES.items():
+        if any(name.startswith(prefix) for name in samples):
+            return kind
+    return None
+
+
+def _first(samples: dict[str, float], names: tuple[str, ...]) -> float | None:
+    for name in names:
+        if name in samples:
+            return samples[name]
+    return None
+
+
+def figures(kind: str, samples: dict[str, float]) -> Figures:
+    if kind not in GAUGES:
+        return Figures()
+    prefix, running, waiting, kv = GAUGES[kind]
+    kv_usage = _first(samples, kv)
+    if kv_usage is not None and kv_usage > 1.0:  # some report percent
+        kv_usage /= 100.0
+    return Figures(
+        running=_first(samples, running), waiting=_first(samples, waiting), kv_usage=kv_usage,
+        generated_total=_first(samples, tuple(prefix + n for n in GENERATED)),
+        ttft_sum=_first(samples, tuple(prefix + n + "_sum" for n in TTFT)),
+        ttft_count=_first(samples, tuple(prefix + n + "_count" for n in TTFT)),
+        itl_sum=_first(samples, tuple(prefix + n + "_sum" for n in ITL)),
+        itl_count=_first(samples, tuple(prefix + n + "_count" for n in ITL)))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    name: str | None
+    max_context: int | None
+
+
+def model_info(data: Any) -> ModelInfo:
+    """/v1/models -> the first model's id and context length (vLLM's max_model_len,
+    llama.cpp's meta.n_ctx_train)."""
+    models = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(models, list) or not models or not isinstance(models[0], dict):
+        raise ValueError("/v1/models did not list a model")
+    first = models[0]
+    context = first.get("max_model_len") or first.get("context_length")
+    meta = first.get("meta")
+    if context is None and isinstance(meta, dict):
+        context = meta.get("n_ctx") or meta.get("n_ctx_train")
+    return ModelInfo(str(first.get("id")) if first.get("id") else None,
+                     int(context) if isinstance(context, (int, float)) and context > 0 else None)
+
+
+async def slots(client: httpx.AsyncClient, base: str, headers: dict[str, str]
+                ) -> tuple[int, int] | None:
+    """llama.cpp's /slots -> (busy, total), None when it has none."""
+    try:
+        r = await client.get(base + "/slots", headers=headers)
+        items = r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    if not isinstance(items, list):
+        return None
+    busy = sum(1 for s in items if isinstance(s, dict) and (s.get("is_processing")
+                                                             or s.get("state") == 1))
+    return busy, len(items)
+
+
+async def guess_kind_without_metrics(client: httpx.AsyncClient, base: str,
+                                     headers: dict[str, str]) -> str:
+    """Kinds whose /metrics is off: SGLang answers /get_server_info, llama.cpp /props."""
+    for path, kind in (("/get_server_info", "sglang"), ("/props", "llamacpp")):
+        try:
+            r = await client.get(base + path, headers=headers)
+        except httpx.HTTPError:
+            continue
+        if r.status_code == 200:
+            return kind
+    return "openai"
+
+
+def first_model_name(config: Any, wait: float = 0.0, timeout: float = 3.0) -> str | None:
+    """At start-up: the model id the first reachable upstream serves (the name the front's
+    /v1/models shows and its API expects), asking again for up to `wait` seconds."""
+    import time
+
+    from web.gateway.client import auth_headers
+    deadline = time.monotonic() + wait
+    while True:
+        for up in config.upstreams:
+            try:
+                r = httpx.get(up.url + "/v1/models", headers=auth_headers(up.api_key),
+                              timeout=timeout)
+                name = model_info(r.json()).name if r.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                continue
+            if name:
+                return name
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)
