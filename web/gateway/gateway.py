@@ -208,7 +208,7 @@ class Gateway:
         assert self._snapshot is not None
         return self._snapshot
 
-    def view(self) -> views.GatewayView:
+    def gateway_view(self) -> views.GatewayView:
         self.snapshot()
         assert self._view is not None
         return self._view

@@ -36,6 +36,10 @@ class UpstreamView:
     slots: tuple[int, int] | None
     upstream_requests: int | None  # Ferry upstreams: its /v1/requests count
 
+    @property
+    def since_clock(self) -> str:
+        return time.strftime("%H:%M:%S", time.localtime(self.since))
+
 
 class Upstream:
     def __init__(self, config: UpstreamConfig) -> None:

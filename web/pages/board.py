@@ -97,6 +97,7 @@ def board_context(snap: EngineSnapshot, engine: Engine, user: User,
     return {
         "snap": snap, "running": running, "waiting": waiting, "slots": slots,
         "kv": kv_segments(snap), "timeline": timeline(snap.rounds), "charts": charts(snap),
+        "gateway": engine.gateway_view() if hasattr(engine, "gateway_view") else None,
         "metrics": snap.metrics, "alive": engine.alive, "user": user,
         "settings": [("Policy", snap.policy), ("Admission", snap.admission),
                      ("Slots", snap.max_running),
