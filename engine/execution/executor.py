@@ -18,10 +18,10 @@ from engine.execution.attention import default_backend, get_backend
 from engine.execution.attention.base import AttentionInputs
 from engine.execution.cpu import default_threads, on_fresh_thread
 from engine.execution.kv_pool import KVPool
-from engine.execution.loader import choose_dtype, load_model, resolve_model
+from engine.execution.loader import load_model, resolve_model, weight_mode
 from engine.execution.model.llama import LlamaForCausalLM
 from engine.execution.sampler import Sampler
-from engine.execution.tokenizer import read_eos_ids
+from engine.execution.tokenizer import gguf_tokenizer_dir, read_eos_ids
 from engine.scheduling.batch import Batch
 from engine.scheduling.request import Request, TokenLogprob
 
@@ -48,7 +48,8 @@ class ModelExecutor:
         self.eos_ids = eos_ids
         self.max_context = cfg.max_context
         self.vocab_size = cfg.vocab_size
-        self.model_path = model_path
+        self.model_path = model_path  # the .gguf file or the folder loaded
+        self.tokenizer_path = model_path  # a folder (or .gguf) Tokenizer() loads from
         # torch's intra-op thread count is per calling thread under OpenMP: set it on the
         # thread that runs rounds (see engine.execution.cpu), at its first round
         self.threads = threads or default_threads()
@@ -58,9 +59,12 @@ class ModelExecutor:
     def from_pretrained(cls, model: str | Path | None = None, config: EngineConfig | None = None,
                         *, dtype: str | torch.dtype = "auto", device: str = "cpu",
                         cache_dir: str | Path | None = None, backend: str | None = None,
-                        threads: int | None = None, progress: bool = True) -> ModelExecutor:
-        """Load `model` (None = the default SmolLM2 GGUF, converted once into `cache_dir`; a HF
-        folder; a .gguf file; or a hub id) and size the KV pool from `config`.
+                        threads: int | None = None, progress: bool = True,
+                        quantize: str | None = None) -> ModelExecutor:
+        """Load `model` (None = the default SmolLM2 GGUF; a HF folder; a .gguf file; or a hub
+        id) and size the KV pool from `config`. dtype auto on CPU runs a GGUF in its own
+        quantization; `quantize` ("q8_0" / "q4_0") quantizes a float folder once, at load.
+        A GGUF's tokenizer is kept under `cache_dir` (tokenizer files only).
 
         Runs on a short-lived thread so that the engine thread's OpenMP team is the only one
         afterwards (engine.execution.cpu explains why that halves small-batch step times)."""
@@ -68,13 +72,27 @@ class ModelExecutor:
             if torch.device(device).type == "cpu":
                 torch.set_num_threads(threads or default_threads())
             path = resolve_model(model, cache_dir, progress)
-            torch_dtype = choose_dtype(dtype, device)
-            net = load_model(path, torch_dtype, device)
+            torch_dtype, quant = weight_mode(path, dtype, device, quantize)
+            net = load_model(path, torch_dtype, device, quant)
             net.pack_weights()
-            log.info("loaded %s as %s on %s", path, torch_dtype, device)
-            return cls(net, config or EngineConfig(), device, backend, read_eos_ids(path), path,
-                       threads)
+            log.info("loaded %s as %s on %s", path, quant or torch_dtype, device)
+            gguf = path.suffix == ".gguf"
+            eos = net.eos_ids if gguf else read_eos_ids(path)
+            ex = cls(net, config or EngineConfig(), device, backend, eos, path, threads)
+            if gguf and cache_dir is not None:
+                ex.tokenizer_path = gguf_tokenizer_dir(path, cache_dir)
+            ex.source = "GGUF" if gguf else "safetensors"
+            return ex
         return on_fresh_thread(load)
+
+    source = ""  # "GGUF" / "safetensors" when loaded from_pretrained
+
+    def describe(self) -> str:
+        """How the model runs, in one line: e.g. "GGUF Q4_1 + Q8_0 head, native AVX2
+        kernels, 98 MB" or "safetensors float32, 538 MB"."""
+        from engine.execution.model.describe import describe_weights
+
+        return describe_weights(self.model, self.source)
 
     # --- Executor protocol ------------------------------------------------------------------
 

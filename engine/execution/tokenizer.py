@@ -11,13 +11,52 @@ Streaming needs two small state machines, used off the scheduler thread:
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+GGUF_TOKENIZERS = "tokenizers"  # folder under the model cache: one per GGUF file version
+
+
+def gguf_tokenizer_dir(gguf: Path, cache_dir: str | Path) -> Path:
+    """The tokenizer (and chat template) of a GGUF file as a folder AutoTokenizer loads fast:
+    built once from the file by transformers (seconds) and kept under `cache_dir`, keyed by
+    the file's name, size and mtime (a changed file gets a fresh folder). Only tokenizer
+    files and the EOS ids go there, never weights. Written to a temp folder and renamed into
+    place, so a crash or a parallel start never leaves a half-written one."""
+    from transformers import AutoTokenizer
+
+    gguf = Path(gguf)
+    st = gguf.stat()
+    out = Path(cache_dir) / GGUF_TOKENIZERS / f"{gguf.stem}-{st.st_size}-{st.st_mtime_ns}"
+    if (out / "tokenizer_config.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tok.save_pretrained(str(tmp))
+        if tok.eos_token_id is not None:
+            (tmp / "generation_config.json").write_text(
+                json.dumps({"eos_token_id": int(tok.eos_token_id)}))
+        try:
+            os.rename(tmp, out)
+        except OSError:  # another process finished first
+            if not (out / "tokenizer_config.json").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
 
 def read_eos_ids(path: Path) -> frozenset[int]:
-    """EOS ids from config.json and generation_config.json (int or list in either)."""
+    """EOS ids from config.json and generation_config.json (int or list in either); none for
+    a GGUF file (its metadata has them: gguf_file.GGUFFile.eos_ids)."""
     ids: set[int] = set()
     for name in ("config.json", "generation_config.json"):
         f = Path(path) / name
@@ -35,11 +74,20 @@ CONTEXT_TOKENS = 4  # prompt ids kept as decode context for the first output tok
 
 
 class Tokenizer:
-    def __init__(self, path: str | Path) -> None:
+    """From a model folder, or a GGUF file (with `cache_dir`: through gguf_tokenizer_dir;
+    without: rebuilt from the file, which takes seconds)."""
+
+    def __init__(self, path: str | Path, cache_dir: str | Path | None = None) -> None:
         from transformers import AutoTokenizer
 
         self.path = Path(path)
-        self.hf = AutoTokenizer.from_pretrained(str(path))
+        if self.path.suffix == ".gguf" and cache_dir is not None:
+            self.path = gguf_tokenizer_dir(self.path, cache_dir)
+        if self.path.suffix == ".gguf":
+            self.hf = AutoTokenizer.from_pretrained(str(self.path.parent),
+                                                    gguf_file=self.path.name)
+        else:
+            self.hf = AutoTokenizer.from_pretrained(str(self.path))
         eos = set(read_eos_ids(self.path))
         if self.hf.eos_token_id is not None:
             eos.add(int(self.hf.eos_token_id))

@@ -53,7 +53,10 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Module):
-    """y = x W^T (+ b); a plain projection whose checkpoint tensor maps one to one."""
+    """y = x W^T (+ b); a plain projection whose checkpoint tensor maps one to one.
+
+    `weight` is a float parameter, or after loading a plain attribute: a oneDNN-packed
+    tensor, a quant.QuantWeight or a linear_kernels.SplitWeight (`set_quantized`)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
                  device: torch.device | str | None = None) -> None:
@@ -66,11 +69,24 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.product(x, self.weight, self.bias)
 
+    def set_quantized(self, weight: object, bias: torch.Tensor | None = None) -> None:
+        """Replace the float weight (and bias) by a quantized one: its products run on it."""
+        del self.weight
+        self.weight = weight
+        if self.bias is not None:
+            if bias is None:
+                raise ValueError("a biased projection needs its bias")
+            self.bias = nn.Parameter(bias.float(), requires_grad=False)
+        self.product = linear_kernels.product_for(weight)
+
     def pack(self, wide: bool = False) -> None:
         """Once loaded: swap the weight for the layout its products run fastest from (a
         packed weight is a plain tensor attribute, no longer a loadable parameter), keep a
         float32 copy of an emulated-bf16 weight for many-row products if `wide`, and fix the
         product function for both."""
+        if linear_kernels.is_quantized(self.weight):
+            self.product = linear_kernels.product_for(self.weight)
+            return
         packed = linear_kernels.pack(self.weight)
         if packed is not self.weight:
             del self.weight
@@ -107,13 +123,24 @@ class PackedLinear(Linear):
 
 
 class Embedding(nn.Module):
+    """Token embeddings: a float table, or a quant.QuantWeight whose looked-up rows alone are
+    dequantized (`set_quantized`)."""
+
     def __init__(self, num: int, dim: int, dtype: torch.dtype,
                  device: torch.device | str | None = None) -> None:
         super().__init__()
         self.weight = _param(num, dim, dtype=dtype, device=device)
 
+    def set_quantized(self, weight: object) -> None:
+        del self.weight
+        self.weight = weight
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight)
+        if isinstance(self.weight, torch.Tensor):
+            return F.embedding(ids, self.weight)
+        from engine.kernels import quant
+
+        return quant.dequantize_rows(self.weight, ids)  # [n, dim] float32
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

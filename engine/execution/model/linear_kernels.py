@@ -15,6 +15,11 @@ float32 weights on CPU are reordered once, after loading, into oneDNN's blocked 
 step (60 -> 45 ms here) and ~20% at batch 32 (203 -> 161 ms). The packed tensor is opaque
 (layout torch._mkldnn) and replaces the plain one. Elsewhere (CUDA, native bf16) this is plain
 `F.linear`. `product_for` picks the function once per weight; `Linear` keeps it.
+
+Quantized weights (a GGUF's blocks, or float weights quantized at load) are an
+engine.kernels.quant.QuantWeight, multiplied by `quant.quant_matmul` (which picks its few-row
+or many-row path itself), or a SplitWeight: the parts of a fused projection (qkv, gate_up)
+whose block types differ, multiplied one by one into column slices of the output.
 """
 from __future__ import annotations
 
@@ -22,12 +27,17 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from engine.execution.cpu import emulated_bf16
 from engine.kernels import ops
+
+if TYPE_CHECKING:
+    from engine.kernels.quant import QuantWeight
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +46,48 @@ log = logging.getLogger(__name__)
 TORCH_DIRECT_ROWS = 4
 NATIVE_DIRECT_ROWS = 16
 
-Product = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+Product = Callable[[torch.Tensor, Any, "torch.Tensor | None"], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class SplitWeight:
+    """Quantized parts of one fused projection, stacked by rows in order (e.g. q, k, v)."""
+
+    parts: tuple[QuantWeight, ...]
+
+    @property
+    def in_features(self) -> int:
+        return self.parts[0].in_features
+
+    @property
+    def out_features(self) -> int:
+        return sum(p.out_features for p in self.parts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
+def is_quantized(weight: object) -> bool:
+    """A QuantWeight or a SplitWeight (anything but a float tensor)."""
+    return not isinstance(weight, torch.Tensor)
+
+
+def _quant(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    from engine.kernels import quant
+
+    return quant.quant_matmul(x, weight, bias)
+
+
+def _split(x: torch.Tensor, weight: SplitWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    from engine.kernels import quant
+
+    out = x.new_empty(x.shape[0], weight.out_features)  # [rows, sum of parts' out]
+    col = 0
+    for part in weight.parts:
+        out[:, col:col + part.out_features] = quant.quant_matmul(x, part)
+        col += part.out_features
+    return out if bias is None else out.add_(bias)
 
 _scratch = threading.local()  # per thread: rounds of two executors may run concurrently
 
@@ -101,6 +152,10 @@ def product_for(weight: torch.Tensor, wide: torch.Tensor | None = None) -> Produ
     """The function computing x @ weight.T (+ bias) for this weight, chosen once (Linear
     keeps it: per-call checks cost microseconds ~120 times per decode step). `wide`: a
     oneDNN-packed float32 copy of a bf16 weight (`wide_copy`) for products of many rows."""
+    if isinstance(weight, SplitWeight):
+        return _split
+    if is_quantized(weight):
+        return _quant
     if is_packed(weight):
         return _onednn
     if not emulated_bf16(weight.dtype, weight.device):

@@ -30,6 +30,12 @@ from engine.execution.model.layers import (
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 
 
+def type_name(qtype: int) -> str:
+    from engine.kernels import quant
+
+    return quant.type_name(qtype)
+
+
 class UnsupportedModel(ValueError):
     """The checkpoint's architecture or settings are outside the Llama family we implement."""
 
@@ -208,6 +214,7 @@ class LlamaForCausalLM(nn.Module):
         else:
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, dtype, device)
         self.fused: FusedDecode | None = None  # set by pack_weights where it applies
+        self.eos_ids: frozenset[int] = frozenset()  # a GGUF's metadata sets them
 
     def pack_weights(self, wide_copy_limit: int | None = None) -> None:
         """After loading: put every projection's weight in its fastest layout
@@ -216,10 +223,46 @@ class LlamaForCausalLM(nn.Module):
         copy for many-row products when all of them fit in `wide_copy_limit` bytes."""
         linears = [m for m in self.modules() if isinstance(m, Linear)]  # the LM head too
         limit = WIDE_COPY_LIMIT if wide_copy_limit is None else wide_copy_limit
-        wide = sum(m.weight.numel() for m in linears) * 4 <= limit
+        wide = sum(m.weight.numel() for m in linears
+                   if isinstance(m.weight, torch.Tensor)) * 4 <= limit
         for module in linears:
             module.pack(wide)
         self.fused = FusedDecode.build(self)
+
+    @property
+    def quantized(self) -> bool:
+        """Some projection multiplies block-quantized weights (activations stay float32)."""
+        return any(not isinstance(m.weight, torch.Tensor) for m in self.modules()
+                   if isinstance(m, Linear))
+
+    def weight_types(self) -> tuple[dict[str, int], str, int]:
+        """(bytes per weight type over the decoder layers' projections, the LM head's type,
+        bytes of all weights, a tied head counted once) for describing how the model runs."""
+        def kind(w: object) -> str:
+            if isinstance(w, torch.Tensor):
+                return str(w.dtype).removeprefix("torch.")
+            parts = getattr(w, "parts", (w,))
+            names = sorted({type_name(p.qtype) for p in parts})
+            return "/".join(names)
+
+        def size(w: object) -> int:
+            if isinstance(w, torch.Tensor):
+                return w.numel() * w.element_size()
+            return int(w.nbytes)
+
+        layers: dict[str, int] = {}
+        seen: set[int] = set()
+        total = 0
+        for name, module in self.named_modules():
+            w = getattr(module, "weight", None)
+            if w is None or not isinstance(module, (Linear, Embedding, RMSNorm)):
+                continue
+            if id(w) not in seen:
+                seen.add(id(w))
+                total += size(w)
+            if isinstance(module, Linear) and name.startswith("model.layers."):
+                layers[kind(w)] = layers.get(kind(w), 0) + size(w)
+        return layers, kind(self.lm_head.weight), total
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
                 logits_indices: torch.Tensor | None = None) -> torch.Tensor:
