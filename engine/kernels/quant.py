@@ -114,21 +114,23 @@ def _check(rc: int, what: str) -> None:
         raise MemoryError(f"{what}: out of memory in the native kernels")
 
 
+PATHS = ("plain", "avx2", "avx-vnni")  # the native dot products, slowest first
+_cap = len(PATHS) - 1
+
+
 def kernel_path() -> str:
-    """"avx2", "plain" (native C without AVX2, or forced) or "torch" (no native library)."""
+    """What quant_matmul runs: one of PATHS, or "torch" (no native library)."""
     lib = _lib()
     if lib is None:
         return "torch"
-    return "avx2" if lib.ferry_qpath(int(_plain)) else "plain"
+    return PATHS[lib.ferry_qpath(_cap)]
 
 
-_plain = False
-
-
-def force_plain(on: bool) -> str:
-    """Run the plain-C dot products even where AVX2 runs (tests compare the two paths)."""
-    global _plain
-    _plain = bool(on)
+def force_path(name: str | None) -> str:
+    """Use at most the dot products `name` (one of PATHS; None: the CPU's best), so tests can
+    compare the paths on one machine; returns the path that now runs."""
+    global _cap
+    _cap = len(PATHS) - 1 if name is None else PATHS.index(name)
     return kernel_path()
 
 

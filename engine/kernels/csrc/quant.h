@@ -31,8 +31,9 @@ int ferry_qdequantize(const ferry_weight *w, const int64_t *ids, int64_t n, floa
 /* float32 x [rows, in] -> rows of Q8_0 or Q4_0 blocks at out, bit for bit gguf-py's quantize */
 int ferry_qquantize(const float *x, int64_t rows, int64_t in, int qtype, void *out);
 
-/* which dot products ferry_qmatmul runs: 1 = AVX2, 0 = plain C. force_plain: 1 plain C even
- * where AVX2 runs (the tests compare the two), 0 back to the CPU's best; returns the path */
-int ferry_qpath(int force_plain);
+/* which dot products ferry_qmatmul runs: 0 plain C, 1 AVX2, 2 AVX-VNNI. cap: the most it may
+ * use from now on (the tests compare the paths on one machine), -1 the CPU's best; returns
+ * the path that will run */
+int ferry_qpath(int cap);
 
 #endif /* FERRY_QUANT_H */

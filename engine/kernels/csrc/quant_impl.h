@@ -39,6 +39,7 @@ typedef struct {
     int act;        /* ACT_* */
     qdot_fn plain;
     qdot_fn avx2;   /* NULL where not built */
+    qdot_fn vnni;   /* NULL where not built */
 } qtype_info;
 
 const qtype_info *q_info(int qtype);
@@ -63,7 +64,7 @@ static inline float q_f16(const uint8_t *p) {
     return ferry_f16_to_f32(h);
 }
 
-/* the dot products, one per type (quant_dot.c plain C, quant_dot_avx2.c AVX2) */
+/* the dot products, one per type: quant_dot.c plain C; quant_simd.h AVX2 and AVX-VNNI */
 #define Q_DOTS(suffix)                                                                      \
     void q_dot_f32_##suffix(const uint8_t *, int64_t, const void *, int64_t, int, float *);  \
     void q_dot_f16_##suffix(const uint8_t *, int64_t, const void *, int64_t, int, float *);  \
@@ -79,6 +80,7 @@ Q_DOTS(plain)
 #if defined(__x86_64__) || defined(__i386__)
 #define Q_HAVE_AVX2 1
 Q_DOTS(avx2)
+Q_DOTS(vnni)
 #endif
 
 #endif /* FERRY_QUANT_IMPL_H */

@@ -3,12 +3,12 @@
  * in chunks; each weight row is read once per group of up to 4 activation rows. */
 #include "quant_impl.h"
 
-#define T(qt, bs, by, act, name) {qt, bs, by, act, q_dot_##name##_plain, AVX2(name)}
 #ifdef Q_HAVE_AVX2
-#define AVX2(name) q_dot_##name##_avx2
+#define SIMD(name) q_dot_##name##_avx2, q_dot_##name##_vnni
 #else
-#define AVX2(name) NULL
+#define SIMD(name) NULL, NULL
 #endif
+#define T(qt, bs, by, act, name) {qt, bs, by, act, q_dot_##name##_plain, SIMD(name)}
 
 static const qtype_info TYPES[] = {
     T(QT_F32, 1, 4, ACT_F32, f32),       T(QT_F16, 1, 2, ACT_F32, f16),
@@ -24,25 +24,34 @@ const qtype_info *q_info(int qtype) {
     return NULL;
 }
 
-static int force_plain = 0;
-
-static int cpu_has_avx2(void) {
+/* the best path this CPU runs: 0 plain C, 1 AVX2 (+FMA, F16C), 2 AVX-VNNI */
+static int cpu_path(void) {
 #ifdef Q_HAVE_AVX2
-    static int has = -1;
-    if (has < 0) {
+    static int best = -1;
+    if (best < 0) {
         __builtin_cpu_init();
-        has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-              __builtin_cpu_supports("f16c");
+        best = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+        if (best && __builtin_cpu_supports("avxvnni")) best = 2;
     }
-    return has;
+    return best;
 #else
     return 0;
 #endif
 }
 
-int ferry_qpath(int plain) {
-    force_plain = plain != 0;
-    return !force_plain && cpu_has_avx2();
+static int path_cap = 2; /* the most ferry_qpath lets ferry_qmatmul use */
+
+int ferry_qpath(int cap) {
+    path_cap = cap < 0 ? 2 : cap;
+    return cpu_path() < path_cap ? cpu_path() : path_cap;
+}
+
+static qdot_fn pick(const qtype_info *info) {
+    int p = cpu_path() < path_cap ? cpu_path() : path_cap;
+    if (p == 2 && info->vnni) return info->vnni;
+    if (p >= 1 && info->avx2) return info->avx2;
+    return info->plain;
 }
 
 static int valid(const ferry_weight *w, const qtype_info **info) {
@@ -58,7 +67,7 @@ int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_we
     const qtype_info *info;
     if (!valid(w, &info) || rows < 0) return FERRY_EQUANT;
     if (rows == 0 || w->out == 0) return FERRY_OK;
-    qdot_fn dot = !force_plain && cpu_has_avx2() && info->avx2 ? info->avx2 : info->plain;
+    qdot_fn dot = pick(info);
     int64_t nb = w->in / info->block;
     const void *act = x;
     int64_t astride = x_stride * 4;

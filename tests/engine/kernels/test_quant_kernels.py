@@ -10,6 +10,8 @@ float step is exact too, and then both must equal the exact integer result bit f
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import gguf
 import numpy as np
 import pytest
@@ -30,21 +32,33 @@ SCALES = {quant.Q4_0: [(0, "d")], quant.Q4_1: [(0, "d"), (2, "m")], quant.Q5_0: 
           quant.Q5_K: [(0, "d"), (2, "d")], quant.Q6_K: [(208, "d")]}
 
 
-@pytest.fixture(params=["avx2", "plain"])
-def path(request: pytest.FixtureRequest) -> str:
+@pytest.fixture(params=quant.PATHS)
+def path(request: pytest.FixtureRequest) -> Iterator[str]:
     if quant.kernel_path() == "torch":
         pytest.skip(native.status())
-    got = quant.force_plain(request.param == "plain")
+    got = quant.force_path(request.param)
     if got != request.param:
-        quant.force_plain(False)
-        pytest.skip("this CPU has no AVX2")
+        quant.force_path(None)
+        pytest.skip(f"this CPU does not run {request.param}")
     yield request.param
-    quant.force_plain(False)
+    quant.force_path(None)
+
+
+def on_every_path(x: torch.Tensor, w: QuantWeight) -> dict[str, np.ndarray]:
+    """quant_matmul(x, w) on each native path this CPU runs."""
+    out = {}
+    try:
+        for name in quant.PATHS:
+            if quant.force_path(name) == name:
+                out[name] = quant.quant_matmul(x, w).numpy()
+    finally:
+        quant.force_path(None)
+    return out
 
 
 def test_native_quant_kernels_build_where_the_kernels_do() -> None:
     if native.library() is not None:
-        assert quant.kernel_path() in ("avx2", "plain")
+        assert quant.kernel_path() in quant.PATHS
 
 
 def random_weight(qtype: int, out: int, inn: int, rng: np.random.Generator,
@@ -84,8 +98,8 @@ def gguf_dequant(w: QuantWeight) -> np.ndarray:
 
 
 def emulate_activations(x: np.ndarray, qtype: int) -> np.ndarray:
-    """The kernel's int8 activations, dequantized (float weights: x itself)."""
-    if qtype in FLOAT_TYPES:
+    """The kernel's int8 activations, dequantized (float weights, or the torch fallback: x)."""
+    if qtype in FLOAT_TYPES or quant.kernel_path() == "torch":
         return x.astype(np.float64)
     block = 256 if qtype in (quant.Q4_K, quant.Q5_K, quant.Q6_K) else 32
     b = x.reshape(x.shape[0], -1, block).astype(np.float32)
@@ -121,8 +135,7 @@ def test_dequantize_is_exactly_gguf_py(qtype: int) -> None:
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=quant.type_name)
 @pytest.mark.parametrize("rows", [1, 2, 7, 16, 33, 64])
-def test_product_matches_gguf_dequantized_float_product(qtype: int, rows: int, path: str
-                                                        ) -> None:
+def test_product_matches_gguf_dequantized_float_product(qtype: int, rows: int) -> None:
     rng = np.random.default_rng(100 * qtype + rows)
     inn = 512 if qtype in (quant.Q4_K, quant.Q5_K, quant.Q6_K) else 576
     w = random_weight(qtype, 37, inn, rng)  # 37: a ragged count of output rows
@@ -149,38 +162,32 @@ def exact_activations(rows: int, inn: int, rng: np.random.Generator) -> np.ndarr
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=quant.type_name)
-def test_plain_c_and_avx2_agree_bit_for_bit_where_floats_are_exact(qtype: int) -> None:
+def test_paths_agree_bit_for_bit_where_floats_are_exact(qtype: int) -> None:
     if quant.kernel_path() == "torch":
         pytest.skip(native.status())
     rng = np.random.default_rng(qtype + 1000)
     w = random_weight(qtype, 19, 512, rng, exact=True)
     x = torch.from_numpy(exact_activations(6, 512, rng))
-    try:
-        quant.force_plain(True)
-        plain = quant.quant_matmul(x, w)
-    finally:
-        quant.force_plain(False)
-    fast = quant.quant_matmul(x, w)
     exact = x.numpy().astype(np.float64) @ gguf_dequant(w).astype(np.float64).T
-    np.testing.assert_array_equal(plain.numpy(), exact.astype(np.float32))
-    np.testing.assert_array_equal(fast.numpy(), plain.numpy())
+    got = on_every_path(x, w)
+    for name, y in got.items():
+        np.testing.assert_array_equal(y, exact.astype(np.float32), err_msg=name)
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=quant.type_name)
-def test_plain_c_and_avx2_agree_on_random_blocks(qtype: int) -> None:
-    if quant.kernel_path() != "avx2":
-        pytest.skip("needs both paths")
-    rng = np.random.default_rng(qtype + 2000)
+@pytest.mark.parametrize("rows", [1, 7])
+def test_paths_agree_on_random_blocks(qtype: int, rows: int) -> None:
+    rng = np.random.default_rng(qtype + 2000 + rows)
     w = random_weight(qtype, 21, 1024, rng)
-    x = torch.from_numpy(rng.standard_normal((9, 1024)).astype(np.float32))
-    try:
-        quant.force_plain(True)
-        plain = quant.quant_matmul(x, w).numpy()
-    finally:
-        quant.force_plain(False)
-    fast = quant.quant_matmul(x, w).numpy()
+    x = torch.from_numpy(rng.standard_normal((rows, 1024)).astype(np.float32))
+    got = on_every_path(x, w)
+    if len(got) < 2:
+        pytest.skip("this CPU runs one native path only")
     scale = np.abs(x.numpy()) @ np.abs(gguf_dequant(w)).T
-    assert (np.abs(fast - plain) <= 2e-6 * scale).all()
+    for name, y in got.items():
+        assert (np.abs(y - got["plain"]) <= 2e-6 * scale).all(), name
+    if "avx-vnni" in got:  # the same float steps as AVX2, only the integer instruction differs
+        np.testing.assert_array_equal(got["avx-vnni"], got["avx2"])
 
 
 @pytest.mark.parametrize("qtype", quant.QUANTIZABLE, ids=quant.type_name)

@@ -1,0 +1,5 @@
+/* AVX-VNNI dot products (quant_simd.h); quant_matmul.c calls them where the CPU has it. */
+#define QS_TARGET "avx2,fma,f16c,avxvnni"
+#define QS_VNNI 1
+#define QS_SUFFIX vnni
+#include "quant_simd.h"

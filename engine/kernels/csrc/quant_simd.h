@@ -1,0 +1,274 @@
+/* The SIMD dot products of one weight row with R <= 4 activation rows, written once and
+ * compiled twice: quant_dot_avx2.c (AVX2) and quant_dot_vnni.c (AVX-VNNI: one vpdpbusd where
+ * AVX2 needs vpmaddubsw + vpmaddwd). Each weight block is decoded once into bytes and
+ * multiplied with every row (unsigned weight bytes x signed activation bytes). The includer
+ * defines QS_TARGET (a target attribute string), QS_VNNI (0/1) and QS_SUFFIX.
+ * Same integer sums per block as quant_dot.c; floats summed in 8 lanes instead of one. */
+#include "quant_impl.h"
+
+#ifdef Q_HAVE_AVX2
+#include <immintrin.h>
+
+#define TGT __attribute__((target(QS_TARGET)))
+#define INL static inline __attribute__((always_inline)) TGT
+#define ROW(act, astride, r) ((const char *)(act) + (int64_t)(r) * (astride))
+
+INL float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INL float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* 16 bytes of nibbles -> 32 bytes: the low nibbles (values 0..15), then the high ones */
+INL __m256i nibbles(const uint8_t *qs) {
+    __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    __m256i b = _mm256_insertf128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+    return _mm256_and_si256(b, _mm256_set1_epi8(15));
+}
+
+/* bit j of 32 -> byte j = 0x10 or 0 */
+INL __m256i bits16(const uint8_t *p) {
+    uint32_t x;
+    memcpy(&x, p, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                           0x0101010101010101, 0x0000000000000000);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
+    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(16));
+}
+
+/* 8 int32 lanes of sum(u * s) over 32 bytes: u unsigned (< 128 here), s signed */
+INL __m256i dot_us(__m256i u, __m256i s) {
+#if QS_VNNI
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* the same for signed weight bytes w: |w| x (s with w's sign) */
+INL __m256i dot_ss(__m256i w, __m256i s) {
+    return dot_us(_mm256_sign_epi8(w, w), _mm256_sign_epi8(s, w));
+}
+
+/* --- float rows ------------------------------------------------------------------------ */
+INL __m256 load8(const uint8_t *w, int kind, int64_t i) {
+    if (kind == QT_F32) return _mm256_loadu_ps((const float *)w + i);
+    __m128i v = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
+    if (kind == QT_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+    return _mm256_cvtph_ps(v);
+}
+
+INL float scalar(const uint8_t *w, int kind, int64_t i) {
+    if (kind == QT_F32) return ((const float *)w)[i];
+    uint16_t h;
+    memcpy(&h, w + 2 * i, 2);
+    return kind == QT_BF16 ? ferry_bf16_to_f32(h) : _cvtsh_ss(h);
+}
+
+INL void dot_float(const uint8_t *w, int64_t n, const void *act, int64_t astride, const int R,
+                   float *out, int kind) {
+    __m256 acc[QMAX_R];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 wv = load8(w, kind, i);
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps((const float *)ROW(act, astride, r) + i),
+                                     acc[r]);
+    }
+    for (int r = 0; r < R; r++) {
+        float s = hsum(acc[r]);
+        const float *x = (const float *)ROW(act, astride, r);
+        for (int64_t j = i; j < n; j++) s += scalar(w, kind, j) * x[j];
+        out[r] = s;
+    }
+}
+
+/* --- 32-value blocks ------------------------------------------------------------------- */
+/* decoded block: signed (Q4_0, Q5_0, Q8_0) or unsigned with a min (Q4_1) */
+INL __m256i decode32(const uint8_t *blk, int qt) {
+    switch (qt) {
+    case QT_Q4_0: return _mm256_sub_epi8(nibbles(blk + 2), _mm256_set1_epi8(8));
+    case QT_Q4_1: return nibbles(blk + 4);
+    case QT_Q5_0:
+        return _mm256_sub_epi8(_mm256_or_si256(nibbles(blk + 6), bits16(blk + 2)),
+                               _mm256_set1_epi8(16));
+    default: return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    }
+}
+
+INL void dot32(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
+               float *out, int qt, int bytes) {
+    __m256 acc[QMAX_R];
+    float off[QMAX_R];
+    for (int r = 0; r < R; r++) {
+        acc[r] = _mm256_setzero_ps();
+        off[r] = 0.f;
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * bytes;
+        __m256i q = decode32(blk, qt);
+        __m256 d = _mm256_set1_ps(f16(blk));
+        if (qt == QT_Q4_1) {
+            float m = f16(blk + 2);
+            for (int r = 0; r < R; r++) {
+                const qa32 *a = (const qa32 *)ROW(act, astride, r) + b;
+                __m256i p = dot_us(q, _mm256_loadu_si256((const __m256i *)a->qs));
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(&a->d)),
+                                         _mm256_cvtepi32_ps(p), acc[r]);
+                off[r] += m * (a->d * (float)a->isum);
+            }
+        } else {
+            __m256i qa = _mm256_sign_epi8(q, q);
+            for (int r = 0; r < R; r++) {
+                const qa32 *a = (const qa32 *)ROW(act, astride, r) + b;
+                __m256i y = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)a->qs), q);
+                __m256i p = dot_us(qa, y);
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(&a->d)),
+                                         _mm256_cvtepi32_ps(p), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) + off[r];
+}
+
+/* --- K-quants -------------------------------------------------------------------------- */
+INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
+                  float *out, int five) {
+    const int bytes = five ? 176 : 144;
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    __m256 acc[QMAX_R];
+    float off[QMAX_R];
+    for (int r = 0; r < R; r++) {
+        acc[r] = _mm256_setzero_ps();
+        off[r] = 0.f;
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * bytes, *qs = blk + (five ? 48 : 16);
+        uint8_t sc[8], m[8];
+        q_scale_min_k4(blk + 4, sc, m);
+        __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+        __m256i sumi[QMAX_R];
+        for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m256i lo = _mm256_and_si256(bits, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            if (five) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(
+                    _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(
+                    _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c + 1), one), 4));
+            }
+            __m256i slo = _mm256_set1_epi16(sc[2 * c]), shi = _mm256_set1_epi16(sc[2 * c + 1]);
+            for (int r = 0; r < R; r++) {
+                const int8_t *y = ((const qa256 *)ROW(act, astride, r) + b)->qs + 64 * c;
+                __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)y));
+                __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y + 32)));
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(_mm256_madd_epi16(plo, slo),
+                                                                     _mm256_madd_epi16(phi, shi)));
+            }
+        }
+        float d = f16(blk), dmin = f16(blk + 2);
+        for (int r = 0; r < R; r++) {
+            const qa256 *a = (const qa256 *)ROW(act, astride, r) + b;
+            int32_t mins = 0;
+            for (int g = 0; g < 8; g++) mins += m[g] * (a->bsums[2 * g] + a->bsums[2 * g + 1]);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+            off[r] -= dmin * a->d * (float)mins;
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) + off[r];
+}
+
+INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
+                 float *out) {
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
+    __m256 acc[QMAX_R];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * 210;
+        const int8_t *sc = (const int8_t *)blk + 192;
+        __m256i sumi[QMAX_R];
+        for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
+        for (int n = 0; n < 2; n++) {
+            __m256i b1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * n));
+            __m256i b2 = _mm256_loadu_si256((const __m256i *)(blk + 64 * n + 32));
+            __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(b1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(b2, m4), _mm256_slli_epi16(
+                _mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+            for (int k = 0; k < 4; k++) {
+                __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[8 * n + 2 * k + 1]),
+                                             _mm_set1_epi16(sc[8 * n + 2 * k]));
+                for (int r = 0; r < R; r++) {
+                    const int8_t *y = ((const qa256 *)ROW(act, astride, r) + b)->qs + 128 * n + 32 * k;
+                    __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)y));
+                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, s));
+                }
+            }
+        }
+        float d = f16(blk + 208);
+        for (int r = 0; r < R; r++) {
+            const qa256 *a = (const qa256 *)ROW(act, astride, r) + b;
+            int32_t o = 0;
+            for (int g = 0; g < 16; g++) o += sc[g] * a->bsums[g];
+            /* the -32 of every value, folded into lane 0 so the block's integer sum is exact */
+            __m256i fix = _mm256_setr_epi32(-32 * o, 0, 0, 0, 0, 0, 0, 0);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d),
+                                     _mm256_cvtepi32_ps(_mm256_add_epi32(sumi[r], fix)), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]);
+}
+
+/* entry points: R is a compile-time constant in each case, so the row loops unroll */
+#define QS_CAT(a, b) a##b
+#define QS_CAT2(a, b) QS_CAT(a, b)
+#define ENTRY(name, body)                                                                    \
+    TGT void name(const uint8_t *w, int64_t nb, const void *act, int64_t astride, int R,      \
+                  float *out) {                                                              \
+        switch (R) {                                                                         \
+        case 1: body(1); break;                                                              \
+        case 2: body(2); break;                                                              \
+        case 3: body(3); break;                                                              \
+        default: body(4); break;                                                             \
+        }                                                                                    \
+    }
+
+#define B_F32(R) dot_float(w, nb, act, astride, R, out, QT_F32)
+#define B_F16(R) dot_float(w, nb, act, astride, R, out, QT_F16)
+#define B_BF16(R) dot_float(w, nb, act, astride, R, out, QT_BF16)
+#define B_Q4_0(R) dot32(w, nb, act, astride, R, out, QT_Q4_0, 18)
+#define B_Q4_1(R) dot32(w, nb, act, astride, R, out, QT_Q4_1, 20)
+#define B_Q5_0(R) dot32(w, nb, act, astride, R, out, QT_Q5_0, 22)
+#define B_Q8_0(R) dot32(w, nb, act, astride, R, out, QT_Q8_0, 34)
+#define B_Q4_K(R) dot_q45k(w, nb, act, astride, R, out, 0)
+#define B_Q5_K(R) dot_q45k(w, nb, act, astride, R, out, 1)
+#define B_Q6_K(R) dot_q6k(w, nb, act, astride, R, out)
+
+ENTRY(QS_CAT2(q_dot_f32_, QS_SUFFIX), B_F32)
+ENTRY(QS_CAT2(q_dot_f16_, QS_SUFFIX), B_F16)
+ENTRY(QS_CAT2(q_dot_bf16_, QS_SUFFIX), B_BF16)
+ENTRY(QS_CAT2(q_dot_q4_0_, QS_SUFFIX), B_Q4_0)
+ENTRY(QS_CAT2(q_dot_q4_1_, QS_SUFFIX), B_Q4_1)
+ENTRY(QS_CAT2(q_dot_q5_0_, QS_SUFFIX), B_Q5_0)
+ENTRY(QS_CAT2(q_dot_q8_0_, QS_SUFFIX), B_Q8_0)
+ENTRY(QS_CAT2(q_dot_q4_k_, QS_SUFFIX), B_Q4_K)
+ENTRY(QS_CAT2(q_dot_q5_k_, QS_SUFFIX), B_Q5_K)
+ENTRY(QS_CAT2(q_dot_q6_k_, QS_SUFFIX), B_Q6_K)
+#endif /* Q_HAVE_AVX2 */
