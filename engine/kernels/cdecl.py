@@ -13,8 +13,9 @@ import ctypes
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-CType = type  # a ctypes type (c_int, c_void_p, a Structure subclass)
+CType = Any  # a ctypes type (c_int, c_void_p, a Structure subclass, an array of them)
 
 SCALARS: dict[str, CType] = {
     "int": ctypes.c_int, "int8_t": ctypes.c_int8, "uint8_t": ctypes.c_uint8,

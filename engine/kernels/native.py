@@ -155,3 +155,11 @@ def library() -> ctypes.CDLL | None:
         return None
     _status = f"native ({target})"
     return lib
+
+
+def loaded() -> ctypes.CDLL:
+    """The library, for callers that checked `library()` (ops.usable) first."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"Ferry's CPU kernels are not loaded: {_status}")
+    return lib

@@ -2,24 +2,22 @@
 
 Each function takes and returns torch tensors, checks shapes only cheaply (they run ~300 times
 per decode step, where microseconds count) and leaves the plain torch path to the caller.
-Kernels that allocate return an error code: `_check` turns it into MemoryError.
+Kernels that allocate return an error code: `check` turns it into MemoryError.
 """
 from __future__ import annotations
-
-import ctypes
 
 import torch
 
 from engine.kernels import native
 
-# dt codes of csrc/ferry.h; the activations' kernels take float32 and bfloat16, the KV pool
-# may also be float16
+# dt codes of csrc/ferry.h; the activations' kernels take float32 and bfloat16, the K/V ones
+# (store_kv, decode_attention) float16 too
 _DT = {torch.float32: 0, torch.bfloat16: 1}
 POOL_DT = {**_DT, torch.float16: 2}
 _ENOMEM = -1
 
 
-def _check(rc: int, name: str) -> None:
+def check(rc: int, name: str) -> None:
     if rc != 0:
         raise MemoryError(f"{name}: out of memory") if rc == _ENOMEM else RuntimeError(
             f"{name} failed with code {rc}")
@@ -30,6 +28,12 @@ def usable(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and t.dtype in _DT and native.library() is not None
 
 
+def usable_pool(t: torch.Tensor) -> bool:
+    """The K/V kernels (store_kv, decode_attention) can read and write the pool tensor `t`:
+    on CPU, float32, bfloat16 or float16, and the kernels are loaded."""
+    return t.device.type == "cpu" and t.dtype in POOL_DT and native.library() is not None
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> torch.Tensor:
     """rms_norm(x) * weight over the last dim, or with `residual`: residual += x (in place)
@@ -38,7 +42,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     out = torch.empty_like(x)
     if residual is not None and (residual.shape != x.shape or not residual.is_contiguous()):
         raise ValueError(f"residual {tuple(residual.shape)} does not match x {tuple(x.shape)}")
-    _check(native.library().ferry_rms_norm(
+    check(native.loaded().ferry_rms_norm(
         x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
         out.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], eps, _DT[x.dtype]), "rms_norm")
     return out
@@ -50,7 +54,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     t, heads, dim = x.shape
     if x.stride(2) != 1 or x.stride(1) != dim or cos.shape[0] != t or sin.shape[0] != t:
         raise ValueError("rotary: x must be [tokens, heads, dim] with contiguous heads")
-    _check(native.library().ferry_rotary(x.data_ptr(), x.stride(0), t, heads, dim,
+    check(native.loaded().ferry_rotary(x.data_ptr(), x.stride(0), t, heads, dim,
                                          cos.contiguous().data_ptr(),
                                          sin.contiguous().data_ptr(), _DT[x.dtype]), "rotary")
 
@@ -60,7 +64,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate_up = gate_up.contiguous()
     rows, n2 = gate_up.shape
     out = gate_up.new_empty(rows, n2 // 2)
-    _check(native.library().ferry_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, n2 // 2,
+    check(native.loaded().ferry_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, n2 // 2,
                                            _DT[gate_up.dtype]), "silu_and_mul")
     return out
 
@@ -72,9 +76,9 @@ def store_kv(kv: torch.Tensor, slots: torch.Tensor, paged: torch.Tensor) -> None
     _, _, kvh, ps, dim = paged.shape
     if kv.stride(1) != kvh * dim or kv.stride(2) != dim or kv.stride(3) != 1:
         raise ValueError("store_kv: kv must have contiguous [2, kv_heads, dim] token rows")
-    native.library().ferry_store_kv(kv.data_ptr(), kv.stride(0), slots.data_ptr(),
+    native.loaded().ferry_store_kv(kv.data_ptr(), kv.stride(0), slots.data_ptr(),
                                     slots.shape[0], paged.data_ptr(), kvh, ps, dim,
-                                    _DT[kv.dtype], POOL_DT[paged.dtype])
+                                    POOL_DT[kv.dtype], POOL_DT[paged.dtype])
 
 
 class DecodePages:
@@ -107,10 +111,10 @@ def decode_attention(q: torch.Tensor, paged: torch.Tensor, pages: DecodePages,
     if q.stride(2) != 1 or q.stride(1) != dim or seqs != pages.num:
         raise ValueError("decode_attention: q must be [seqs, heads, dim] with contiguous heads")
     out = q.new_empty(seqs, heads * dim)
-    _check(native.library().ferry_decode_attention(
+    check(native.loaded().ferry_decode_attention(
         q.data_ptr(), q.stride(0), paged.data_ptr(), pages.page_ids.data_ptr(),
         pages.page_starts.data_ptr(), pages.kv_lens.data_ptr(), seqs, heads, kvh, dim, ps,
-        scale, out.data_ptr(), _DT[q.dtype], POOL_DT[paged.dtype]), "decode_attention")
+        scale, out.data_ptr(), POOL_DT[q.dtype], POOL_DT[paged.dtype]), "decode_attention")
     return out
 
 
@@ -123,7 +127,7 @@ def gemv_bf16(x: torch.Tensor, weight: torch.Tensor,
     if rows < 1 or weight.shape[1] != n_in or not weight.is_contiguous():
         raise ValueError(f"gemv_bf16: x {tuple(x.shape)}, weight {tuple(weight.shape)}")
     out = x.new_empty(rows, weight.shape[0])
-    _check(native.library().ferry_gemv_bf16(x.data_ptr(), weight.data_ptr(),
+    check(native.loaded().ferry_gemv_bf16(x.data_ptr(), weight.data_ptr(),
                                             None if bias is None else bias.data_ptr(),
                                             out.data_ptr(), rows, n_in, weight.shape[0]),
            "gemv_bf16")
@@ -135,35 +139,6 @@ def argmax(logits: torch.Tensor) -> list[int]:
     logits = logits.contiguous()
     rows, n = logits.shape
     out = torch.empty(rows, dtype=torch.int64)
-    _check(native.library().ferry_argmax(logits.data_ptr(), rows, n, _DT[logits.dtype],
+    check(native.loaded().ferry_argmax(logits.data_ptr(), rows, n, _DT[logits.dtype],
                                          out.data_ptr()), "argmax")
     return out.tolist()
-
-
-# One decoder layer's weights for `decode_layer` (ferry_layer, csrc/kernels.h); None = absent
-# (no bias, no q/k norm). Holds raw pointers: the tensors must outlive it.
-LayerWeights = native.struct("ferry_layer")
-LayerDims = native.struct("ferry_dims")
-
-
-def pointer(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
-
-
-def layer_scratch(dims: LayerDims, rows: int) -> torch.Tensor:
-    n = rows * (2 * dims.hidden + (dims.heads + 2 * dims.kv_heads) * dims.dim
-                + dims.heads * dims.dim + 3 * dims.inter)
-    return torch.empty(n, dtype=torch.bfloat16)
-
-
-def decode_layer(weights: LayerWeights, dims: LayerDims, x: torch.Tensor, residual: torch.Tensor,
-                 first: bool, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
-                 pages: DecodePages, scratch: torch.Tensor) -> None:
-    """One bf16 decoder layer for a decode round of x.shape[0] sequences, in place: x (the
-    previous layer's output) becomes this layer's output, residual the running sum (`first`:
-    started from x). cos/sin: the round's rotary tables; slots/pages: the round's K/V places."""
-    _check(native.library().ferry_decode_layer(
-        ctypes.byref(weights), ctypes.byref(dims), x.shape[0], x.data_ptr(), residual.data_ptr(),
-        int(first), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), pages.page_ids.data_ptr(),
-        pages.page_starts.data_ptr(), pages.kv_lens.data_ptr(), scratch.data_ptr()),
-        "decode_layer")

@@ -6,6 +6,10 @@ prefix, positions [0, kv_lens[r]), whose older K/V (cached prefix, earlier chunk
 decodes) are already in the pool. Tokens are packed in sequence order, and sequences with a
 single query token (decodes, one-token chunks) come first, so backends can split the round
 into a decode part and a prefill part without reordering.
+
+A backend may also offer a decode-only round to a fused native decoder layer
+(`native_decode`): the model then runs each layer, attention included, in one C call
+(engine.execution.model.fused_decode) instead of calling `forward`.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.execution.kv_pool import KVPool
+from engine.kernels import ops
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +54,15 @@ class AttentionInputs:
         return sum(1 for q in self.query_lens if q == 1)
 
 
+@dataclass(frozen=True, slots=True)
+class NativeDecode:
+    """What a fused native decoder layer needs from a decode-only round: the pool slot of
+    each sequence's new K/V and the pages each sequence attends over (in the backend's pool)."""
+
+    slots: torch.Tensor  # [seqs] int64, checked to lie inside the pool
+    pages: ops.DecodePages
+
+
 class AttentionBackend(ABC):
     """Owns the per-round metadata; the model calls `forward` once per layer."""
 
@@ -75,3 +89,9 @@ class AttentionBackend(ABC):
 
         Writes K/V into the pool at the round's slots, then attends over each full prefix.
         """
+
+    def native_decode(self) -> NativeDecode | None:
+        """This round for a fused native decoder layer, when the round only decodes and this
+        backend stores and attends K/V in `pool` with Ferry's CPU kernels; else None (the
+        model then calls `forward` per layer). Valid after `prepare`, until the next one."""
+        return None

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.execution.attention.base import AttentionBackend, AttentionInputs
+from engine.execution.attention.base import AttentionBackend, AttentionInputs, NativeDecode
 from engine.execution.cpu import emulated_bf16
 from engine.execution.kv_pool import KVPool
 from engine.kernels import ops
@@ -85,7 +85,7 @@ class TorchAttention(AttentionBackend):
                               else pool.dtype)
         # Ferry's CPU kernels (engine.kernels) store K/V and attend single-token sequences
         # straight from the pages: no gather copy, one call per layer
-        self.native = ops.usable(pool.data)
+        self.native = ops.usable_pool(pool.data)
 
     def _block_index(self, page_tables: list[list[int]],
                      kv_lens: list[int]) -> tuple[torch.Tensor, int]:
@@ -168,12 +168,10 @@ class TorchAttention(AttentionBackend):
         out_idx = (torch.arange(n)[:, None] * qmax + i)[i < ql[:, None]].to(dev)
         return _PrefillGroup(n, qmax, length, kv_idx, mask, q_idx, out_idx)
 
-    def native_decode_round(self) -> tuple[torch.Tensor, ops.DecodePages] | None:
-        """(slots, pages) when this round only decodes and runs on Ferry's kernels, which is
-        what a fused decoder layer (engine.execution.model.fused_decode) needs; else None."""
+    def native_decode(self) -> NativeDecode | None:
         if self.dec_pages is None or self.n_pre:
             return None
-        return self.slots, self.dec_pages
+        return NativeDecode(self.slots, self.dec_pages)
 
     def forward(self, q: torch.Tensor, kv: torch.Tensor, layer: int) -> torch.Tensor:
         parts = []

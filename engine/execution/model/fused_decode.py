@@ -1,83 +1,144 @@
-"""Decode rounds of a few sequences with bf16 weights on CPU: one C call per decoder layer.
+"""Decode rounds of a few sequences on CPU: one C call per decoder layer.
 
-At batch 1 a bf16 step reads ~270 MB of weights (~18 ms here) and spends ~5 ms more in Python
-and per-call overhead for ~10 kernel calls per layer. `ops.decode_layer` runs the same kernels
-in the same order inside one call, so its results are those of the layer-by-layer path
-(tests check them bit for bit). Used only where that path would itself run Ferry's kernels on
-every operation: bf16 weights multiplied by Ferry's bf16 product (emulated-bf16 CPUs), a round
-of single-token sequences, at most NATIVE_DIRECT_ROWS of them.
+A decode step calls ~10 kernels per layer; from Python each call costs its own dispatch and
+ctypes overhead. `layer_ops.decode_layer` runs the same kernels in the same order inside one
+call, so its results are those of the layer-by-layer path. Two variants:
+
+* bf16 weights and activations, where that path would itself run Ferry's kernels on every
+  operation (bf16 multiplied by Ferry's bf16 product on emulated-bf16 CPUs); the pool is bf16.
+  Bit for bit the layer-by-layer path.
+* float32 activations over quantized weights (engine.kernels.quant.QuantWeight, or a
+  linear_kernels.SplitWeight of them: any GGUF block type, F16, BF16, F32), every product by
+  `ferry_qmatmul`; the pool float32, bfloat16 or float16. Bit for bit the layer-by-layer path
+  wherever `quant.quant_matmul` also runs `ferry_qmatmul` (every block type); its F32 weights
+  (torch's matmul) and F16/BF16 ones at 8+ rows (dequantized tiles) round differently.
+
+Only for rounds of single-token sequences, at most NATIVE_DIRECT_ROWS of them, whose attention
+backend offers the round to a native decode layer (AttentionBackend.native_decode).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import ctypes
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from engine.execution.attention.base import AttentionBackend
-from engine.execution.attention.torch_backend import TorchAttention
 from engine.execution.model import linear_kernels
-from engine.kernels import ops
+from engine.kernels import layer_ops, ops
 
 if TYPE_CHECKING:
-    from engine.execution.model.llama import LlamaForCausalLM
+    from engine.execution.kv_pool import KVPool
+    from engine.execution.model.layers import Linear
+    from engine.execution.model.llama import DecoderLayer, LlamaForCausalLM
+    from engine.kernels.quant import QuantWeight
+
+
+def _projections(layer: DecoderLayer) -> list[Linear]:
+    attn, mlp = layer.self_attn, layer.mlp
+    return [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+
+
+def _bf16_layer(layer: DecoderLayer) -> ctypes.Structure:
+    p = layer_ops.pointer
+    attn, mlp = layer.self_attn, layer.mlp
+    return layer_ops.LayerWeights(
+        p(layer.input_layernorm.weight), p(layer.post_attention_layernorm.weight),
+        p(attn.q_norm.weight) if attn.qk_norm else None,
+        p(attn.k_norm.weight) if attn.qk_norm else None,
+        p(attn.qkv_proj.weight), p(attn.qkv_proj.bias), p(attn.o_proj.weight),
+        p(attn.o_proj.bias), p(mlp.gate_up_proj.weight), p(mlp.gate_up_proj.bias),
+        p(mlp.down_proj.weight), p(mlp.down_proj.bias), None)
+
+
+def _parts(weight: object) -> tuple[QuantWeight, ...] | None:
+    """The quantized parts of a projection's weight, or None if it is a float tensor."""
+    if isinstance(weight, torch.Tensor):
+        return None
+    if isinstance(weight, linear_kernels.SplitWeight):
+        return weight.parts
+    return (weight,)  # type: ignore[return-value]
+
+
+def _quant_layer(layer: DecoderLayer) -> ctypes.Structure | None:
+    projections = []
+    for module in _projections(layer):
+        parts = _parts(module.weight)
+        if parts is None or len(parts) > layer_ops.MAX_PARTS or (
+                module.bias is not None and module.bias.dtype != torch.float32):
+            return None
+        projections.append(layer_ops.projection(parts, module.bias))
+    norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+    attn = layer.self_attn
+    if attn.qk_norm:
+        norms += [attn.q_norm.weight, attn.k_norm.weight]
+    if not all(n.dtype == torch.float32 and n.is_contiguous() for n in norms):
+        return None
+    p = layer_ops.pointer
+    return layer_ops.QLayerWeights(
+        p(norms[0]), p(norms[1]), p(norms[2]) if attn.qk_norm else None,
+        p(norms[3]) if attn.qk_norm else None, *projections, None)
 
 
 class FusedDecode:
-    def __init__(self, model: LlamaForCausalLM) -> None:
+    def __init__(self, model: LlamaForCausalLM, layers: list[ctypes.Structure],
+                 dtype: torch.dtype) -> None:
         cfg = model.config
-        self.dims = ops.LayerDims(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
-                                  cfg.num_kv_heads, cfg.head_dim, 0, cfg.rms_norm_eps,
-                                  cfg.head_dim ** -0.5)
-        self.layers: list[ops.LayerWeights] = []
-        p = ops.pointer
-        for layer in model.model.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            self.layers.append(ops.LayerWeights(
-                p(layer.input_layernorm.weight), p(layer.post_attention_layernorm.weight),
-                p(attn.q_norm.weight) if attn.qk_norm else None,
-                p(attn.k_norm.weight) if attn.qk_norm else None,
-                p(attn.qkv_proj.weight), p(attn.qkv_proj.bias),
-                p(attn.o_proj.weight), p(attn.o_proj.bias),
-                p(mlp.gate_up_proj.weight), p(mlp.gate_up_proj.bias),
-                p(mlp.down_proj.weight), p(mlp.down_proj.bias), None))
-        self._model = model  # keeps every tensor the pointers above point into alive
-        self._pool: object | None = None
+        self.dims = layer_ops.LayerDims(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
+                                        cfg.num_kv_heads, cfg.head_dim, 0, cfg.rms_norm_eps,
+                                        cfg.head_dim ** -0.5, 0, 0)
+        self.layers = layers
+        self.dtype = dtype  # of the activations: bf16 (ferry_layer) or float32 (ferry_qlayer)
+        self._model = model  # keeps every tensor the pointers in `layers` point into alive
+        self._pool: KVPool | None = None
 
     @staticmethod
     def build(model: LlamaForCausalLM) -> FusedDecode | None:
-        """A fused decoder for `model` where every layer's products and ops would run on
-        Ferry's kernels anyway; else None."""
-        weights = [m.weight for layer in model.model.layers
-                   for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                             layer.mlp.gate_up_proj, layer.mlp.down_proj)]
-        if model.dtype != torch.bfloat16 or not weights or not all(
-                linear_kernels.native_direct(w) for w in weights):
+        """A fused decoder for `model` where one of the two variants applies; else None."""
+        layers = cast("list[DecoderLayer]", list(model.model.layers))
+        if not layers or not ops.usable(layers[0].input_layernorm.weight):
             return None
-        return FusedDecode(model)
+        if model.dtype == torch.bfloat16:
+            if not all(isinstance(m.weight, torch.Tensor) and linear_kernels.native_direct(m.weight)
+                       for layer in layers for m in _projections(layer)):
+                return None
+            return FusedDecode(model, [_bf16_layer(layer) for layer in layers], torch.bfloat16)
+        if model.dtype == torch.float32:
+            quant = [_quant_layer(layer) for layer in layers]
+            if any(q is None for q in quant):
+                return None
+            return FusedDecode(model, quant, torch.float32)  # type: ignore[arg-type]
+        return None
+
+    def _bind(self, pool: KVPool) -> bool:
+        """Point the layers at this pool (once per pool); False if this variant cannot use it."""
+        if pool is self._pool:
+            return True
+        if pool.dtype not in ops.POOL_DT or (self.dtype == torch.bfloat16
+                                             and pool.dtype != torch.bfloat16):
+            return False
+        for i, weights in enumerate(self.layers):
+            weights.pages = pool.paged(i).data_ptr()
+        self.dims.page_size = pool.page_size
+        self.dims.pool_dt = ops.POOL_DT[pool.dtype]
+        self._pool = pool
+        return True
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor] | None:
         """All layers over embeddings x [rows, hidden] -> (last layer's output, residual), or
         None when this round is not one the fused path takes."""
         rows = x.shape[0]
-        if not 0 < rows <= linear_kernels.NATIVE_DIRECT_ROWS or not isinstance(
-                attn, TorchAttention):
+        if not 0 < rows <= linear_kernels.NATIVE_DIRECT_ROWS or x.dtype != self.dtype:
             return None
-        decode = attn.native_decode_round()
-        if decode is None:
+        decode = attn.native_decode()
+        if decode is None or not self._bind(attn.pool):
             return None
-        slots, pages = decode
-        pool = attn.pool
-        if pool is not self._pool:  # layer pointers into this pool, set once per pool
-            for i, weights in enumerate(self.layers):
-                weights.pages = pool.paged(i).data_ptr()
-            self.dims.page_size = pool.page_size
-            self._pool = pool
         x = x.contiguous()
         residual = torch.empty_like(x)
-        scratch = ops.layer_scratch(self.dims, rows)
+        scratch = layer_ops.layer_scratch(self.dims, rows, self.dtype)
         cos, sin = cos.contiguous(), sin.contiguous()
         for i, weights in enumerate(self.layers):
-            ops.decode_layer(weights, self.dims, x, residual, i == 0, cos, sin, slots, pages,
-                             scratch)
+            layer_ops.decode_layer(weights, self.dims, x, residual, i == 0, cos, sin,
+                                   decode.slots, decode.pages, scratch)
         return x, residual

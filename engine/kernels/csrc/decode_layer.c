@@ -1,12 +1,6 @@
 /* One decoder layer of a decode round in one call (bf16 weights and activations). */
 #include "kernels.h"
 
-#define TRY(call)                          \
-    do {                                   \
-        int rc_ = (call);                  \
-        if (rc_ != FERRY_OK) return rc_;   \
-    } while (0)
-
 /* One new token per sequence, a few sequences: the same kernels, in the same order, as the
  * Python layer (engine/execution/model/llama.py, DecoderLayer.forward) calls them one by one,
  * so the results are identical; one call per layer instead of ~10 saves their Python and
@@ -25,28 +19,29 @@ int ferry_decode_layer(const ferry_layer *L, const ferry_dims *D, int64_t rows, 
     uint16_t *gate_up = proj + rows * hidden, *act = gate_up + rows * 2 * D->inter;
     if (first) {
         memcpy(residual, x, (size_t)(rows * hidden) * 2);
-        TRY(ferry_rms_norm(x, NULL, L->input_norm, normed, rows, (int)hidden, D->eps, B));
+        FERRY_TRY(ferry_rms_norm(x, NULL, L->input_norm, normed, rows, (int)hidden, D->eps,
+                                 B));
     } else {
-        TRY(ferry_rms_norm(x, residual, L->input_norm, normed, rows, (int)hidden, D->eps, B));
+        FERRY_TRY(ferry_rms_norm(x, residual, L->input_norm, normed, rows, (int)hidden, D->eps, B));
     }
-    TRY(ferry_gemv_bf16(normed, L->qkv_w, L->qkv_b, qkv, (int)rows, hidden, qkv_n));
+    FERRY_TRY(ferry_gemv_bf16(normed, L->qkv_w, L->qkv_b, qkv, (int)rows, hidden, qkv_n));
     if (L->q_norm)
         for (int64_t t = 0; t < rows; t++) {
             uint16_t *row = qkv + t * qkv_n;
-            TRY(ferry_rms_norm(row, NULL, L->q_norm, row, h, d, D->eps, B));
-            TRY(ferry_rms_norm(row + (int64_t)h * d, NULL, L->k_norm, row + (int64_t)h * d, kvh,
+            FERRY_TRY(ferry_rms_norm(row, NULL, L->q_norm, row, h, d, D->eps, B));
+            FERRY_TRY(ferry_rms_norm(row + (int64_t)h * d, NULL, L->k_norm, row + (int64_t)h * d, kvh,
                                d, D->eps, B));
         }
-    TRY(ferry_rotary(qkv, qkv_n, rows, h + kvh, d, cos, sin, B));
+    FERRY_TRY(ferry_rotary(qkv, qkv_n, rows, h + kvh, d, cos, sin, B));
     ferry_store_kv(qkv + (int64_t)h * d, qkv_n, slots, rows, L->pages, kvh, D->page_size, d, B,
                    B);
-    TRY(ferry_decode_attention(qkv, qkv_n, L->pages, page_ids, page_starts, kv_lens, rows, h,
+    FERRY_TRY(ferry_decode_attention(qkv, qkv_n, L->pages, page_ids, page_starts, kv_lens, rows, h,
                                kvh, d, D->page_size, D->scale, attn, B, B));
-    TRY(ferry_gemv_bf16(attn, L->o_w, L->o_b, proj, (int)rows, (int64_t)h * d, hidden));
-    TRY(ferry_rms_norm(proj, residual, L->post_norm, normed, rows, (int)hidden, D->eps, B));
-    TRY(ferry_gemv_bf16(normed, L->gate_up_w, L->gate_up_b, gate_up, (int)rows, hidden,
+    FERRY_TRY(ferry_gemv_bf16(attn, L->o_w, L->o_b, proj, (int)rows, (int64_t)h * d, hidden));
+    FERRY_TRY(ferry_rms_norm(proj, residual, L->post_norm, normed, rows, (int)hidden, D->eps, B));
+    FERRY_TRY(ferry_gemv_bf16(normed, L->gate_up_w, L->gate_up_b, gate_up, (int)rows, hidden,
                         2 * D->inter));
-    TRY(ferry_silu_mul(gate_up, act, rows, (int)D->inter, B));
-    TRY(ferry_gemv_bf16(act, L->down_w, L->down_b, x, (int)rows, D->inter, hidden));
+    FERRY_TRY(ferry_silu_mul(gate_up, act, rows, (int)D->inter, B));
+    FERRY_TRY(ferry_gemv_bf16(act, L->down_w, L->down_b, x, (int)rows, D->inter, hidden));
     return FERRY_OK;
 }

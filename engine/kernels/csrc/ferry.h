@@ -27,6 +27,13 @@ enum { FERRY_F32 = 0, FERRY_BF16 = 1, FERRY_F16 = 2 };
  * raises MemoryError; nothing was half-written that the torch path would not redo) */
 enum { FERRY_OK = 0, FERRY_ENOMEM = -1 };
 
+/* return a failing kernel's code from the caller */
+#define FERRY_TRY(call)                     \
+    do {                                    \
+        int ferry_rc_ = (call);             \
+        if (ferry_rc_ != FERRY_OK) return ferry_rc_; \
+    } while (0)
+
 static inline float ferry_bf16_to_f32(uint16_t v) {
     uint32_t u = (uint32_t)v << 16;
     float f;

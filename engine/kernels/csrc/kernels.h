@@ -6,6 +6,7 @@
 #define FERRY_KERNELS_H
 
 #include "ferry.h"
+#include "quant.h"
 
 /* norm.c: out[r] = rms_norm(x[r]) * w (residual: residual += x first, norm of the sum) */
 int ferry_rms_norm(void *x, void *residual, const void *w, void *out, int64_t rows, int dim,
@@ -47,11 +48,31 @@ typedef struct {
     int64_t hidden, inter;
     int heads, kv_heads, dim, page_size;
     float eps, scale;
+    int pool_dt, pad; /* the KV pool's dt (decode_layer_f32.c; the bf16 layer's is bf16) */
 } ferry_dims;
 
 int ferry_decode_layer(const ferry_layer *L, const ferry_dims *D, int64_t rows, void *x,
                        void *residual, int first, const void *cos, const void *sin,
                        const int64_t *slots, const int32_t *page_ids, const int64_t *page_starts,
                        const int32_t *kv_lens, void *scratch);
+
+/* decode_layer_f32.c: the same layer with float32 activations over ferry_weight products
+ * (quant.h: float or block-quantized), the pool in dims->pool_dt */
+typedef struct {
+    ferry_weight part[3]; /* row-stacked parts (q, k, v or gate, up) when their types differ */
+    int32_t parts, pad;
+    const float *bias; /* [sum of the parts' out] or NULL */
+} ferry_proj;
+
+typedef struct {
+    const float *input_norm, *post_norm, *q_norm, *k_norm; /* q/k norms: NULL unless Qwen3 */
+    ferry_proj qkv, o, gate_up, down;
+    void *pages; /* this layer of the KV pool, [pages, 2, kv_heads, page_size, dim] */
+} ferry_qlayer;
+
+int ferry_decode_layer_f32(const ferry_qlayer *L, const ferry_dims *D, int64_t rows, float *x,
+                           float *residual, int first, const float *cos, const float *sin,
+                           const int64_t *slots, const int32_t *page_ids,
+                           const int64_t *page_starts, const int32_t *kv_lens, float *scratch);
 
 #endif /* FERRY_KERNELS_H */

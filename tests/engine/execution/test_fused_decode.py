@@ -2,17 +2,30 @@
 
 Both run the same kernels in the same order, so every logit must be identical, for every
 architecture (biases, tied embeddings, MQA/GQA, Qwen3's q/k norms); the fused path must be
-taken exactly for decode-only rounds of up to NATIVE_DIRECT_ROWS bf16 sequences.
+taken exactly for decode-only rounds of up to NATIVE_DIRECT_ROWS sequences. Two variants:
+bf16 weights (on CPUs that emulate bf16), and float32 activations over quantized weights
+(Q8_0 / Q4_0 at load, or fused projections whose parts mix block and float types) with a KV
+pool in float32, bfloat16 or float16. Where the layer-by-layer path multiplies a weight with
+another kernel (torch's matmul for F32 blocks) the logits agree to a stated tolerance.
 """
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from engine.config import EngineConfig
+from engine.execution.attention.torch_backend import TorchAttention
+from engine.execution.executor import ModelExecutor
+from engine.execution.kv_pool import KVPool
+from engine.execution.loader import load_model
 from engine.execution.model import linear_kernels
-from engine.kernels import ops
+from engine.execution.model.layers import Linear, PackedLinear
+from engine.kernels import layer_ops, quant
 
 ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3"]
 
@@ -49,13 +62,13 @@ def test_fused_layers_give_the_same_logits(arch: str, tiny_models, make_harness,
     assert fused_h.executor.model.fused is not None
     layers = fused_h.executor.model.config.num_layers
     calls: list[int] = []
-    real = ops.decode_layer
+    real = layer_ops.decode_layer
 
     def counting(*args: object, **kwargs: object) -> None:
         calls[-1] += 1
         real(*args, **kwargs)
 
-    monkeypatch.setattr(ops, "decode_layer", counting)
+    monkeypatch.setattr(layer_ops, "decode_layer", counting)
     calls.append(0)
     fused = _run(fused_h, True)
     # 4 + 2 decode rounds fused, the prefill and the mixed round not
@@ -78,3 +91,150 @@ def test_fused_path_only_for_bf16_and_a_few_rows(tiny_models, make_harness) -> N
     assert fused is not None
     x = torch.zeros(linear_kernels.NATIVE_DIRECT_ROWS + 1, 64, dtype=torch.bfloat16)
     assert fused.run(x, x, x, h.executor.attn) is None  # too many rows: layer by layer
+
+
+# --- float32 activations over quantized weights --------------------------------------------
+
+def _quant_executor(path: Path, qtypes: Callable[[str, int], int] | str,
+                    pool_dtype: torch.dtype = torch.float32) -> ModelExecutor:
+    """The tiny model with its decoder projections quantized: `qtypes` "q8_0" / "q4_0" as
+    --quantize does, or a function (module name, part) -> ggml type per projection part (a
+    fused projection's parts of different types become a SplitWeight); the pool in
+    `pool_dtype`."""
+    cfg = EngineConfig(page_size=4, kv_tokens=8192, max_running=64)
+    if isinstance(qtypes, str):
+        model = load_model(path, torch.float32, "cpu", qtypes)
+    else:
+        model = load_model(path, torch.float32, "cpu")
+        for name, m in model.named_modules():
+            if isinstance(m, Linear) and name.startswith("model.layers."):
+                m.set_quantized(_weight(m, name, qtypes),
+                                None if m.bias is None else m.bias.data)
+    model.pack_weights()
+    ex = ModelExecutor(model, cfg, "cpu", threads=1)
+    if pool_dtype != ex.pool.dtype:
+        mc = model.config
+        ex.pool = KVPool(mc.num_layers, cfg.num_pages, cfg.page_size, mc.num_kv_heads,
+                         mc.head_dim, pool_dtype, "cpu")
+        ex.attn = TorchAttention(ex.pool, mc.num_heads, mc.num_kv_heads, mc.head_dim,
+                                 mc.head_dim ** -0.5)
+    return ex
+
+
+def _block(w: torch.Tensor, qtype: int) -> quant.QuantWeight:
+    """w [out, in] float32 as a QuantWeight of `qtype` (float types: their bytes as they are)."""
+    floats = {quant.F32: torch.float32, quant.F16: torch.float16, quant.BF16: torch.bfloat16}
+    if qtype not in floats:
+        return quant.quantize(w, qtype)
+    data = w.to(floats[qtype]).contiguous().view(torch.uint8)
+    return quant.QuantWeight(qtype, data, w.shape[1], w.shape[0])
+
+
+def _weight(m: Linear, name: str, qtypes: Callable[[str, int], int]) -> object:
+    w = m.weight.detach().float()
+    rows = list(m.shard_rows.values()) if isinstance(m, PackedLinear) else [(0, w.shape[0])]
+    parts = tuple(_block(w[a:a + n], qtypes(name, i)) for i, (a, n) in enumerate(rows))
+    if len({p.qtype for p in parts}) == 1:
+        return _block(w, parts[0].qtype)
+    return linear_kernels.SplitWeight(parts)
+
+
+def _compare(fused_ex: ModelExecutor, plain_ex: ModelExecutor, harness_cls: type,
+             monkeypatch: pytest.MonkeyPatch, atol: float = 0.0) -> None:
+    """The fused harness takes the fused path for exactly the 6 decode rounds; every logit
+    equals the layer-by-layer one (within atol)."""
+    assert fused_ex.model.fused is not None and fused_ex.model.fused.dtype == torch.float32
+    calls = [0]
+    real = layer_ops.decode_layer
+
+    def counting(*args: Any, **kwargs: Any) -> None:
+        calls[0] += 1
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(layer_ops, "decode_layer", counting)
+    fused = _run(harness_cls(fused_ex), True)
+    assert calls[0] == 6 * fused_ex.model.config.num_layers
+    plain = _run(harness_cls(plain_ex), False)
+    assert calls[0] == 6 * fused_ex.model.config.num_layers
+    for i, (f, p) in enumerate(zip(fused, plain)):
+        assert f.keys() == p.keys() and f
+        for pos in f:
+            if atol:
+                torch.testing.assert_close(f[pos], p[pos], atol=atol, rtol=0)
+            else:
+                assert torch.equal(f[pos], p[pos]), (i, pos)
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_quantized_layers_give_the_same_logits(arch: str, qtype: str, tiny_models,
+                                                     make_harness, monkeypatch) -> None:
+    path = tiny_models[arch].path
+    harness_cls = type(make_harness(path))
+    _compare(_quant_executor(path, qtype), _quant_executor(path, qtype), harness_cls,
+             monkeypatch)
+
+
+@pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_fused_quantized_layers_over_a_16_bit_pool(arch: str, pool_dtype: torch.dtype,
+                                                   tiny_models, make_harness,
+                                                   monkeypatch) -> None:
+    path = tiny_models[arch].path
+    harness_cls = type(make_harness(path))
+    fused, plain = (_quant_executor(path, "q8_0", pool_dtype) for _ in range(2))
+    assert fused.attn.native and fused.pool.dtype == pool_dtype
+    _compare(fused, plain, harness_cls, monkeypatch)
+
+
+def _mixed(name: str, part: int) -> int:
+    """q, k, v of three types; gate BF16 beside up Q8_0; o Q4_0; down F16."""
+    if "qkv_proj" in name:
+        return (quant.Q8_0, quant.Q4_0, quant.BF16)[part]
+    if "gate_up_proj" in name:
+        return (quant.BF16, quant.Q8_0)[part]
+    return quant.Q4_0 if "o_proj" in name else quant.F16
+
+
+@pytest.mark.parametrize("dots", [None, "plain"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_fused_layers_over_split_and_float_parts(arch: str, dots: str | None, tiny_models,
+                                                 make_harness, monkeypatch) -> None:
+    # F16/BF16 parts at < 8 rows and block parts all run ferry_qmatmul on both paths: the same
+    # bits, with the CPU's best dot products and with the plain-C ones
+    path = tiny_models[arch].path
+    harness_cls = type(make_harness(path))
+    assert quant.force_path(dots) == (dots or quant.kernel_path())
+    try:
+        fused, plain = (_quant_executor(path, _mixed) for _ in range(2))
+        qkv = fused.model.model.layers[0].self_attn.qkv_proj.weight
+        assert isinstance(qkv, linear_kernels.SplitWeight) and len(qkv.parts) == 3
+        _compare(fused, plain, harness_cls, monkeypatch)
+    finally:
+        quant.force_path(None)
+
+
+def test_fused_layers_with_f32_blocks_agree_within_rounding(tiny_models, make_harness,
+                                                            monkeypatch) -> None:
+    # F32 weights: the layer-by-layer path multiplies them with torch's matmul, the fused one
+    # with ferry_qmatmul's float32 dot products (another summation order): this tiny model's
+    # logits (up to ~6) agree to 1e-5 (3e-6 apart when written)
+    path = tiny_models["llama"].path
+    harness_cls = type(make_harness(path))
+
+    def f32_o(name: str, part: int) -> int:
+        return quant.F32 if "o_proj" in name else _mixed(name, part)
+
+    fused, plain = (_quant_executor(path, f32_o) for _ in range(2))
+    _compare(fused, plain, harness_cls, monkeypatch, atol=1e-5)
+
+
+def test_fused_quantized_path_declines_float_projections(tiny_models, make_harness) -> None:
+    # a float32 model's projections are oneDNN-packed tensors, not ferry_weights
+    path = tiny_models["llama"].path
+    assert make_harness(path, dtype=torch.float32).executor.model.fused is None
+    ex = _quant_executor(path, "q8_0")
+    fused = ex.model.fused
+    assert fused is not None
+    x = torch.zeros(linear_kernels.NATIVE_DIRECT_ROWS + 1, 64)
+    assert fused.run(x, x, x, ex.attn) is None  # too many rows: layer by layer
