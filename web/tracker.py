@@ -20,6 +20,8 @@ class Tracked:
     label: str | None = None  # shown to the owner only
     link: str | None = None
     created: float = field(default_factory=time.time)
+    # "alice (admin)" when someone other than the owner cancelled it from the dashboard
+    cancelled_by: str | None = None
 
     @property
     def id(self) -> str:

@@ -46,11 +46,13 @@ class Admission:
                                         "is used up this round")
         if self.free_slots <= 0:
             return WaitReason("slot", f"{cfg.max_running} of {cfg.max_running} slots in use")
-        need = kv_need(req, match, cfg.page_size) + self.reserved
+        own = kv_need(req, match, cfg.page_size)
         available = self.kv.available_with(match) - self.held_back
-        if need > available:
-            return WaitReason("kv", f"needs {need} KV positions ({self.reserved} reserved for "
-                                    f"admitted requests), {available} available")
+        if own + self.reserved > available:
+            free = max(0, available - self.reserved)
+            return WaitReason("kv", f"needs {own} KV positions, {free} free ({available} "
+                                    f"available, {self.reserved} of them reserved for admitted "
+                                    f"requests: {own + self.reserved} asked in all)")
         return None
 
     def admitted(self, req: Request) -> None:
@@ -71,7 +73,7 @@ class Admission:
                 budget -= min(max(budget, 0), req.prefill_left)
                 continue
             if blocker is not None:
-                reasons[req.id] = WaitReason("behind", f"behind request {blocker.id}")
+                reasons[req.id] = WaitReason("behind", f"behind {blocker.id}")
                 continue
             if decode_turn:
                 reasons[req.id] = WaitReason("turn", "a decode round of the running requests "

@@ -10,6 +10,7 @@ from litestar import Controller, Request, Response, get, post
 from litestar.exceptions import NotFoundException
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, URLEncodedBody
+from litestar.plugins.htmx import HTMXRequest
 from litestar.response import Redirect, Template
 from markupsafe import escape
 from msgspec import Struct
@@ -77,14 +78,14 @@ class DashboardController(Controller):
 
     @post("/policy", status_code=200, guards=[admin_guard], name="dashboard:policy",
           include_in_schema=False)
-    async def policy(self, request: Request[Any, Any, Any],
+    async def policy(self, request: HTMXRequest,
                      data: URLEncodedBody[PolicyForm]) -> Response[Any]:
         """The admin's policy control: a short status line for htmx, else back to the page."""
         try:
             info = apply_policy(services(request), data.policy, data.admission)
         except APIError as exc:
             return Response(str(escape(exc.message)), status_code=400, media_type="text/html")
-        if request.headers.get("hx-request") != "true":
+        if not request.htmx:
             return Redirect("/dashboard", status_code=303)
         return Response(str(escape(f"Policy {info.policy}, admission {info.admission}: "
                                    "applies from the next round.")), media_type="text/html")
@@ -102,5 +103,12 @@ class DashboardController(Controller):
     async def cancel(self, request: Request[Any, Any, Any], request_id: FromPath[str]) -> None:
         s, user = services(request), current_user(request)
         owner = owner_of(s, request_id)
-        if owner is None or not user.can_manage(owner) or not s.engine.cancel(request_id):
+        if owner is None or not user.can_manage(owner):
+            raise NotFoundException(f"no live request {request_id}")
+        item = s.tracker.get(request_id)
+        if item is not None and owner != user.name:  # the owner's chat says who it was
+            item.cancelled_by = f"{user.name} (admin)"
+        if not s.engine.cancel(request_id):
+            if item is not None and owner != user.name:
+                item.cancelled_by = None
             raise NotFoundException(f"no live request {request_id}")

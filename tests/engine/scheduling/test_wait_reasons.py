@@ -44,3 +44,27 @@ def test_wait_reason_codes_in_json() -> None:
             for reason in r["waiting_reasons"].values():
                 assert reason["text"].strip(), reason
 
+
+def test_kv_reason_says_its_own_need_and_the_reservations_apart() -> None:
+    """FERRY_KV_TOKENS=1024's case: a request needing ~242 positions waits behind others'
+    reservations; the text must not call the sum its need."""
+    result = sim({"max_running": 4, "max_prefill_tokens": 512, "kv_tokens": 1024,
+                  "page_size": 16, "prefix_cache": False},
+                 [{"id": "A", "prompt": 40, "output": 800},
+                  {"id": "B", "arrive": 0.5, "prompt": 43, "output": 185}])
+    reason = round_at(result, 1)["waiting_reasons"]["B"]
+    own = 43 + 185 + 15  # uncached prompt + max output + page slack
+    reserved = 800 - 2 + 15  # A after rounds 0 and 1: output still to write + page slack
+    available = 1024 - 48  # A holds three pages of 16
+    assert reason["code"] == "kv"
+    assert reason["text"].startswith(f"needs {own} KV positions, {available - reserved} free ")
+    assert f"{reserved} of them reserved for admitted requests" in reason["text"]
+    assert f"{own + reserved} asked in all" in reason["text"]
+
+
+def test_behind_says_behind_once() -> None:
+    result = sim({"max_running": 1, "max_prefill_tokens": 64, "kv_tokens": 1000, "page_size": 1,
+                  "prefix_cache": False},
+                 [{"id": "A", "prompt": 3, "output": 3}, {"id": "B", "prompt": 2, "output": 1},
+                  {"id": "C", "prompt": 2, "output": 1}])
+    assert _reasons(result, "C")[0] == {"code": "behind", "text": "behind B"}

@@ -1,0 +1,186 @@
+"""The dashboard on a real server in shared mode: figures that agree with each other, one
+count for the queue, an admin's cancel of someone else's request (confirmation, and the owner
+learns who), and the policy form answering htmx with a fragment.
+
+A stand-in executor replaces the model (these tests are about what the page says); the
+engine's own tests cover the scheduling.
+"""
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from engine.scheduling.batch import Batch
+from engine.scheduling.request import Request
+from web.access.users import UserStore
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+class StandIn:
+    """Samples an ordinary token every round, one round per 20 ms."""
+
+    def run(self, batch: Batch) -> list[int | None]:
+        time.sleep(0.02)
+        return [28 if item.sample else None for item in batch.items]
+
+    def release(self, request: Request) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def setup(make_server: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict]:
+    data = tmp_path_factory.mktemp("dashboard")
+    store = UserStore(data / "users.json")
+    tokens = {"ann": store.add("ann", admin=True), "bob": store.add("bob")}
+    server = make_server(executor=StandIn(), data_dir=data, max_running=1,
+                         max_prefill_tokens=16,
+                         web={"shared": True, "chat_ignore_eos": True,
+                              "default_max_tokens": 300, "dashboard_interval": 0.1})
+    return server, tokens
+
+
+def client(server: Any, token: str) -> httpx.Client:
+    return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"},
+                        timeout=30)
+
+
+def tile(html: str, name: str) -> str:
+    found = re.search(rf'<div class="stat"><span>{name}</span><strong[^>]*>(.*?)</strong>', html)
+    assert found, name
+    return re.sub(r"<[^>]+>", "", found.group(1)).strip()
+
+
+def chart_value(html: str, label: str) -> str:
+    found = re.search(rf"<figcaption><span>{label}</span><strong>(.*?)</strong>", html)
+    assert found, label
+    return found.group(1).strip()
+
+
+def cancel_all(server: Any, tokens: dict[str, str], idle_check: Any) -> None:
+    with client(server, tokens["ann"]) as ann:
+        for rid in server.engine.live_ids():
+            ann.delete(f"/v1/requests/{rid}")
+    idle_check(server.engine)
+
+
+def test_tiles_and_charts_agree(setup: tuple[Any, dict], waiter: Any, idle_check: Any) -> None:
+    server, tokens = setup
+    with client(server, tokens["bob"]) as bob:
+        assert bob.post("/c", data={"content": "a long reply please"}).status_code == 303
+        waiter(lambda: server.engine.snapshot().metrics.itl_p50 is not None, 20,
+               message="ITL figures")
+        for _ in range(5):  # while it runs, and across the engine's history steps
+            html = bob.get("/dashboard").text
+            output = tile(html, "Output").replace("tok/s", "").strip()
+            assert chart_value(html, "Throughput") == f"{output} tok/s"
+            itl = tile(html, "ITL p50")
+            assert itl != "–" and "no data yet" not in html.split("ITL p50")[-1]
+            if itl.endswith(" ms"):
+                assert chart_value(html, "ITL p50") == itl
+            time.sleep(0.3)
+    cancel_all(server, tokens, idle_check)
+
+
+def test_waiting_tile_and_queue_header_count_the_same(setup: tuple[Any, dict], waiter: Any,
+                                                      idle_check: Any) -> None:
+    """A chunked prompt holds the slot (Running) and is not counted as waiting anywhere."""
+    server, tokens = setup
+    long_prompt = " ".join(f"word{i}" for i in range(300))  # many chunks of 16 tokens
+    with client(server, tokens["bob"]) as bob:
+        for text in (long_prompt, "second", "third"):
+            assert bob.post("/c", data={"content": text}).status_code == 303
+
+        def chunked_page() -> str | None:
+            html = bob.get("/dashboard").text
+            return html if "prefill chunk" in html else None
+
+        html = waiter(chunked_page, 20, message="a chunked prompt on the dashboard")
+        header = re.search(r'id="queue-count">(\d+)<', html)
+        assert header and tile(html, "Waiting") == header.group(1) == "2"
+        table = html.split('id="waiting"')[1].split("</table>")[0]
+        assert table.count("<tr data-id=") == 2
+        assert "behind behind" not in html and "queued</span> <span class=\"reason-text\">" \
+            "behind req-" in html
+        metrics = bob.get("/metrics").text
+        assert re.search(r'ferry:num_requests_waiting\{[^}]*\} 2\.0', metrics)
+    cancel_all(server, tokens, idle_check)
+
+
+def test_admin_cancel_confirms_and_the_owner_learns_who(setup: tuple[Any, dict], waiter: Any,
+                                                        idle_check: Any) -> None:
+    server, tokens = setup
+    with client(server, tokens["bob"]) as bob, client(server, tokens["ann"]) as ann:
+        made = bob.post("/c", data={"content": "keep going"})
+        cid = made.headers["location"].rsplit("/", 1)[1]
+        rid = waiter(lambda: server.engine.live_ids(owner="bob"), 10, message="bob's reply")[0]
+        button = re.compile(rf'<button[^>]*hx-post="/dashboard/requests/{rid}/cancel"[^>]*>')
+        own = waiter(lambda: button.search(bob.get("/dashboard").text), 10, message="its row")
+        assert "hx-confirm" not in own.group(0)  # one's own: no question asked
+        other = button.search(ann.get("/dashboard").text)
+        assert other and re.search(r'hx-confirm="Cancel [^"]*bob', other.group(0))
+        assert ann.post(f"/dashboard/requests/{rid}/cancel").status_code == 204
+        waiter(lambda: not server.engine.live_ids(), 10, message="cancelled")
+        assert server.services.tracker.get(rid).cancelled_by == "ann (admin)"
+        waiter(lambda: "cancelled by ann (admin) from the dashboard" in bob.get(f"/c/{cid}").text,
+               10, message="the owner's chat says who cancelled")
+        # the owner's own cancel names nobody
+        bob.post("/c", data={"content": "again"})
+        mine = waiter(lambda: server.engine.live_ids(owner="bob"), 10, message="reply")[0]
+        assert bob.post(f"/dashboard/requests/{mine}/cancel").status_code == 204
+        waiter(lambda: not server.engine.live_ids(), 10, message="cancelled")
+        assert server.services.tracker.get(mine).cancelled_by is None
+    idle_check(server.engine)
+
+
+def test_policy_form_answers_htmx_with_a_fragment(setup: tuple[Any, dict]) -> None:
+    server, tokens = setup
+    with client(server, tokens["ann"]) as ann:
+        form = {"policy": "prefill-first", "admission": "fifo"}
+        fragment = ann.post("/dashboard/policy", data=form, headers={"HX-Request": "true"})
+        assert fragment.status_code == 200 and fragment.text.startswith("Policy prefill-first")
+        plain = ann.post("/dashboard/policy", data=form, follow_redirects=False)
+        assert plain.status_code == 303 and plain.headers["location"] == "/dashboard"
+
+
+@pytest.mark.browser
+def test_admin_confirms_in_chromium(setup: tuple[Any, dict], browser: Any, waiter: Any,
+                                    idle_check: Any) -> None:
+    server, tokens = setup
+    with client(server, tokens["bob"]) as bob:
+        bob.post("/c", data={"content": "keep going"})
+    rid = waiter(lambda: server.engine.live_ids(owner="bob"), 10, message="bob's reply")[0]
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(server.url + "/login")
+        page.fill("input[name=token]", tokens["ann"])
+        page.locator("form button, form input[type=submit]").first.click()
+        page.wait_for_url(re.compile(r"/$"))
+        page.goto(server.url + "/dashboard")
+        page.locator(f"button[data-cancel='{rid}']").wait_for()
+        asked: list[str] = []
+        answer = {"accept": False}
+
+        def on_dialog(dialog: Any) -> None:
+            asked.append(dialog.message)
+            dialog.accept() if answer["accept"] else dialog.dismiss()
+
+        page.on("dialog", on_dialog)
+        page.click(f"button[data-cancel='{rid}']")
+        waiter(lambda: asked, 10, message="a confirmation")  # (the row is there by now)
+        assert "bob" in asked[0]
+        time.sleep(0.5)
+        assert rid in server.engine.live_ids()  # dismissed: still running
+        answer["accept"] = True
+        page.click(f"button[data-cancel='{rid}']")
+        waiter(lambda: rid not in server.engine.live_ids(), 10, message="cancelled after yes")
+        assert len(asked) == 2
+    finally:
+        context.close()
+    idle_check(server.engine)
