@@ -9,7 +9,7 @@ from litestar import Controller, Response, delete, get, post
 from litestar.datastructures import UploadFile
 from litestar.enums import RequestEncodingType
 from litestar.exceptions import HTTPException, NotFoundException
-from litestar.params import Body, FromPath, URLEncodedBody
+from litestar.params import Body, FromPath, FromQuery, URLEncodedBody
 from litestar.plugins.htmx import ClientRedirect, HTMXRequest, HTMXTemplate
 from litestar.response import Redirect, Template
 from sse_starlette import EventSourceResponse
@@ -128,12 +128,12 @@ class ChatController(Controller):
         return chat, conv, msg
 
     @get("/", name="chat:index")
-    async def index(self, request: HTMXRequest, q: str | None = None) -> Template:
+    async def index(self, request: HTMXRequest, q: FromQuery[str | None] = None) -> Template:
         return page(request, current_user(request), None, search=q)
 
     @get("/conversations", name="chat:search")
-    async def search(self, request: HTMXRequest, q: str = "",
-                     current: int | None = None) -> Template:
+    async def search(self, request: HTMXRequest, q: FromQuery[str] = "",
+                     current: FromQuery[int | None] = None) -> Template:
         """The sidebar's list, filtered by title and content (the search box)."""
         user = current_user(request)
         conv = ChatService(services(request)).conversation(user, current) if current else None

@@ -171,7 +171,8 @@
   document.addEventListener("DOMContentLoaded", function () {
     scrollDown(true);
     var el = messages();
-    if (el) new MutationObserver(updateComposer).observe(el, { childList: true, subtree: true });
+    if (el) new MutationObserver(updateComposer).observe(el, {
+      childList: true, subtree: true, attributes: true, attributeFilter: ["class"] });
     updateComposer();
   });
 })();
