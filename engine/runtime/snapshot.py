@@ -26,6 +26,7 @@ class RequestView:
     ttft: float | None
     itl: float | None
     finish_reason: str | None = None
+    total: float | None = None  # seconds from arrival to the end, once finished
 
     @property
     def phase(self) -> str:

@@ -15,12 +15,15 @@ def request_view(req: Request, now: float, budget: int, position: int | None = N
     return RequestView(
         id=req.id, owner=req.owner, state=req.state.value, position=position, reason=reason,
         slot=req.slot, prompt_tokens=req.prompt_len, cached_tokens=req.num_cached,
-        prefill_done=req.num_computed if req.state is not RequestState.WAITING else 0,
+        # num_computed counts decoded positions too: the prompt part only
+        prefill_done=min(req.num_computed, req.prompt_len)
+        if req.state is not RequestState.WAITING else 0,
         chunk=req.num_chunks, num_chunks=max(1, -(-uncached // budget)),
         output_tokens=req.num_outputs, max_tokens=req.params.max_tokens, arrival=req.arrival,
         waited=(admitted if admitted is not None else now) - req.arrival,
         ttft=None if req.first_token_at is None else req.first_token_at - req.arrival,
-        itl=req.itl, finish_reason=req.finish_reason)
+        itl=req.itl, finish_reason=req.finish_reason,
+        total=None if req.finished_at is None else req.finished_at - req.arrival)
 
 
 def round_view(index: int, r: RoundRecord) -> RoundView:
