@@ -17,7 +17,7 @@ from engine.config import EngineConfig
 from engine.execution.attention import default_backend, get_backend
 from engine.execution.attention.base import AttentionInputs
 from engine.execution.cpu import default_threads, on_fresh_thread
-from engine.execution.kv_pool import KVPool
+from engine.execution.kv_pool import KVPool, slot_of
 from engine.execution.loader import load_model, resolve_model, weight_mode
 from engine.execution.model.llama import LlamaForCausalLM
 from engine.execution.sampler import Sampler
@@ -147,14 +147,14 @@ class ModelExecutor:
             if n == 1:
                 ids.append(req.token_at(start))
                 positions.append(start)
-                slots.append(pages[start // ps] * ps + start % ps)
+                slots.append(slot_of(pages, start, ps))
             else:
                 if end <= req.prompt_len:
                     ids.extend(req.prompt_ids[start:end])
                 else:
                     ids.extend(req.token_at(p) for p in range(start, end))
                 positions.extend(range(start, end))
-                slots.extend(pages[p // ps] * ps + p % ps for p in range(start, end))
+                slots.extend(slot_of(pages, p, ps) for p in range(start, end))
             query_lens.append(n)
             kv_lens.append(end)
             tables.append(pages)
@@ -218,3 +218,4 @@ def token_logprobs(logits: torch.Tensor, targets: list[int], top: int) -> list[T
 def trim(lp: TokenLogprob, top: int) -> TokenLogprob:
     """Keep a row's `top` best alternatives (rows of one batch are scored to the widest ask)."""
     return lp if len(lp.top) <= top else TokenLogprob(lp.token_id, lp.logprob, lp.top[:top])
+

@@ -127,10 +127,6 @@ class Request:
         return max(0, self.prompt_len - self.num_computed)
 
     @property
-    def is_admitted(self) -> bool:
-        return self.slot is not None
-
-    @property
     def is_finished(self) -> bool:
         return self.state is RequestState.FINISHED
 
