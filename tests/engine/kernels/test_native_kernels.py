@@ -7,6 +7,7 @@ torch path over shuffled, partly filled pages.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import random
 import shutil
@@ -237,3 +238,139 @@ def test_argmax_matches_torch_with_ties_infinities_and_nan(dtype: torch.dtype) -
     logits[5, -1] = float("inf")
     logits = logits.to(dtype)
     assert ops.argmax(logits) == logits.argmax(dim=-1).tolist()
+
+
+# --- the C declarations: read once from the headers -----------------------------------------
+
+def test_every_header_prototype_is_bound_with_its_declared_types() -> None:
+    lib = native.library()
+    decls = native.declarations()
+    assert {"ferry_rms_norm", "ferry_decode_layer", "ferry_decode_layer_f32",
+            "ferry_qmatmul"} <= decls.functions.keys()
+    for fn in decls.functions.values():
+        bound = getattr(lib, fn.name)
+        assert bound.argtypes == fn.argtypes and bound.restype == fn.restype, fn.name
+    norm = decls.functions["ferry_rms_norm"]
+    assert norm.restype is ctypes.c_int
+    assert norm.argtypes == [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_int,
+                                                      ctypes.c_float, ctypes.c_int]
+
+
+def test_struct_layouts_match_the_c_compiler(tmp_path) -> None:
+    # the ctypes Structures come from the headers; the compiler must lay them out the same
+    cc = native._compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    structs = native.declarations().structs
+    lines = []
+    for name, st in structs.items():
+        lines.append(f'printf("{name} %zu\\n", sizeof({name}));')
+        for field, _ in st._fields_:
+            lines.append(f'printf("{name}.{field} %zu\\n", offsetof({name}, {field}));')
+    src = tmp_path / "layout.c"
+    src.write_text('#include <stddef.h>\n#include <stdio.h>\n#include "kernels.h"\n'
+                   "int main(void) {\n" + "\n".join(lines) + "\nreturn 0;\n}\n")
+    exe = tmp_path / "layout"
+    subprocess.run([cc, "-std=c11", f"-I{native.CSRC}", str(src), "-o", str(exe), "-lm"],
+                   check=True, capture_output=True, timeout=120)
+    got = dict(line.split() for line in subprocess.run(
+        [str(exe)], check=True, capture_output=True, text=True, timeout=60).stdout.splitlines())
+    want = {}
+    for name, st in structs.items():
+        want[name] = str(ctypes.sizeof(st))
+        for field, _ in st._fields_:
+            want[f"{name}.{field}"] = str(getattr(st, field).offset)
+    assert got == want
+    assert {"ferry_layer", "ferry_dims", "ferry_weight", "ferry_proj",
+            "ferry_qlayer"} <= structs.keys()
+
+
+def test_cdecl_reads_prototypes_structs_and_refuses_unknown_types(tmp_path) -> None:
+    from engine.kernels import cdecl
+
+    (tmp_path / "a.h").write_text(
+        "/* int ferry_commented(void); */\n#include <stdint.h>\n"
+        "typedef struct { int32_t kind, pad; const void *data; float v[3]; } ferry_part;\n"
+        "typedef struct { int internal; } not_shared;\n"
+        "static inline int ferry_helper(int a) { return ferry_other(a); }\n"
+        "void ferry_go(const ferry_part *p, int64_t n, float scale, double d);\n"
+        "int64_t ferry_count(void);\n")
+    (tmp_path / "b.h").write_text('#include "a.h"\n'
+                                  "typedef struct { ferry_part parts[2]; } ferry_whole;\n")
+    decls = cdecl.parse([tmp_path / "b.h", tmp_path / "a.h"])  # include order, not list order
+    assert set(decls.functions) == {"ferry_go", "ferry_count"}
+    go = decls.functions["ferry_go"]
+    assert go.restype is None and go.argtypes == [ctypes.c_void_p, ctypes.c_int64,
+                                                  ctypes.c_float, ctypes.c_double]
+    assert decls.functions["ferry_count"].argtypes == []
+    part = decls.structs["ferry_part"]
+    assert [f for f, _ in part._fields_] == ["kind", "pad", "data", "v"]
+    assert ctypes.sizeof(part) == 4 + 4 + 8 + 12 + 4  # padded to pointer alignment
+    assert ctypes.sizeof(decls.structs["ferry_whole"]) == 2 * ctypes.sizeof(part)
+    assert "not_shared" not in decls.structs
+    (tmp_path / "c.h").write_text("void ferry_bad(long double x);\n")
+    with pytest.raises(ValueError, match="c.h: C type 'long double'"):
+        cdecl.parse([tmp_path / "c.h"])
+
+
+def test_a_failed_allocation_is_an_error_not_a_crash() -> None:
+    lib = native.library()
+    out = torch.zeros(1, dtype=torch.int64)
+    # a row of 2**61 logits cannot be allocated: the kernel returns before reading anything
+    assert lib.ferry_argmax(None, 1, 2 ** 61, 0, out.data_ptr()) == -1
+    assert lib.ferry_gemv_bf16(None, None, None, None, 1, 2 ** 59, 1) == -1
+    with pytest.raises(MemoryError, match="argmax"):
+        ops.check(-1, "argmax")
+
+
+# --- 16-bit KV pools under float32 or bf16 activations ---------------------------------------
+
+@pytest.mark.parametrize("act", DTYPES)
+@pytest.mark.parametrize("pool_dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_store_kv_rounds_into_the_pool_dtype_as_torch(act: torch.dtype,
+                                                      pool_dtype: torch.dtype) -> None:
+    a, b = (KVPool(1, 8, 4, 2, 16, pool_dtype, "cpu") for _ in range(2))
+    qkv = (3 * torch.randn(5, 7 * 16, generator=torch.Generator().manual_seed(3))).to(act)
+    # f16 edge cases: subnormal, overflow to inf, below half the smallest subnormal, the
+    # largest value that still rounds to a finite half
+    qkv[0, 3 * 16:3 * 16 + 4] = torch.tensor([1e-6, 7e4, -2e-8, 65519.0])
+    kv = qkv[:, 3 * 16:].view(5, 2, 2, 16)
+    slots = torch.tensor([0, 5, 31, 17, 12])
+    a.write(0, a.locate(slots), kv.to(pool_dtype))  # torch's rounding
+    ops.store_kv(kv, slots, b.paged(0))
+    assert torch.equal(a.data, b.data)
+
+
+@pytest.mark.parametrize("act", DTYPES)
+@pytest.mark.parametrize("pool_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [64, 40])
+def test_decode_attention_over_a_16_bit_pool(act: torch.dtype, pool_dtype: torch.dtype,
+                                             d: int) -> None:
+    # against the torch path in float32 over the same (rounded) K/V
+    kv_lens, heads, kvh, ps = [1, 9, 23, 64], 6, 2, 4
+    g = torch.Generator().manual_seed(d)
+    num_pages = sum(-(-n // ps) for n in kv_lens)
+    pool = KVPool(1, num_pages, ps, kvh, d, pool_dtype, "cpu")
+    pool.data.copy_(torch.randn(pool.data.shape, generator=g))
+    wide = KVPool(1, num_pages, ps, kvh, d, torch.float32, "cpu")
+    wide.data.copy_(pool.data)
+    tables, first = [], 0
+    for n in kv_lens:
+        tables.append(list(range(first, first + -(-n // ps))))
+        first += len(tables[-1])
+    slots = torch.tensor([t[(n - 1) // ps] * ps + (n - 1) % ps for t, n in zip(tables, kv_lens)])
+    q = torch.randn(len(kv_lens), heads, d, generator=g).to(act)
+    kv = torch.randn(len(kv_lens), 2, kvh, d, generator=g).to(act)
+    inputs = AttentionInputs([1] * len(kv_lens), kv_lens, tables, slots)
+    native_attn = TorchAttention(pool, heads, kvh, d, d ** -0.5)
+    assert native_attn.native
+    native_attn.prepare(inputs)
+    got = native_attn.forward(q, kv, 0)
+    ref_attn = TorchAttention(wide, heads, kvh, d, d ** -0.5)
+    ref_attn.native = False
+    ref_attn.prepare(inputs)
+    ref = ref_attn.forward(q.float(), kv.to(pool_dtype).float(), 0)
+    assert got.dtype == act
+    assert torch.equal(wide.data.to(pool_dtype), pool.data)  # the new K/V stored alike
+    tol = 1e-5 if act == torch.float32 else 8e-3
+    torch.testing.assert_close(got.float(), ref, atol=tol, rtol=tol)
