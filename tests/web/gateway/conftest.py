@@ -1,0 +1,168 @@
+"""Upstream mode against real upstreams: `ferry serve` processes on the default model (each
+with its own FERRY_HOME, on a free loopback port), and fronts (the web app over a Gateway)
+in this process on uvicorn threads, as tests/web's servers are.
+
+The upstreams are slow to start (the model's load): one pair per module, started together and
+shared by its tests.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+START_TIMEOUT = 240.0
+REPO = Path(__file__).resolve().parents[3]
+ENTRY = "import sys; from app.cli import main; sys.exit(main())"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class UpstreamProcess:
+    """A real `ferry serve` upstream; kill() and start() again keep its port and home."""
+
+    home: Path
+    port: int
+    model_dir: Path
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log = self.home.parent / f"{self.home.name}.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def name(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> UpstreamProcess:
+        # plain torch, one thread each: no kernel build at start, two upstreams on two cores
+        env = {**os.environ, "FERRY_HOME": str(self.home), "FERRY_KV_TOKENS": "2048",
+               "FERRY_MAX_RUNNING": "4", "PYTHONUNBUFFERED": "1", "FERRY_NATIVE_KERNELS": "0",
+               "OMP_NUM_THREADS": "1"}
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", ENTRY, "serve", "--host", "127.0.0.1", "--port",
+                 str(self.port), "--model", str(self.model_dir), "--dtype", "float32",
+                 "--device", "cpu"], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        return self
+
+    def wait_ready(self) -> UpstreamProcess:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            assert self.proc is not None and self.proc.poll() is None, \
+                f"the upstream exited:\n{self.log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "the upstream did not start"
+            try:
+                if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def requests(self) -> list[dict[str, Any]]:
+        """The upstream's own /v1/requests (what it holds now)."""
+        data: list[dict[str, Any]] = httpx.get(self.url + "/v1/requests", timeout=10).json()[
+            "data"]
+        return data
+
+
+@pytest.fixture(scope="module")
+def upstreams(model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+              ) -> Iterator[list[UpstreamProcess]]:
+    """Two real Ferry upstreams (restarted by tests that kill one; killed at the end)."""
+    base = tmp_path_factory.mktemp("upstreams")
+    a = UpstreamProcess(base / "a", free_port(), model_dir)
+    b = UpstreamProcess(base / "b", free_port(), model_dir)
+    a.start()
+    b.start()
+    a.wait_ready()
+    b.wait_ready()
+    yield [a, b]
+    for up in (a, b):
+        up.kill()
+
+
+@dataclass
+class Front:
+    url: str
+    app: Any
+    gateway: Any
+    uvicorn: Any
+    thread: threading.Thread
+
+    @property
+    def services(self) -> Any:
+        return self.app.state.services
+
+    def stop(self) -> None:
+        self.uvicorn.should_exit = True
+        self.thread.join(15)
+        assert not self.thread.is_alive(), "uvicorn did not stop"
+        assert not self.gateway.alive, "the lifespan did not stop the gateway"
+
+
+@pytest.fixture(scope="module")
+def make_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """make_front(urls, caps=None, web=WebConfig fields, **GatewayConfig fields) -> a Front
+    (the web app over a Gateway to those upstreams) serving on a free loopback port."""
+    import uvicorn
+
+    from web.app import create_app
+    from web.config import WebConfig
+    from web.gateway import Gateway, GatewayConfig, GatewayTokenizer, UpstreamConfig
+    from web.gateway.probe import first_model_name
+
+    fronts: list[Front] = []
+
+    def make(urls: list[str], caps: list[int] | None = None, web: dict[str, Any] | None = None,
+             data_dir: Path | None = None, **fields: Any) -> Front:
+        ups = tuple(UpstreamConfig(u, max_in_flight=(caps[i] if caps else 64))
+                    for i, u in enumerate(urls))
+        config = GatewayConfig(ups, **fields)
+        name = first_model_name(config) or "upstream"
+        gateway = Gateway(config, name)
+        web_config = WebConfig(data_dir=data_dir or tmp_path_factory.mktemp("front"),
+                               model_name=name, **(web or {}))
+        app = create_app(gateway, GatewayTokenizer(), web_config)  # type: ignore[arg-type]
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                               log_level="warning", lifespan="on",
+                                               timeout_graceful_shutdown=2))
+        thread = threading.Thread(target=server.run, name="uvicorn-front", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "the front did not start"
+            time.sleep(0.05)
+        front = Front(f"http://127.0.0.1:{port}", app, gateway, server, thread)
+        fronts.append(front)
+        return front
+
+    yield make
+    for front in fronts:
+        front.stop()
