@@ -237,7 +237,7 @@ def test_signal_shuts_down_gracefully(serve: Any, signum: signal.Signals) -> Non
     assert listener.ended.wait(10), "the chat stream did not end"
     assert not api.is_alive(), "the API stream did not end"
     assert api_lines[-1] == "data: [DONE]", api_lines[-3:]
-    assert '"finish_reason":"cancelled"' in api_lines[-2], api_lines[-3:]
+    assert '"ferry_finish_reason":"cancelled"' in api_lines[-2], api_lines[-3:]
 
     assert integrity(served.db) == "ok"
     rows = [dict(r) for r in read_rows(served.db) if r["conversation_id"] == cid]

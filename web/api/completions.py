@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from functools import lru_cache
+from typing import Any, Literal
 
 import anyio
 from jinja2 import TemplateError
@@ -13,101 +14,95 @@ from litestar.params import JSONBody
 from litestar.types import ASGIApp
 from sse_starlette import ServerSentEvent
 
-from engine import FinalEvent, QueueFull, RequestError, RequestHandle, TextDelta
-from web.access.identity import current_user
-from web.api.errors import APIError, error_docs, from_engine
+from engine import FinalEvent, RequestHandle, TextDelta, Tokenizer
+from web.api.choices import ChatShape, CompletionShape, usage_of
+from web.api.errors import APIError, error_docs
+from web.api.fanout import cancel_all, collect_all, merge, submit_all
+from web.api.guards import json_depth_guard
+from web.api.logprobs import TokenTexts
 from web.api.params import check_chat, check_completion, check_model, sampling_params
 from web.api.schemas import (
-    AssistantMessage,
-    ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatDelta,
     Completion,
-    CompletionChoice,
     CompletionRequest,
     ErrorDetail,
     ErrorResponse,
     ModelCard,
     ModelList,
-    PromptTokensDetails,
     UsageInfo,
     encode,
 )
-from web.services import EngineUnavailable, Services, services
-from web.sse import event_stream, on_event, until_disconnect
+from web.services import Services, services
+from web.sse import event_stream, on_event
 
-Chunk = Callable[[str | None, str | None, UsageInfo | None], Any]
-
-
-def usage_info(final: FinalEvent) -> UsageInfo:
-    u = final.usage
-    return UsageInfo(u.prompt_tokens, u.completion_tokens, u.total_tokens,
-                     PromptTokensDetails(u.cached_tokens))
+# the `object` fields of stream chunks and completions
+CHUNK: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+TEXT: Literal["text_completion"] = "text_completion"
+# (choice index, event) -> the chunks to send; index -1 with a UsageInfo: the usage chunk
+Render = Callable[[int, Any], list[Any]]
 
 
 def _error(final: FinalEvent) -> APIError:
     return APIError(final.error or "generation failed", 500, type="server_error")
 
 
-async def collect(request: Request[Any, Any, Any], handle: RequestHandle) -> FinalEvent:
-    """Run a request to the end; cancel it if the client goes away first."""
-    final: FinalEvent | None = None
-    async with anyio.create_task_group() as tg:
-        async def watch() -> None:
-            await until_disconnect(request)
-            handle.cancel()
-        tg.start_soon(watch)
-        async for event in handle:
-            if isinstance(event, FinalEvent):
-                final = event
-        tg.cancel_scope.cancel()
-    assert final is not None
-    if final.finish_reason == "error":
-        raise _error(final)
-    return final
+@lru_cache(maxsize=4)
+def token_texts(tokenizer: Tokenizer) -> TokenTexts:
+    return TokenTexts(tokenizer)
 
 
-async def stream(handle: RequestHandle, chunk: Chunk, include_usage: bool,
-                 shutdown: anyio.Event, first: Any = None) -> AsyncIterator[ServerSentEvent]:
-    """OpenAI stream chunks, `data: [DONE]` at the end; a disconnect cancels the request,
-    and so does a server shutdown (the client still gets the last chunk and [DONE])."""
-    watcher = on_event(shutdown, handle.cancel)
+async def stream(handles: list[RequestHandle], render: Render, include_usage: bool,
+                 shutdown: anyio.Event, first: list[Any]) -> AsyncIterator[ServerSentEvent]:
+    """OpenAI stream chunks of every choice, `data: [DONE]` at the end; a disconnect cancels
+    every choice's request, and so does a server shutdown (the client still gets the last
+    chunks and [DONE])."""
+    watcher = on_event(shutdown, lambda: cancel_all(handles))
+    finals: list[FinalEvent] = []
     try:
-        if first is not None:
-            yield ServerSentEvent(encode(first))
-        async for event in handle:
-            if isinstance(event, TextDelta):
-                if event.text:
-                    yield ServerSentEvent(encode(chunk(event.text, None, None)))
-            elif event.finish_reason == "error":
+        for chunk in first:
+            yield ServerSentEvent(encode(chunk))
+        async for index, event in merge(handles):
+            if isinstance(event, FinalEvent) and event.finish_reason == "error":
                 detail = ErrorDetail(event.error or "generation failed", "server_error")
                 yield ServerSentEvent(encode(ErrorResponse(detail)))
-            else:
-                yield ServerSentEvent(encode(chunk(None, event.finish_reason, None)))
-                if include_usage:
-                    yield ServerSentEvent(encode(chunk(None, None, usage_info(event))))
+                continue
+            if isinstance(event, FinalEvent):
+                finals.append(event)
+            for chunk in render(index, event):
+                yield ServerSentEvent(encode(chunk))
+        if include_usage and finals:
+            yield ServerSentEvent(encode(render(-1, usage_of(finals))[0]))
         yield ServerSentEvent("[DONE]")
     finally:
         watcher.cancel()
-        if handle.final is None:
-            handle.cancel()
+        cancel_all(handles)
 
 
-def _headers(handle: RequestHandle) -> dict[str, str]:
-    return {"X-Request-Id": handle.id}
+def _headers(handles: list[RequestHandle]) -> dict[str, str]:
+    return {"X-Request-Id": handles[0].id}
 
 
-async def _submit(request: Request[Any, Any, Any], s: Services, prompt_ids: list[int],
-                  body: Any, default_max: int, max_tokens: int | None) -> RequestHandle:
-    params = sampling_params(body, s.config, len(prompt_ids), s.context_limit, default_max,
-                             max_tokens)
-    try:
-        return s.submit(current_user(request), prompt_ids, params, "api")
-    except (RequestError, QueueFull, EngineUnavailable) as exc:
-        raise from_engine(exc, "messages" if hasattr(body, "messages") else "prompt") from exc
+def _submit(request: Request[Any, Any, Any], s: Services, prompt_ids: list[int],
+            body: Any, default_max: int, max_tokens: int | None) -> list[RequestHandle]:
+    n = body.n or 1
+    params = [sampling_params(body, s.config, len(prompt_ids), s.context_limit, default_max,
+                              max_tokens, i) for i in range(n)]
+    return submit_all(request, s, prompt_ids, params,
+                      "messages" if hasattr(body, "messages") else "prompt")
+
+
+def _prompt_text(body: CompletionRequest, ids: list[int], tokenizer: Tokenizer) -> str:
+    """What echo shows: the prompt as sent when it was text, else its ids decoded."""
+    prompt: Any = body.prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    return tokenizer.decode(ids, skip_special_tokens=False)
 
 
 SSE_DOC = ("With `stream: true`: `text/event-stream`; every `data:` line holds one {} JSON "
@@ -117,11 +112,25 @@ SSE_DOC = ("With `stream: true`: `text/event-stream`; every `data:` line holds o
 class OpenAIController(Controller):
     path = "/v1"
     tags = ("OpenAI-compatible API",)
+    before_request = json_depth_guard  # 100,000 nested `[` get a 400, not a RecursionError
+
+    def _card(self, s: Services) -> ModelCard:
+        return ModelCard(s.config.model_name, int(s.started), s.context_limit)
 
     @get("/models", summary="The model this server serves")
     async def models(self, request: Request[Any, Any, Any]) -> ModelList:
+        return ModelList([self._card(services(request))])
+
+    @get("/models/{model_id:path}", summary="One model, by id",
+         responses=error_docs(404))
+    async def model(self, request: Request[Any, Any, Any], model_id: str) -> ModelCard:
         s = services(request)
-        return ModelList([ModelCard(s.config.model_name, int(s.started), s.context_limit)])
+        model_id = model_id.lstrip("/")
+        if model_id != s.config.model_name:
+            raise APIError(f"the model {model_id!r} does not exist; this server serves "
+                           f"{s.config.model_name!r}", 404, param="model",
+                           code="model_not_found")
+        return self._card(s)
 
     @post("/chat/completions", status_code=200, summary="Chat completion (streaming or not)",
           description=SSE_DOC.format("ChatCompletionChunk"),
@@ -140,22 +149,29 @@ class OpenAIController(Controller):
                            param="messages") from exc
         max_tokens = data.max_tokens if data.max_tokens is not None else \
             data.max_completion_tokens
-        handle = await _submit(request, s, ids, data, s.config.default_max_tokens, max_tokens)
-        cid, created, model = f"chatcmpl-{handle.id}", int(time.time()), data.model
+        handles = _submit(request, s, ids, data, s.config.default_max_tokens, max_tokens)
+        shape = ChatShape((data.top_logprobs or 0) if data.logprobs else None,
+                          token_texts(s.tokenizer))
+        cid, created, model = f"chatcmpl-{handles[0].id}", int(time.time()), data.model
         if data.stream:
-            def chunk(text: str | None, finish: str | None, usage: UsageInfo | None) -> Any:
-                choices = [] if usage else [ChatChunkChoice(0, ChatDelta(content=text), finish)]
-                return ChatCompletionChunk(cid, created, model, choices, usage=usage)
-            first = ChatCompletionChunk(cid, created, model,
-                                        [ChatChunkChoice(0, ChatDelta("assistant", ""))])
+            def render(index: int, event: Any) -> list[Any]:
+                if isinstance(event, UsageInfo):
+                    return [ChatCompletionChunk(cid, created, model, [], CHUNK, event)]
+                choice = shape.end(index, event) if isinstance(event, FinalEvent) \
+                    else shape.delta(index, event)
+                return [] if choice is None else \
+                    [ChatCompletionChunk(cid, created, model, [choice], CHUNK)]
+            first = [ChatCompletionChunk(cid, created, model,
+                                         [ChatChunkChoice(i, ChatDelta("assistant", ""))], CHUNK)
+                     for i in range(len(handles))]
             include = bool(data.stream_options and data.stream_options.include_usage)
-            return event_stream(lambda shutdown: stream(handle, chunk, include, shutdown, first),
-                                _headers(handle))
-        final = await collect(request, handle)
+            return event_stream(lambda shutdown: stream(handles, render, include, shutdown,
+                                                        first), _headers(handles))
+        finals = await collect_all(request, handles, _error)
         body = ChatCompletion(cid, created, model,
-                              [ChatChoice(0, AssistantMessage("assistant", handle.text),
-                                          final.finish_reason)], usage_info(final))
-        return Response(body, headers=_headers(handle))  # type: ignore[return-value]
+                              [shape.choice(i, h, f) for i, (h, f) in
+                               enumerate(zip(handles, finals))], usage_of(finals))
+        return Response(body, headers=_headers(handles))  # type: ignore[return-value]
 
     @post("/completions", status_code=200, summary="Text completion (streaming or not)",
           description=SSE_DOC.format("Completion"),
@@ -167,17 +183,27 @@ class OpenAIController(Controller):
         s = services(request)
         check_model(data, s.config.model_name)
         ids = await anyio.to_thread.run_sync(check_completion, data, s.tokenizer)
-        handle = await _submit(request, s, ids, data, 16, data.max_tokens)
-        cid, created, model = f"cmpl-{handle.id}", int(time.time()), data.model
+        handles = _submit(request, s, ids, data, 16, data.max_tokens)
+        shape = CompletionShape(ids, _prompt_text(data, ids, s.tokenizer) if data.echo else "",
+                                data.echo, data.logprobs, token_texts(s.tokenizer))
+        cid, created, model = f"cmpl-{handles[0].id}", int(time.time()), data.model
         if data.stream:
-            def chunk(text: str | None, finish: str | None, usage: UsageInfo | None) -> Any:
-                choices = [] if usage else [CompletionChoice(0, text or "", finish)]
-                return Completion(cid, created, model, choices, usage=usage)
+            def render(index: int, event: Any) -> list[Any]:
+                if isinstance(event, UsageInfo):
+                    return [Completion(cid, created, model, [], TEXT, event)]
+                if isinstance(event, FinalEvent):
+                    choices = [shape.end(index, event)]
+                else:
+                    assert isinstance(event, TextDelta)
+                    choices = shape.deltas(index, event)
+                return [Completion(cid, created, model, [c], TEXT) for c in choices]
+            first = [Completion(cid, created, model, [c], TEXT) for i in range(len(handles))
+                     if (c := shape.echo_first(i)) is not None]
             include = bool(data.stream_options and data.stream_options.include_usage)
-            return event_stream(lambda shutdown: stream(handle, chunk, include, shutdown),
-                                _headers(handle))
-        final = await collect(request, handle)
+            return event_stream(lambda shutdown: stream(handles, render, include, shutdown,
+                                                        first), _headers(handles))
+        finals = await collect_all(request, handles, _error)
         body = Completion(cid, created, model,
-                          [CompletionChoice(0, handle.text, final.finish_reason)],
-                          usage=usage_info(final))
-        return Response(body, headers=_headers(handle))  # type: ignore[return-value]
+                          [shape.choice(i, h, f) for i, (h, f) in
+                           enumerate(zip(handles, finals))], TEXT, usage_of(finals))
+        return Response(body, headers=_headers(handles))  # type: ignore[return-value]

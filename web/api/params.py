@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine import RequestError, SamplingParams, Tokenizer
+from engine import MAX_LOGPROBS, SEED_MAX, SEED_MIN, RequestError, SamplingParams, Tokenizer
 from web.api.errors import APIError, unsupported
 from web.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from web.config import WebConfig
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MAX_N = 16  # choices per request; each is one engine request, counted by per-user limits
 
 
 def check_model(body: SamplingFields, model_name: str) -> None:
@@ -18,8 +19,11 @@ def check_model(body: SamplingFields, model_name: str) -> None:
 
 
 def _check_common(body: SamplingFields) -> None:
-    if body.n not in (None, 1):
-        raise unsupported("n", "n > 1 (several choices)")
+    if body.n is not None and not 1 <= body.n <= MAX_N:
+        raise APIError(f"n must be within [1, {MAX_N}], got {body.n}", param="n")
+    if body.seed is not None and not SEED_MIN <= body.seed <= SEED_MAX:
+        raise APIError(f"seed must be an integer within [{SEED_MIN}, {SEED_MAX}], got "
+                       f"{body.seed}", param="seed")
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(body, name) not in (None, 0, 0.0):
             raise unsupported(name)
@@ -30,8 +34,12 @@ def _check_common(body: SamplingFields) -> None:
 def check_chat(body: ChatCompletionRequest, config: WebConfig) -> list[dict[str, str]]:
     """Validate what only chat completions have; return the messages as template input."""
     _check_common(body)
-    if body.logprobs or body.top_logprobs:
-        raise unsupported("logprobs")
+    if body.top_logprobs is not None:
+        if not 0 <= body.top_logprobs <= MAX_LOGPROBS:
+            raise APIError(f"top_logprobs must be within [0, {MAX_LOGPROBS}], got "
+                           f"{body.top_logprobs}", param="top_logprobs")
+        if not body.logprobs:
+            raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
     for name in ("tools", "functions"):
         if getattr(body, name):
             raise unsupported(name, "tool and function calling")
@@ -68,14 +76,16 @@ def check_chat(body: ChatCompletionRequest, config: WebConfig) -> list[dict[str,
 def check_completion(body: CompletionRequest, tokenizer: Tokenizer) -> list[int]:
     """Validate what only completions have; return the prompt ids."""
     _check_common(body)
-    if body.echo:
-        raise unsupported("echo")
     if body.suffix:
         raise unsupported("suffix")
     if body.best_of not in (None, 1):
         raise unsupported("best_of", "best_of > 1")
-    if body.logprobs:
-        raise unsupported("logprobs")
+    if body.logprobs is not None and not 0 <= body.logprobs <= MAX_LOGPROBS:
+        raise APIError(f"logprobs must be within [0, {MAX_LOGPROBS}], got {body.logprobs}",
+                       param="logprobs")
+    if body.max_tokens == 0 and not body.echo:
+        raise APIError("max_tokens 0 is allowed only with echo (to score the prompt)",
+                       param="max_tokens")
     prompt: Any = body.prompt
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         if len(prompt) != 1:
@@ -96,8 +106,22 @@ def check_completion(body: CompletionRequest, tokenizer: Tokenizer) -> list[int]
     return ids
 
 
+def logprob_fields(body: SamplingFields) -> tuple[int | None, int | None]:
+    """(output logprobs, prompt logprobs) the engine computes for `body`: None = none."""
+    if isinstance(body, ChatCompletionRequest):
+        return (body.top_logprobs or 0 if body.logprobs else None), None
+    assert isinstance(body, CompletionRequest)
+    prompt = body.logprobs if body.echo else None
+    if body.echo and body.max_tokens == 0 and prompt is None:
+        prompt = 0  # a prefill-only request must score something; nothing shows it
+    return body.logprobs, prompt
+
+
 def sampling_params(body: SamplingFields, config: WebConfig, prompt_len: int,
-                    context_limit: int, default_max: int, max_tokens: int | None) -> SamplingParams:
+                    context_limit: int, default_max: int, max_tokens: int | None,
+                    choice: int = 0) -> SamplingParams:
+    """The engine's parameters for choice number `choice` of `body` (choices get seeds
+    seed, seed + 1, ... so that n > 1 with a seed gives n different, reproducible samples)."""
     if max_tokens is not None and max_tokens > config.max_tokens_limit:
         raise APIError(f"max_tokens is {max_tokens}, above this server's limit of "
                        f"{config.max_tokens_limit}", param="max_tokens")
@@ -111,14 +135,19 @@ def sampling_params(body: SamplingFields, config: WebConfig, prompt_len: int,
     top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
     if body.top_k is not None and body.top_k < -1:
         raise APIError(f"top_k must be -1, 0 or positive, got {body.top_k}", param="top_k")
+    seed = body.seed
+    if seed is not None and choice:
+        seed = seed + choice if seed + choice <= SEED_MAX else seed - choice
+    logprobs, prompt_logprobs = logprob_fields(body)
     try:
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=1.0 if body.temperature is None else float(body.temperature),
             top_p=1.0 if body.top_p is None else float(body.top_p), top_k=top_k,
-            seed=body.seed, stop=tuple(stop), ignore_eos=body.ignore_eos)
+            seed=seed, stop=tuple(stop), ignore_eos=body.ignore_eos, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs)
     except RequestError as exc:
         message = str(exc)
-        param = next((p for p in ("max_tokens", "temperature", "top_p", "top_k", "stop")
-                      if message.startswith(p)), None)
+        param = next((p for p in ("max_tokens", "temperature", "top_p", "top_k", "stop",
+                                  "seed", "logprobs") if message.startswith(p)), None)
         raise APIError(message, param=param) from exc

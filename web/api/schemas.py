@@ -5,7 +5,7 @@ Fields Ferry cannot honour are declared anyway, so that a request using them get
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from msgspec import Struct
@@ -85,11 +85,43 @@ class AssistantMessage(Struct):
     content: str
 
 
+class TopLogprob(Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(Struct):
+    """OpenAI's chat logprobs entry: the token, its log-probability, its UTF-8 bytes."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(Struct):
+    content: list[ChatTokenLogprob] | None
+
+
+class CompletionLogprobs(Struct):
+    """Legacy completions' logprobs: parallel lists, one entry per token (prompt tokens first
+    with echo; the first prompt token's log-probability is null, nothing predicts it)."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+# finish_reason speaks OpenAI's vocabulary (stop, length); Ferry's own reason is kept beside it
+# (e.g. "cancelled", which OpenAI reports as "stop")
 class ChatChoice(Struct):
     index: int
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
+    ferry_finish_reason: str | None = None
 
 
 class ChatCompletion(Struct):
@@ -111,15 +143,17 @@ class ChatChunkChoice(Struct):
     index: int
     delta: ChatDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
+    ferry_finish_reason: str | None = None
 
 
+# `object` has no default in the two omit_defaults structs: a default would be left out
 class ChatCompletionChunk(Struct, omit_defaults=True):
     id: str
     created: int
     model: str
     choices: list[ChatChunkChoice]
-    object: str = "chat.completion.chunk"
+    object: Literal["chat.completion.chunk"]
     usage: UsageInfo | None = None
 
 
@@ -127,7 +161,8 @@ class CompletionChoice(Struct):
     index: int
     text: str
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
+    ferry_finish_reason: str | None = None
 
 
 class Completion(Struct, omit_defaults=True):
@@ -135,7 +170,7 @@ class Completion(Struct, omit_defaults=True):
     created: int
     model: str
     choices: list[CompletionChoice]
-    object: str = "text_completion"
+    object: Literal["text_completion"]
     usage: UsageInfo | None = None
 
 

@@ -1,0 +1,82 @@
+"""n choices of one API call: n engine requests, submitted together, read as one stream.
+
+Each choice is its own engine request (its own slot, KV and seed), so per-user limits and the
+queue bounds count every one; if one cannot be submitted, those already queued are cancelled.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+from litestar import Request
+
+from engine import FinalEvent, QueueFull, RequestError, RequestHandle, SamplingParams, TextDelta
+from web.access.identity import current_user
+from web.api.errors import APIError, from_engine
+from web.services import EngineUnavailable, Services
+from web.sse import until_disconnect
+
+
+def submit_all(request: Request[Any, Any, Any], s: Services, prompt_ids: list[int],
+               params: list[SamplingParams], param: str) -> list[RequestHandle]:
+    handles: list[RequestHandle] = []
+    try:
+        for p in params:
+            handles.append(s.submit(current_user(request), prompt_ids, p, "api"))
+    except (RequestError, QueueFull, EngineUnavailable) as exc:
+        for handle in handles:
+            handle.cancel()
+        raise from_engine(exc, param) from exc
+    return handles
+
+
+def cancel_all(handles: list[RequestHandle]) -> None:
+    for handle in handles:
+        if handle.final is None:
+            handle.cancel()
+
+
+async def merge(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, TextDelta | FinalEvent]]:
+    """Every handle's events as they come, tagged with the handle's index (its choice)."""
+    iters = [aiter(h) for h in handles]
+    pending = {asyncio.ensure_future(anext(it)): i for i, it in enumerate(iters)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=pending.__getitem__):
+                i = pending.pop(task)
+                try:
+                    event = task.result()
+                except StopAsyncIteration:
+                    continue
+                pending[asyncio.ensure_future(anext(iters[i]))] = i
+                yield i, event
+    finally:
+        for task in pending:
+            task.cancel()
+
+
+async def collect_all(request: Request[Any, Any, Any], handles: list[RequestHandle],
+                      on_error: Callable[[FinalEvent], APIError]) -> list[FinalEvent]:
+    """Run every choice to its end; a client that goes away cancels all of them; a choice
+    that fails fails the call (the others are cancelled)."""
+    finals: list[FinalEvent | None] = [None] * len(handles)
+    async with anyio.create_task_group() as tg:
+        async def watch() -> None:
+            await until_disconnect(request)
+            cancel_all(handles)
+        tg.start_soon(watch)
+        try:
+            async for i, event in merge(handles):
+                if isinstance(event, FinalEvent):
+                    finals[i] = event
+        finally:
+            cancel_all(handles)
+        tg.cancel_scope.cancel()
+    for final in finals:
+        assert final is not None
+        if final.finish_reason == "error":
+            raise on_error(final)
+    return [f for f in finals if f is not None]
