@@ -32,6 +32,8 @@
     var button = form.querySelector("button.send");
     button.setAttribute("aria-label", busy ? "Stop" : "Send");
     button.title = busy ? "Stop the reply (Esc)" : "Send (Enter)";
+    var mark = document.querySelector("#conversations .conv.active .live-dot");
+    if (mark && !busy) mark.remove();
   }
 
   function stopReply() {

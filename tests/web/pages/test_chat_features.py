@@ -95,6 +95,7 @@ def test_reply_keeps_growing_on_the_dashboard_then_continue(server: Any, page: A
         assert done.completion_tokens == 120 and done.ended == "cut at the 120-token limit"
         page.goto(f"{server.url}/c/{cid}")
         reply = wait_done(page)
+        assert page.locator("#conversations .live-dot").count() == 0
         figures = reply.locator(".figures").inner_text()
         assert "cut at the 120-token limit" in figures and "tokens/s" in figures
         assert "first token after" in figures and "120 tokens" in figures
@@ -263,6 +264,9 @@ def test_code_copy_settings_rename_search(server: Any, page: Any, waiter: Any, i
     page.fill(".sidebar .search", "no such words zzq")
     waiter(lambda: "No conversation matches" in page.inner_text("#conversations"), 10,
            message="no hit")
+    page.focus("#composer textarea")
+    page.keyboard.press("Control+Shift+O")  # the New chat shortcut
+    page.wait_for_url(server.url + "/")
     idle_check(server.engine)
 
 
@@ -278,9 +282,18 @@ def test_export_import_and_long_history(server: Any, page: Any, waiter: Any, idl
         "format": "ferry-conversation", "version": 1, "title": "A long one",
         "settings": {"max_tokens": 8, "system_prompt": "Be helpful."}, "messages": turns})
     assert page.locator("#messages article.msg").count() == 8
+    # what the waiting bubble said, in order (a ~1500-token prompt is read in 256-token chunks)
+    page.evaluate("""() => { window.__said = [];
+        new MutationObserver(() => document.querySelectorAll('.queue-status').forEach(e => {
+            if (window.__said.at(-1) !== e.textContent) window.__said.push(e.textContent); }))
+        .observe(document.getElementById('messages'),
+                 {childList: true, subtree: true, characterData: true}); }""")
     # 8 messages of ~600 tokens do not fit 2048: the oldest are left out, with a note
     send(page, "Summarise.")
     reply = wait_done(page, 5)
+    said = page.evaluate("window.__said")
+    assert any(re.fullmatch(r"Reading your message: chunk \d of [67] \(\d+ of \d+ tokens\)", t)
+               for t in said), said
     note = reply.locator(".note").inner_text()
     assert re.search(r"the \d+ oldest messages were left out to fit the 2048-token context", note)
     assert store.messages(cid)[-1].status == "complete"
