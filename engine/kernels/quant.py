@@ -10,6 +10,8 @@ multiplies them, slowly, never holding the whole float weight.
 from __future__ import annotations
 
 import ctypes
+import functools
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,10 +30,10 @@ _TYPES: dict[int, tuple[str, int, int]] = {
 }
 QUANTIZABLE = (Q8_0, Q4_0)  # what quantize() writes
 
-# Rows at or above this go to dequantized tiles + torch's matmul when that is faster than the
-# int8 kernels (float weights only: the block types stay on the int8 path at any row count).
-_FLOAT_TORCH_ROWS = 8
-_TILE_ELEMS = 1 << 21  # float32 values per dequantized tile (8 MiB) on the torch paths
+# From this many rows on (prefill, big decode rounds), tiles of W dequantized into the cache
+# and torch's matmul beat the int8 kernels, whose cost grows with every row.
+MANY_ROWS = 16
+_TILE_ELEMS = 1 << 18  # values per dequantized tile: within the L2 cache
 _EQUANT = -2
 
 
@@ -146,8 +148,10 @@ def quant_matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = No
     lib = _lib()
     if w.qtype == F32:  # the bytes are the float matrix: torch reads them in place
         return torch.nn.functional.linear(x, _float_view(w), bias)
-    if lib is None or (w.qtype in (F16, BF16) and rows >= _FLOAT_TORCH_ROWS):
+    if lib is None:
         return _tiled_matmul(x, w, bias)
+    if rows >= MANY_ROWS:
+        return _tiled_matmul(x, w, bias, tile_dtype())
     if x.stride(1) != 1:
         x = x.contiguous()
     bias = None if bias is None else bias.contiguous()
@@ -159,38 +163,79 @@ def quant_matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = No
     return y
 
 
+@functools.cache
+def tile_dtype() -> torch.dtype:
+    """bfloat16 tiles where the CPU multiplies bf16 in AMX tiles (several times float32's
+    speed there; products then round to bf16 as Ferry's bf16 mode does), else float32."""
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return torch.bfloat16 if amx is not None and amx() else torch.float32
+
+
 def _float_view(w: QuantWeight) -> torch.Tensor:
     return w.data.view(torch.float32).view(w.out_features, w.in_features)
 
 
-def _tiled_matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
+def _tiled_matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Dequantize tiles of W's rows (in `dtype`) into one reused buffer that stays in cache,
+    and let torch multiply each; the whole float weight never exists."""
     y = torch.empty(x.shape[0], w.out_features, dtype=torch.float32)
+    xt = x.to(dtype)
     step = max(1, _TILE_ELEMS // w.in_features)
+    buf = _tile_buffer(step * w.in_features, dtype)
+    lib = _lib()
     for o in range(0, w.out_features, step):
-        ids = torch.arange(o, min(o + step, w.out_features))
-        tile = dequantize_rows(w, ids)  # [step, in]
-        torch.matmul(x, tile.T, out=y[:, o:o + step])
+        n = min(step, w.out_features - o)
+        tile = buf[:n * w.in_features].view(n, w.in_features)  # [n, in]
+        if lib is None:
+            tile.copy_(dequantize_rows(w, torch.arange(o, o + n), dtype))
+        else:
+            part = native.struct("ferry_weight")(w.qtype, 0, w.data[o].data_ptr(), w.in_features,
+                                                 n, w.data.shape[1])
+            _check(lib.ferry_qdequantize(ctypes.addressof(part), None, n, tile.data_ptr(),
+                                         0 if dtype == torch.float32 else 1), "dequantize")
+        if dtype == torch.float32:
+            torch.matmul(xt, tile.T, out=y[:, o:o + n])
+        else:
+            y[:, o:o + n] = torch.matmul(xt, tile.T)
     if bias is not None:
         y += bias
     return y
 
 
+_tiles = threading.local()
+
+
+def _tile_buffer(n: int, dtype: torch.dtype) -> torch.Tensor:
+    """A per-thread scratch tile, reused across calls (a fresh one would page-fault)."""
+    key = f"buf_{dtype}".replace(".", "_")
+    buf = getattr(_tiles, key, None)
+    if buf is None or buf.numel() < n:
+        buf = torch.empty(n, dtype=dtype)
+        setattr(_tiles, key, buf)
+    return buf
+
+
 def dequantize(w: QuantWeight) -> torch.Tensor:
     """float32 [out, in], bit for bit gguf-py's dequantize."""
-    return _dequantize(w, None)
+    return _dequantize(w, None, torch.float32)
 
 
-def dequantize_rows(w: QuantWeight, ids: torch.Tensor) -> torch.Tensor:
-    """Embedding lookup: int64 ids [n] -> float32 [n, in]; only those rows are decoded."""
+def dequantize_rows(w: QuantWeight, ids: torch.Tensor, dtype: torch.dtype = torch.float32
+                    ) -> torch.Tensor:
+    """Embedding lookup: int64 ids [n] -> [n, in] float32 (exact) or bfloat16 (rounded to
+    nearest even); only those rows are decoded."""
     if ids.dim() != 1:
         raise ValueError(f"dequantize_rows: ids must be 1-D, got {list(ids.shape)}")
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"dequantize_rows: dtype float32 or bfloat16, not {dtype}")
     ids = ids.to(torch.int64).contiguous()
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= w.out_features):
         raise ValueError(f"dequantize_rows: ids must lie in [0, {w.out_features})")
-    return _dequantize(w, ids)
+    return _dequantize(w, ids, dtype)
 
 
-def _dequantize(w: QuantWeight, ids: torch.Tensor | None) -> torch.Tensor:
+def _dequantize(w: QuantWeight, ids: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     n = w.out_features if ids is None else ids.numel()
     lib = _lib()
     if lib is None:
@@ -198,11 +243,13 @@ def _dequantize(w: QuantWeight, ids: torch.Tensor | None) -> torch.Tensor:
 
         rows = w.data if ids is None else w.data[ids]
         out = gguf.quants.dequantize(rows.numpy(), gguf.GGMLQuantizationType(w.qtype))
-        return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).view(n, w.in_features)
-    out = torch.empty(n, w.in_features, dtype=torch.float32)
+        out = np.array(out, dtype=np.float32, copy=True)  # never a view of the weight's bytes
+        return torch.from_numpy(out).view(n, w.in_features).to(dtype)
+    out = torch.empty(n, w.in_features, dtype=dtype)
     cw = _c(w)
     _check(lib.ferry_qdequantize(ctypes.addressof(cw), None if ids is None else ids.data_ptr(),
-                                 n, out.data_ptr()), "dequantize")
+                                 n, out.data_ptr(), 0 if dtype == torch.float32 else 1),
+           "dequantize")
     return out
 
 

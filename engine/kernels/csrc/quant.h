@@ -25,8 +25,9 @@ typedef struct {
 int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w,
                   const float *bias, float *y, int64_t y_stride);
 
-/* out[k] = float32 row ids[k] of W ([n, in]); ids NULL: rows 0..n-1 */
-int ferry_qdequantize(const ferry_weight *w, const int64_t *ids, int64_t n, float *out);
+/* out[k] = row ids[k] of W ([n, in]), dt FERRY_F32 (exact) or FERRY_BF16 (rounded to nearest
+ * even); ids NULL: rows 0..n-1 */
+int ferry_qdequantize(const ferry_weight *w, const int64_t *ids, int64_t n, void *out, int dt);
 
 /* float32 x [rows, in] -> rows of Q8_0 or Q4_0 blocks at out, bit for bit gguf-py's quantize */
 int ferry_qquantize(const float *x, int64_t rows, int64_t in, int qtype, void *out);

@@ -81,6 +81,11 @@ Q_DOTS(plain)
 #define Q_HAVE_AVX2 1
 Q_DOTS(avx2)
 Q_DOTS(vnni)
+int q_deq_row_avx2(int qt, const uint8_t *src, int64_t in, float *dst);
+void q_to_bf16_avx2(const float *src, int64_t n, uint16_t *dst);
 #endif
+
+/* the dot products' path in force (0 plain, 1 AVX2, 2 AVX-VNNI; ferry_qpath caps it) */
+int q_active_path(void);
 
 #endif /* FERRY_QUANT_IMPL_H */

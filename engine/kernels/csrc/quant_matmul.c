@@ -47,8 +47,10 @@ int ferry_qpath(int cap) {
     return cpu_path() < path_cap ? cpu_path() : path_cap;
 }
 
+int q_active_path(void) { return cpu_path() < path_cap ? cpu_path() : path_cap; }
+
 static qdot_fn pick(const qtype_info *info) {
-    int p = cpu_path() < path_cap ? cpu_path() : path_cap;
+    int p = q_active_path();
     if (p == 2 && info->vnni) return info->vnni;
     if (p >= 1 && info->avx2) return info->avx2;
     return info->plain;

@@ -9,6 +9,8 @@
 #ifdef Q_HAVE_AVX2
 #include <immintrin.h>
 
+#define QS_CAT(a, b) a##b
+#define QS_CAT2(a, b) QS_CAT(a, b)
 #define TGT __attribute__((target(QS_TARGET)))
 #define INL static inline __attribute__((always_inline)) TGT
 #define ROW(act, astride, r) ((const char *)(act) + (int64_t)(r) * (astride))
@@ -236,9 +238,94 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
     for (int r = 0; r < R; r++) out[r] = hsum(acc[r]);
 }
 
+#if !QS_VNNI
+/* --- dequantization of one row (AVX2 only: it has no dot product to speed up) ---------- */
+/* 32 signed bytes -> 32 floats d * q (+ m): the same float32 multiply (and add) as gguf-py */
+INL void store32(float *o, __m256i q, __m256 d, __m256 m, int add_m) {
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int k = 0; k < 4; k++) {
+        __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])));
+        _mm256_storeu_ps(o + 8 * k, add_m ? _mm256_add_ps(v, m) : v);
+    }
+}
+
+/* the same with the min subtracted (K-quants: d1 * q - m1) */
+INL void store32_sub(float *o, __m256i q, __m256 d, __m256 m) {
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int k = 0; k < 4; k++) {
+        __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])));
+        _mm256_storeu_ps(o + 8 * k, _mm256_sub_ps(v, m));
+    }
+}
+
+/* returns 0 where the type has no AVX2 decoder here (the caller's plain loop runs) */
+TGT int QS_CAT2(q_deq_row_, QS_SUFFIX)(int qt, const uint8_t *src, int64_t in, float *dst) {
+    const __m256 zero = _mm256_setzero_ps();
+    switch (qt) {
+    case QT_Q4_0: case QT_Q5_0: case QT_Q8_0: case QT_Q4_1: {
+        int bytes = qt == QT_Q4_0 ? 18 : qt == QT_Q5_0 ? 22 : qt == QT_Q8_0 ? 34 : 20;
+        for (int64_t b = 0; b < in / 32; b++) {
+            const uint8_t *k = src + b * bytes;
+            __m256 m = qt == QT_Q4_1 ? _mm256_set1_ps(f16(k + 2)) : zero;
+            store32(dst + 32 * b, decode32(k, qt), _mm256_set1_ps(f16(k)), m, qt == QT_Q4_1);
+        }
+        return 1;
+    }
+    case QT_Q4_K: case QT_Q5_K: {
+        const int five = qt == QT_Q5_K, bytes = five ? 176 : 144;
+        const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+        for (int64_t b = 0; b < in / 256; b++) {
+            const uint8_t *k = src + b * bytes, *qs = k + (five ? 48 : 16);
+            float d = f16(k), dmin = f16(k + 2);
+            uint8_t sc[8], mn[8];
+            q_scale_min_k4(k + 4, sc, mn);
+            __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(k + 16)) : _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++) {
+                __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+                __m256i lo = _mm256_and_si256(bits, m4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                if (five) {
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(
+                        _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c), one), 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(
+                        _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c + 1), one), 4));
+                }
+                float *o = dst + 256 * b + 64 * c;
+                store32_sub(o, lo, _mm256_set1_ps(d * (float)sc[2 * c]),
+                            _mm256_set1_ps(dmin * (float)mn[2 * c]));
+                store32_sub(o + 32, hi, _mm256_set1_ps(d * (float)sc[2 * c + 1]),
+                            _mm256_set1_ps(dmin * (float)mn[2 * c + 1]));
+            }
+        }
+        return 1;
+    }
+    default: return 0;
+    }
+}
+
+/* 8 floats -> 8 bfloat16, rounded to nearest even (finite values; NaN is not quieted) */
+INL __m128i bf16x8(__m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    u = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+}
+
+TGT void QS_CAT2(q_to_bf16_, QS_SUFFIX)(const float *src, int64_t n, uint16_t *dst) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(src + i);
+        __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+        if (!_mm256_testz_ps(nan, nan)) break; /* the scalar loop quiets NaNs */
+        _mm_storeu_si128((__m128i *)(dst + i), bf16x8(v));
+    }
+    for (; i < n; i++) dst[i] = ferry_f32_to_bf16(src[i]);
+}
+#endif /* !QS_VNNI */
+
 /* entry points: R is a compile-time constant in each case, so the row loops unroll */
-#define QS_CAT(a, b) a##b
-#define QS_CAT2(a, b) QS_CAT(a, b)
 #define ENTRY(name, body)                                                                    \
     TGT void name(const uint8_t *w, int64_t nb, const void *act, int64_t astride, int R,      \
                   float *out) {                                                              \

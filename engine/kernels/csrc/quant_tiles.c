@@ -5,6 +5,9 @@
 
 static void row_f32(int qt, const uint8_t *src, int64_t in, float *dst) {
     int64_t nb;
+#ifdef Q_HAVE_AVX2
+    if (q_active_path() >= 1 && q_deq_row_avx2(qt, src, in, dst)) return;
+#endif
     switch (qt) {
     case QT_F32: memcpy(dst, src, (size_t)in * 4); return;
     case QT_F16:
@@ -100,18 +103,41 @@ static void row_f32(int qt, const uint8_t *src, int64_t in, float *dst) {
     }
 }
 
-int ferry_qdequantize(const ferry_weight *w, const int64_t *ids, int64_t n, float *out) {
+int ferry_qdequantize(const ferry_weight *w, const int64_t *ids, int64_t n, void *out, int dt) {
     const qtype_info *info = q_info(w->qtype);
-    if (!info || w->in <= 0 || w->in % info->block != 0 ||
+    if (!info || w->in <= 0 || w->in % info->block != 0 || (dt != FERRY_F32 && dt != FERRY_BF16) ||
         w->row_bytes != w->in / info->block * info->bytes)
         return FERRY_EQUANT;
     for (int64_t k = 0; k < n; k++)
         if (ids && (ids[k] < 0 || ids[k] >= w->out)) return FERRY_EQUANT;
     if (!ids && n > w->out) return FERRY_EQUANT;
-#pragma omp parallel for schedule(static) if (n >= 16)
-    for (int64_t k = 0; k < n; k++) {
-        int64_t o = ids ? ids[k] : k;
-        row_f32(w->qtype, (const uint8_t *)w->data + o * w->row_bytes, w->in, out + k * w->in);
+    int failed = 0;
+#pragma omp parallel if (n >= 16)
+    {
+        float *tmp = dt == FERRY_BF16 ? (float *)malloc((size_t)w->in * sizeof(float)) : NULL;
+        if (dt == FERRY_BF16 && !tmp) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t k = 0; k < n; k++) {
+            int64_t o = ids ? ids[k] : k;
+            const uint8_t *src = (const uint8_t *)w->data + o * w->row_bytes;
+            if (dt == FERRY_F32) {
+                row_f32(w->qtype, src, w->in, (float *)out + k * w->in);
+            } else if (tmp) { /* bfloat16 tiles for torch's bf16 matmul, rounded to nearest even */
+                row_f32(w->qtype, src, w->in, tmp);
+                uint16_t *dst = (uint16_t *)out + k * w->in;
+#ifdef Q_HAVE_AVX2
+                if (q_active_path() >= 1) {
+                    q_to_bf16_avx2(tmp, w->in, dst);
+                    continue;
+                }
+#endif
+                for (int64_t i = 0; i < w->in; i++) dst[i] = ferry_f32_to_bf16(tmp[i]);
+            }
+        }
+        free(tmp);
     }
-    return FERRY_OK;
+    return failed ? FERRY_ENOMEM : FERRY_OK;
 }

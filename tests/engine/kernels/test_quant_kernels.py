@@ -113,6 +113,13 @@ def emulate_activations(x: np.ndarray, qtype: int) -> np.ndarray:
 
 def check_product(w: QuantWeight, x: torch.Tensor, y: torch.Tensor) -> None:
     wd = gguf_dequant(w).astype(np.float64)
+    if w.qtype != quant.F32 and x.shape[0] >= quant.MANY_ROWS:  # dequantized tiles x torch
+        ref = x.numpy().astype(np.float64) @ wd.T
+        scale = np.abs(x.numpy()) @ np.abs(wd).T
+        tol = 1e-5 if quant.tile_dtype() == torch.float32 else 8e-3  # bf16: 2^-8 per product
+        err = np.abs(y.numpy() - ref)
+        assert (err <= tol * scale).all(), f"{w.type_name}: worst {(err / scale).max():.2e}"
+        return
     xh = emulate_activations(x.numpy(), w.qtype)
     ref, scale = xh @ wd.T, np.abs(xh) @ np.abs(wd).T
     err = np.abs(y.numpy() - ref)
@@ -122,7 +129,7 @@ def check_product(w: QuantWeight, x: torch.Tensor, y: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=quant.type_name)
-def test_dequantize_is_exactly_gguf_py(qtype: int) -> None:
+def test_dequantize_is_exactly_gguf_py(qtype: int, path: str) -> None:
     rng = np.random.default_rng(qtype)
     w = random_weight(qtype, 9, 512, rng)
     ref = gguf_dequant(w)
@@ -131,11 +138,31 @@ def test_dequantize_is_exactly_gguf_py(qtype: int) -> None:
     np.testing.assert_array_equal(got.numpy(), ref)
     ids = torch.tensor([7, 0, 7, 3])
     np.testing.assert_array_equal(quant.dequantize_rows(w, ids).numpy(), ref[[7, 0, 7, 3]])
+    # bfloat16 tiles (the many-row path): torch's own rounding of the exact values
+    bf = quant.dequantize_rows(w, ids, torch.bfloat16)
+    assert bf.dtype == torch.bfloat16
+    assert torch.equal(bf, torch.from_numpy(ref[[7, 0, 7, 3]]).bfloat16())
+
+
+def use_product(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """quant_matmul's product for many rows: the int8 kernels, or torch on dequantized tiles"""
+    if mode == "int8":
+        monkeypatch.setattr(quant, "MANY_ROWS", 10**9)
+    else:
+        dtype = torch.float32 if mode == "tiles-f32" else torch.bfloat16
+        monkeypatch.setattr(quant, "tile_dtype", lambda: dtype)
+        monkeypatch.setattr(quant, "_TILE_ELEMS", 576 * 10)  # several tiles, one ragged
+
+
+PRODUCTS = [("int8", r) for r in (1, 2, 7, 16, 33, 64)] + [
+    ("tiles-f32", 16), ("tiles-f32", 33), ("tiles-bf16", 16), ("tiles-bf16", 64)]
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=quant.type_name)
-@pytest.mark.parametrize("rows", [1, 2, 7, 16, 33, 64])
-def test_product_matches_gguf_dequantized_float_product(qtype: int, rows: int) -> None:
+@pytest.mark.parametrize(("mode", "rows"), PRODUCTS)
+def test_product_matches_gguf_dequantized_float_product(
+        qtype: int, mode: str, rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    use_product(mode, monkeypatch)
     rng = np.random.default_rng(100 * qtype + rows)
     inn = 512 if qtype in (quant.Q4_K, quant.Q5_K, quant.Q6_K) else 576
     w = random_weight(qtype, 37, inn, rng)  # 37: a ragged count of output rows
