@@ -238,3 +238,17 @@ def test_fused_quantized_path_declines_float_projections(tiny_models, make_harne
     assert fused is not None
     x = torch.zeros(linear_kernels.NATIVE_DIRECT_ROWS + 1, 64)
     assert fused.run(x, x, x, ex.attn) is None  # too many rows: layer by layer
+
+
+@pytest.mark.model
+def test_fused_layers_on_the_default_gguf_give_the_same_logits(model_dir: Path, tiny_models,
+                                                               make_harness,
+                                                               monkeypatch) -> None:
+    # the real thing: SmolLM2's Q4_1 layers in their own blocks, one executor for both paths
+    # (each run writes every K/V it reads)
+    cfg = EngineConfig(page_size=16, kv_tokens=4096, max_running=8)
+    ex = ModelExecutor.from_pretrained(model_dir, cfg, threads=2, progress=False)
+    weight = ex.model.model.layers[0].self_attn.qkv_proj.weight
+    assert isinstance(weight, quant.QuantWeight) and weight.qtype == quant.Q4_1
+    harness_cls = type(make_harness(tiny_models["llama"].path))
+    _compare(ex, ex, harness_cls, monkeypatch)
