@@ -252,3 +252,37 @@ def test_fused_layers_on_the_default_gguf_give_the_same_logits(model_dir: Path, 
     assert isinstance(weight, quant.QuantWeight) and weight.qtype == quant.Q4_1
     harness_cls = type(make_harness(tiny_models["llama"].path))
     _compare(ex, ex, harness_cls, monkeypatch)
+
+
+def test_fused_layers_at_8_rows_and_more_agree_within_rounding(tiny_models, make_harness,
+                                                               monkeypatch) -> None:
+    # from 8 rows quant_matmul multiplies F16/BF16 weights as dequantized tiles with torch's
+    # matmul, the fused layer still with ferry_qmatmul: another summation order, so logits
+    # agree to 1e-5 (block types alone stay bit for bit: the Q8_0 model below)
+    path = tiny_models["qwen2"].path
+    harness_cls = type(make_harness(path))
+    calls = [0]
+    real = layer_ops.decode_layer
+
+    def counting(*args: Any, **kwargs: Any) -> None:
+        calls[0] += 1
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(layer_ops, "decode_layer", counting)
+    for weights, atol in ((_mixed, 1e-5), ("q8_0", 0.0)):
+        runs = []
+        for fused in (True, False):
+            calls[0] = 0
+            h = harness_cls(_quant_executor(path, weights))
+            if not fused:
+                h.executor.model.fused = None
+            rng = random.Random(3)
+            reqs = [h.new([rng.randrange(3, 300) for _ in range(2 + i)]) for i in range(11)]
+            h.prefill(reqs)
+            h.decode(reqs, 3)
+            assert calls[0] == (3 * h.executor.model.config.num_layers if fused else 0)
+            runs.append([h.logits[r.id] for r in reqs])
+        for f, p in zip(*runs):
+            assert f.keys() == p.keys() and len(f) == 4
+            for pos in f:
+                torch.testing.assert_close(f[pos], p[pos], atol=atol, rtol=0)
