@@ -1,47 +1,28 @@
 """The gateway: Engine's facade in front of upstream servers (design.md §10).
 
 One owner of the state: the server's event loop. submit, cancel and every upstream stream
-run on it, so the waiting queue, the in-flight sets and the upstreams' health change in one
-place; calls from other threads hop onto the loop. Requests wait in Ferry's queue (fair
-round-robin across users), go to the least-loaded upstream below its in-flight cap, and are
-retried on another upstream if one refuses before producing anything.
+run on it (web/gateway/core.py), so the waiting queue, the in-flight sets and the upstreams'
+health change in one place; calls from other threads hop onto the loop. Requests wait in
+Ferry's queue (fair round-robin across users), go to the least-loaded upstream below its
+in-flight cap, and are retried on another upstream if one refuses before producing anything.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
-import time
 import uuid
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 
-from engine import (
-    EngineSnapshot,
-    FinalEvent,
-    QueueFull,
-    RequestError,
-    RequestView,
-    SamplingParams,
-    TextDelta,
-    Timings,
-    Usage,
-)
-from web.gateway import queue as rules
+from engine import EngineSnapshot, QueueFull, RequestError, SamplingParams
 from web.gateway import views
-from web.gateway.client import Chunk, UpstreamError, abort, request_body, stream_chunks
-from web.gateway.config import GatewayConfig
+from web.gateway.core import GatewayCore
 from web.gateway.handle import GatewayHandle
 from web.gateway.queue import GatewayRequest
-from web.gateway.stats import GatewayStats
-from web.gateway.upstream import Upstream
 from web.services import EngineUnavailable
-
-log = logging.getLogger(__name__)
-TICK = 0.25  # seconds between the gateway's own looks (down-wait deadlines)
-FINISH = {"stop": "stop", "length": "length", "abort": "cancelled", "cancelled": "cancelled"}
 
 
 class UpstreamsDown(EngineUnavailable):
@@ -65,32 +46,7 @@ class GatewayLimits:
     max_prefill_tokens: int = 0
 
 
-class Gateway:
-    def __init__(self, config: GatewayConfig, model_name: str = "default") -> None:
-        self.gateway_config = config
-        self.model_name = model_name
-        self.admission = config.admission
-        self.upstreams = [Upstream(u) for u in config.upstreams]
-        self.waiting: list[GatewayRequest] = []  # by arrival
-        self.live: dict[str, GatewayRequest] = {}
-        self.last_served: dict[str, int] = {}  # owner -> dispatch tick of its last request
-        self._tick = 0
-        self._stats = GatewayStats()
-        self._finished: deque[RequestView] = deque(maxlen=64)
-        self._per_owner: dict[str, int] = {}
-        self._lock = threading.Lock()  # guards live/_per_owner for calls off the loop
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
-        self._client: httpx.AsyncClient | None = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self._dirty = True
-        self._snapshot: EngineSnapshot | None = None
-        self._view: views.GatewayView | None = None
-        self._idle = threading.Event()
-        self._idle.set()
-        self.last_error: str | None = None
-        self.dispatch_log: deque[tuple[str, str, str]] = deque(maxlen=256)  # (id, owner, up)
-
+class Gateway(GatewayCore):
     # -- lifecycle (start on the loop; stop from any thread) ---------------------------------
     def start(self) -> Gateway:
         self._loop = asyncio.get_running_loop()
@@ -213,16 +169,9 @@ class Gateway:
         assert self._view is not None
         return self._view
 
-    def down_message(self) -> str:
-        parts = [f"{u.name} down since {time.strftime('%H:%M:%S', time.localtime(u.since))}"
-                 + (f" ({u.error})" if u.error else "") for u in self.upstreams]
-        n = len(self.upstreams)
-        head = "the upstream is down" if n == 1 else f"all {n} upstreams are down"
-        return f"{head}: {'; '.join(parts)}. Try again in a few seconds."
-
     # -- on the loop -------------------------------------------------------------------------
-    def _on_loop(self, fn: object) -> None:
-        assert self._loop is not None and callable(fn)
+    def _on_loop(self, fn: Callable[[], None]) -> None:
+        assert self._loop is not None
         if threading.get_ident() == self._loop_thread:
             fn()
         else:
@@ -231,198 +180,3 @@ class Gateway:
     def _set_admission(self, admission: str) -> None:
         self.admission = admission
         self._changed()
-
-    def _changed(self) -> None:
-        self._dirty = True
-
-    def _enqueue(self, req: GatewayRequest) -> None:
-        if req.state != "waiting" or req.id not in self.live:
-            return  # cancelled before it reached the loop
-        self.waiting.append(req)
-        self._pump()
-
-    def _plan(self) -> rules.Plan:
-        in_flight: dict[str, int] = {}
-        for r in self.live.values():
-            if r.state == "running":
-                in_flight[r.owner] = in_flight.get(r.owner, 0) + 1
-        return rules.plan(self.waiting, self.admission, self.last_served, in_flight,
-                          self.gateway_config.user_in_flight)
-
-    def _pump(self) -> None:
-        """Send waiting requests to upstreams while any has room."""
-        while self.waiting:
-            order = self._plan().order
-            if not order:
-                break
-            req = order[0]
-            up = rules.choose_upstream(self.upstreams, req.tried)
-            if up is None:
-                break
-            self._dispatch(req, up)
-        self._changed()
-
-    def _dispatch(self, req: GatewayRequest, up: Upstream) -> None:
-        assert self._loop is not None
-        self.waiting.remove(req)
-        self._tick += 1
-        self.last_served[req.owner] = self._tick
-        req.state, req.upstream, req.down_since = "running", up, None
-        req.admitted_at = req.admitted_at or time.monotonic()
-        up.in_flight.add(req.id)
-        up.served += 1
-        self.dispatch_log.append((req.id, req.owner, up.name))
-        req.task = self._loop.create_task(self._run(req, up))
-
-    async def _run(self, req: GatewayRequest, up: Upstream) -> None:
-        assert self._client is not None
-        path, body = request_body(req.prompt, req.params, up.model or self.model_name, up.kind,
-                                  req.id)
-
-        def opened(response: httpx.Response) -> None:
-            req.upstream_id = response.headers.get("x-request-id")
-
-        try:
-            async for chunk in stream_chunks(self._client, up.config.url, up.name,
-                                             up.config.api_key, path, body, opened):
-                if req.state != "running" or req.upstream is not up:
-                    return
-                self._on_chunk(req, chunk)
-        except UpstreamError as exc:
-            if req.state == "running" and req.upstream is up:
-                self._on_failure(req, up, exc)
-            return
-        except asyncio.CancelledError:
-            return  # cancel() already ended it; leaving the stream closes the connection
-        except Exception as exc:  # a bug here must not leave the request hanging
-            log.exception("gateway request %s failed", req.id)
-            if req.state == "running":
-                self._finish(req, "error", f"the gateway failed: {exc}")
-            return
-        if req.state == "running" and req.upstream is up:
-            self._finish(req, FINISH.get(req.finish_reason or "stop", "stop"), None)
-
-    def _on_chunk(self, req: GatewayRequest, chunk: Chunk) -> None:
-        now = time.monotonic()
-        if chunk.text:
-            ttft = itl = None
-            if req.first_token_at is None:
-                req.first_token_at = now
-                ttft = now - req.arrival
-            elif req.last_token_at is not None:
-                itl = now - req.last_token_at
-                req.itl_sum += itl
-            req.last_token_at = now
-            req.output_tokens += 1
-            self._stats.on_token(now, ttft, itl)
-            req.handle.put(TextDelta(chunk.text, ()))
-        if chunk.finish_reason:
-            req.finish_reason = chunk.finish_reason
-        if chunk.completion_tokens is not None:
-            req.output_tokens = chunk.completion_tokens
-            req.prompt_tokens = chunk.prompt_tokens or req.prompt_tokens
-            req.cached_tokens = chunk.cached_tokens
-        self._changed()
-
-    def _on_failure(self, req: GatewayRequest, up: Upstream, exc: UpstreamError) -> None:
-        up.in_flight.discard(req.id)
-        if exc.down:
-            up.mark("down", str(exc))
-        self.last_error = str(exc)
-        log.warning("upstream %s: %s (request %s)", up.name, exc, req.id)
-        if req.output_tokens == 0 and exc.retry and len(req.tried) < \
-                self.gateway_config.retries:
-            req.tried.add(up.name)
-            req.state, req.upstream, req.upstream_id = "waiting", None, None
-            self.waiting.insert(0, req)  # first in line again: it has waited already
-            self._pump()
-            return
-        if req.output_tokens:
-            message = f"{exc}; the reply is incomplete ({req.output_tokens} tokens arrived)"
-        else:
-            message = str(exc)
-        self._finish(req, "error", message)
-        self._pump()
-
-    def _cancel_now(self, request_id: str, reason: str, error: str | None) -> None:
-        req = self.live.get(request_id)
-        if req is None or req.state == "finished":
-            return
-        up, task = req.upstream, req.task
-        if req in self.waiting:
-            self.waiting.remove(req)
-        self._finish(req, "stop" if reason == "stop" else "cancelled", error)
-        if task is not None and not task.done():
-            task.cancel()  # closes the upstream stream (vLLM, SGLang, llama.cpp abort on it)
-        if up is not None and self._client is not None and self._loop is not None:
-            self._loop.create_task(abort(self._client, up.config.url, up.kind,
-                                         up.config.api_key, req.id, req.upstream_id))
-        self._pump()
-
-    def _finish(self, req: GatewayRequest, reason: str, error: str | None) -> None:
-        now = time.monotonic()
-        req.state, req.finish_reason = "finished", reason
-        if req.upstream is not None:
-            req.upstream.in_flight.discard(req.id)
-        with self._lock:
-            self.live.pop(req.id, None)
-            self._per_owner[req.owner] -= 1
-            if not self._per_owner[req.owner]:
-                del self._per_owner[req.owner]
-            if not self.live:
-                self._idle.set()
-        self._stats.on_finish(reason, req.prompt_tokens)
-        self._finished.append(views.request_view(req, now, None, None, None))
-        tpot = (req.last_token_at - req.first_token_at) / (req.output_tokens - 1) if \
-            req.output_tokens > 1 and req.first_token_at is not None and \
-            req.last_token_at is not None else None
-        timings = Timings(
-            queued=(req.admitted_at or now) - req.arrival,
-            ttft=None if req.first_token_at is None else req.first_token_at - req.arrival,
-            tpot=tpot, total=now - req.arrival)
-        usage = Usage(req.prompt_tokens, req.output_tokens, req.cached_tokens)
-        extra: dict[str, object] = {"upstream": req.upstream.name} if req.upstream else {}
-        req.handle.put(FinalEvent(reason, usage, timings, error, extra))  # type: ignore[arg-type]
-        self._changed()
-
-    def _publish(self) -> None:
-        plan = self._plan()
-        reasons = rules.reasons(plan, self.upstreams, self.gateway_config.user_in_flight)
-        running = [r for r in self.live.values() if r.state == "running"]
-        self._snapshot, self._view = views.build(
-            self.upstreams, plan.order + plan.user_limited, reasons, running,
-            tuple(self._finished), self._stats.view(time.monotonic()), self.admission)
-        self._dirty = False
-
-    async def _scrape_loop(self, up: Upstream) -> None:
-        assert self._client is not None
-        interval = self.gateway_config.scrape_interval
-        while True:
-            try:
-                changed = await up.scrape(self._client, self.gateway_config)
-            except Exception:  # a scrape must never end the loop
-                log.exception("scraping %s failed", up.name)
-                changed = up.mark("down", "the scrape failed")
-            self._changed()
-            if changed:
-                log.info("upstream %s is %s%s", up.name, up.health,
-                         f" ({up.error})" if up.error else "")
-                self._pump()
-            await asyncio.sleep(interval)
-
-    async def _ticker(self) -> None:
-        """Fail requests that waited `down_wait` seconds with every upstream down."""
-        while True:
-            await asyncio.sleep(TICK)
-            now = time.monotonic()
-            all_down = all(not u.usable for u in self.upstreams)
-            for req in list(self.waiting):
-                if not all_down:
-                    req.down_since = None
-                    continue
-                req.down_since = req.down_since or now
-                if now - req.down_since >= self.gateway_config.down_wait:
-                    self.waiting.remove(req)
-                    self._finish(req, "error", self.down_message())
-            if self.waiting:
-                self._changed()  # waited times and reasons move on

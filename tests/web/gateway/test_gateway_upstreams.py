@@ -17,7 +17,8 @@ import pytest
 from web.access.users import UserStore
 from web.pages import reply_status
 
-pytestmark = pytest.mark.model
+# the upstreams' start (the model's load, twice) counts against the first test's time
+pytestmark = [pytest.mark.model, pytest.mark.timeout(600)]
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
@@ -52,7 +53,7 @@ class Background(threading.Thread):
 
 def test_openai_api_and_chat_through_the_front(upstreams: list[Any], make_front: Any) -> None:
     a = upstreams[0]
-    front = make_front([a.url])
+    front = make_front([a.url], web={"default_max_tokens": 6})
     model = httpx.get(a.url + "/v1/models").json()["data"][0]["id"]
     client = openai.OpenAI(base_url=front.url + "/v1", api_key="unused")
     assert [m.id for m in client.models.list().data] == [model]
