@@ -36,18 +36,18 @@ def build(settings: Settings, paths: Paths, model: ModelRef, progress: bool = Tr
     spec = None if model.kind == "default" else (str(model.path) if model.path else model.name)
     set_kernel_build_dir(paths.kernels_cache)
     executor = ModelExecutor.from_pretrained(spec, config, dtype=settings.dtype, device=device,
-                                             cache_dir=paths.models_cache, progress=progress)
+                                             cache_dir=paths.models_cache, progress=progress,
+                                             quantize=settings.quantize)
     config = dataclasses.replace(config, max_context=min(config.max_context,
                                                          executor.max_context))
-    tokenizer = Tokenizer(executor.model_path)
+    tokenizer = Tokenizer(executor.tokenizer_path)
     engine = Engine(config, executor, tokenizer)
     web = WebConfig(data_dir=paths.data, model_name=model.name, shared=settings.shared,
                     per_user_limit=settings.per_user_limit,
                     max_body_bytes=settings.max_body_bytes, max_messages=settings.max_messages,
                     max_stop=settings.max_stop, max_tokens_limit=settings.max_tokens_limit)
     app = create_app(engine, tokenizer, web)
-    dtype = str(executor.dtype).removeprefix("torch.")
-    return app, device, dtype
+    return app, device, executor.describe()  # how the model runs, for the banner
 
 
 def build_upstream(settings: Settings, paths: Paths):

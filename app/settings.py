@@ -12,12 +12,14 @@ from dataclasses import dataclass, field, fields
 from engine import ADMISSIONS, POLICIES, ConfigError, EngineConfig
 
 DTYPES = ("auto", "bfloat16", "float32")
+QUANTIZE = ("none", "q8_0", "q4_0")  # a float folder's weights quantized once at load
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 MIB = 1024 * 1024
 
 # Fixed choices per setting; policy and admission also accept "" (= pick by host).
 CHOICES: dict[str, tuple[str, ...]] = {
     "dtype": DTYPES,
+    "quantize": QUANTIZE,
     "policy": POLICIES,
     "admission": ADMISSIONS,
 }
@@ -60,7 +62,8 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     model: str = "default"  # "default" | folder | HF id | .gguf file
-    dtype: str = "auto"
+    dtype: str = "auto"  # auto on CPU: a GGUF in its own quantization, a folder as float
+    quantize: str = "none"
     device: str = "auto"
     policy: str = ""  # "" -> prefill-first when local, interleave when shared
     admission: str = ""  # "" -> fifo when local, fair when shared

@@ -27,6 +27,7 @@ from engine.scheduling.request import (
 
 if TYPE_CHECKING:
     from engine.execution.cpu import cpu_has_native_bf16
+    from engine.execution.model.describe import describe_file as describe_model_file
     from engine.execution.executor import ModelExecutor
     from engine.execution.loader import ModelNotFound
     from engine.execution.model.linear_kernels import onednn_works
@@ -40,6 +41,7 @@ _LAZY: dict[str, str] = {
     "ModelNotFound": "engine.execution.loader:ModelNotFound",
     "Tokenizer": "engine.execution.tokenizer:Tokenizer",
     "cpu_has_native_bf16": "engine.execution.cpu:cpu_has_native_bf16",
+    "describe_model_file": "engine.execution.model.describe:describe_file",
     "onednn_works": "engine.execution.model.linear_kernels:onednn_works",
     "set_kernel_build_dir": "engine.kernels.native:set_build_dir",
     "kernel_status": "engine.kernels.native:status",
@@ -62,5 +64,6 @@ __all__ = [
     "ModelNotFound", "Policy", "QueueFull", "RequestError", "RequestHandle", "RequestView",
     "RoundView", "SamplingParams", "TextDelta", "Timings", "TokenEvent", "TokenLogprob",
     "Tokenizer", "Usage",
-    "WaitReason", "cpu_has_native_bf16", "kernel_status", "onednn_works", "set_kernel_build_dir",
+    "WaitReason", "cpu_has_native_bf16", "describe_model_file", "kernel_status", "onednn_works",
+    "set_kernel_build_dir",
 ]

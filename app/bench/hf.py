@@ -30,7 +30,12 @@ def load(model_path: Path, dtype: str) -> tuple[object, object]:
     from transformers import AutoModelForCausalLM
 
     torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
-    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch_dtype)
+    if Path(model_path).suffix == ".gguf":  # transformers dequantises it in memory
+        model = AutoModelForCausalLM.from_pretrained(str(Path(model_path).parent),
+                                                     gguf_file=Path(model_path).name,
+                                                     dtype=torch_dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch_dtype)
     model.eval()
     return model, torch
 

@@ -234,12 +234,12 @@ def main(argv: list[str]) -> int:
     kernels = kernel_status().split(" (")[0]  # native / off / unavailable: why
     if executor.model.fused is not None:
         kernels += ", fused decode layers"
-    report(results, work, dtype, args.json, kernels)
+    report(results, work, dtype, args.json, kernels, executor.describe())
     return 0
 
 
 def report(results: list[Result], work: Workload, dtype: str, as_json: bool,
-           kernels: str = "") -> None:
+           kernels: str = "", runs: str = "") -> None:
     rows = [r.row() for r in results]
     by = {r.system: r for r in results}
     ratios = {}
@@ -253,10 +253,13 @@ def report(results: list[Result], work: Workload, dtype: str, as_json: bool,
         elif r.system.startswith("hf generate, static"):
             ratios["ferry / hf static batches (output tok/s)"] = ferry.output_tps / r.output_tps
     if as_json:
-        json.dump({"workload": asdict(work), "dtype": dtype, "kernels": kernels, "results": rows,
+        json.dump({"workload": asdict(work), "dtype": dtype, "kernels": kernels, "runs": runs,
+                   "results": rows,
                    "ratios": {k: round(v, 2) for k, v in ratios.items()}}, sys.stdout, indent=1)
         print()
         return
+    if runs:
+        print(f"model runs as: {runs}")  # e.g. GGUF Q4_1 + Q8_0 head, native AVX2 kernels
     print(f"workload: {work.requests} requests, prompt {work.prompt}, output {work.output}, "
           f"concurrency {work.concurrency}, rate {work.rate or 'all at once'}, "
           f"shared prefix {work.shared_prefix}, dtype {dtype}"

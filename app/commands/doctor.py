@@ -11,14 +11,7 @@ from pathlib import Path
 from typing import Literal, TextIO
 
 from app.commands.users import users_exist
-from app.models import (
-    DEFAULT_NAME,
-    ModelError,
-    converted_dir,
-    folder_size,
-    human_size,
-    resolve_model,
-)
+from app.models import ModelError, folder_size, human_size, resolve_model
 from app.paths import Paths
 from app.preflight import port_problem
 from app.settings import Settings
@@ -92,10 +85,16 @@ def model_checks(settings: Settings, paths: Paths) -> Iterator[Check]:
         return
     where = f" {model.path} ({human_size(folder_size(model.path))})" if model.path else ""
     yield Check("ok", "model", f"{model.name}: {model.kind}{where}")
-    if model.kind == "default":
-        copy = converted_dir(paths, DEFAULT_NAME)
-        state = f"present at {copy}" if copy.is_dir() else f"not yet made (first serve: {copy})"
-        yield Check("info", "converted copy", state)
+    if model.path is not None:  # how `ferry serve` would run it (a GGUF's tensor table read)
+        from engine import ModelNotFound, describe_model_file
+
+        device = "cuda" if settings.device.startswith("cuda") else "cpu"
+        try:
+            runs = describe_model_file(model.path, settings.dtype, device, settings.quantize)
+        except (ModelNotFound, ValueError) as exc:
+            yield Check("fail", "runs as", str(exc))
+        else:
+            yield Check("ok", "runs as", runs)
 
 
 def writable(path: Path) -> bool:

@@ -1,10 +1,12 @@
 """One line on how a loaded model runs, for `ferry doctor`, the banner and `ferry bench`."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from engine.execution.model.llama import LlamaForCausalLM
 
-KERNELS = {"avx2": "native AVX2 kernels", "plain": "native plain-C kernels",
-           "torch": "torch fallback kernels (slow)"}
+KERNELS = {"avx2": "native AVX2 kernels", "avx-vnni": "native AVX-VNNI kernels",
+           "plain": "native plain-C kernels", "torch": "torch fallback kernels (slow)"}
 
 
 def describe_weights(model: LlamaForCausalLM, source: str = "") -> str:
@@ -19,11 +21,53 @@ def describe_weights(model: LlamaForCausalLM, source: str = "") -> str:
         if source == "GGUF":
             return f"GGUF dequantised to {dtype}, {size}"
         return ", ".join(p for p in (f"{source} {dtype}".strip(), size) if p)
-    from engine.kernels import quant
-
     what = main if head in kinds[:1] else f"{main} + {head} head"
     if source == "GGUF":
         what = f"GGUF {what}"
     elif source:
         what = f"{source} quantized to {what} at load"
-    return f"{what}, {KERNELS.get(quant.kernel_path(), quant.kernel_path())}, {size}"
+    return f"{what}, {_kernels()}, {size}"
+
+
+def describe_file(path: str | Path, dtype: str = "auto", device: str = "cpu",
+                  quantize: str | None = None) -> str:
+    """The same line for a model not loaded yet (`ferry doctor`): a GGUF's tensor table is
+    read (memory-mapped, no weights touched); a folder is described by its settings."""
+    import torch
+
+    from engine.execution.loader import GGUF, weight_mode
+
+    path = Path(path)
+    torch_dtype, mode = weight_mode(path, dtype, device, quantize)
+    name = str(torch_dtype).removeprefix("torch.")
+    if path.suffix != ".gguf":
+        if mode is None:
+            return f"safetensors {name}"
+        return f"safetensors quantized to {mode.upper()} at load, {_kernels()}"
+    from engine.execution.gguf_file import GGUFFile
+
+    file = GGUFFile(path)
+    if mode != GGUF:
+        n = sum(int(torch.Size(t.shape).numel()) for t in file.tensors.values())
+        size = n * torch.empty((), dtype=torch_dtype).element_size()
+        return f"GGUF dequantised to {name}, {size / 1e6:.0f} MB"
+    from engine.kernels import quant
+
+    layers: dict[str, int] = {}
+    for key, t in file.tensors.items():
+        if key.startswith("model.layers.") and len(t.shape) == 2:
+            kind = quant.type_name(t.qtype)
+            layers[kind] = layers.get(kind, 0) + t.nbytes
+    head = file.tensors.get("lm_head.weight", file.tensors["model.embed_tokens.weight"])
+    kinds = [k for k, _ in sorted(layers.items(), key=lambda kv: -kv[1])]
+    head_kind = quant.type_name(head.qtype)
+    what = " + ".join(kinds) if head_kind in kinds[:1] else \
+        f"{' + '.join(kinds)} + {head_kind} head"
+    return f"GGUF {what}, {_kernels()}, {file.total_bytes() / 1e6:.0f} MB"
+
+
+def _kernels() -> str:
+    from engine.kernels import quant
+
+    path = quant.kernel_path()
+    return KERNELS.get(path, f"native {path} kernels")

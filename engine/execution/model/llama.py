@@ -238,17 +238,11 @@ class LlamaForCausalLM(nn.Module):
     def weight_types(self) -> tuple[dict[str, int], str, int]:
         """(bytes per weight type over the decoder layers' projections, the LM head's type,
         bytes of all weights, a tied head counted once) for describing how the model runs."""
-        def kind(w: object) -> str:
+        def kinds(w: object) -> list[tuple[str, int]]:
+            """(type, bytes) of a weight, per part of a SplitWeight."""
             if isinstance(w, torch.Tensor):
-                return str(w.dtype).removeprefix("torch.")
-            parts = getattr(w, "parts", (w,))
-            names = sorted({type_name(p.qtype) for p in parts})
-            return "/".join(names)
-
-        def size(w: object) -> int:
-            if isinstance(w, torch.Tensor):
-                return w.numel() * w.element_size()
-            return int(w.nbytes)
+                return [(str(w.dtype).removeprefix("torch."), w.numel() * w.element_size())]
+            return [(type_name(p.qtype), int(p.nbytes)) for p in getattr(w, "parts", (w,))]
 
         layers: dict[str, int] = {}
         seen: set[int] = set()
@@ -259,10 +253,12 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if id(w) not in seen:
                 seen.add(id(w))
-                total += size(w)
+                total += sum(n for _, n in kinds(w))
             if isinstance(module, Linear) and name.startswith("model.layers."):
-                layers[kind(w)] = layers.get(kind(w), 0) + size(w)
-        return layers, kind(self.lm_head.weight), total
+                for kind, n in kinds(w):
+                    layers[kind] = layers.get(kind, 0) + n
+        head = "/".join(sorted({k for k, _ in kinds(self.lm_head.weight)}))
+        return layers, head, total
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
                 logits_indices: torch.Tensor | None = None) -> torch.Tensor:
