@@ -101,7 +101,10 @@ class ChatService:
                 break
             step = 2 if len(turns) > 2 else 1
             turns, dropped = turns[step:], dropped + step
-        max_tokens = max(1, min(wanted, limit - len(ids)))
+        if len(ids) >= limit:
+            raise ChatError(f"the message does not fit the model's {limit}-token context "
+                            f"({len(ids)} tokens with what it needs around it)", 400)
+        max_tokens = min(wanted, limit - len(ids))
         notes = []
         if dropped:
             notes.append(f"the {dropped} oldest message{'s' if dropped > 1 else ''} "
