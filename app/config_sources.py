@@ -51,6 +51,11 @@ def parse_text(name: str, kind: str, text: str) -> object:
             return int(text.strip())
         except ValueError:
             return text
+    if kind == "float":
+        try:
+            return float(text.strip())
+        except ValueError:
+            return text
     if kind == "bool":
         word = text.strip().lower()
         if word in TRUE_WORDS:

@@ -17,6 +17,14 @@ from app.settings import Settings, engine_config
 log = logging.getLogger(__name__)
 
 
+def chat_defaults(settings: Settings) -> dict[str, object]:
+    """The chat page's defaults from the settings (each conversation may override them)."""
+    return {"default_max_tokens": settings.default_max_tokens,
+            "chat_system_prompt": settings.chat_system_prompt or None,
+            "chat_temperature": float(settings.chat_temperature),
+            "chat_top_p": float(settings.chat_top_p)}
+
+
 def pick_device(name: str) -> str:
     if name != "auto":
         return name
@@ -45,7 +53,8 @@ def build(settings: Settings, paths: Paths, model: ModelRef, progress: bool = Tr
     web = WebConfig(data_dir=paths.data, model_name=model.name, shared=settings.shared,
                     per_user_limit=settings.per_user_limit,
                     max_body_bytes=settings.max_body_bytes, max_messages=settings.max_messages,
-                    max_stop=settings.max_stop, max_tokens_limit=settings.max_tokens_limit)
+                    max_stop=settings.max_stop, max_tokens_limit=settings.max_tokens_limit,
+                    **chat_defaults(settings))
     app = create_app(engine, tokenizer, web)
     return app, device, executor.describe()  # how the model runs, for the banner
 
@@ -68,7 +77,8 @@ def build_upstream(settings: Settings, paths: Paths):
     web = WebConfig(data_dir=paths.data, model_name=name, shared=settings.shared,
                     per_user_limit=settings.per_user_limit,
                     max_body_bytes=settings.max_body_bytes, max_messages=settings.max_messages,
-                    max_stop=settings.max_stop, max_tokens_limit=settings.max_tokens_limit)
+                    max_stop=settings.max_stop, max_tokens_limit=settings.max_tokens_limit,
+                    **chat_defaults(settings))
     return create_app(gateway, GatewayTokenizer(), web), name  # type: ignore[arg-type]
 
 

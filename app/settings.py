@@ -36,6 +36,13 @@ INT_RANGES: dict[str, tuple[int, int | None]] = {
     "max_messages": (1, None),
     "max_stop": (0, None),
     "max_tokens_limit": (1, None),
+    "default_max_tokens": (1, None),
+}
+
+
+FLOAT_RANGES: dict[str, tuple[float, float]] = {
+    "chat_temperature": (0.0, 2.0),
+    "chat_top_p": (0.0, 1.0),
 }
 
 
@@ -78,6 +85,11 @@ class Settings:
     max_messages: int = 200
     max_stop: int = 4
     max_tokens_limit: int = 4096
+    default_max_tokens: int = 512  # a reply's limit when the request (or chat) sets none
+    # the chat page's defaults; each conversation may set its own
+    chat_system_prompt: str = ""  # "" -> the chat template's own default
+    chat_temperature: float = 0.7
+    chat_top_p: float = 0.95
     open: bool = False  # open the browser once serving
     model_folders: list[str] = field(default_factory=list)
     # upstream mode: serve in front of these servers, load no model (app/upstreams.py)
@@ -94,6 +106,12 @@ class Settings:
             if value < low or (high is not None and value > high):
                 upto = f" to {high}" if high is not None else " or more"
                 raise SettingsError(name, f"{name} must be {low}{upto}, got {value}")
+        for name, (low, high) in FLOAT_RANGES.items():
+            value = getattr(self, name)
+            if not low <= value <= high:
+                raise SettingsError(name, f"{name} must be {low:g} to {high:g}, got {value}")
+        if self.chat_top_p <= 0:
+            raise SettingsError("chat_top_p", "chat_top_p must be above 0")
         if not self.host.strip():
             raise SettingsError("host", "host must not be empty")
         if not self.model.strip():
@@ -147,6 +165,7 @@ def _derived_source(shared: bool) -> str:
 def _check_type(name: str, kind: object, value: object) -> None:
     ok = {
         "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
         "bool": isinstance(value, bool),
         "str": isinstance(value, str),
         "list[str]": isinstance(value, list) and all(isinstance(v, str) for v in value),
@@ -154,7 +173,8 @@ def _check_type(name: str, kind: object, value: object) -> None:
         and all(isinstance(v, (str, dict)) for v in value),
     }[str(kind)]
     if not ok:
-        wanted = {"int": "an integer", "bool": "true or false", "str": "a string",
+        wanted = {"int": "an integer", "float": "a number", "bool": "true or false",
+                  "str": "a string",
                   "list[str]": "a list of strings",
                   "list[dict[str, object]]": "a list of URLs or tables"}[str(kind)]
         raise SettingsError(name, f"{name} must be {wanted}, got {value!r}")
