@@ -31,8 +31,8 @@ _TYPES: dict[int, tuple[str, int, int]] = {
 QUANTIZABLE = (Q8_0, Q4_0)  # what quantize() writes
 
 # From this many rows on (prefill, big decode rounds), tiles of W dequantized into the cache
-# and torch's matmul beat the int8 kernels, whose cost grows with every row.
-MANY_ROWS = 16
+# and torch's matmul beat the int8 kernels, whose cost grows with every row (bf16 tiles sooner)
+MANY_ROWS_BF16, MANY_ROWS_F32 = 12, 24
 _TILE_ELEMS = 1 << 18  # values per dequantized tile: within the L2 cache
 _EQUANT = -2
 
@@ -150,7 +150,7 @@ def quant_matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = No
         return torch.nn.functional.linear(x, _float_view(w), bias)
     if lib is None:
         return _tiled_matmul(x, w, bias)
-    if rows >= MANY_ROWS:
+    if rows >= many_rows():
         return _tiled_matmul(x, w, bias, tile_dtype())
     if x.stride(1) != 1:
         x = x.contiguous()
@@ -169,6 +169,11 @@ def tile_dtype() -> torch.dtype:
     speed there; products then round to bf16 as Ferry's bf16 mode does), else float32."""
     amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
     return torch.bfloat16 if amx is not None and amx() else torch.float32
+
+
+def many_rows() -> int:
+    """The row count from which quant_matmul multiplies dequantized tiles instead."""
+    return MANY_ROWS_BF16 if tile_dtype() == torch.bfloat16 else MANY_ROWS_F32
 
 
 def _float_view(w: QuantWeight) -> torch.Tensor:

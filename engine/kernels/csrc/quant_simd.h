@@ -77,17 +77,29 @@ INL float scalar(const uint8_t *w, int kind, int64_t i) {
 
 INL void dot_float(const uint8_t *w, int64_t n, const void *act, int64_t astride, const int R,
                    float *out, int kind) {
-    __m256 acc[QMAX_R];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    /* 4 / R accumulators per row keep four independent fused multiply-add chains */
+    const int na = R == 1 ? 4 : R == 2 ? 2 : 1;
+    __m256 acc[4][QMAX_R];
+    for (int u = 0; u < 4; u++)
+        for (int r = 0; r < R; r++) acc[u][r] = _mm256_setzero_ps();
     int64_t i = 0;
+    for (; i + 8 * na <= n; i += 8 * na)
+        for (int u = 0; u < na; u++) {
+            __m256 wv = load8(w, kind, i + 8 * u);
+            for (int r = 0; r < R; r++)
+                acc[u][r] = _mm256_fmadd_ps(
+                    wv, _mm256_loadu_ps((const float *)ROW(act, astride, r) + i + 8 * u), acc[u][r]);
+        }
     for (; i + 8 <= n; i += 8) {
         __m256 wv = load8(w, kind, i);
         for (int r = 0; r < R; r++)
-            acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps((const float *)ROW(act, astride, r) + i),
-                                     acc[r]);
+            acc[0][r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps((const float *)ROW(act, astride, r) + i),
+                                        acc[0][r]);
     }
     for (int r = 0; r < R; r++) {
-        float s = hsum(acc[r]);
+        __m256 t = _mm256_add_ps(_mm256_add_ps(acc[0][r], acc[1][r]),
+                                 _mm256_add_ps(acc[2][r], acc[3][r]));
+        float s = hsum(t);
         const float *x = (const float *)ROW(act, astride, r);
         for (int64_t j = i; j < n; j++) s += scalar(w, kind, j) * x[j];
         out[r] = s;
@@ -107,39 +119,52 @@ INL __m256i decode32(const uint8_t *blk, int qt) {
     }
 }
 
-INL void dot32(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
-               float *out, int qt, int bytes) {
-    __m256 acc[QMAX_R];
-    float off[QMAX_R];
-    for (int r = 0; r < R; r++) {
-        acc[r] = _mm256_setzero_ps();
-        off[r] = 0.f;
-    }
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = w + b * bytes;
-        __m256i q = decode32(blk, qt);
-        __m256 d = _mm256_set1_ps(f16(blk));
-        if (qt == QT_Q4_1) {
-            float m = f16(blk + 2);
-            for (int r = 0; r < R; r++) {
-                const qa32 *a = (const qa32 *)ROW(act, astride, r) + b;
-                __m256i p = dot_us(q, _mm256_loadu_si256((const __m256i *)a->qs));
-                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(&a->d)),
-                                         _mm256_cvtepi32_ps(p), acc[r]);
-                off[r] += m * (a->d * (float)a->isum);
-            }
-        } else {
-            __m256i qa = _mm256_sign_epi8(q, q);
-            for (int r = 0; r < R; r++) {
-                const qa32 *a = (const qa32 *)ROW(act, astride, r) + b;
-                __m256i y = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)a->qs), q);
-                __m256i p = dot_us(qa, y);
-                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(&a->d)),
-                                         _mm256_cvtepi32_ps(p), acc[r]);
-            }
+/* one block of every row into acc[r] / off[r] */
+INL void block32(const uint8_t *w, int64_t b, const void *act, int64_t astride, const int R,
+                 int qt, int bytes, __m256 *acc, float *off) {
+    const uint8_t *blk = w + b * bytes;
+    __m256i q = decode32(blk, qt);
+    __m256 d = _mm256_set1_ps(f16(blk));
+    if (qt == QT_Q4_1) {
+        float m = f16(blk + 2);
+        for (int r = 0; r < R; r++) {
+            const qa32 *a = (const qa32 *)ROW(act, astride, r) + b;
+            __m256i p = dot_us(q, _mm256_loadu_si256((const __m256i *)a->qs));
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(&a->d)),
+                                     _mm256_cvtepi32_ps(p), acc[r]);
+            off[r] += m * (a->d * (float)a->isum);
+        }
+    } else {
+        __m256i qa = _mm256_sign_epi8(q, q);
+        for (int r = 0; r < R; r++) {
+            const qa32 *a = (const qa32 *)ROW(act, astride, r) + b;
+            __m256i y = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)a->qs), q);
+            __m256i p = dot_us(qa, y);
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(&a->d)),
+                                     _mm256_cvtepi32_ps(p), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) + off[r];
+}
+
+INL void dot32(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
+               float *out, int qt, int bytes) {
+    /* one or two rows: two accumulators each, so the adds do not wait on one another */
+    __m256 acc[2][QMAX_R];
+    float off[2][QMAX_R];
+    for (int u = 0; u < 2; u++)
+        for (int r = 0; r < R; r++) {
+            acc[u][r] = _mm256_setzero_ps();
+            off[u][r] = 0.f;
+        }
+    int64_t b = 0;
+    if (R <= 2)
+        for (; b + 2 <= nb; b += 2) {
+            block32(w, b, act, astride, R, qt, bytes, acc[0], off[0]);
+            block32(w, b + 1, act, astride, R, qt, bytes, acc[1], off[1]);
+        }
+    for (; b < nb; b++) block32(w, b, act, astride, R, qt, bytes, acc[0], off[0]);
+    for (int r = 0; r < R; r++)
+        out[r] = hsum(_mm256_add_ps(acc[0][r], acc[1][r])) + (off[0][r] + off[1][r]);
 }
 
 /* --- K-quants -------------------------------------------------------------------------- */
@@ -240,28 +265,32 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
 
 #if !QS_VNNI
 /* --- dequantization of one row (AVX2 only: it has no dot product to speed up) ---------- */
-/* 32 signed bytes -> 32 floats d * q (+ m): the same float32 multiply (and add) as gguf-py */
-INL void store32(float *o, __m256i q, __m256 d, __m256 m, int add_m) {
-    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-    __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-    for (int k = 0; k < 4; k++) {
-        __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])));
-        _mm256_storeu_ps(o + 8 * k, add_m ? _mm256_add_ps(v, m) : v);
-    }
+/* 8 floats -> 8 bfloat16, rounded to nearest even (NaNs from arithmetic are quiet already) */
+INL __m128i bf16x8(__m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    u = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
 }
 
-/* the same with the min subtracted (K-quants: d1 * q - m1) */
-INL void store32_sub(float *o, __m256i q, __m256 d, __m256 m) {
+/* 32 bytes q -> 32 values d * q + m (sub: d * q - m; neither: d * q), the same float32
+ * operations as gguf-py, stored as float32 or (bf) rounded to bfloat16 */
+INL void store32(void *dst, int64_t at, int bf, __m256i q, __m256 d, __m256 m, int op) {
     __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
     __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
     for (int k = 0; k < 4; k++) {
         __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])));
-        _mm256_storeu_ps(o + 8 * k, _mm256_sub_ps(v, m));
+        if (op > 0) v = _mm256_add_ps(v, m);
+        if (op < 0) v = _mm256_sub_ps(v, m);
+        if (bf)
+            _mm_storeu_si128((__m128i *)((uint16_t *)dst + at + 8 * k), bf16x8(v));
+        else
+            _mm256_storeu_ps((float *)dst + at + 8 * k, v);
     }
 }
 
 /* returns 0 where the type has no AVX2 decoder here (the caller's plain loop runs) */
-TGT int QS_CAT2(q_deq_row_, QS_SUFFIX)(int qt, const uint8_t *src, int64_t in, float *dst) {
+TGT int QS_CAT2(q_deq_row_, QS_SUFFIX)(int qt, const uint8_t *src, int64_t in, void *dst, int bf) {
     const __m256 zero = _mm256_setzero_ps();
     switch (qt) {
     case QT_Q4_0: case QT_Q5_0: case QT_Q8_0: case QT_Q4_1: {
@@ -269,7 +298,7 @@ TGT int QS_CAT2(q_deq_row_, QS_SUFFIX)(int qt, const uint8_t *src, int64_t in, f
         for (int64_t b = 0; b < in / 32; b++) {
             const uint8_t *k = src + b * bytes;
             __m256 m = qt == QT_Q4_1 ? _mm256_set1_ps(f16(k + 2)) : zero;
-            store32(dst + 32 * b, decode32(k, qt), _mm256_set1_ps(f16(k)), m, qt == QT_Q4_1);
+            store32(dst, 32 * b, bf, decode32(k, qt), _mm256_set1_ps(f16(k)), m, qt == QT_Q4_1);
         }
         return 1;
     }
@@ -292,25 +321,17 @@ TGT int QS_CAT2(q_deq_row_, QS_SUFFIX)(int qt, const uint8_t *src, int64_t in, f
                     hi = _mm256_or_si256(hi, _mm256_slli_epi16(
                         _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c + 1), one), 4));
                 }
-                float *o = dst + 256 * b + 64 * c;
-                store32_sub(o, lo, _mm256_set1_ps(d * (float)sc[2 * c]),
-                            _mm256_set1_ps(dmin * (float)mn[2 * c]));
-                store32_sub(o + 32, hi, _mm256_set1_ps(d * (float)sc[2 * c + 1]),
-                            _mm256_set1_ps(dmin * (float)mn[2 * c + 1]));
+                int64_t at = 256 * b + 64 * c;
+                store32(dst, at, bf, lo, _mm256_set1_ps(d * (float)sc[2 * c]),
+                        _mm256_set1_ps(dmin * (float)mn[2 * c]), -1);
+                store32(dst, at + 32, bf, hi, _mm256_set1_ps(d * (float)sc[2 * c + 1]),
+                        _mm256_set1_ps(dmin * (float)mn[2 * c + 1]), -1);
             }
         }
         return 1;
     }
     default: return 0;
     }
-}
-
-/* 8 floats -> 8 bfloat16, rounded to nearest even (finite values; NaN is not quieted) */
-INL __m128i bf16x8(__m256 v) {
-    __m256i u = _mm256_castps_si256(v);
-    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    u = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
-    return _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
 }
 
 TGT void QS_CAT2(q_to_bf16_, QS_SUFFIX)(const float *src, int64_t n, uint16_t *dst) {

@@ -6,7 +6,7 @@
 static void row_f32(int qt, const uint8_t *src, int64_t in, float *dst) {
     int64_t nb;
 #ifdef Q_HAVE_AVX2
-    if (q_active_path() >= 1 && q_deq_row_avx2(qt, src, in, dst)) return;
+    if (q_active_path() >= 1 && q_deq_row_avx2(qt, src, in, dst, 0)) return;
 #endif
     switch (qt) {
     case QT_F32: memcpy(dst, src, (size_t)in * 4); return;
@@ -126,8 +126,11 @@ int ferry_qdequantize(const ferry_weight *w, const int64_t *ids, int64_t n, void
             if (dt == FERRY_F32) {
                 row_f32(w->qtype, src, w->in, (float *)out + k * w->in);
             } else if (tmp) { /* bfloat16 tiles for torch's bf16 matmul, rounded to nearest even */
-                row_f32(w->qtype, src, w->in, tmp);
                 uint16_t *dst = (uint16_t *)out + k * w->in;
+#ifdef Q_HAVE_AVX2
+                if (q_active_path() >= 1 && q_deq_row_avx2(w->qtype, src, w->in, dst, 1)) continue;
+#endif
+                row_f32(w->qtype, src, w->in, tmp);
 #ifdef Q_HAVE_AVX2
                 if (q_active_path() >= 1) {
                     q_to_bf16_avx2(tmp, w->in, dst);

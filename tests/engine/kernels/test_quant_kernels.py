@@ -113,7 +113,7 @@ def emulate_activations(x: np.ndarray, qtype: int) -> np.ndarray:
 
 def check_product(w: QuantWeight, x: torch.Tensor, y: torch.Tensor) -> None:
     wd = gguf_dequant(w).astype(np.float64)
-    if w.qtype != quant.F32 and x.shape[0] >= quant.MANY_ROWS:  # dequantized tiles x torch
+    if w.qtype != quant.F32 and x.shape[0] >= quant.many_rows():  # dequantized tiles x torch
         ref = x.numpy().astype(np.float64) @ wd.T
         scale = np.abs(x.numpy()) @ np.abs(wd).T
         tol = 1e-5 if quant.tile_dtype() == torch.float32 else 8e-3  # bf16: 2^-8 per product
@@ -147,10 +147,11 @@ def test_dequantize_is_exactly_gguf_py(qtype: int, path: str) -> None:
 def use_product(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """quant_matmul's product for many rows: the int8 kernels, or torch on dequantized tiles"""
     if mode == "int8":
-        monkeypatch.setattr(quant, "MANY_ROWS", 10**9)
+        monkeypatch.setattr(quant, "many_rows", lambda: 10**9)
     else:
         dtype = torch.float32 if mode == "tiles-f32" else torch.bfloat16
         monkeypatch.setattr(quant, "tile_dtype", lambda: dtype)
+        monkeypatch.setattr(quant, "many_rows", lambda: 16)
         monkeypatch.setattr(quant, "_TILE_ELEMS", 576 * 10)  # several tiles, one ragged
 
 
