@@ -49,7 +49,7 @@ class GatewayConfig:
     stall_timeout: float = 60.0  # seconds without a byte from a streaming upstream: it is dead
     slow_after: float = 1.0  # a metrics scrape slower than this marks the upstream slow
     down_wait: float = 15.0  # seconds a request waits for a down upstream before it fails
-    retries: int = 2  # other upstreams tried when one refuses before any output
+    retries: int = 2  # further tries (another upstream first) when one refuses before output
     retry_after: int = 5  # seconds, in 503s when no upstream is up
     default_context: int = 4096  # when an upstream does not say its max_model_len
 

@@ -101,6 +101,7 @@ class GatewayCore:
         req.admitted_at = req.admitted_at or time.monotonic()
         up.in_flight.add(req.id)
         up.served += 1
+        req.attempts += 1
         self.dispatch_log.append((req.id, req.owner, up.name))
         req.task = self._loop.create_task(self._run(req, up))
 
@@ -160,7 +161,7 @@ class GatewayCore:
             up.mark("down", str(exc))
         self.last_error = str(exc)
         log.warning("upstream %s: %s (request %s)", up.name, exc, req.id)
-        if req.output_tokens == 0 and exc.retry and len(req.tried) < \
+        if req.output_tokens == 0 and exc.retry and req.attempts <= \
                 self.gateway_config.retries:
             req.tried.add(up.name)
             req.state, req.upstream, req.upstream_id = "waiting", None, None

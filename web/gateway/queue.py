@@ -32,6 +32,7 @@ class GatewayRequest:
     cached_tokens: int = 0
     itl_sum: float = 0.0
     tried: set[str] = field(default_factory=set)  # upstreams that refused it before output
+    attempts: int = 0  # times it was sent upstream
     down_since: float | None = None  # waiting with every upstream down, since
     finish_reason: str | None = None
 
