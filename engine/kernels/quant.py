@@ -146,8 +146,8 @@ def quant_matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = No
         raise ValueError(f"quant_matmul: bias must be float32 [{w.out_features}]")
     rows = x.shape[0]
     lib = _lib()
-    if w.qtype == F32:  # the bytes are the float matrix: torch reads them in place
-        return torch.nn.functional.linear(x, _float_view(w), bias)
+    if w.qtype == F32 and (wf := _float_view(w)) is not None:
+        return torch.nn.functional.linear(x, wf, bias)  # the bytes are the float matrix
     if lib is None:
         return _tiled_matmul(x, w, bias)
     if rows >= many_rows():
@@ -176,7 +176,10 @@ def many_rows() -> int:
     return MANY_ROWS_BF16 if tile_dtype() == torch.bfloat16 else MANY_ROWS_F32
 
 
-def _float_view(w: QuantWeight) -> torch.Tensor:
+def _float_view(w: QuantWeight) -> torch.Tensor | None:
+    """An F32 weight's bytes as the float matrix they are (None if not 4-byte aligned)."""
+    if w.data.data_ptr() % 4:
+        return None
     return w.data.view(torch.float32).view(w.out_features, w.in_features)
 
 

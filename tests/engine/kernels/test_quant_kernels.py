@@ -253,6 +253,18 @@ def test_torch_fallback_without_native_kernels(monkeypatch: pytest.MonkeyPatch) 
                                   gguf.quants.quantize(wf, GQ.Q4_0))
 
 
+def test_f32_weight_at_an_unaligned_offset() -> None:
+    # a GGUF view may start anywhere: torch cannot view those bytes as floats, the C dots can
+    rng = np.random.default_rng(3)
+    wf = rng.standard_normal((5, 64)).astype(np.float32)
+    raw = torch.zeros(5 * 256 + 2, dtype=torch.uint8)
+    raw[2:2 + 5 * 256] = torch.from_numpy(wf.view(np.uint8).reshape(-1))
+    w = QuantWeight(quant.F32, raw[2:].view(5, 256), 64, 5)
+    x = torch.from_numpy(rng.standard_normal((3, 64)).astype(np.float32))
+    np.testing.assert_allclose(quant.quant_matmul(x, w).numpy(), x.numpy() @ wf.T, rtol=1e-5,
+                               atol=1e-5)
+
+
 def test_names_sizes_and_refusals() -> None:
     assert quant.type_name(quant.Q4_K) == "Q4_K" and quant.supported(quant.Q6_K)
     assert not quant.supported(int(GQ.Q2_K)) and "Q2_K" in quant.type_name(int(GQ.Q2_K))
