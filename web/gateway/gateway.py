@@ -9,6 +9,8 @@ in-flight cap, and are retried on another upstream if one refuses before produci
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import logging
 import threading
 import uuid
@@ -158,9 +160,21 @@ class Gateway(GatewayCore):
             self._on_loop(lambda: self._set_admission(admission))
 
     def snapshot(self) -> EngineSnapshot:
-        if self._snapshot is None or (self._dirty and threading.get_ident() ==
-                                      self._loop_thread):
+        """The state as of now; a new object only when something changed (the dashboard
+        pushes on a new one). Built on the loop: other threads ask it and wait."""
+        on_loop = threading.get_ident() == self._loop_thread
+        if self._snapshot is None or (self._dirty and on_loop):
             self._publish()
+        elif self._dirty and self._loop is not None and self._loop.is_running():
+            done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+            def publish() -> None:
+                if self._dirty:
+                    self._publish()
+                done.set_result(None)
+            self._loop.call_soon_threadsafe(publish)
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                done.result(timeout=2.0)  # a stale view beats a stuck caller
         assert self._snapshot is not None
         return self._snapshot
 

@@ -16,6 +16,7 @@ class InFlightView:
     id: str
     owner: str
     upstream: str
+    upstream_id: str | None  # the upstream's own id for it, where it says (Ferry)
     ttft: float | None
     output_tokens: int
     max_tokens: int
@@ -71,7 +72,7 @@ def build(upstreams: list[Upstream], order: list[GatewayRequest],
         page_size=1, waiting=waiting, running=run_views, slots=tuple(slots),
         kv=KVView(0, 0, 0, 0, 0), rounds=(), metrics=metrics, recent_finished=finished)
     flights = tuple(
-        InFlightView(r.id, r.owner, r.upstream.name if r.upstream else "?",
+        InFlightView(r.id, r.owner, r.upstream.name if r.upstream else "?", r.upstream_id,
                      r.first_token_at - r.arrival if r.first_token_at is not None else None,
                      r.output_tokens, r.params.max_tokens,
                      now - (r.admitted_at or r.arrival))

@@ -142,7 +142,7 @@ def test_cancel_from_the_dashboard_ends_it_on_the_upstream(upstreams: list[Any],
         ended.set()
 
     threading.Thread(target=read, daemon=True).start()
-    req = wait(lambda: next((r for r in front.gateway.live.values()
+    req = wait(lambda: next((r for r in front.gateway.gateway_view().in_flight
                              if r.upstream_id and r.output_tokens), None), 60, "tokens")
     upstream_id = req.upstream_id
     assert upstream_id in {r["id"] for r in a.requests()}
@@ -191,8 +191,8 @@ def test_an_upstream_dies_mid_reply_then_both_down_then_one_comes_back(
         return next(m for m in store.messages(conv.id) if m.role == "assistant")
 
     wait(lambda: len(reply().content) > 5, 60, "part of the reply saved")
-    req = next(iter(gw.live.values()))
-    dead, alive = (a, b) if req.upstream.name == a.name else (b, a)
+    req = gw.gateway_view().in_flight[0]
+    dead, alive = (a, b) if req.upstream == a.name else (b, a)
     dead.kill()
     wait(lambda: reply().status != "streaming", 30, "the end of the reply")
     msg = reply()
