@@ -12,7 +12,8 @@ from pathlib import Path
 from app.commands import users as users_cli
 from app.config_sources import format_config, load_settings
 from app.paths import HOME_ENV, get_paths
-from app.settings import DTYPES, POLICIES, QUANTIZE, Settings, SettingsError
+from app.settings import DTYPES, Settings, SettingsError
+from engine import ADMISSIONS, POLICIES
 
 EXIT_USAGE = 2  # bad settings or a serve that cannot start (argparse uses 2 as well)
 # These hand their whole argv to code that owns its own parser (and --help).
@@ -51,15 +52,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model", metavar="PATH|HF_ID|GGUF",
                        help="'default' (embedded SmolLM2-135M-Instruct), a Hugging Face "
                             "folder, an HF id (org/name) or a .gguf file")
-    serve.add_argument("--dtype", metavar="|".join(DTYPES),
-                       help="weight dtype (default auto: a GGUF runs in its own quantization "
-                            "on CPU; float32|bfloat16 dequantise it)")
-    serve.add_argument("--quantize", metavar="|".join(QUANTIZE),
-                       help="quantize a float safetensors model once at load (CPU; default "
-                            "none)")
+    serve.add_argument("--dtype", metavar="|".join(DTYPES), help="weight dtype (default auto)")
     serve.add_argument("--device", metavar="auto|cpu|cuda", help="where to run (default auto)")
     serve.add_argument("--policy", metavar="|".join(POLICIES),
                        help="scheduling policy (default prefill-first; interleave when shared)")
+    serve.add_argument("--admission", metavar="|".join(ADMISSIONS),
+                       help="admission order of the waiting queue (default fifo; fair when "
+                            "shared)")
+    serve.add_argument("--max-running", type=int, metavar="N",
+                       help="requests decoding at once: the engine's slots (default 16)")
+    serve.add_argument("--kv-tokens", type=int, metavar="N",
+                       help="KV cache positions, allocated at start (default 16384)")
+    serve.add_argument("--max-prefill-tokens", type=int, metavar="N",
+                       help="prompt tokens computed per round; longer prompts go in chunks "
+                            "(default 512)")
     serve.add_argument("--upstream", action="append", metavar="URL", dest="upstreams",
                        help="serve in front of this OpenAI-compatible server (vLLM, SGLang, "
                             "llama.cpp, Ferry) instead of loading a model; repeatable")
@@ -89,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", help="check the installation: torch, device, model, folders, port",
         description="Check everything `ferry serve` needs, one line each: torch build, "
                     "device, bfloat16, flashinfer, model files, data/config/cache/log folders, "
-                    "whether the port is free. Exits 1 if any check fails.")
+                    "whether the port is free. Exits 1 if any check fails.",
+    ).add_argument("--port", type=int, help="check this port instead of the configured one")
     return parser
 
 
@@ -112,8 +119,8 @@ def passthrough(command: str, argv: list[str]) -> int:
 
 def serve_flags(args: argparse.Namespace) -> dict[str, object]:
     return {name: getattr(args, name) for name in
-            ("host", "port", "model", "dtype", "quantize", "device", "policy", "open",
-             "upstreams")}
+            ("host", "port", "model", "dtype", "device", "policy", "admission", "max_running",
+             "kv_tokens", "max_prefill_tokens", "open", "upstreams")}
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -133,17 +140,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return fail("serve", str(exc))
 
     from app import serve
-    from app.logs import configure_logging
+    from app.logs import configure_logging, quiet_progress_bars
 
     paths.ensure()
     configure_logging(paths.log_file)
+    quiet_progress_bars(sys.stderr)  # no bar escape codes in a log the output goes to
     return int(serve.run(settings, paths, model) or 0)
 
 
 def cmd_with_settings(args: argparse.Namespace) -> int:
     paths = get_paths()
     try:
-        settings: Settings | None = load_settings()
+        # doctor --port: check that port (a flag, above every other source)
+        settings: Settings | None = load_settings({"port": getattr(args, "port", None)})
         error = None
     except SettingsError as exc:
         settings, error = None, str(exc)

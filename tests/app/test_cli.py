@@ -15,6 +15,7 @@ import pytest
 import app.serve
 from app import cli
 from app.paths import get_paths
+from app.settings import engine_config
 from web.access.users import UserStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,6 +30,17 @@ def ferry_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.delenv(name)
     monkeypatch.setenv("FERRY_HOME", str(tmp_path))
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def progress_bars_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """`ferry serve` under pytest (not a terminal) turns progress bars off process-wide."""
+    for name in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import enable_progress_bars
+        enable_progress_bars()
 
 
 @pytest.fixture
@@ -235,9 +247,89 @@ def test_entry_point_simulate_json() -> None:
     scenario = SCENARIOS / "fig3-abc.json"
     if not scenario.is_file():
         # make test installs it and CI has shared/ beside the repo: absent there is a failure
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"{scenario} not present (shared/ is expected beside the repo)")
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(
+            f"{scenario} not present (shared/ is expected beside the repo)")
     done = subprocess.run([str(FERRY), "simulate", str(scenario), "--json"],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["rounds"] and set(result["requests"]) == {"A", "B", "C"}
+
+
+def test_serve_engine_flags(capsys: pytest.CaptureFixture[str],
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    flags = ("--max-running", "3", "--kv-tokens", "2048", "--max-prefill-tokens", "64",
+             "--admission", "fair")
+    code, out, _ = run(capsys, "serve", *flags, "--print-config")
+    assert code == 0
+    for line in ("max_running = 3", "kv_tokens = 2048", "max_prefill_tokens = 64",
+                 'admission = "fair"'):
+        assert line in out, out
+    for flag in ("--max-running", "--kv-tokens", "--max-prefill-tokens", "--admission"):
+        assert f"# flag {flag}" in out
+    seen = {}
+
+    def fake_run(settings, paths, model):  # type: ignore[no-untyped-def]
+        seen.update(settings=settings)
+        return 0
+
+    monkeypatch.setattr(app.serve, "run", fake_run)
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+    assert run(capsys, "serve", *flags, "--port", str(free_port()))[0] == 0
+    engine = engine_config(seen["settings"])
+    assert (engine.max_running, engine.kv_tokens, engine.max_prefill_tokens,
+            engine.admission) == (3, 2048, 64, "fair")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--max-running", "0"], "max_running"),
+    (["--kv-tokens", "lots"], "invalid int"),
+    (["--admission", "lifo"], "admission"),
+])
+def test_bad_engine_flags_are_usage_errors(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                           words: str) -> None:
+    code, _, err = run(capsys, "serve", *argv, "--print-config")
+    assert code == 2 and words in err, err
+
+
+def test_doctor_port_flag(capsys: pytest.CaptureFixture[str], busy_port: int) -> None:
+    code, out, _ = run(capsys, "doctor", "--port", str(busy_port))
+    assert code == 1 and f"port {busy_port}" in out and "already in use" in out
+    port = free_port()
+    code, out, _ = run(capsys, "doctor", "--port", str(port))
+    assert code == 0 and str(port) in out, out
+    assert run(capsys, "doctor", "--port", "0")[0] == 1  # out of range: the config check fails
+
+
+def test_progress_bars_are_plain_when_output_is_not_a_terminal(tmp_path: Path) -> None:
+    """A log file (stderr redirected) gets no carriage returns or escape codes from tqdm or
+    the Hugging Face hub; a terminal keeps its bars."""
+    code = ("import sys; from app.logs import quiet_progress_bars; "
+            "print(quiet_progress_bars(sys.stderr), file=sys.stdout); "
+            "from tqdm import tqdm; [None for _ in tqdm(range(50), desc='loading')]; "
+            "from huggingface_hub.utils import are_progress_bars_disabled; "
+            "print(are_progress_bars_disabled())")
+    log = tmp_path / "ferry.log"
+    with log.open("w") as err:
+        done = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=err,
+                              text=True, cwd=REPO, check=True)
+    assert done.stdout.split() == ["True", "True"]
+    text = log.read_text()
+    assert "\r" not in text and "\x1b" not in text and "loading" not in text
+
+    import fcntl
+    import pty
+    import struct
+    import termios
+    parent, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 0 wide: no bar
+    try:
+        done = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              stderr=child, text=True, cwd=REPO, check=True)
+        shown = os.read(parent, 65536).decode(errors="replace")
+    finally:
+        os.close(child)
+        os.close(parent)
+    assert done.stdout.split()[0] == "False" and "loading" in shown and "\r" in shown
