@@ -258,12 +258,11 @@ def report(results: list[Result], work: Workload, dtype: str, as_json: bool,
                    "ratios": {k: round(v, 2) for k, v in ratios.items()}}, sys.stdout, indent=1)
         print()
         return
-    if runs:
-        print(f"model runs as: {runs}")  # e.g. GGUF Q4_1 + Q8_0 head, native AVX2 kernels
     print(f"workload: {work.requests} requests, prompt {work.prompt}, output {work.output}, "
           f"concurrency {work.concurrency}, rate {work.rate or 'all at once'}, "
           f"shared prefix {work.shared_prefix}, dtype {dtype}"
-          + (f", CPU kernels {kernels}" if kernels else ""))
+          + (f", CPU kernels {kernels}" if kernels else "")
+          + (f"; model runs as {runs}" if runs else ""))  # e.g. GGUF Q4_1 + Q8_0 head, ...
     cols = ["system", "output_tok_s", "prefill_tok_s", "ttft_p50_ms", "ttft_p95_ms",
             "itl_p50_ms", "itl_p95_ms", "tok_s_user", "scheduler_share_pct"]
     heads = ["system", "out tok/s", "prefill tok/s", "TTFT p50 ms", "TTFT p95 ms", "ITL p50 ms",
