@@ -16,7 +16,7 @@ void q_act32(const float *x, int64_t n, qa32 *out) {
             sum += q;
         }
         out[b].d = d;
-        out[b].isum = sum;
+        out[b].s = d * (float)sum;
     }
 }
 

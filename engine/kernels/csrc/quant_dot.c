@@ -74,7 +74,7 @@ void q_dot_q4_1_plain(const uint8_t *w, int64_t nb, const void *act, int64_t ast
                 q[j + 16] = (int8_t)(blk[4 + j] >> 4);
             }
             acc += q_f16(blk) * a[b].d * (float)idot32(q, a[b].qs);
-            off += q_f16(blk + 2) * (a[b].d * (float)a[b].isum); /* the min times sum(x) */
+            off += q_f16(blk + 2) * a[b].s; /* the min times sum(x) */
         }
         out[r] = acc + off;
     }

@@ -10,10 +10,10 @@ enum {
     QT_Q4_K = 12, QT_Q5_K = 13, QT_Q6_K = 14, QT_BF16 = 30
 };
 
-/* activations of 32-block weights: x ~= d * qs, isum = sum(qs) (llama.cpp's Q8_0/Q8_1) */
+/* activations of 32-block weights: x ~= d * qs, s = d * sum(qs) (llama.cpp's Q8_1) */
 typedef struct {
     float d;
-    int32_t isum;
+    float s;
     int8_t qs[32];
 } qa32;
 

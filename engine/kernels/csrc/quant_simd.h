@@ -132,7 +132,7 @@ INL void block32(const uint8_t *w, int64_t b, const void *act, int64_t astride, 
             __m256i p = dot_us(q, _mm256_loadu_si256((const __m256i *)a->qs));
             acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(&a->d)),
                                      _mm256_cvtepi32_ps(p), acc[r]);
-            off[r] += m * (a->d * (float)a->isum);
+            off[r] += m * a->s;
         }
     } else {
         __m256i qa = _mm256_sign_epi8(q, q);
