@@ -1,0 +1,109 @@
+"""What the chat's routes answer with: its forms, the page, message fragments, and refusals
+(a notice swapped into the page, or the page with the notice and the typed text kept)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from litestar import Response
+from litestar.datastructures import UploadFile
+from litestar.exceptions import HTTPException
+from litestar.params import URLEncodedBody
+from litestar.plugins.htmx import ClientRedirect, HTMXRequest, HTMXTemplate
+from litestar.response import Redirect, Template
+
+from engine import QueueFull, RequestError
+from web.access.identity import User, current_user
+from web.pages.chat_service import ChatError, version_nav
+from web.services import EngineUnavailable, services
+from web.storage.store import Conversation, Message
+
+
+@dataclass
+class ChatForm:
+    content: str
+    csrf_token: str = ""  # checked by web.access.auth's middleware (shared mode)
+
+
+@dataclass
+class TitleForm:
+    title: str
+    csrf_token: str = ""
+
+
+@dataclass
+class SettingsForm:
+    system_prompt: str = ""
+    temperature: str = ""
+    top_p: str = ""
+    max_tokens: str = ""
+    csrf_token: str = ""
+
+
+@dataclass
+class ImportForm:
+    file: UploadFile
+    csrf_token: str = ""
+
+
+Form = URLEncodedBody[ChatForm]
+
+
+def sidebar(request: HTMXRequest, user: User, conv: Conversation | None,
+            search: str | None = None) -> dict[str, Any]:
+    s = services(request)
+    return {"conversations": s.store.conversations(user.name, search=search),
+            "live": s.replies.live_conversations(), "conversation": conv, "search": search or ""}
+
+
+def page(request: HTMXRequest, user: User, conv: Conversation | None,
+         notice: str | None = None, status_code: int = 200, draft: str = "",
+         search: str | None = None) -> Template:
+    s = services(request)
+    messages = s.store.messages(conv.id) if conv else []
+    cfg = s.config
+    return Template("chat.html", status_code=status_code, context={
+        "page": "chat", "user": user, "model_name": cfg.model_name, "notice": notice,
+        "messages": messages, "versions": version_nav(s, messages), "draft": draft,
+        "defaults": {"system_prompt": cfg.chat_system_prompt or "", "temperature":
+                     cfg.chat_temperature, "top_p": cfg.chat_top_p,
+                     "max_tokens": cfg.default_max_tokens},
+        **sidebar(request, user, conv, search)})
+
+
+def fragment(request: HTMXRequest, conv: Conversation, messages: list[Message]) -> HTMXTemplate:
+    return HTMXTemplate(template_name="_messages.html", context={
+        "messages": messages, "conversation": conv,
+        "versions": version_nav(services(request), messages)})
+
+
+def refusal(request: HTMXRequest, exc: Exception, conv: Conversation | None,
+            draft: str = "") -> Response[Any]:
+    """Why an action was refused: a notice swapped into the page, or the page with it."""
+    status = 400
+    headers: dict[str, str] = {}
+    if isinstance(exc, ChatError):
+        status = exc.status_code
+    elif isinstance(exc, (QueueFull, EngineUnavailable)):
+        status = 429 if isinstance(exc, QueueFull) else 503
+        headers = {"Retry-After": str(exc.retry_after)}
+    if request.htmx:
+        return HTMXTemplate(template_name="_notice.html", context={"notice": str(exc)},
+                            status_code=status, headers=headers, re_target="#notice",
+                            re_swap="innerHTML")
+    response = page(request, current_user(request), conv, str(exc), status, draft)
+    response.headers.update(headers)
+    return response
+
+
+REFUSED = (ChatError, RequestError, QueueFull, EngineUnavailable)
+
+
+def http_error(request: HTMXRequest, exc: HTTPException) -> Response[Any]:
+    """A 404 or 413 on a chat route: a notice in the page, never a JSON body in the chat."""
+    detail = "the message is too long" if exc.status_code == 413 else str(exc.detail)
+    return refusal(request, ChatError(detail, exc.status_code), None)
+
+
+def go(request: HTMXRequest, url: str) -> Response[Any]:
+    return ClientRedirect(url) if request.htmx else Redirect(url, status_code=303)
