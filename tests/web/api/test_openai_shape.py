@@ -140,6 +140,25 @@ def test_n_counts_against_the_queue_bounds(server: Any, idle_check: Any) -> None
         "model": MODEL, "prompt": "Hello", "n": 0}), 400)
 
 
+def test_n_counts_against_the_per_user_limit(make_server: Any,
+                                             tmp_path_factory: pytest.TempPathFactory,
+                                             idle_check: Any) -> None:
+    from web.access.users import UserStore
+    data = tmp_path_factory.mktemp("shared")
+    token = UserStore(data / "users.json").add("bob")
+    shared = make_server(data_dir=data, max_running=4,
+                         web={"shared": True, "per_user_limit": 2})
+    bob = httpx.Client(base_url=shared.url, timeout=60,
+                       headers={"Authorization": f"Bearer {token}"})
+    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 2}
+    error = error_of(bob.post("/v1/completions", json={**body, "n": 3}), 429)
+    assert "bob" in error["message"]
+    idle_check(shared.engine)  # the two choices that fitted were withdrawn
+    done = bob.post("/v1/completions", json={**body, "n": 2})
+    assert done.status_code == 200 and len(done.json()["choices"]) == 2
+    idle_check(shared.engine)
+
+
 def test_disconnect_cancels_every_choice(server: Any, waiter: Any, idle_check: Any) -> None:
     before = server.engine.snapshot().metrics.cancelled
     body = {"model": MODEL, "prompt": "Count to a thousand:", "max_tokens": 400,
