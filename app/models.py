@@ -15,7 +15,7 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 HF_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
-ModelKind = Literal["default", "folder", "gguf", "hf"]
+ModelKind = Literal["default", "folder", "gguf", "hf", "upstream"]  # upstream: no model here
 
 
 class ModelError(ValueError):

@@ -53,7 +53,9 @@ def check_serve(settings: Settings, paths: Paths) -> ModelRef:
             f"with access tokens, and there are none in {paths.users_file}. "
             f"Create one with `ferry users add NAME --admin`, or serve on 127.0.0.1.")
     try:
-        model = resolve_model(settings.model)
+        # upstream mode loads no model: the upstreams serve theirs
+        model = ModelRef("upstream", "upstream", None) if settings.upstreams else \
+            resolve_model(settings.model)
     except ModelError as exc:
         raise PreflightError(f"{exc} (model from {settings.source('model')})") from None
     problem = port_problem(settings.host, settings.port)

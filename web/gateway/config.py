@@ -47,7 +47,7 @@ class GatewayConfig:
     scrape_interval: float = 1.0  # seconds between looks at each upstream's metrics
     connect_timeout: float = 3.0
     stall_timeout: float = 60.0  # seconds without a byte from a streaming upstream: it is dead
-    slow_after: float = 1.0  # a metrics scrape slower than this marks the upstream slow
+    slow_after: float = 2.0  # a look (models, metrics) slower than this marks it slow
     down_wait: float = 15.0  # seconds a request waits for a down upstream before it fails
     retries: int = 2  # further tries (another upstream first) when one refuses before output
     retry_after: int = 5  # seconds, in 503s when no upstream is up

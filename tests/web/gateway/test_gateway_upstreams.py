@@ -20,6 +20,7 @@ from web.pages import reply_status
 # the upstreams' start (the model's load, twice) counts against the first test's time
 pytestmark = [pytest.mark.model, pytest.mark.timeout(600)]
 GREEDY = {"temperature": 0, "ignore_eos": True}
+UP = ("up", "slow")  # slow: answering, its metrics late (a busy machine)
 
 
 def wait(predicate: Any, timeout: float = 30.0, message: str = "condition") -> Any:
@@ -160,7 +161,7 @@ def test_two_upstreams_share_the_load(upstreams: list[Any], make_front: Any) -> 
     a, b = upstreams
     front = make_front([a.url, b.url], caps=[2, 2])
     gw, model = front.gateway, front.services.config.model_name
-    wait(lambda: all(u.health == "up" for u in gw.gateway_view().upstreams), 10, "both up")
+    wait(lambda: all(u.health in UP for u in gw.gateway_view().upstreams), 10, "both up")
     jobs = [Background(complete, front.url, model, 3) for _ in range(4)]
     for job in jobs:
         job.start()
@@ -182,7 +183,7 @@ def test_an_upstream_dies_mid_reply_then_both_down_then_one_comes_back(
     a, b = upstreams
     front = make_front([a.url, b.url], web={"chat_ignore_eos": True, "default_max_tokens": 300})
     gw, model, store = front.gateway, front.services.config.model_name, front.services.store
-    wait(lambda: all(u.health == "up" for u in gw.gateway_view().upstreams), 10, "both up")
+    wait(lambda: all(u.health in UP for u in gw.gateway_view().upstreams), 10, "both up")
     made = httpx.post(front.url + "/c", data={"content": "Write a long story."}, timeout=30)
     assert made.status_code in (200, 303), made.text
     conv = store.conversations("local")[0]
@@ -215,7 +216,7 @@ def test_an_upstream_dies_mid_reply_then_both_down_then_one_comes_back(
     assert "0 of 2 upstreams up" in page and page.count('data-health="down"') == 2
 
     dead.start().wait_ready()
-    wait(lambda: {u.name: u.health for u in gw.gateway_view().upstreams}[dead.name] == "up",
+    wait(lambda: {u.name: u.health for u in gw.gateway_view().upstreams}[dead.name] in UP,
          10, "the upstream back up")
     r = complete(front.url, model, 2)
     assert r.status_code == 200, r.text
