@@ -16,7 +16,10 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 run: install
 	$(BIN)/ferry serve $(ARGS)
 
+# lint and types first: they take seconds, the suite takes minutes
 test: install system-deps
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/pytest -q $(ARGS)
 
 install: $(STAMP) $(NODE_STAMP)

@@ -47,9 +47,9 @@ def quiet_progress_bars(stream: TextIO) -> bool:
     os.environ["TQDM_DISABLE"] = "1"  # tqdm >= 4.66 reads TQDM_* as its defaults
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     if "huggingface_hub" in sys.modules:  # already imported: the variable was read
-        from huggingface_hub.utils import disable_progress_bars
+        from huggingface_hub.utils import disable_progress_bars  # type: ignore[attr-defined]
         disable_progress_bars()
     if "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging
-        hf_logging.disable_progress_bar()
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     return True

@@ -103,10 +103,12 @@ def create_app(engine: Engine, tokenizer: Tokenizer, config: WebConfig) -> Lites
         route_handlers=[
             ChatController, DashboardController, SystemController, api, login_router,
             create_static_files_router("/static", [HERE / "static"], name="static"),
-            create_static_files_router("/assets", asset_files(config), name="assets"),
+            create_static_files_router("/assets", [*asset_files(config)], name="assets"),
         ],
         lifespan=[lifespan],
-        middleware=[DefineMiddleware(AuthMiddleware, auth=Auth.from_config(config))],
+        # AuthMiddleware types its ASGI scope as a plain mapping, not litestar's TypedDicts
+        middleware=[DefineMiddleware(AuthMiddleware,  # type: ignore[arg-type]
+                                     auth=Auth.from_config(config))],
         plugins=[HTMXPlugin()],
         template_config=TemplateConfig(engine=JinjaTemplateEngine.from_environment(env)),
         openapi_config=OpenAPIConfig(title="Ferry", version="0.1.0",

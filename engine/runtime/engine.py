@@ -12,7 +12,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.config import ADMISSIONS, POLICIES, EngineConfig
 from engine.runtime.core import EngineCore, RoundRecord
@@ -196,8 +196,8 @@ class Engine:
             if req is not None:
                 self._end(req, req.finish_reason or "cancelled", None)
         elif isinstance(message, Reconfigure):
-            changes = {k: v for k, v in (("policy", message.policy),
-                                          ("admission", message.admission)) if v}
+            changes: dict[str, Any] = {k: v for k, v in (("policy", message.policy),
+                                                         ("admission", message.admission)) if v}
             if changes:
                 # frozen config: the scheduler and this facade share the new value
                 self.config = dataclasses.replace(self.config, **changes)

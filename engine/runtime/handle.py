@@ -5,6 +5,7 @@ Detokenizing and stop-string matching happen here, off the scheduler thread (des
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -59,10 +60,8 @@ class RequestHandle:
     # -- producer side (scheduler thread) ------------------------------------------------
     def put(self, event: TokenEvent | FinalEvent) -> None:
         if self._loop is not None and self._aqueue is not None:
-            try:
+            with contextlib.suppress(RuntimeError):  # the consumer's loop is gone: nobody listens
                 self._loop.call_soon_threadsafe(self._aqueue.put_nowait, event)
-            except RuntimeError:  # the consumer's loop is gone: nobody listens
-                pass
         else:
             self._squeue.put(event)
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from engine.runtime.core import RoundRecord
 from engine.runtime.metrics import MetricsRecorder
-from engine.runtime.snapshot import EngineSnapshot, KVView, RequestView, RoundView, WaitReason
+from engine.runtime.snapshot import EngineSnapshot, KVView, RequestView, RoundView
+from engine.scheduling.admission import WaitReason
 from engine.scheduling.request import Request, RequestState
 from engine.scheduling.scheduler import Scheduler
 

@@ -17,7 +17,8 @@ class WaitReason:
 
 
 def reservation(req: Request, page_size: int) -> int:
-    """KV positions promised to an admitted request: what it may still write, page slack included."""
+    """KV positions promised to an admitted request: what it may still write, page slack
+    included."""
     return (max(0, len(req.prompt_ids) - req.num_computed) + req.params.max_tokens
             - len(req.output_ids) + page_size - 1)
 

@@ -23,7 +23,7 @@ class Node:
         self.children: dict[PageKey, Node] = {}
         self.lock_ref = 0
         self.last_access = 0
-        self.depth = 0 if parent is None else parent.depth + 1
+        self.depth: int = 0 if parent is None else parent.depth + 1
 
 
 class PrefixCache:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from engine.config import EngineConfig
 from engine.scheduling.admission import Admission, WaitReason, reservation
-from engine.scheduling.batch import Batch, BatchItem
+from engine.scheduling.batch import Batch, BatchItem, Phase
 from engine.scheduling.kv_accounting import KVAccounting
 from engine.scheduling.request import FinishReason, Request, RequestError, RequestState
 from engine.scheduling.slots import SlotTable
@@ -18,7 +18,8 @@ from engine.scheduling.slots import SlotTable
 class Scheduler:
     def __init__(self, config: EngineConfig, cache_outputs: bool = True) -> None:
         self.config = config
-        self.kv = KVAccounting(config.num_pages, config.page_size, config.prefix_cache, cache_outputs)
+        self.kv = KVAccounting(config.num_pages, config.page_size, config.prefix_cache,
+                               cache_outputs)
         self.slots = SlotTable(config.max_running)
         self.waiting: list[Request] = []  # arrival order; mid-chunk requests kept in front
         self.running: list[Request] = []  # prefill done, decoding; by admission
@@ -74,7 +75,8 @@ class Scheduler:
         budget = cfg.max_prefill_tokens - (len(decodes) if cfg.policy == "mixed" else 0)
         prefills = self._admit(budget, now)
         if cfg.policy == "mixed" and (decodes or prefills):
-            phase = "mixed" if decodes and prefills else ("decode" if decodes else "prefill")
+            phase: Phase = "mixed" if decodes and prefills else \
+                ("decode" if decodes else "prefill")
             return self._finalize(Batch(phase, tuple(decodes + prefills)))
         if prefills:
             return self._finalize(Batch("prefill", tuple(prefills)))

@@ -62,7 +62,8 @@ def parse(data: Any, policy: str | None = None) -> Scenario:
     known = set(EngineConfig.field_names())
     for key in engine:
         if key not in known:
-            raise ScenarioError(f"unknown field {key!r} in 'engine' (known: {', '.join(sorted(known))})")
+            raise ScenarioError(f"unknown field {key!r} in 'engine' "
+                                f"(known: {', '.join(sorted(known))})")
     if policy is not None:
         engine = {**engine, "policy": policy}
     try:

@@ -36,6 +36,12 @@ class SimExecutor:
         pass
 
 
+def cancel_time(req: SimRequest) -> float:
+    """When a cancel takes effect: never before its request arrives."""
+    assert req.cancel_at is not None
+    return max(req.cancel_at, req.arrive)
+
+
 class Simulation:
     def __init__(self, scenario: Scenario, detail: bool = True) -> None:
         self.scenario = scenario
@@ -53,8 +59,7 @@ class Simulation:
         arrivals = sorted(self.scenario.requests, key=lambda r: r.arrive)  # stable: file order
         # By the time a cancel takes effect (never before its request arrives), so that a
         # cancel sent before a late arrival does not hold back the cancels after it.
-        cancels = sorted((r for r in arrivals if r.cancel_at is not None),
-                         key=lambda r: max(r.cancel_at, r.arrive))  # type: ignore[type-var]
+        cancels = sorted((r for r in arrivals if r.cancel_at is not None), key=cancel_time)
         a = c = 0
         num_rounds = 0
         while True:
@@ -62,7 +67,7 @@ class Simulation:
             while a < len(arrivals) and arrivals[a].arrive <= k:
                 self._submit(arrivals[a])
                 a += 1
-            while c < len(cancels) and max(cancels[c].cancel_at, cancels[c].arrive) <= k:  # type: ignore[type-var]
+            while c < len(cancels) and cancel_time(cancels[c]) <= k:
                 if self.core.cancel(cancels[c].id) is not None:
                     self._pending_finished.append(cancels[c].id)
                 c += 1
@@ -70,7 +75,7 @@ class Simulation:
             if record is None:
                 times = [arrivals[a].arrive] if a < len(arrivals) else []
                 if c < len(cancels):
-                    times.append(max(cancels[c].cancel_at, cancels[c].arrive))  # type: ignore[type-var]
+                    times.append(cancel_time(cancels[c]))
                 if not times:
                     break
                 assert not self.core.scheduler.running, "idle with running requests"
@@ -133,19 +138,22 @@ def simulate(scenario: Scenario, detail: bool = True) -> dict[str, Any]:
 
 def format_table(result: dict[str, Any]) -> str:
     """A chapter-style table: one line per round."""
-    head = f"{'round':>5}  {'phase':<8} {'batch':<24} {'running':<14} {'waiting (why)':<30} finished"
+    head = (f"{'round':>5}  {'phase':<8} {'batch':<24} {'running':<14} {'waiting (why)':<30} "
+            "finished")
     lines = [head, "-" * len(head)]
     for r in result["rounds"]:
         batch = " ".join(f"{b['id']}:{b['tokens']}" for b in r["batch"])
         waiting = " ".join(f"{w}({r['waiting_reasons'][w]['code']})" for w in r["waiting"])
-        lines.append(f"{r['round']:>5}  {r['phase']:<8} {batch:<24} {' '.join(r['running']) or '-':<14} "
+        running = " ".join(r["running"]) or "-"
+        lines.append(f"{r['round']:>5}  {r['phase']:<8} {batch:<24} {running:<14} "
                      f"{waiting or '-':<30} {' '.join(r['finished']) or '-'}")
     lines.append("")
     lines.append(f"{'request':<10} {'first token':>11} {'finished':>8}  reason     outputs")
     for rid, q in result["requests"].items():
         ftr = "-" if q["first_token_round"] is None else q["first_token_round"]
         fin = "-" if q["finish_round"] is None else q["finish_round"]
-        lines.append(f"{rid:<10} {ftr:>11} {fin:>8}  {q['finish_reason'] or '-':<10} {q['output_tokens']}")
+        lines.append(f"{rid:<10} {ftr:>11} {fin:>8}  {q['finish_reason'] or '-':<10} "
+                     f"{q['output_tokens']}")
     return "\n".join(lines)
 
 

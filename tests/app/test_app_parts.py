@@ -33,7 +33,7 @@ def test_resolve_paths_and_ids(tmp_path: Path) -> None:
     gguf.write_bytes(b"GGUF")
     assert resolve_model(str(gguf)).kind == "gguf"
     (tmp_path / "weights.bin").write_bytes(b"")
-    with pytest.raises(ModelError, match=".gguf"):
+    with pytest.raises(ModelError, match=r"\.gguf"):
         resolve_model(str(tmp_path / "weights.bin"))
     with pytest.raises(ModelError, match="not found"):
         resolve_model(str(tmp_path / "missing"))

@@ -25,7 +25,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qs, quote, urlsplit
 
 from web.access.sessions import SESSION_MAX_AGE, SessionSigner, load_secret_key
@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ferry.auth")
 
 SESSION_COOKIE = "ferry_session"
-COOKIE_SAMESITE = "lax"  # Lax: links from other sites still land signed in; CSRF tokens guard posts
+# Lax: links from other sites still land signed in; CSRF tokens guard posts
+COOKIE_SAMESITE: Literal["lax"] = "lax"
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "x-csrf-token"
 PUBLIC_PATHS = frozenset({"/login", "/healthz", "/favicon.ico"})

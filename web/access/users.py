@@ -10,6 +10,7 @@ takes effect on the next request.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -136,10 +137,8 @@ def write_private(path: Path, data: bytes) -> None:
             os.fsync(out.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 

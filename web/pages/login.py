@@ -78,7 +78,7 @@ async def login_submit(request: Request[Any, Any, Any]) -> Response[Any]:
 async def logout(request: Request[Any, Any, Any]) -> Response[Any]:
     auth = auth_of(request)
     cookie = request.scope.get(SCOPE_SESSION)
-    if cookie:
+    if isinstance(cookie, str) and cookie:
         auth.logout(cookie)  # the server forgets the session: copies of the cookie stop working
     response: Response[Any] = Redirect("/login" if auth.shared else "/", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")

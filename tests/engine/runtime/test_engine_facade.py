@@ -121,7 +121,7 @@ def test_bounds_refuse_at_once() -> None:
     ex.gate.clear()  # hold the first round so everything queues
     e = make(ex, max_waiting=3, max_running=1)
     try:
-        with pytest.raises(RequestError, match="exceeds the context|never fit"):
+        with pytest.raises(RequestError, match=r"exceeds the context|never fit"):
             e.submit(list(range(600)), SamplingParams(max_tokens=10))
         hs = [e.submit([1, 2], SamplingParams(max_tokens=3), owner="ann", owner_limit=2)
               for _ in range(2)]

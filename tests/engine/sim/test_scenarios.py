@@ -39,10 +39,12 @@ def _compare(actual: dict, expected: dict, name: str) -> None:
 def test_scenario_folder_is_found() -> None:
     if not SCENARIOS.is_dir():
         # make test installs it and CI has shared/ beside the repo: absent there is a failure
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"{SCENARIOS} is missing (CI puts a copy of shared/ beside the repo)")
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(
+            f"{SCENARIOS} is missing (CI puts a copy of shared/ beside the repo)")
     assert FILES, f"no scenario inputs in {SCENARIOS}"
     for path in FILES:
-        assert path.with_name(path.stem + ".expected.json").is_file(), f"{path.name} has no expected"
+        expected = path.with_name(path.stem + ".expected.json")
+        assert expected.is_file(), f"{path.name} has no expected"
 
 
 @needs_scenarios

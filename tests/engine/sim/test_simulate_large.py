@@ -23,7 +23,8 @@ def _scenario() -> dict:
         req = {"id": f"r{i}", "arrive": round(i * 0.25 + rng.random(), 2),
                "output": rng.randint(1, 64), "user": rng.choice("abcd")}
         if i % 3 == 0:
-            req["prompt_ids"] = rng.choice(systems) + [rng.randrange(50) for _ in range(rng.randint(1, 40))]
+            tail = [rng.randrange(50) for _ in range(rng.randint(1, 40))]
+            req["prompt_ids"] = rng.choice(systems) + tail
         else:
             req["prompt"] = rng.randint(1, 300)
         if i % 17 == 0:

@@ -122,7 +122,7 @@ def test_good_names_and_duplicates(store: UserStore) -> None:
 @pytest.mark.parametrize("content", ["{not json", '["a"]', '{"users": {"ann": {"admin": 1}}}'])
 def test_damaged_file_is_a_clear_error(store: UserStore, content: str) -> None:
     store.path.write_text(content)
-    with pytest.raises(UserError, match="users.json"):
+    with pytest.raises(UserError, match=r"users\.json"):
         store.has_users()
     with pytest.raises(UserError):  # a damaged file is not "a wrong token": Auth logs it
         store.verify("fy_" + "0" * 12 + "a" * 43)
@@ -176,7 +176,8 @@ def test_csrf_accept_reject() -> None:
 def test_csrf_from_bodies() -> None:
     assert csrf_from_body("application/x-www-form-urlencoded", b"a=1&csrf_token=xy-Z_") == "xy-Z_"
     multipart = (b'--B\r\nContent-Disposition: form-data; name="text"\r\n\r\nhi\r\n'
-                 b'--B\r\nContent-Disposition: form-data; name="csrf_token"\r\n\r\nT0k\r\n--B--\r\n')
+                 b'--B\r\nContent-Disposition: form-data; name="csrf_token"\r\n\r\nT0k\r\n'
+                 b'--B--\r\n')
     assert csrf_from_body("multipart/form-data; boundary=B", multipart) == "T0k"
     assert csrf_from_body("application/json", b'{"csrf_token": "x"}') is None
 
