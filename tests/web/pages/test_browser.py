@@ -262,5 +262,8 @@ def test_chat_page_screenshot(server: Any, page: Any, idle_check: Any, tmp_path:
     assert "Paris" in page.inner_text("#messages")
     assert page.locator("article.msg.assistant .body.md pre code").count() >= 1
     page.mouse.move(0, 0)
+    # the newest reply in view (its figures and Continue), not mid-way through a smooth scroll
+    page.evaluate("(m => { m.style.scrollBehavior = 'auto'; m.scrollTop = m.scrollHeight; })"
+                  "(document.getElementById('messages'))")
     page.screenshot(path=str(screenshot_path("chat.png", tmp_path)))
     idle_check(server.engine)
