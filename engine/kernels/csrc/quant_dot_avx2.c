@@ -5,3 +5,17 @@
 #define QS_VNNI 0
 #define QS_SUFFIX avx2
 #include "quant_simd.h"
+
+#ifdef Q_HAVE_AVX2
+#define QD_TARGET QS_TARGET
+#define QD_SUFFIX avx2
+#define QD_CVT512 0
+#include "quant_deq.h"
+#undef QD_TARGET
+#undef QD_SUFFIX
+#undef QD_CVT512
+#define QD_TARGET QS_TARGET ",avx512f,avx512vl,avx512bf16"
+#define QD_SUFFIX avx512bf16
+#define QD_CVT512 1
+#include "quant_deq.h"
+#endif

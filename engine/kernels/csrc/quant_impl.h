@@ -82,6 +82,7 @@ Q_DOTS(plain)
 Q_DOTS(avx2)
 Q_DOTS(vnni)
 int q_deq_row_avx2(int qt, const uint8_t *src, int64_t in, void *dst, int bf);
+int q_deq_row_avx512bf16(int qt, const uint8_t *src, int64_t in, void *dst, int bf);
 void q_to_bf16_avx2(const float *src, int64_t n, uint16_t *dst);
 #endif
 

@@ -3,6 +3,19 @@
 #pragma GCC optimize("fp-contract=off")
 #include "quant_impl.h"
 
+#ifdef Q_HAVE_AVX2
+/* AVX512-BF16 (vcvtneps2bf16: round to nearest even, as torch; it flushes subnormals, which
+ * a block's d * q never is) */
+static int q_cpu_bf16(void) {
+    static int has = -1;
+    if (has < 0) {
+        __builtin_cpu_init();
+        has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl");
+    }
+    return has;
+}
+#endif
+
 static void row_f32(int qt, const uint8_t *src, int64_t in, float *dst) {
     int64_t nb;
 #ifdef Q_HAVE_AVX2
@@ -128,6 +141,9 @@ int ferry_qdequantize(const ferry_weight *w, const int64_t *ids, int64_t n, void
             } else if (tmp) { /* bfloat16 tiles for torch's bf16 matmul, rounded to nearest even */
                 uint16_t *dst = (uint16_t *)out + k * w->in;
 #ifdef Q_HAVE_AVX2
+                if (q_active_path() >= 2 && q_cpu_bf16() &&
+                    q_deq_row_avx512bf16(w->qtype, src, w->in, dst, 1))
+                    continue;
                 if (q_active_path() >= 1 && q_deq_row_avx2(w->qtype, src, w->in, dst, 1)) continue;
 #endif
                 row_f32(w->qtype, src, w->in, tmp);

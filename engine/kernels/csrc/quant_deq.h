@@ -1,0 +1,98 @@
+/* Dequantization of one row with AVX2, included by quant_dot_avx2.c twice: plain AVX2, and
+ * with AVX512-BF16's one-instruction float -> bfloat16 rounding for bf16 tiles. The includer
+ * defines QD_TARGET, QD_SUFFIX and QD_CVT512 (0/1) after including quant_simd.h. */
+#undef QD_TGT
+#undef QD_INL
+#define QD_TGT __attribute__((target(QD_TARGET)))
+#define QD_INL static inline __attribute__((always_inline)) QD_TGT
+
+/* 8 floats -> 8 bfloat16, rounded to nearest even (NaNs from arithmetic are quiet already) */
+QD_INL __m128i QS_CAT2(bf16x8_, QD_SUFFIX)(__m256 v) {
+#if QD_CVT512
+    return (__m128i)_mm256_cvtneps_pbh(v);
+#else
+    __m256i u = _mm256_castps_si256(v);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    u = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+#endif
+}
+
+/* 32 bytes q -> 32 values d * q + m (sub: d * q - m; neither: d * q), the same float32
+ * operations as gguf-py, stored as float32 or (bf) rounded to bfloat16 */
+QD_INL void QS_CAT2(store32_, QD_SUFFIX)(void *dst, int64_t at, int bf, __m256i q, __m256 d,
+                                           __m256 m, int op) {
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int k = 0; k < 4; k++) {
+        __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])));
+        if (op > 0) v = _mm256_add_ps(v, m);
+        if (op < 0) v = _mm256_sub_ps(v, m);
+        if (bf)
+            _mm_storeu_si128((__m128i *)((uint16_t *)dst + at + 8 * k),
+                             QS_CAT2(bf16x8_, QD_SUFFIX)(v));
+        else
+            _mm256_storeu_ps((float *)dst + at + 8 * k, v);
+    }
+}
+
+/* returns 0 where the type has no AVX2 decoder here (the caller's plain loop runs) */
+QD_TGT int QS_CAT2(q_deq_row_, QD_SUFFIX)(int qt, const uint8_t *src, int64_t in, void *dst,
+                                          int bf) {
+    const __m256 zero = _mm256_setzero_ps();
+    switch (qt) {
+    case QT_Q4_0: case QT_Q5_0: case QT_Q8_0: case QT_Q4_1: {
+        int bytes = qt == QT_Q4_0 ? 18 : qt == QT_Q5_0 ? 22 : qt == QT_Q8_0 ? 34 : 20;
+        for (int64_t b = 0; b < in / 32; b++) {
+            const uint8_t *k = src + b * bytes;
+            __m256 m = qt == QT_Q4_1 ? _mm256_set1_ps(f16(k + 2)) : zero;
+            QS_CAT2(store32_, QD_SUFFIX)(dst, 32 * b, bf, decode32(k, qt), _mm256_set1_ps(f16(k)),
+                                         m, qt == QT_Q4_1);
+        }
+        return 1;
+    }
+    case QT_Q4_K: case QT_Q5_K: {
+        const int five = qt == QT_Q5_K, bytes = five ? 176 : 144;
+        const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+        for (int64_t b = 0; b < in / 256; b++) {
+            const uint8_t *k = src + b * bytes, *qs = k + (five ? 48 : 16);
+            float d = f16(k), dmin = f16(k + 2);
+            uint8_t sc[8], mn[8];
+            q_scale_min_k4(k + 4, sc, mn);
+            __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(k + 16)) : _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++) {
+                __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+                __m256i lo = _mm256_and_si256(bits, m4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                if (five) {
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(
+                        _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c), one), 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(
+                        _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c + 1), one), 4));
+                }
+                int64_t at = 256 * b + 64 * c;
+                QS_CAT2(store32_, QD_SUFFIX)(dst, at, bf, lo, _mm256_set1_ps(d * (float)sc[2 * c]),
+                        _mm256_set1_ps(dmin * (float)mn[2 * c]), -1);
+                QS_CAT2(store32_, QD_SUFFIX)(dst, at + 32, bf, hi, _mm256_set1_ps(d * (float)sc[2 * c + 1]),
+                        _mm256_set1_ps(dmin * (float)mn[2 * c + 1]), -1);
+            }
+        }
+        return 1;
+    }
+    default: return 0;
+    }
+}
+
+
+#if !QD_CVT512
+QD_TGT void QS_CAT2(q_to_bf16_, QD_SUFFIX)(const float *src, int64_t n, uint16_t *dst) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(src + i);
+        __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+        if (!_mm256_testz_ps(nan, nan)) break; /* the scalar loop quiets NaNs */
+        _mm_storeu_si128((__m128i *)(dst + i), QS_CAT2(bf16x8_, QD_SUFFIX)(v));
+    }
+    for (; i < n; i++) dst[i] = ferry_f32_to_bf16(src[i]);
+}
+#endif
