@@ -367,3 +367,28 @@ def test_refused_first_message_keeps_its_text(server: Any, page: Any, idle_check
     response = page.goto(server.url + "/c")
     assert response.ok and "<textarea" in page.content()
     idle_check(server.engine)
+
+
+def test_reply_waiting_for_kv_says_how_much_it_needs(make_server: Any, page: Any, waiter: Any,
+                                                     idle_check: Any) -> None:
+    # a small pool: one long API reply reserves nearly all of it, the chat reply waits for KV
+    small = make_server(max_running=2, kv_tokens=1024, web={"default_max_tokens": 40})
+    done: list[str] = []
+    thread = occupy_slot(small, 940, done)
+    try:
+        waiter(lambda: small.engine.snapshot().running, 30, message="the API request runs")
+        new_chat(page, small, "Hi!")
+        status = page.locator("article.msg.assistant.streaming .queue-status")
+        waiter(lambda: "KV positions" in status.inner_text(), 15, message="the KV reason")
+        text = status.inner_text()
+        assert text.startswith("Waiting: 1st in line · 1 of 2 slots in use · ")
+        assert re.search(r"needs \d+ KV positions", text), text
+        for rid in small.engine.snapshot().running:
+            httpx.delete(f"{small.url}/v1/requests/{rid.id}")
+        wait_done(page)
+        assert last_reply(page).locator(".body").inner_text().strip()
+    finally:
+        for rid in small.engine.live_ids():
+            httpx.delete(f"{small.url}/v1/requests/{rid}")
+        thread.join(60)
+    idle_check(small.engine)
