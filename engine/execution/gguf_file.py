@@ -44,6 +44,30 @@ def _open_reader(path: Path) -> Any:
         """GGUFReader whose tensor table is checked first, so that a bad entry is reported
         by name (the plain reader fails with a bare ValueError or a reshape error)."""
 
+        def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple[int, list[Any],
+                                                                           list[int], list[Any]]:
+            """Arrays in one piece: gguf-py makes one numpy view per element, seconds for a
+            tokenizer's 50-150k tokens. A scalar array becomes a single view (its values:
+            `_value`); a string array is only measured (its strings are the tokenizer's,
+            which transformers reads itself, once: tokenizer.gguf_tokenizer_dir)."""
+            if raw_type != gguf.GGUFValueType.ARRAY:
+                return super()._get_field_parts(orig_offs, raw_type)
+            item = self._get(orig_offs, np.uint32)
+            count = self._get(orig_offs + 4, np.uint64)
+            offs, n = orig_offs + 12, int(count[0])
+            kind = gguf.GGUFValueType(int(item[0]))
+            nptype = self.gguf_scalar_to_np.get(kind)
+            if nptype is not None:
+                values = self._get(offs, nptype, n)
+                return 12 + int(values.nbytes), [item, count, values], [2], [
+                    gguf.GGUFValueType.ARRAY, kind]
+            if kind != gguf.GGUFValueType.STRING:
+                return super()._get_field_parts(orig_offs, raw_type)
+            raw = memoryview(self.data)
+            for _ in range(n):  # uint64 length, then the bytes
+                offs += 8 + int.from_bytes(raw[offs:offs + 8], "little")
+            return offs - orig_offs, [item, count], [], [gguf.GGUFValueType.ARRAY, kind]
+
         def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
             size = len(self.data)
             for field in fields:
@@ -80,10 +104,10 @@ def _value(field: Any) -> Any:
     kinds = field.types
     if not kinds:
         return None
-    if kinds[0] == gguf.GGUFValueType.ARRAY:
-        if kinds[-1] == gguf.GGUFValueType.STRING:
-            return [bytes(field.parts[i]).decode("utf-8", "replace") for i in field.data]
-        return [field.parts[i][0].item() for i in field.data]
+    if kinds[0] == gguf.GGUFValueType.ARRAY:  # as our reader keeps them (one part, or none)
+        if kinds[-1] == gguf.GGUFValueType.STRING or not field.data:
+            return None
+        return field.parts[field.data[0]].tolist()
     if kinds[0] == gguf.GGUFValueType.STRING:
         return bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
     return field.parts[field.data[0]][0].item()
@@ -117,9 +141,7 @@ class GGUFFile:
         if not self.path.is_file():
             raise ModelFileError(f"no GGUF file at {self.path}")
         self.reader = _open_reader(self.path)
-        self.meta = {k: _value(f) for k, f in self.reader.fields.items()
-                     if not k.startswith("tokenizer.ggml.")
-                     or k.endswith(("_token_id", ".model", ".pre"))}
+        self.meta = {k: _value(f) for k, f in self.reader.fields.items()}
         self.arch = str(self.meta.get("general.architecture", ""))
         if self.arch not in ARCHS:
             raise ModelFileError(f"{self.path}: architecture {self.arch!r} is not one Ferry "
@@ -241,6 +263,13 @@ class GGUFFile:
 
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors.values())
+
+
+def gguf_eos_ids(path: str | Path) -> frozenset[int]:
+    """A GGUF's EOS id (tokenizer.ggml.eos_token_id), from its metadata alone."""
+    field = _open_reader(Path(path)).fields.get("tokenizer.ggml.eos_token_id")
+    value = None if field is None else _value(field)
+    return frozenset([int(value)]) if value is not None else frozenset()
 
 
 def _hf_key(name: str) -> str | None:

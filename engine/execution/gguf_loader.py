@@ -67,8 +67,7 @@ def _blocks(file: GGUFFile, t: GGUFTensor) -> torch.Tensor:
     rows = t.hf_rows()
     if rows is None:
         return torch.from_numpy(np.asarray(t.data).view(np.uint8).reshape(t.shape[0], width))
-    data = torch.from_numpy(file.read(t).reshape(t.shape[0], width))
-    return data.index_select(0, rows)
+    return torch.from_numpy(file.read(t).reshape(t.shape[0], width)[rows.numpy()])
 
 
 def _quant_weight(file: GGUFFile, t: GGUFTensor) -> object:
@@ -93,14 +92,10 @@ def _stacked(file: GGUFFile, parts: list[GGUFTensor]) -> object:
 
     qtype, n_in = parts[0].qtype, parts[0].shape[1]
     width = quant.row_bytes(qtype, n_in)
-    out = torch.empty(sum(p.shape[0] for p in parts), width, dtype=torch.uint8)
-    row = 0
-    for p in parts:
-        data = torch.from_numpy(file.read(p).reshape(p.shape[0], width))
-        rows = p.hf_rows()
-        out[row:row + p.shape[0]] = data if rows is None else data.index_select(0, rows)
-        row += p.shape[0]
-    return quant.QuantWeight(qtype, out, n_in, out.shape[0])
+    data = [file.read(p).reshape(p.shape[0], width) for p in parts]
+    rows = [p.hf_rows() for p in parts]
+    out = np.concatenate([d if r is None else d[r.numpy()] for d, r in zip(data, rows)])
+    return quant.QuantWeight(qtype, torch.from_numpy(out), n_in, out.shape[0])
 
 
 def _set_linear(file: GGUFFile, module: Linear, keys: list[str]) -> None:

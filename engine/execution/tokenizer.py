@@ -55,8 +55,12 @@ def gguf_tokenizer_dir(gguf: Path, cache_dir: str | Path) -> Path:
 
 
 def read_eos_ids(path: Path) -> frozenset[int]:
-    """EOS ids from config.json and generation_config.json (int or list in either); none for
-    a GGUF file (its metadata has them: gguf_file.GGUFFile.eos_ids)."""
+    """EOS ids from config.json and generation_config.json (int or list in either), or from
+    a GGUF file's metadata."""
+    if Path(path).suffix == ".gguf":
+        from engine.execution.gguf_file import gguf_eos_ids
+
+        return gguf_eos_ids(path)
     ids: set[int] = set()
     for name in ("config.json", "generation_config.json"):
         f = Path(path) / name
