@@ -38,7 +38,7 @@ def check_chat(body: ChatCompletionRequest, config: WebConfig) -> list[dict[str,
         if not 0 <= body.top_logprobs <= MAX_LOGPROBS:
             raise APIError(f"top_logprobs must be within [0, {MAX_LOGPROBS}], got "
                            f"{body.top_logprobs}", param="top_logprobs")
-        if not body.logprobs:
+        if body.top_logprobs and not body.logprobs:
             raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
     for name in ("tools", "functions"):
         if getattr(body, name):

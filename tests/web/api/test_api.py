@@ -104,8 +104,8 @@ def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("extra", "param"), [
-    ({"n": 2}, "n"),
-    ({"logprobs": True}, "logprobs"),
+    ({"n": 17}, "n"),  # n and logprobs are supported now (test_openai_shape, test_logprobs)
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"max_tokens": "lots"}, "max_tokens"),
     ({"temperature": 7}, "temperature"),
@@ -134,8 +134,8 @@ def test_other_refusals(server: Any, client: openai.OpenAI) -> None:
     assert "context" in error["message"]
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=MODEL, prompt=["a", "b"], max_tokens=2)
-    error_of(httpx.post(server.url + "/v1/completions",
-                        json={"model": MODEL, "prompt": "x", "echo": True}), 400)
+    error_of(httpx.post(server.url + "/v1/completions",  # echo is supported, not this
+                        json={"model": MODEL, "prompt": "x", "echo": True, "suffix": "y"}), 400)
 
 
 def test_request_inspection_and_cancel(server: Any, waiter: Any, idle_check: Any) -> None:
