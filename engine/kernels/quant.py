@@ -146,12 +146,13 @@ def quant_matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = No
         raise ValueError(f"quant_matmul: bias must be float32 [{w.out_features}]")
     rows = x.shape[0]
     lib = _lib()
-    if w.qtype == F32 and (wf := _float_view(w)) is not None:
+    many = lib is None or rows >= many_rows()
+    if w.qtype == F32 and many and (wf := _float_view(w)) is not None:
         return torch.nn.functional.linear(x, wf, bias)  # the bytes are the float matrix
     if lib is None:
         return _tiled_matmul(x, w, bias)
-    if rows >= many_rows():
-        return _tiled_matmul(x, w, bias, tile_dtype())
+    if many:  # (an F32 weight here is one torch cannot view: it keeps float32 tiles)
+        return _tiled_matmul(x, w, bias, torch.float32 if w.qtype == F32 else tile_dtype())
     if x.stride(1) != 1:
         x = x.contiguous()
     bias = None if bias is None else bias.contiguous()

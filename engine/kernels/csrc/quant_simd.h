@@ -77,14 +77,13 @@ INL float scalar(const uint8_t *w, int kind, int64_t i) {
 
 INL void dot_float(const uint8_t *w, int64_t n, const void *act, int64_t astride, const int R,
                    float *out, int kind) {
-    /* 4 / R accumulators per row keep four independent fused multiply-add chains */
-    const int na = R == 1 ? 4 : R == 2 ? 2 : 1;
-    __m256 acc[4][QMAX_R];
-    for (int u = 0; u < 4; u++)
+    /* two fused multiply-add chains per row, the same for every R (see dot32) */
+    __m256 acc[2][QMAX_R];
+    for (int u = 0; u < 2; u++)
         for (int r = 0; r < R; r++) acc[u][r] = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 8 * na <= n; i += 8 * na)
-        for (int u = 0; u < na; u++) {
+    for (; i + 16 <= n; i += 16)
+        for (int u = 0; u < 2; u++) {
             __m256 wv = load8(w, kind, i + 8 * u);
             for (int r = 0; r < R; r++)
                 acc[u][r] = _mm256_fmadd_ps(
@@ -97,9 +96,7 @@ INL void dot_float(const uint8_t *w, int64_t n, const void *act, int64_t astride
                                         acc[0][r]);
     }
     for (int r = 0; r < R; r++) {
-        __m256 t = _mm256_add_ps(_mm256_add_ps(acc[0][r], acc[1][r]),
-                                 _mm256_add_ps(acc[2][r], acc[3][r]));
-        float s = hsum(t);
+        float s = hsum(_mm256_add_ps(acc[0][r], acc[1][r]));
         const float *x = (const float *)ROW(act, astride, r);
         for (int64_t j = i; j < n; j++) s += scalar(w, kind, j) * x[j];
         out[r] = s;
@@ -148,7 +145,8 @@ INL void block32(const uint8_t *w, int64_t b, const void *act, int64_t astride, 
 
 INL void dot32(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
                float *out, int qt, int bytes) {
-    /* one or two rows: two accumulators each, so the adds do not wait on one another */
+    /* two accumulators per row (even and odd blocks), so the adds do not wait on one
+     * another; the same for every R, so a row's result never depends on its neighbours */
     __m256 acc[2][QMAX_R];
     float off[2][QMAX_R];
     for (int u = 0; u < 2; u++)
@@ -157,11 +155,10 @@ INL void dot32(const uint8_t *w, int64_t nb, const void *act, int64_t astride, c
             off[u][r] = 0.f;
         }
     int64_t b = 0;
-    if (R <= 2)
-        for (; b + 2 <= nb; b += 2) {
-            block32(w, b, act, astride, R, qt, bytes, acc[0], off[0]);
-            block32(w, b + 1, act, astride, R, qt, bytes, acc[1], off[1]);
-        }
+    for (; b + 2 <= nb; b += 2) {
+        block32(w, b, act, astride, R, qt, bytes, acc[0], off[0]);
+        block32(w, b + 1, act, astride, R, qt, bytes, acc[1], off[1]);
+    }
     for (; b < nb; b++) block32(w, b, act, astride, R, qt, bytes, acc[0], off[0]);
     for (int r = 0; r < R; r++)
         out[r] = hsum(_mm256_add_ps(acc[0][r], acc[1][r])) + (off[0][r] + off[1][r]);

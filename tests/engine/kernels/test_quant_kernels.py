@@ -181,6 +181,19 @@ def test_model_shapes_with_bias_and_strided_rows(qtype: int, path: str) -> None:
     check_product(w, x.contiguous(), y - bias)
 
 
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=quant.type_name)
+def test_a_rows_product_does_not_depend_on_the_other_rows(qtype: int, path: str) -> None:
+    # below many_rows() a row's result is the same bits alone or in any batch
+    rng = np.random.default_rng(qtype + 3000)
+    inn = 512 if qtype in (quant.Q4_K, quant.Q5_K, quant.Q6_K) else 576
+    w = random_weight(qtype, 13, inn, rng)
+    x = torch.from_numpy(rng.standard_normal((quant.many_rows() - 1, inn)).astype(np.float32))
+    together = quant.quant_matmul(x, w)
+    for r in (0, 2, 5, x.shape[0] - 1):
+        assert torch.equal(quant.quant_matmul(x[r:r + 1], w)[0], together[r])
+        assert torch.equal(quant.quant_matmul(x[r:r + 3], w)[0], together[r])
+
+
 def exact_activations(rows: int, inn: int, rng: np.random.Generator) -> np.ndarray:
     """Integers times 2^-3 with max |value| 127 * 2^-3 in every block of 256 (so of 32 too):
     the kernels' int8 activations are these integers exactly."""
