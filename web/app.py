@@ -22,6 +22,7 @@ from web.access.auth import Auth, AuthMiddleware, csrf_token
 from web.api.completions import OpenAIController
 from web.api.controls import EngineController
 from web.api.errors import api_exception_handler
+from web.api.guards import json_depth_guard
 from web.api.metrics import SystemController, make_registry
 from web.api.requests import RequestsController
 from web.api.schemas import ChatCompletionChunk, Completion, ErrorResponse
@@ -98,7 +99,8 @@ def create_app(engine: Engine, tokenizer: Tokenizer, config: WebConfig) -> Lites
             store.close()
 
     api = Router("/", route_handlers=[OpenAIController, RequestsController, EngineController],
-                 exception_handlers={Exception: api_exception_handler})
+                 exception_handlers={Exception: api_exception_handler},
+                 before_request=json_depth_guard)
     app = Litestar(
         route_handlers=[
             ChatController, DashboardController, SystemController, api, login_router,

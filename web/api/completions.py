@@ -18,7 +18,6 @@ from engine import FinalEvent, RequestHandle, TextDelta, Tokenizer
 from web.api.choices import ChatShape, CompletionShape, usage_of
 from web.api.errors import APIError, error_docs
 from web.api.fanout import cancel_all, collect_all, merge, submit_all
-from web.api.guards import json_depth_guard
 from web.api.logprobs import TokenTexts
 from web.api.params import check_chat, check_completion, check_model, sampling_params
 from web.api.schemas import (
@@ -112,7 +111,6 @@ SSE_DOC = ("With `stream: true`: `text/event-stream`; every `data:` line holds o
 class OpenAIController(Controller):
     path = "/v1"
     tags = ("OpenAI-compatible API",)
-    before_request = json_depth_guard  # 100,000 nested `[` get a 400, not a RecursionError
 
     def _card(self, s: Services) -> ModelCard:
         return ModelCard(s.config.model_name, int(s.started), s.context_limit)

@@ -191,7 +191,8 @@ def test_seed_out_of_range_is_400(server: Any, client: openai.OpenAI, idle_check
     idle_check(server.engine)
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions",
+                                  "/v1/engine/policy"])
 def test_deep_nesting_is_400(server: Any, path: str, idle_check: Any) -> None:
     depth = 100_000
     body = f'{{"model": "{MODEL}", "prompt": {"[" * depth}{"]" * depth}}}'
