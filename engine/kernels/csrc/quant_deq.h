@@ -19,13 +19,15 @@ QD_INL __m128i QS_CAT2(bf16x8_, QD_SUFFIX)(__m256 v) {
 }
 
 /* 32 bytes q -> 32 values d * q + m (sub: d * q - m; neither: d * q), the same float32
- * operations as gguf-py, stored as float32 or (bf) rounded to bfloat16 */
-QD_INL void QS_CAT2(store32_, QD_SUFFIX)(void *dst, int64_t at, int bf, __m256i q, __m256 d,
-                                           __m256 m, int op) {
+ * operations as gguf-py, stored as float32 or (bf) rounded to bfloat16; d01 scales the first
+ * 16 values, d23 the last 16 (Q6_K's groups of 16) */
+QD_INL void QS_CAT2(store16x2_, QD_SUFFIX)(void *dst, int64_t at, int bf, __m256i q, __m256 d01,
+                                             __m256 d23, __m256 m, int op) {
     __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
     __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
     for (int k = 0; k < 4; k++) {
-        __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])));
+        __m256 v = _mm256_mul_ps(k < 2 ? d01 : d23,
+                                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])));
         if (op > 0) v = _mm256_add_ps(v, m);
         if (op < 0) v = _mm256_sub_ps(v, m);
         if (bf)
@@ -34,6 +36,11 @@ QD_INL void QS_CAT2(store32_, QD_SUFFIX)(void *dst, int64_t at, int bf, __m256i 
         else
             _mm256_storeu_ps((float *)dst + at + 8 * k, v);
     }
+}
+
+QD_INL void QS_CAT2(store32_, QD_SUFFIX)(void *dst, int64_t at, int bf, __m256i q, __m256 d,
+                                           __m256 m, int op) {
+    QS_CAT2(store16x2_, QD_SUFFIX)(dst, at, bf, q, d, d, m, op);
 }
 
 /* returns 0 where the type has no AVX2 decoder here (the caller's plain loop runs) */
@@ -75,6 +82,33 @@ QD_TGT int QS_CAT2(q_deq_row_, QD_SUFFIX)(int qt, const uint8_t *src, int64_t in
                         _mm256_set1_ps(dmin * (float)mn[2 * c]), -1);
                 QS_CAT2(store32_, QD_SUFFIX)(dst, at + 32, bf, hi, _mm256_set1_ps(d * (float)sc[2 * c + 1]),
                         _mm256_set1_ps(dmin * (float)mn[2 * c + 1]), -1);
+            }
+        }
+        return 1;
+    }
+    case QT_Q6_K: {
+        const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
+        const __m256i k32 = _mm256_set1_epi8(32);
+        for (int64_t b = 0; b < in / 256; b++) {
+            const uint8_t *k = src + b * 210;
+            const int8_t *sc = (const int8_t *)k + 192;
+            float d = f16(k + 208);
+            for (int n = 0; n < 2; n++) {
+                __m256i b1 = _mm256_loadu_si256((const __m256i *)(k + 64 * n));
+                __m256i b2 = _mm256_loadu_si256((const __m256i *)(k + 64 * n + 32));
+                __m256i h = _mm256_loadu_si256((const __m256i *)(k + 128 + 32 * n));
+                __m256i lows[4] = {_mm256_and_si256(b1, m4), _mm256_and_si256(b2, m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(b1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(b2, 4), m4)};
+                for (int kk = 0; kk < 4; kk++) {
+                    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(h, 2 * kk), m3);
+                    __m256i q = _mm256_sub_epi8(_mm256_or_si256(lows[kk], _mm256_slli_epi16(hi, 4)),
+                                                k32);
+                    QS_CAT2(store16x2_, QD_SUFFIX)(
+                        dst, 256 * b + 128 * n + 32 * kk, bf, q,
+                        _mm256_set1_ps(d * (float)sc[8 * n + 2 * kk]),
+                        _mm256_set1_ps(d * (float)sc[8 * n + 2 * kk + 1]), zero, 0);
+                }
             }
         }
         return 1;
