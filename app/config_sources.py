@@ -20,6 +20,8 @@ def env_name(name: str) -> str:
 
 
 def flag_name(name: str) -> str:
+    if name == "upstreams":
+        return "--upstream"  # repeatable: one URL each
     return "--" + name.replace("_", "-")
 
 

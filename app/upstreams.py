@@ -31,7 +31,10 @@ def normalize(entries: list[Any]) -> list[dict[str, object]]:
         url = table.get("url")
         if not isinstance(url, str):
             raise UpstreamsError(f"{where} needs a url")
-        base_url(url)  # raises on a malformed URL
+        try:
+            base_url(url)
+        except ValueError as exc:
+            raise UpstreamsError(f"{where}: {exc}") from None
         kind = table.get("kind")
         if kind is not None and kind not in KINDS:
             raise UpstreamsError(f"{where}: kind must be one of {', '.join(KINDS)}, got {kind!r}")

@@ -48,7 +48,7 @@ def plan(waiting: list[GatewayRequest], admission: str, last_served: dict[str, i
     """The projected dispatch order: fair takes each user's oldest request in turn, the user
     served longest ago first; fifo takes arrival order. Requests beyond their user's
     in-flight cap wait apart (they do not block the others)."""
-    room = {}
+    room: dict[str, int] = {}
     limited: list[GatewayRequest] = []
     per_owner: dict[str, list[GatewayRequest]] = {}
     for req in waiting:

@@ -203,4 +203,14 @@ def test_upstream_flag_is_repeatable(tmp_path: Path) -> None:
                                       "--upstream", "http://b:2/v1"])
     settings = load_settings(serve_flags(args), env={"FERRY_HOME": str(tmp_path)})
     assert [u["url"] for u in settings.upstreams] == ["http://a:1", "http://b:2/v1"]
-    assert settings.source("upstreams") == "flag --upstreams"
+    assert settings.source("upstreams") == "flag --upstream"
+
+
+def test_print_config_shows_the_upstreams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from app.cli import main
+    monkeypatch.setenv("FERRY_HOME", str(tmp_path))
+    assert main(["serve", "--upstream", "http://gpu1:8000/v1", "--print-config"]) == 0
+    assert 'upstreams = [{url = "http://gpu1:8000/v1"}]' in capsys.readouterr().out
+    assert main(["serve", "--upstream", "gpu1:8000", "--print-config"]) == 2
+    assert "upstreams[0]" in capsys.readouterr().err
