@@ -56,12 +56,12 @@ def last_reply(page: Any) -> Any:
     return page.locator("#messages article.msg.assistant").last
 
 
-def wait_done(page: Any, replies: int = 1) -> Any:
+def wait_done(page: Any, replies: int = 1, timeout: float = 30_000) -> Any:
     """The last reply once it is finished and at least `replies` replies are shown."""
     page.wait_for_function(
         "n => document.querySelectorAll('#messages > article.msg.assistant').length >= n && "
         "document.querySelector('#messages > article.msg:last-child.assistant:not(.streaming)')",
-        arg=replies)
+        arg=replies, timeout=timeout)
     return last_reply(page)
 
 
@@ -290,7 +290,7 @@ def test_export_import_and_long_history(server: Any, page: Any, waiter: Any, idl
                  {childList: true, subtree: true, characterData: true}); }""")
     # 8 messages of ~600 tokens do not fit 2048: the oldest are left out, with a note
     send(page, "Summarise.")
-    reply = wait_done(page, 5)
+    reply = wait_done(page, 5, timeout=120_000)  # a ~1500-token prefill on a busy CPU
     said = page.evaluate("window.__said")
     assert any(re.fullmatch(r"Reading your message: chunk \d of [67] \(\d+ of \d+ tokens\)", t)
                for t in said), said
