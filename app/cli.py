@@ -40,6 +40,33 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ferry {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
+    add_serve_parser(sub)
+
+    sub.add_parser(
+        "simulate", add_help=False, help="replay a scenario file through the real scheduler",
+        description="ferry simulate FILE [--json | --summary] [--policy P]: run the scheduler, "
+                    "KV accounting and prefix cache on a JSON scenario with virtual time "
+                    "(no model); `ferry simulate --help` for details.")
+    sub.add_parser(
+        "bench", add_help=False, help="measure throughput and latency under a workload",
+        description="ferry bench [workload options] [--baseline hf]: drive the engine with a "
+                    "synthetic workload; `ferry bench --help` for details.")
+    users_cli.add_parser(sub)
+    sub.add_parser(
+        "models", help="list the default model, converted copies and configured folders",
+        description="Show the embedded default model (its GGUF file and whether a converted "
+                    "safetensors copy is cached), models found in the configured "
+                    "model_folders, and which model `ferry serve` would use.")
+    sub.add_parser(
+        "doctor", help="check the installation: torch, device, model, folders, port",
+        description="Check everything `ferry serve` needs, one line each: torch build, "
+                    "device, bfloat16, flashinfer, model files, data/config/cache/log folders, "
+                    "whether the port is free. Exits 1 if any check fails.",
+    ).add_argument("--port", type=int, help="check this port instead of the configured one")
+    return parser
+
+
+def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     serve = sub.add_parser(
         "serve", help="load the model and serve the chat, dashboard and API",
         description="Load the model, start the engine and serve the browser chat, the live "
@@ -75,29 +102,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help="read settings from FILE instead of <config dir>/ferry.toml")
     serve.add_argument("--print-config", action="store_true",
                        help="print the effective settings and where each came from, then exit")
-
-    sub.add_parser(
-        "simulate", add_help=False, help="replay a scenario file through the real scheduler",
-        description="ferry simulate FILE [--json | --summary] [--policy P]: run the scheduler, "
-                    "KV accounting and prefix cache on a JSON scenario with virtual time "
-                    "(no model); `ferry simulate --help` for details.")
-    sub.add_parser(
-        "bench", add_help=False, help="measure throughput and latency under a workload",
-        description="ferry bench [workload options] [--baseline hf]: drive the engine with a "
-                    "synthetic workload; `ferry bench --help` for details.")
-    users_cli.add_parser(sub)
-    sub.add_parser(
-        "models", help="list the default model, converted copies and configured folders",
-        description="Show the embedded default model (its GGUF file and whether a converted "
-                    "safetensors copy is cached), models found in the configured "
-                    "model_folders, and which model `ferry serve` would use.")
-    sub.add_parser(
-        "doctor", help="check the installation: torch, device, model, folders, port",
-        description="Check everything `ferry serve` needs, one line each: torch build, "
-                    "device, bfloat16, flashinfer, model files, data/config/cache/log folders, "
-                    "whether the port is free. Exits 1 if any check fails.",
-    ).add_argument("--port", type=int, help="check this port instead of the configured one")
-    return parser
 
 
 def fail(command: str, message: str, code: int = EXIT_USAGE) -> int:

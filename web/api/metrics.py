@@ -15,7 +15,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from engine import Engine
+from engine import Engine, MetricsView
 
 
 class EngineCollector(Collector):
@@ -67,15 +67,18 @@ class EngineCollector(Collector):
         yield finished
         yield counter("requests_rejected", "Requests refused because a queue bound was hit.",
                       m.rejected)
+        yield from self.histograms(m)
+
+    def histograms(self, m: MetricsView) -> Iterator[Metric]:
         for name, doc, buckets, total in (
                 ("time_to_first_token_seconds", "Time to first token (queueing included).",
                  m.ttft_buckets, m.ttft_sum),
                 ("inter_token_latency_seconds", "Gap between consecutive output tokens.",
                  m.itl_buckets, m.itl_sum)):
-            h = HistogramMetricFamily(f"ferry:{name}", doc, labels=labels)
+            h = HistogramMetricFamily(f"ferry:{name}", doc, labels=["model_name"])
             pairs = [("+Inf" if b == float("inf") else repr(float(b)), n) for b, n in buckets]
             if pairs:
-                h.add_metric(model, pairs, total)
+                h.add_metric([self.model_name], pairs, total)
             yield h
 
 

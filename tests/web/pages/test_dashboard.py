@@ -95,15 +95,17 @@ def test_waiting_tile_and_queue_header_count_the_same(setup: tuple[Any, dict], w
         for text in (long_prompt, "second", "third"):
             assert bob.post("/c", data={"content": text}).status_code == 303
 
-        def chunked_page() -> str | None:
-            html = bob.get("/dashboard").text
-            return html if "prefill chunk" in html else None
+        def rows(html: str) -> int:
+            return html.split('id="waiting"')[1].split("</table>")[0].count("<tr data-id=") \
+                if 'id="waiting"' in html else 0
 
-        html = waiter(chunked_page, 20, message="a chunked prompt on the dashboard")
+        def chunked_page() -> str | None:  # the long prompt in chunks, the other two queued
+            html = bob.get("/dashboard").text
+            return html if "prefill chunk" in html and rows(html) == 2 else None
+
+        html = waiter(chunked_page, 20, message="a chunked prompt and two queued")
         header = re.search(r'id="queue-count">(\d+)<', html)
         assert header and tile(html, "Waiting") == header.group(1) == "2"
-        table = html.split('id="waiting"')[1].split("</table>")[0]
-        assert table.count("<tr data-id=") == 2
         assert "behind behind" not in html and "queued</span> <span class=\"reason-text\">" \
             "behind req-" in html
         metrics = bob.get("/metrics").text
