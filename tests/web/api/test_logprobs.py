@@ -197,3 +197,24 @@ def test_bad_logprob_requests_are_400(server: Any, path: str, body: dict[str, An
     r = httpx.post(server.url + path, json={"model": MODEL, **body}, timeout=30)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_scores_in_a_mixed_batch_beside_decodes(make_server: Any, tokenizer: Any,
+                                                reference: Any, idle_check: Any) -> None:
+    """A scored prompt chunked into rounds that also decode another request (policy mixed:
+    single-token rows come first in the packed batch) is scored as when it runs alone."""
+    mixed = make_server(max_running=4, max_prefill_tokens=40, policy="mixed")
+    body = {"model": MODEL, "prompt": "Count to a thousand:", "max_tokens": 300,
+            "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", mixed.url + "/v1/completions", json=body, timeout=120) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: {"))  # it decodes now
+        out = post(mixed, "/v1/completions", {"prompt": TEXT, "echo": True, "logprobs": 1,
+                                              "max_tokens": 0})
+        assert mixed.engine.snapshot().running, "the other request should still decode"
+    ids = tokenizer.encode(TEXT)
+    ref = reference(ids)
+    scores = out["choices"][0]["logprobs"]["token_logprobs"]
+    assert scores[1:] == pytest.approx([ref[i - 1, ids[i]].item() for i in range(1, len(ids))],
+                                       abs=2e-3)
+    idle_check(mixed.engine)
