@@ -74,10 +74,20 @@ class UpstreamProcess:
             assert time.monotonic() < deadline, "the upstream did not start"
             try:
                 if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
-                    return self
+                    break
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
+        # one request pays the first-use costs (tables the API builds once), so the tests'
+        # requests reach the engine at once
+        model = httpx.get(self.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        for path, body in (("/v1/completions", {"prompt": "Hi"}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user",
+                                                                   "content": "Hi"}]})):
+            r = httpx.post(self.url + path, timeout=120,
+                           json={"model": model, "max_tokens": 1, **body})
+            assert r.status_code == 200, r.text
+        return self
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -103,23 +103,24 @@ def test_fair_order_and_the_in_flight_cap(upstreams: list[Any], make_front: Any,
     tokens = {"ann": users.add("ann", admin=True), "bob": users.add("bob")}
     front = make_front([a.url], caps=[1], web={"shared": True}, data_dir=data)
     gw, model = front.gateway, front.services.config.model_name
-    jobs = [Background(complete, front.url, model, 4, tokens["ann"])]  # holds the one place
+    jobs = [Background(complete, front.url, model, 24, tokens["ann"])]  # holds the one place
     jobs[0].start()
-    wait(lambda: gw.snapshot().running, 30, "ann's first request upstream")
+    wait(lambda: any(v.output_tokens for v in gw.snapshot().running), 60,
+         "ann's first request writing")
     for owner in ("ann", "ann", "bob", "bob"):
         jobs.append(Background(complete, front.url, model, 1, tokens[owner]))
         jobs[-1].start()
         wait(lambda: len(gw.live_ids()) == len(jobs), 10, "the request in the queue")
     snap = gw.snapshot()
+    held = a.requests()  # Ferry, not the upstream, holds the queue
     # bob has not been served yet: he goes first, then they take turns
     assert [v.owner for v in snap.waiting] == ["bob", "ann", "bob", "ann"]
     head = snap.waiting[0]
     assert head.reason is not None and head.reason.code == "upstream-busy"
     assert head.reason.text == f"the upstream {a.name} is at its 1-request cap"
     assert {v.reason.code for v in snap.waiting[1:] if v.reason} == {"behind"}
-    # the chat bubble's words, and Ferry (not the upstream) holds the queue
-    assert "at its 1-request cap" in (reply_status.standing(snap, head.id) or "")
-    assert len(a.requests()) == 1
+    assert len(snap.running) == 1 and len(held) == 1
+    assert "at its 1-request cap" in (reply_status.standing(snap, head.id) or "")  # the bubble
     for job in jobs:
         job.join(120)
         assert job.response.status_code == 200, job.response.text
