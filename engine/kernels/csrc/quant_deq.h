@@ -13,7 +13,8 @@ QD_INL __m128i QS_CAT2(bf16x8_, QD_SUFFIX)(__m256 v) {
 #else
     __m256i u = _mm256_castps_si256(v);
     __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    u = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    __m256i bias = _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff));
+    u = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
     return _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
 #endif
 }
@@ -66,7 +67,8 @@ QD_TGT int QS_CAT2(q_deq_row_, QD_SUFFIX)(int qt, const uint8_t *src, int64_t in
             float d = f16(k), dmin = f16(k + 2);
             uint8_t sc[8], mn[8];
             q_scale_min_k4(k + 4, sc, mn);
-            __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(k + 16)) : _mm256_setzero_si256();
+            __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(k + 16))
+                              : _mm256_setzero_si256();
             for (int c = 0; c < 4; c++) {
                 __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
                 __m256i lo = _mm256_and_si256(bits, m4);
@@ -80,7 +82,8 @@ QD_TGT int QS_CAT2(q_deq_row_, QD_SUFFIX)(int qt, const uint8_t *src, int64_t in
                 int64_t at = 256 * b + 64 * c;
                 QS_CAT2(store32_, QD_SUFFIX)(dst, at, bf, lo, _mm256_set1_ps(d * (float)sc[2 * c]),
                         _mm256_set1_ps(dmin * (float)mn[2 * c]), -1);
-                QS_CAT2(store32_, QD_SUFFIX)(dst, at + 32, bf, hi, _mm256_set1_ps(d * (float)sc[2 * c + 1]),
+                QS_CAT2(store32_, QD_SUFFIX)(dst, at + 32, bf, hi,
+                                             _mm256_set1_ps(d * (float)sc[2 * c + 1]),
                         _mm256_set1_ps(dmin * (float)mn[2 * c + 1]), -1);
             }
         }

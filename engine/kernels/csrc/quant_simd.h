@@ -64,7 +64,8 @@ INL __m256i dot_ss(__m256i w, __m256i s) {
 INL __m256 load8(const uint8_t *w, int kind, int64_t i) {
     if (kind == QT_F32) return _mm256_loadu_ps((const float *)w + i);
     __m128i v = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
-    if (kind == QT_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+    if (kind == QT_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
     return _mm256_cvtph_ps(v);
 }
 
@@ -87,13 +88,14 @@ INL void dot_float(const uint8_t *w, int64_t n, const void *act, int64_t astride
             __m256 wv = load8(w, kind, i + 8 * u);
             for (int r = 0; r < R; r++)
                 acc[u][r] = _mm256_fmadd_ps(
-                    wv, _mm256_loadu_ps((const float *)ROW(act, astride, r) + i + 8 * u), acc[u][r]);
+                    wv, _mm256_loadu_ps((const float *)ROW(act, astride, r) + i + 8 * u),
+                    acc[u][r]);
         }
     for (; i + 8 <= n; i += 8) {
         __m256 wv = load8(w, kind, i);
         for (int r = 0; r < R; r++)
-            acc[0][r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps((const float *)ROW(act, astride, r) + i),
-                                        acc[0][r]);
+            acc[0][r] = _mm256_fmadd_ps(
+                wv, _mm256_loadu_ps((const float *)ROW(act, astride, r) + i), acc[0][r]);
     }
     for (int r = 0; r < R; r++) {
         float s = hsum(_mm256_add_ps(acc[0][r], acc[1][r]));
@@ -179,7 +181,8 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
         const uint8_t *blk = w + b * bytes, *qs = blk + (five ? 48 : 16);
         uint8_t sc[8], m[8];
         q_scale_min_k4(blk + 4, sc, m);
-        __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+        __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(blk + 16))
+                          : _mm256_setzero_si256();
         __m256i sumi[QMAX_R];
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
@@ -196,7 +199,8 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
             for (int r = 0; r < R; r++) {
                 const int8_t *y = ((const qa256 *)ROW(act, astride, r) + b)->qs + 64 * c;
                 __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)y));
-                __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y + 32)));
+                __m256i phi =
+                    _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y + 32)));
                 sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(_mm256_madd_epi16(plo, slo),
                                                                      _mm256_madd_epi16(phi, shi)));
             }
@@ -233,14 +237,17 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
             q[1] = _mm256_or_si256(_mm256_and_si256(b2, m4), _mm256_slli_epi16(
                 _mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
             q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+                                   _mm256_slli_epi16(
+                                       _mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+                                   _mm256_slli_epi16(
+                                       _mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
             for (int k = 0; k < 4; k++) {
                 __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[8 * n + 2 * k + 1]),
                                              _mm_set1_epi16(sc[8 * n + 2 * k]));
                 for (int r = 0; r < R; r++) {
-                    const int8_t *y = ((const qa256 *)ROW(act, astride, r) + b)->qs + 128 * n + 32 * k;
+                    const int8_t *y =
+                        ((const qa256 *)ROW(act, astride, r) + b)->qs + 128 * n + 32 * k;
                     __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)y));
                     sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, s));
                 }

@@ -65,7 +65,8 @@ static void row_f32(int qt, const uint8_t *src, int64_t in, float *dst) {
                 memcpy(&qh, k + 2, 4);
                 for (int j = 0; j < 16; j++) {
                     o[j] = d * (float)((int)((k[6 + j] & 15) | (((qh >> j) & 1) << 4)) - 16);
-                    o[j + 16] = d * (float)((int)((k[6 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16);
+                    int hi = (int)((k[6 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
+                    o[j + 16] = d * (float)(hi - 16);
                 }
             }
         }
@@ -75,7 +76,8 @@ static void row_f32(int qt, const uint8_t *src, int64_t in, float *dst) {
         nb = in / 256;
         for (int64_t b = 0; b < nb; b++) {
             int five = qt == QT_Q5_K;
-            const uint8_t *k = src + (five ? 176 : 144) * b, *qh = k + 16, *qs = k + (five ? 48 : 16);
+            const uint8_t *k = src + (five ? 176 : 144) * b, *qh = k + 16;
+            const uint8_t *qs = k + (five ? 48 : 16);
             float d = q_f16(k), dmin = q_f16(k + 2), *o = dst + 256 * b;
             uint8_t sc[8], m[8];
             q_scale_min_k4(k + 4, sc, m);
