@@ -137,6 +137,9 @@ class Settings:
                 self.upstreams = normalize(self.upstreams)
             except ValueError as exc:
                 raise SettingsError("upstreams", str(exc)) from None
+        if self.quantize != "none" and self.dtype == "bfloat16":
+            raise SettingsError("quantize", "quantize keeps float32 activations: use dtype "
+                                            "auto or float32 with it")
         if self.kv_tokens < self.page_size:
             raise SettingsError("kv_tokens", "kv_tokens must hold at least one page (page_size)")
 

@@ -118,7 +118,6 @@ def test_quantized_path_loads_from_the_gguf_and_tracks_the_float_path(
         req = Request(ids, SamplingParams(max_tokens=1))
         req.pages = list(range(-(-len(ids) // 16)))
         with torch.inference_mode():
-            e.attn.prepare  # noqa: B018 (the executor prepares it per round)
             logits = _all_logits(e, req)
         logp = torch.log_softmax(logits[:-1].float(), dim=-1)
         nll[name] = -logp.gather(1, torch.tensor(ids[1:])[:, None]).mean().item()
@@ -137,10 +136,10 @@ def _all_logits(ex: ModelExecutor, req: Request) -> torch.Tensor:
                     torch.arange(n))
 
 
-def test_quantized_greedy_chat_answers(model_dir: Path, tokenizer: Tokenizer) -> None:
-    """Greedy chat on the file's own blocks gives a fluent reply that stops at EOS (the float
-    path's "Paris" reply is a near tie at its first token: 0.08 logits between "The" and
-    "L"; see test_greedy_and_logits_match_hf for that exact reply)."""
+def test_quantized_greedy_chat_answers_paris(model_dir: Path, tokenizer: Tokenizer) -> None:
+    """Greedy chat on the file's own blocks (int8 activations) gives the float path's reply.
+    Its first token is a near tie (float: "The" 25.33 vs "L" 25.24), so this checks the
+    kernels' accuracy as much as the loader."""
     ex = ModelExecutor.from_pretrained(None, EngineConfig(page_size=16, kv_tokens=1024),
                                        dtype="auto", threads=1)
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}])
@@ -155,5 +154,5 @@ def test_quantized_greedy_chat_answers(model_dir: Path, tokenizer: Tokenizer) ->
             break
         start, n = req.num_tokens - 1, 1
     ex.release(req)
-    reply = tokenizer.decode(req.output_ids)
-    assert "France" in reply or "Paris" in reply, reply
+    assert tokenizer.decode(req.output_ids) == "The capital of France is Paris."
+    assert req.output_ids[-1] == 2
