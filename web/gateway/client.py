@@ -192,5 +192,5 @@ async def abort(client: httpx.AsyncClient, base: str, kind: str, api_key: str | 
         elif kind == "sglang":
             await client.post(f"{base}/abort_request", json={"rid": request_id},
                               headers=auth_headers(api_key), timeout=3)
-    except httpx.HTTPError:
+    except (httpx.HTTPError, RuntimeError):  # RuntimeError: the client closed (shutdown)
         pass  # the closed stream still ends it
