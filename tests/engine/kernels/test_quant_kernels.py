@@ -171,6 +171,19 @@ def test_product_matches_gguf_dequantized_float_product(
     check_product(w, x, quant.quant_matmul(x, w))
 
 
+@pytest.mark.parametrize("qtype", [quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q8_0, quant.BF16],
+                         ids=quant.type_name)
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_weights_quantized_by_gguf_py(qtype: int, rows: int) -> None:
+    # real quantized values (gguf-py's quantizer) rather than random bytes
+    rng = np.random.default_rng(qtype + rows)
+    wf = (rng.standard_normal((100, 1536)) * 0.05).astype(np.float32)
+    data = np.ascontiguousarray(gguf.quants.quantize(wf, GQ(qtype))).view(np.uint8)
+    w = QuantWeight(qtype, torch.from_numpy(data.reshape(100, -1).copy()), 1536, 100)
+    x = torch.from_numpy(rng.standard_normal((rows, 1536)).astype(np.float32))
+    check_product(w, x, quant.quant_matmul(x, w))
+
+
 @pytest.mark.parametrize("qtype", [quant.Q4_0, quant.Q8_0, quant.Q5_0, quant.F16])
 def test_model_shapes_with_bias_and_strided_rows(qtype: int, path: str) -> None:
     rng = np.random.default_rng(7)
