@@ -37,7 +37,7 @@ def test_add_prints_token_once(capsys: pytest.CaptureFixture[str]) -> None:
     token = out.strip()
     assert token.startswith("fy_") and "\n" not in token  # stdout is just the token
     assert "only this once" in err and "admin ann" in err
-    assert store().verify(token) is not None and store().verify(token).admin  # type: ignore[union-attr]
+    assert store().verify(token) is not None and store().verify(token).is_admin  # type: ignore[union-attr]
     users_file = get_paths().users_file
     assert token not in users_file.read_text()
     if sys.platform != "win32":
