@@ -2,18 +2,17 @@
 
 A decode step calls ~10 kernels per layer; from Python each call costs its own dispatch and
 ctypes overhead. `layer_ops.decode_layer` runs the same kernels in the same order inside one
-call, so its results are those of the layer-by-layer path. Two variants:
+call, so its results are those of the layer-by-layer path, bit for bit. Two variants:
 
 * bf16 weights and activations, where that path would itself run Ferry's kernels on every
   operation (bf16 multiplied by Ferry's bf16 product on emulated-bf16 CPUs); the pool is bf16.
-  Bit for bit the layer-by-layer path.
 * float32 activations over quantized weights (engine.kernels.quant.QuantWeight, or a
   linear_kernels.SplitWeight of them: any GGUF block type, F16, BF16, F32), every product by
-  `ferry_qmatmul`; the pool float32, bfloat16 or float16. Bit for bit the layer-by-layer path
-  wherever `quant.quant_matmul` also runs `ferry_qmatmul` (every block type); its F32 weights
-  (torch's matmul) and F16/BF16 ones at 8+ rows (dequantized tiles) round differently.
+  `ferry_qmatmul`, as `quant.quant_matmul` multiplies below `quant.many_rows()` rows (from
+  there it multiplies dequantized tiles, so the fused layer stops below it); the pool float32,
+  bfloat16 or float16.
 
-Only for rounds of single-token sequences, at most NATIVE_DIRECT_ROWS of them, whose attention
+Only for rounds of single-token sequences, at most `max_rows` of them, whose attention
 backend offers the round to a native decode layer (AttentionBackend.native_decode).
 """
 from __future__ import annotations
@@ -25,7 +24,7 @@ import torch
 
 from engine.execution.attention.base import AttentionBackend
 from engine.execution.model import linear_kernels
-from engine.kernels import layer_ops, ops
+from engine.kernels import layer_ops, ops, quant
 
 if TYPE_CHECKING:
     from engine.execution.kv_pool import KVPool
@@ -89,6 +88,9 @@ class FusedDecode:
                                         cfg.head_dim ** -0.5, 0, 0)
         self.layers = layers
         self.dtype = dtype  # of the activations: bf16 (ferry_layer) or float32 (ferry_qlayer)
+        self.max_rows = linear_kernels.NATIVE_DIRECT_ROWS  # the layer path's few-row products
+        if dtype == torch.float32:
+            self.max_rows = min(self.max_rows, quant.many_rows() - 1)
         self._model = model  # keeps every tensor the pointers in `layers` point into alive
         self._pool: KVPool | None = None
 
@@ -129,7 +131,7 @@ class FusedDecode:
         """All layers over embeddings x [rows, hidden] -> (last layer's output, residual), or
         None when this round is not one the fused path takes."""
         rows = x.shape[0]
-        if not 0 < rows <= linear_kernels.NATIVE_DIRECT_ROWS or x.dtype != self.dtype:
+        if not 0 < rows <= self.max_rows or x.dtype != self.dtype:
             return None
         decode = attn.native_decode()
         if decode is None or not self._bind(attn.pool):
