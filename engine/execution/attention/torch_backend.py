@@ -79,8 +79,8 @@ class TorchAttention(AttentionBackend):
     def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int,
                  scale: float) -> None:
         super().__init__(pool, num_heads, num_kv_heads, head_dim, scale)
-        # emulated bf16 batched matmuls fall back to one small addmm per matrix (~9x slower
-        # than float32 here): attend in float32 over the gathered (already copied) K/V
+        # emulated bf16 batched matmuls fall back to one small addmm per matrix (far slower
+        # than float32): attend in float32 over the gathered (already copied) K/V
         self.compute_dtype = (torch.float32 if emulated_bf16(pool.dtype, pool.device)
                               else pool.dtype)
         # Ferry's CPU kernels (engine.kernels) store K/V and attend single-token sequences
