@@ -65,7 +65,8 @@ def test_chapter_52_candidate_waits_on_kv(cached: bool) -> None:
 def test_chapter_52_candidate_fits_with_2048_available(cached: bool) -> None:
     sched, cand = _state_52(available=2048, cached=cached)
     check = Admission(sched.config, sched.kv, sched.slots, sched.running + sched.chunked)
-    assert check.refuse(cand, sched.kv.match(cand, touch=False), budget=1024) is None  # 2048 <= 2048
+    # 2048 <= 2048
+    assert check.refuse(cand, sched.kv.match(cand, touch=False), budget=1024) is None
     assert sched.wait_reasons()["C"].code == "next"
     batch, _ = step(sched)
     assert batch is not None and batch.phase == "prefill" and ids(batch) == [("C", 768)]
