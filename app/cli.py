@@ -12,7 +12,7 @@ from pathlib import Path
 from app.commands import users as users_cli
 from app.config_sources import format_config, load_settings
 from app.paths import HOME_ENV, get_paths
-from app.settings import DTYPES, Settings, SettingsError
+from app.settings import DTYPES, QUANTIZE, Settings, SettingsError
 from engine import ADMISSIONS, POLICIES
 
 EXIT_USAGE = 2  # bad settings or a serve that cannot start (argparse uses 2 as well)
@@ -79,7 +79,12 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     serve.add_argument("--model", metavar="PATH|HF_ID|GGUF",
                        help="'default' (embedded SmolLM2-135M-Instruct), a Hugging Face "
                             "folder, an HF id (org/name) or a .gguf file")
-    serve.add_argument("--dtype", metavar="|".join(DTYPES), help="weight dtype (default auto)")
+    serve.add_argument("--dtype", metavar="|".join(DTYPES),
+                       help="weight dtype (default auto: a GGUF runs in its own quantization "
+                            "on CPU; float32|bfloat16 dequantise it)")
+    serve.add_argument("--quantize", metavar="|".join(QUANTIZE),
+                       help="quantize a float safetensors model once at load (CPU; default "
+                            "none)")
     serve.add_argument("--device", metavar="auto|cpu|cuda", help="where to run (default auto)")
     serve.add_argument("--policy", metavar="|".join(POLICIES),
                        help="scheduling policy (default prefill-first; interleave when shared)")
@@ -123,8 +128,8 @@ def passthrough(command: str, argv: list[str]) -> int:
 
 def serve_flags(args: argparse.Namespace) -> dict[str, object]:
     return {name: getattr(args, name) for name in
-            ("host", "port", "model", "dtype", "device", "policy", "admission", "max_running",
-             "kv_tokens", "max_prefill_tokens", "open", "upstreams")}
+            ("host", "port", "model", "dtype", "quantize", "device", "policy", "admission",
+             "max_running", "kv_tokens", "max_prefill_tokens", "open", "upstreams")}
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
