@@ -169,7 +169,8 @@ def load_engine(server: Any, n: int, results: list[str]) -> list[threading.Threa
         with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
                           timeout=120) as response:
             for line in response.iter_lines():
-                found = re.search(r'"finish_reason":"(\w+)"', line)
+                # OpenAI's finish_reason says "stop" for a cancel; Ferry's own word rides beside it
+                found = re.search(r'"ferry_finish_reason":"(\w+)"', line)
                 if found:
                     reason = found.group(1)
         results.append(reason)
