@@ -14,7 +14,7 @@ import torch
 from engine.config import EngineConfig
 from engine.execution.executor import ModelExecutor
 from engine.execution.loader import ModelNotFound, resolve_model
-from engine.execution.tokenizer import Tokenizer
+from engine.execution.tokenizer import Tokenizer, gguf_tokenizer_dir
 from engine.scheduling.batch import Batch, BatchItem
 from engine.scheduling.request import Request, SamplingParams
 
@@ -111,6 +111,11 @@ def test_quantized_path_loads_from_the_gguf_and_tracks_the_float_path(
     assert cached and all(p.stat().st_size < 5e6 for p in cached)  # tokenizer files only
     assert not any(p.suffix in (".safetensors", ".bin", ".gguf") for p in cached)
     assert Tokenizer(ex.tokenizer_path).encode(TEXT) == tokenizer.encode(TEXT)
+    st = model_dir.stat()  # the cache is keyed by the file's size and mtime, and reused
+    assert ex.tokenizer_path.name == f"{model_dir.stem}-{st.st_size}-{st.st_mtime_ns}"
+    made = {p: p.stat().st_mtime_ns for p in cached}
+    assert gguf_tokenizer_dir(model_dir, cache) == ex.tokenizer_path
+    assert {p: p.stat().st_mtime_ns for p in cached} == made  # not rebuilt
     flt = ModelExecutor.from_pretrained(None, config, dtype="float32", threads=1)
     ids = tokenizer.encode(TEXT)
     nll = {}
