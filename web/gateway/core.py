@@ -132,6 +132,7 @@ class GatewayCore:
             return
         if req.state == "running" and req.upstream is up:
             self._finish(req, FINISH.get(req.finish_reason or "stop", "stop"), None)
+            self._pump()  # its place upstream is free: the next in line goes
 
     def _on_chunk(self, req: GatewayRequest, chunk: Chunk) -> None:
         now = time.monotonic()
@@ -234,11 +235,10 @@ class GatewayCore:
             except Exception:  # a scrape must never end the loop
                 log.exception("scraping %s failed", up.name)
                 changed = up.mark("down", "the scrape failed")
-            self._changed()
             if changed:
                 log.info("upstream %s is %s%s", up.name, up.health,
                          f" ({up.error})" if up.error else "")
-                self._pump()
+            self._pump()  # a recovered upstream, or new load figures, may take work
             await asyncio.sleep(interval)
 
     async def _ticker(self) -> None:

@@ -36,7 +36,7 @@ def wait(predicate: Any, timeout: float = 30.0, message: str = "condition") -> A
 def complete(url: str, model: str, max_tokens: int, token: str | None = None,
              prompt: str = "Once upon a time") -> httpx.Response:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.post(url + "/v1/completions", headers=headers, timeout=120, json={
+    return httpx.post(url + "/v1/completions", headers=headers, timeout=300, json={
         "model": model, "prompt": prompt, "max_tokens": max_tokens, **GREEDY})
 
 
@@ -103,7 +103,7 @@ def test_fair_order_and_the_in_flight_cap(upstreams: list[Any], make_front: Any,
     tokens = {"ann": users.add("ann", admin=True), "bob": users.add("bob")}
     front = make_front([a.url], caps=[1], web={"shared": True}, data_dir=data)
     gw, model = front.gateway, front.services.config.model_name
-    jobs = [Background(complete, front.url, model, 24, tokens["ann"])]  # holds the one place
+    jobs = [Background(complete, front.url, model, 12, tokens["ann"])]  # holds the one place
     jobs[0].start()
     wait(lambda: any(v.output_tokens for v in gw.snapshot().running), 60,
          "ann's first request writing")
@@ -122,8 +122,8 @@ def test_fair_order_and_the_in_flight_cap(upstreams: list[Any], make_front: Any,
     assert len(snap.running) == 1 and len(held) == 1
     assert "at its 1-request cap" in (reply_status.standing(snap, head.id) or "")  # the bubble
     for job in jobs:
-        job.join(120)
-        assert job.response.status_code == 200, job.response.text
+        job.join(300)
+        assert job.response is not None and job.response.status_code == 200, job.response
     owners = [owner for _, owner, _ in list(gw.dispatch_log)]
     assert owners == ["ann", "bob", "ann", "bob", "ann"]
 
@@ -151,10 +151,11 @@ def test_cancel_from_the_dashboard_ends_it_on_the_upstream(upstreams: list[Any],
     r = httpx.post(f"{front.url}/dashboard/requests/{req.id}/cancel", timeout=10)
     assert r.status_code == 204, r.text
     cancelled = time.monotonic()
-    wait(lambda: upstream_id not in {r["id"] for r in a.requests()}, 1.0,
+    wait(lambda: upstream_id not in {r["id"] for r in a.requests()}, 10,
          "the upstream to drop the request")
-    assert time.monotonic() - cancelled < 1.0
-    assert ended.wait(10) and chunks[-1] == "data: [DONE]"
+    took = time.monotonic() - cancelled
+    assert took < 1.0, f"the upstream dropped it {took:.2f} s after the cancel"
+    assert ended.wait(10) and [c for c in chunks if c][-1] == "data: [DONE]"
     assert any('"finish_reason":"cancelled"' in c for c in chunks)
 
 
