@@ -178,7 +178,7 @@ class Harness:
                 req, start, n, _ = work[i]
                 self.logits[req.id][start + n - 1] = logits[row].float().cpu()
                 tokens[i] = int(logits[row].argmax())
-        for (req, start, n, smp), tok in zip(work, tokens):
+        for (req, _, _, smp), tok in zip(work, tokens):
             if smp:
                 assert tok is not None
                 req.output_ids.append(tok)
@@ -325,6 +325,46 @@ def make_server(model_dir: Path, tokenizer: Any, tmp_path_factory: pytest.TempPa
     yield make
     for server in servers:
         server.stop()
+
+
+class StandInExecutor:
+    """Replaces the model where a test is about access, wiring or what the pages report: samples
+    the same ordinary token every round, one round per `delay` seconds."""
+
+    def __init__(self, delay: float = 0.02) -> None:
+        self.delay = delay
+
+    def run(self, batch: Batch) -> list[int | None]:
+        time.sleep(self.delay)
+        return [28 if item.sample else None for item in batch.items]
+
+    def release(self, request: Request) -> None:
+        pass
+
+
+@pytest.fixture(scope="session")
+def stand_in() -> Any:
+    """The StandInExecutor class (tests build one with the delay they need)."""
+    return StandInExecutor
+
+
+@pytest.fixture(scope="module")
+def make_shared_server(make_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A factory: make_shared_server(name, {user: is_admin}, delay, web=..., engine fields...)
+    -> (Server in shared mode around a StandInExecutor, {user: token}); the users are in the
+    server's own data dir."""
+    from web.access.users import UserStore
+
+    def make(name: str, users: dict[str, bool], delay: float = 0.02,
+             web: dict[str, Any] | None = None, **engine_fields: Any) -> tuple[Any, dict]:
+        data = tmp_path_factory.mktemp(name)
+        store = UserStore(data / "users.json")
+        tokens = {user: store.add(user, admin=admin) for user, admin in users.items()}
+        server = make_server(executor=StandInExecutor(delay), data_dir=data,
+                             web={"shared": True, **(web or {})}, **engine_fields)
+        return server, tokens
+
+    return make
 
 
 def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05,

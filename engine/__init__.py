@@ -27,9 +27,9 @@ from engine.scheduling.request import (
 
 if TYPE_CHECKING:
     from engine.execution.cpu import cpu_has_native_bf16
-    from engine.execution.model.describe import describe_file as describe_model_file
     from engine.execution.executor import ModelExecutor
     from engine.execution.loader import ModelNotFound
+    from engine.execution.model.describe import describe_file as describe_model_file
     from engine.execution.model.linear_kernels import onednn_works
     from engine.execution.tokenizer import Tokenizer
     from engine.kernels.native import set_build_dir as set_kernel_build_dir

@@ -29,7 +29,8 @@ class Workload:
 
     def prompts(self, vocab: int, special: int = 64) -> list[list[int]]:
         rng = random.Random(self.seed)
-        prefix = [rng.randrange(special, vocab) for _ in range(min(self.shared_prefix, self.prompt))]
+        shared = min(self.shared_prefix, self.prompt)
+        prefix = [rng.randrange(special, vocab) for _ in range(shared)]
         return [prefix + [rng.randrange(special, vocab) for _ in range(self.prompt - len(prefix))]
                 for _ in range(self.requests)]
 

@@ -63,7 +63,8 @@ def measure(executor: object, policy: str, long_prompt: int, budget: int,
 def report(executor: object, long_prompt: int, budget: int) -> None:
     print(f"stall: 4 users decoding while another submits a {long_prompt}-token prompt "
           f"(prefill budget {budget})")
-    print("| policy | worst stall ms | median ITL ms | longest prefill round ms | long prompt TTFT s |")
+    print("| policy | worst stall ms | median ITL ms | longest prefill round ms "
+          "| long prompt TTFT s |")
     print("|---|---|---|---|---|")
     for policy in ("prefill-first", "interleave", "mixed"):
         m = measure(executor, policy, long_prompt, budget)

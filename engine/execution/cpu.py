@@ -55,7 +55,7 @@ def on_fresh_thread(fn: Callable[[], T], name: str = "ferry-load") -> T:
     def target() -> None:
         try:
             result.append(fn())
-        except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller
+        except BaseException as exc:  # re-raised in the caller
             error.append(exc)
 
     # daemon: Ctrl+C in the caller must not wait for a long conversion (which writes to a

@@ -168,7 +168,10 @@ class ModelExecutor:
                 sample_rows.append(len(ids) - 1)
                 sample_items.append(i)
         dev = self.device
-        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)
+
+        def as_tensor(xs: list[int]) -> torch.Tensor:
+            return torch.tensor(xs, dtype=torch.int64, device=dev)
+
         with torch.inference_mode():
             self.attn.prepare(AttentionInputs(query_lens, kv_lens, tables, as_tensor(slots)))
             logits = self.model(as_tensor(ids), as_tensor(positions), self.attn,

@@ -199,8 +199,10 @@ class GGUFFile:
             shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
         per_layer = {"input_layernorm": (c.hidden_size,),
                      "post_attention_layernorm": (c.hidden_size,),
-                     "self_attn.q_proj": (q, c.hidden_size), "self_attn.k_proj": (kv, c.hidden_size),
-                     "self_attn.v_proj": (kv, c.hidden_size), "self_attn.o_proj": (c.hidden_size, q),
+                     "self_attn.q_proj": (q, c.hidden_size),
+                     "self_attn.k_proj": (kv, c.hidden_size),
+                     "self_attn.v_proj": (kv, c.hidden_size),
+                     "self_attn.o_proj": (c.hidden_size, q),
                      "mlp.gate_proj": (c.intermediate_size, c.hidden_size),
                      "mlp.up_proj": (c.intermediate_size, c.hidden_size),
                      "mlp.down_proj": (c.hidden_size, c.intermediate_size)}

@@ -59,7 +59,8 @@ def decode_layer(weights: ctypes.Structure, dims: ctypes.Structure, x: torch.Ten
     from x). cos/sin: the round's rotary tables; slots/pages: the round's K/V places. x,
     residual, cos, sin and scratch are bf16 for LayerWeights, float32 for QLayerWeights."""
     lib = native.loaded()
-    fn = lib.ferry_decode_layer_f32 if isinstance(weights, QLayerWeights) else lib.ferry_decode_layer
+    quantized = isinstance(weights, QLayerWeights)
+    fn = lib.ferry_decode_layer_f32 if quantized else lib.ferry_decode_layer
     check(fn(ctypes.byref(weights), ctypes.byref(dims), x.shape[0], x.data_ptr(),
              residual.data_ptr(), int(first), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
              pages.page_ids.data_ptr(), pages.page_starts.data_ptr(), pages.kv_lens.data_ptr(),

@@ -4,8 +4,9 @@ Every csrc/*.c compiles into one shared library. The C has no torch or Python he
 builds in seconds with the system C compiler; the result is cached under a name that hashes
 every csrc/*.c and *.h, the flags and the compiler, so an edit or a different machine
 rebuilds. The functions' argument types come from the headers' prototypes (cdecl.py).
-Where no compiler works (or FERRY_NATIVE_KERNELS=0), `library()` returns None, says why in `status()`, and every caller
-keeps its plain torch path: the kernels make things faster, never possible.
+Where no compiler works (or FERRY_NATIVE_KERNELS=0), `library()` returns None, says why in
+`status()`, and every caller keeps its plain torch path: the kernels make things faster,
+never possible.
 
 The library links the libgomp that torch loaded, so its OpenMP regions run on the same
 thread team as torch's own kernels (engine/cpu.py explains why a second team hurts).
@@ -149,7 +150,7 @@ def library() -> ctypes.CDLL | None:
         for fn_decl in declarations().functions.values():
             fn = getattr(lib, fn_decl.name)
             fn.argtypes, fn.restype = fn_decl.argtypes, fn_decl.restype
-    except Exception as exc:  # noqa: BLE001 -- any failure here means: use the torch path
+    except Exception as exc:  # any failure here means: use the torch path
         _status = f"unavailable: {exc}"
         log.warning("Ferry's CPU kernels are unavailable, using plain torch: %s", exc)
         return None

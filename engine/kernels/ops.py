@@ -94,7 +94,7 @@ class DecodePages:
                 raise ValueError(f"{n} positions need {need} pages, the table has {len(table)}")
             starts.append(len(ids))
             ids.extend(table[:need])
-        if ids and not (0 <= min(ids) and max(ids) < num_pages):
+        if ids and not (min(ids) >= 0 and max(ids) < num_pages):
             raise ValueError("a page table points outside the KV pool")
         self.page_ids = torch.tensor(ids, dtype=torch.int32)
         self.page_starts = torch.tensor(starts, dtype=torch.int64)

@@ -110,7 +110,7 @@ class TorchAttention(AttentionBackend):
         if self.native:
             # the kernels trust their indices: check them once per round, not per layer
             self.slots = inputs.slot_mapping
-            if self.slots.numel() and not (0 <= int(self.slots.min())
+            if self.slots.numel() and not (int(self.slots.min()) >= 0
                                            and int(self.slots.max()) < self.pool.num_slots):
                 raise ValueError("slot_mapping points outside the KV pool")
             if n_dec:

@@ -180,7 +180,7 @@ def test_float_path_matches_hf_on_the_dequantised_weights(written, make_harness)
 
 def test_quantized_path_keeps_the_blocks_and_tracks_the_float_path(written,
                                                                   make_harness) -> None:
-    path, hf = written
+    path, _ = written
     model = load_model(path, torch.float32, "cpu", "gguf")
     layer = model.model.layers[0]
     qkv, gate_up = layer.self_attn.qkv_proj.weight, layer.mlp.gate_up_proj.weight

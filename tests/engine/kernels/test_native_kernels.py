@@ -309,7 +309,7 @@ def test_cdecl_reads_prototypes_structs_and_refuses_unknown_types(tmp_path) -> N
     assert ctypes.sizeof(decls.structs["ferry_whole"]) == 2 * ctypes.sizeof(part)
     assert "not_shared" not in decls.structs
     (tmp_path / "c.h").write_text("void ferry_bad(long double x);\n")
-    with pytest.raises(ValueError, match="c.h: C type 'long double'"):
+    with pytest.raises(ValueError, match=r"c\.h: C type 'long double'"):
         cdecl.parse([tmp_path / "c.h"])
 
 

@@ -344,7 +344,8 @@ def test_narrow_screen_code_scrolls_in_its_box_and_drawer_opens(
         page.wait_for_function("document.getElementById('sidebar').getBoundingClientRect().x >= 0")
         assert page.locator("#sidebar .conv", has_text="Wide code").is_visible()
         page.keyboard.press("Escape")
-        page.wait_for_function("document.getElementById('sidebar').getBoundingClientRect().right <= 0")
+        page.wait_for_function(
+            "document.getElementById('sidebar').getBoundingClientRect().right <= 0")
         # the theme toggle flips dark mode and remembers it
         page.click("[data-theme-toggle]")
         theme = page.evaluate("document.documentElement.dataset.theme")
