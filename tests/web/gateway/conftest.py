@@ -108,13 +108,15 @@ def upstreams(model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     base = tmp_path_factory.mktemp("upstreams")
     a = UpstreamProcess(base / "a", free_port(), model_dir)
     b = UpstreamProcess(base / "b", free_port(), model_dir)
-    a.start()
-    b.start()
-    a.wait_ready()
-    b.wait_ready()
-    yield [a, b]
-    for up in (a, b):
-        up.kill()
+    try:
+        a.start()
+        b.start()
+        a.wait_ready()
+        b.wait_ready()
+        yield [a, b]
+    finally:  # also when one of them failed to start
+        for up in (a, b):
+            up.kill()
 
 
 @dataclass
