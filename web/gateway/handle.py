@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -35,10 +36,9 @@ class GatewayHandle:
     # -- producer side (the gateway task) ------------------------------------------------
     def put(self, event: Event) -> None:
         if self._loop is not None and self._aqueue is not None:
-            try:
+            # RuntimeError: the consumer's loop is gone
+            with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._aqueue.put_nowait, event)
-            except RuntimeError:  # the consumer's loop is gone
-                pass
         else:
             self._squeue.put(event)
 

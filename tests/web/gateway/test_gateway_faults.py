@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -18,7 +18,7 @@ KEY = "sk-never-shown-0123"
 
 class BadUpstream(BaseHTTPRequestHandler):
     mode = "garbage"
-    seen_auth: list[str] = []
+    seen_auth: ClassVar[list[str]] = []
 
     def log_message(self, *args: Any) -> None:
         pass
