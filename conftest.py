@@ -257,6 +257,15 @@ def tokenizer(model_dir: Path) -> Any:
     return Tokenizer(model_dir)
 
 
+@pytest.fixture
+def ferry_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test's own FERRY_HOME (its tmp_path) and no FERRY_* variables from outside."""
+    for name in [n for n in os.environ if n.startswith("FERRY_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("FERRY_HOME", str(tmp_path))
+    return tmp_path
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -365,6 +374,24 @@ def make_shared_server(make_server: Any, tmp_path_factory: pytest.TempPathFactor
         return server, tokens
 
     return make
+
+
+def browser_sign_in(context: Any, url: str, token: str) -> Any:
+    """A new page in the browser context, signed in with the token through /login."""
+    import re
+
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(url + "/login")
+    page.fill("input[name=token]", token)
+    page.locator("form button, form input[type=submit]").first.click()
+    page.wait_for_url(re.compile(r"/$"))
+    return page
+
+
+@pytest.fixture(scope="session")
+def sign_in() -> Any:
+    return browser_sign_in
 
 
 def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05,

@@ -14,30 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.scheduling.batch import Batch
-from engine.scheduling.request import Request
-from web.access.users import UserStore
-
-
-class StandIn:
-    """Samples an ordinary token every round, one round per 10 ms."""
-
-    def run(self, batch: Batch) -> list[int | None]:
-        time.sleep(0.01)
-        return [28 if item.sample else None for item in batch.items]
-
-    def release(self, request: Request) -> None:
-        pass
-
 
 @pytest.fixture(scope="module")
-def setup(make_server: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict]:
-    data = tmp_path_factory.mktemp("policy")
-    store = UserStore(data / "users.json")
-    tokens = {"ann": store.add("ann", admin=True), "bob": store.add("bob")}
-    server = make_server(executor=StandIn(), data_dir=data, max_running=2,
-                         web={"shared": True})
-    return server, tokens
+def setup(make_shared_server: Any) -> tuple[Any, dict]:
+    return make_shared_server("policy", {"ann": True, "bob": False}, delay=0.01,
+                              max_running=2)
 
 
 def client(server: Any, token: str | None = None) -> httpx.Client:
@@ -141,16 +122,11 @@ def test_dashboard_control_with_a_session(setup: tuple[Any, dict], waiter: Any) 
 
 @pytest.mark.browser
 def test_admin_uses_the_control_in_chromium(setup: tuple[Any, dict], browser: Any,
-                                            waiter: Any) -> None:
+                                            waiter: Any, sign_in: Any) -> None:
     server, tokens = setup
     context = browser.new_context()
     try:
-        page = context.new_page()
-        page.set_default_timeout(30_000)
-        page.goto(server.url + "/login")
-        page.fill("input[name=token]", tokens["ann"])
-        page.locator("form button, form input[type=submit]").first.click()
-        page.wait_for_url(re.compile(r"/$"))
+        page = sign_in(context, server.url, tokens["ann"])
         page.goto(server.url + "/dashboard")
         page.select_option("#policy-form select[name=policy]", "mixed")
         page.select_option("#policy-form select[name=admission]", "fair")

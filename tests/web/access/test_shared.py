@@ -6,41 +6,21 @@ so they run in a few seconds; the tokenizer is the default model's.
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from engine.scheduling.batch import Batch
-from engine.scheduling.request import Request
-from web.access.users import UserStore
-
 MODEL = "SmolLM2-135M-Instruct"
 
 
-class SlowExecutor:
-    """Samples the same ordinary token every round, one round per 20 ms."""
-
-    def run(self, batch: Batch) -> list[int | None]:
-        time.sleep(0.02)
-        return [28 if item.sample else None for item in batch.items]
-
-    def release(self, request: Request) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
-def setup(make_server: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict]:
-    data = tmp_path_factory.mktemp("shared")
-    store = UserStore(data / "users.json")
-    tokens = {"ann": store.add("ann", admin=True), "bob": store.add("bob"),
-              "cat": store.add("cat")}
-    server = make_server(executor=SlowExecutor(), data_dir=data, max_running=2,
-                         web={"shared": True, "per_user_limit": 2, "chat_ignore_eos": True,
-                              "default_max_tokens": 400})
-    return server, tokens
+def setup(make_shared_server: Any) -> tuple[Any, dict]:
+    return make_shared_server("shared", {"ann": True, "bob": False, "cat": False},
+                              max_running=2,
+                              web={"per_user_limit": 2, "chat_ignore_eos": True,
+                                   "default_max_tokens": 400})
 
 
 def client(server: Any, tokens: dict[str, str], name: str | None) -> httpx.Client:
@@ -172,16 +152,11 @@ def test_sign_out_kills_a_copied_cookie(setup: tuple[Any, dict]) -> None:
 
 @pytest.mark.browser
 def test_sign_out_in_chromium_then_the_old_cookie_gets_the_login_page(
-        setup: tuple[Any, dict], browser: Any) -> None:
+        setup: tuple[Any, dict], browser: Any, sign_in: Any) -> None:
     server, tokens = setup
     context = browser.new_context()
     try:
-        page = context.new_page()
-        page.set_default_timeout(30_000)
-        page.goto(server.url + "/login")
-        page.fill("input[name=token]", tokens["bob"])
-        page.locator("form button, form input[type=submit]").first.click()
-        page.wait_for_url(re.compile(r"/$"))
+        page = sign_in(context, server.url, tokens["bob"])
         kept = [c for c in context.cookies() if c["name"] == "ferry_session"]
         assert kept
         page.get_by_role("button", name="Sign out").click()

@@ -7,32 +7,20 @@ endpoints report.
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import httpx
 import pytest
 
 from engine import SamplingParams
-from engine.scheduling.batch import Batch
-from engine.scheduling.request import Request
 from web.access.users import LOCAL_USER
 
 MODEL = "SmolLM2-135M-Instruct"
 
 
-class StandIn:
-    def run(self, batch: Batch) -> list[int | None]:
-        time.sleep(0.02)
-        return [28 if item.sample else None for item in batch.items]
-
-    def release(self, request: Request) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
-def server(make_server: Any) -> Any:
-    return make_server(executor=StandIn(), max_running=2, max_prefill_tokens=32)
+def server(make_server: Any, stand_in: Any) -> Any:
+    return make_server(executor=stand_in(0.02), max_running=2, max_prefill_tokens=32)
 
 
 def body(max_tokens: int, stream: bool = False) -> dict[str, Any]:

@@ -3,36 +3,16 @@ edit, Continue, versions, settings, rename, export or search (404, as for the pa
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import httpx
 import pytest
 
-from engine.scheduling.batch import Batch
-from engine.scheduling.request import Request
-from web.access.users import UserStore
-
-
-class SlowExecutor:
-    """Samples the same ordinary token every round, one round per 10 ms (no model)."""
-
-    def run(self, batch: Batch) -> list[int | None]:
-        time.sleep(0.01)
-        return [28 if item.sample else None for item in batch.items]
-
-    def release(self, request: Request) -> None:
-        pass
-
 
 @pytest.fixture(scope="module")
-def setup(make_server: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict]:
-    data = tmp_path_factory.mktemp("shared-chat")
-    users = UserStore(data / "users.json")
-    tokens = {"bob": users.add("bob"), "cat": users.add("cat")}
-    server = make_server(executor=SlowExecutor(), data_dir=data, max_running=2,
-                         web={"shared": True, "default_max_tokens": 20})
-    return server, tokens
+def setup(make_shared_server: Any) -> tuple[Any, dict]:
+    return make_shared_server("shared-chat", {"bob": False, "cat": False}, delay=0.01,
+                              max_running=2, web={"default_max_tokens": 20})
 
 
 def client(server: Any, token: str) -> httpx.Client:

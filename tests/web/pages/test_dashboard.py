@@ -14,34 +14,15 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.scheduling.batch import Batch
-from engine.scheduling.request import Request
-from web.access.users import UserStore
-
 MODEL = "SmolLM2-135M-Instruct"
 
 
-class StandIn:
-    """Samples an ordinary token every round, one round per 20 ms."""
-
-    def run(self, batch: Batch) -> list[int | None]:
-        time.sleep(0.02)
-        return [28 if item.sample else None for item in batch.items]
-
-    def release(self, request: Request) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
-def setup(make_server: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict]:
-    data = tmp_path_factory.mktemp("dashboard")
-    store = UserStore(data / "users.json")
-    tokens = {"ann": store.add("ann", admin=True), "bob": store.add("bob")}
-    server = make_server(executor=StandIn(), data_dir=data, max_running=1,
-                         max_prefill_tokens=16,
-                         web={"shared": True, "chat_ignore_eos": True,
-                              "default_max_tokens": 300, "dashboard_interval": 0.1})
-    return server, tokens
+def setup(make_shared_server: Any) -> tuple[Any, dict]:
+    return make_shared_server("dashboard", {"ann": True, "bob": False},
+                              max_running=1, max_prefill_tokens=16,
+                              web={"chat_ignore_eos": True, "default_max_tokens": 300,
+                                   "dashboard_interval": 0.1})
 
 
 def client(server: Any, token: str) -> httpx.Client:
@@ -151,19 +132,14 @@ def test_policy_form_answers_htmx_with_a_fragment(setup: tuple[Any, dict]) -> No
 
 @pytest.mark.browser
 def test_admin_confirms_in_chromium(setup: tuple[Any, dict], browser: Any, waiter: Any,
-                                    idle_check: Any) -> None:
+                                    idle_check: Any, sign_in: Any) -> None:
     server, tokens = setup
     with client(server, tokens["bob"]) as bob:
         bob.post("/c", data={"content": "keep going"})
     rid = waiter(lambda: server.engine.live_ids(owner="bob"), 10, message="bob's reply")[0]
     context = browser.new_context()
     try:
-        page = context.new_page()
-        page.set_default_timeout(30_000)
-        page.goto(server.url + "/login")
-        page.fill("input[name=token]", tokens["ann"])
-        page.locator("form button, form input[type=submit]").first.click()
-        page.wait_for_url(re.compile(r"/$"))
+        page = sign_in(context, server.url, tokens["ann"])
         page.goto(server.url + "/dashboard")
         page.locator(f"button[data-cancel='{rid}']").wait_for()
         asked: list[str] = []
