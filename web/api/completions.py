@@ -12,7 +12,7 @@ from litestar import Controller, Request, Response, get, post
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody
 from litestar.types import ASGIApp
-from sse_starlette import ServerSentEvent
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from engine import FinalEvent, RequestHandle, TextDelta, Tokenizer
 from web.api.choices import ChatShape, CompletionShape, usage_of
@@ -108,6 +108,23 @@ SSE_DOC = ("With `stream: true`: `text/event-stream`; every `data:` line holds o
            "object, and the stream ends with `data: [DONE]`.")
 
 
+def _route_docs(body: type, chunk: str) -> dict[str, Any]:
+    """The OpenAPI description and responses of a completion route (streaming or not)."""
+    return {"description": SSE_DOC.format(chunk),
+            "responses": {200: ResponseSpec(body, description="The completion; with "
+                                            "stream=true a text/event-stream of chunks"),
+                          **error_docs(400, 404, 413, 429, 500, 503)}}
+
+
+def _event_stream(data: ChatCompletionRequest | CompletionRequest,
+                  handles: list[RequestHandle], render: Render,
+                  first: list[Any]) -> EventSourceResponse:
+    """The SSE answer of a stream=true completion (usage at the end if the client asked)."""
+    include = bool(data.stream_options and data.stream_options.include_usage)
+    return event_stream(lambda shutdown: stream(handles, render, include, shutdown, first),
+                        _headers(handles))
+
+
 class OpenAIController(Controller):
     path = "/v1"
     tags = ("OpenAI-compatible API",)
@@ -131,10 +148,7 @@ class OpenAIController(Controller):
         return self._card(s)
 
     @post("/chat/completions", status_code=200, summary="Chat completion (streaming or not)",
-          description=SSE_DOC.format("ChatCompletionChunk"),
-          responses={200: ResponseSpec(ChatCompletion, description="The completion; with "
-                                       "stream=true a text/event-stream of chunks"),
-                     **error_docs(400, 404, 413, 429, 500, 503)})
+          **_route_docs(ChatCompletion, "ChatCompletionChunk"))
     async def chat_completions(self, request: Request[Any, Any, Any],
                                data: JSONBody[ChatCompletionRequest]) -> ASGIApp:
         s = services(request)
@@ -162,9 +176,8 @@ class OpenAIController(Controller):
             first = [ChatCompletionChunk(cid, created, model,
                                          [ChatChunkChoice(i, ChatDelta("assistant", ""))], CHUNK)
                      for i in range(len(handles))]
-            include = bool(data.stream_options and data.stream_options.include_usage)
-            return event_stream(lambda shutdown: stream(handles, render, include, shutdown,
-                                                        first), _headers(handles))
+            # an ASGI app; sse-starlette types it with Starlette's ASGI types, not Litestar's
+            return _event_stream(data, handles, render, first)  # type: ignore[return-value]
         finals = await collect_all(request, handles, _error)
         body = ChatCompletion(cid, created, model,
                               [shape.choice(i, h, f) for i, (h, f) in
@@ -172,10 +185,7 @@ class OpenAIController(Controller):
         return Response(body, headers=_headers(handles))  # type: ignore[return-value]
 
     @post("/completions", status_code=200, summary="Text completion (streaming or not)",
-          description=SSE_DOC.format("Completion"),
-          responses={200: ResponseSpec(Completion, description="The completion; with "
-                                       "stream=true a text/event-stream of chunks"),
-                     **error_docs(400, 404, 413, 429, 500, 503)})
+          **_route_docs(Completion, "Completion"))
     async def completions(self, request: Request[Any, Any, Any],
                           data: JSONBody[CompletionRequest]) -> ASGIApp:
         s = services(request)
@@ -197,9 +207,8 @@ class OpenAIController(Controller):
                 return [Completion(cid, created, model, [c], TEXT) for c in choices]
             first = [Completion(cid, created, model, [c], TEXT) for i in range(len(handles))
                      if (c := shape.echo_first(i)) is not None]
-            include = bool(data.stream_options and data.stream_options.include_usage)
-            return event_stream(lambda shutdown: stream(handles, render, include, shutdown,
-                                                        first), _headers(handles))
+            # an ASGI app; sse-starlette types it with Starlette's ASGI types, not Litestar's
+            return _event_stream(data, handles, render, first)  # type: ignore[return-value]
         finals = await collect_all(request, handles, _error)
         body = Completion(cid, created, model,
                           [shape.choice(i, h, f) for i, (h, f) in

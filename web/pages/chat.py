@@ -2,6 +2,7 @@
 streaming, Stop, regenerate (versions), Continue, settings, rename, export and import."""
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Annotated, Any
 
 from litestar import Controller, Response, delete, get, post
@@ -31,12 +32,27 @@ from web.pages.chat_views import (
 from web.pages.replies import reply_events
 from web.services import services
 from web.sse import event_stream
-from web.storage.store import Conversation
+from web.storage.store import Conversation, Message
+
+
+async def new_reply(request: HTMXRequest, conv: Conversation,
+                    starting: Awaitable[Message]) -> Response[Any]:
+    """What Regenerate and Continue answer: the refusal, a redirect for a plain form, or the
+    new reply's fragment for htmx."""
+    try:
+        reply = await starting
+    except REFUSED as exc:
+        return refusal(request, exc, conv)
+    if not request.htmx:
+        return Redirect(f"/c/{conv.id}", status_code=303)
+    return fragment(request, conv, [reply])
 
 
 class ChatController(Controller):
     include_in_schema = False
-    exception_handlers = {HTTPException: http_error}  # noqa: RUF012 (Litestar's layer API)
+    # Litestar types handlers with the base Request, though the HTMX plugin makes every
+    # request an HTMXRequest; RUF012: a class attribute is Litestar's layer API
+    exception_handlers = {HTTPException: http_error}  # type: ignore[dict-item]  # noqa: RUF012
 
     def _find(self, request: HTMXRequest, conversation_id: int,
               message_id: int | None = None) -> tuple[ChatService, Conversation, Any]:
@@ -114,25 +130,14 @@ class ChatController(Controller):
     async def regenerate(self, request: HTMXRequest, conversation_id: FromPath[int],
                          message_id: FromPath[int]) -> Response[Any]:
         chat, conv, msg = self._find(request, conversation_id, message_id)
-        try:
-            reply = await chat.regenerate(current_user(request), conv, msg)
-        except REFUSED as exc:
-            return refusal(request, exc, conv)
-        if not request.htmx:
-            return Redirect(f"/c/{conv.id}", status_code=303)
-        return fragment(request, conv, [reply])
+        return await new_reply(request, conv, chat.regenerate(current_user(request), conv, msg))
 
     @post("/c/{conversation_id:int}/messages/{message_id:int}/continue", name="chat:continue")
     async def continue_reply(self, request: HTMXRequest, conversation_id: FromPath[int],
                              message_id: FromPath[int]) -> Response[Any]:
         chat, conv, msg = self._find(request, conversation_id, message_id)
-        try:
-            reply = await chat.continue_reply(current_user(request), conv, msg)
-        except REFUSED as exc:
-            return refusal(request, exc, conv)
-        if not request.htmx:
-            return Redirect(f"/c/{conv.id}", status_code=303)
-        return fragment(request, conv, [reply])
+        return await new_reply(request, conv,
+                               chat.continue_reply(current_user(request), conv, msg))
 
     @post("/c/{conversation_id:int}/messages/{message_id:int}/show", name="chat:show")
     async def show(self, request: HTMXRequest, conversation_id: FromPath[int],
