@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from engine.runtime.events import FinalEvent, Timings, Usage
 from engine.runtime.handle import TextDelta
-from web.pages.replies import Replies
-from web.storage.store import RESTARTED, SCHEMA_VERSION, ReplyFigures, Store
+from web.pages.replies import Replies, Reply
+from web.storage.store import RESTARTED, SCHEMA_VERSION, Conversation, Message, ReplyFigures, Store
 
 
 def test_wal_mode_and_ownership(tmp_path: Path) -> None:
@@ -71,15 +74,30 @@ class FakeHandle:
         yield self.final
 
 
-def test_reply_is_saved_while_it_streams(tmp_path: Path) -> None:
+@pytest.fixture
+def streaming(tmp_path: Path) -> Iterator[tuple[Store, Conversation, Message]]:
+    """A store with one conversation and its streaming assistant message (closed after)."""
     store = Store(tmp_path / "ferry.sqlite3")
     conv = store.create_conversation("local", "t")
-    msg = store.add_message(conv.id, "assistant", "", "streaming")
+    yield store, conv, store.add_message(conv.id, "assistant", "", "streaming")
+    store.close()
+
+
+def start(streaming: tuple[Store, Conversation, Message], words: int,
+          gap: float) -> tuple[Replies, FakeHandle, Reply]:
+    """Replies (a flush every 0.1 s) streaming `words` words into the message, `gap` s apart."""
+    store, conv, msg = streaming
+    replies = Replies(store, flush_interval=0.1)
+    handle = FakeHandle([f"w{i} " for i in range(words)], gap)
+    return replies, handle, replies.start(handle, msg.id, conv.id)  # type: ignore[arg-type]
+
+
+def test_reply_is_saved_while_it_streams(
+        streaming: tuple[Store, Conversation, Message]) -> None:
+    store, _, msg = streaming
 
     async def run() -> None:
-        replies = Replies(store, flush_interval=0.1)
-        handle = FakeHandle([f"w{i} " for i in range(40)], 0.02)
-        reply = replies.start(handle, msg.id, conv.id)  # type: ignore[arg-type]
+        _, handle, reply = start(streaming, 40, 0.02)
         _, queue = reply.subscribe()
         await asyncio.sleep(0.4)
         partial = store.message(msg.id)
@@ -93,18 +111,14 @@ def test_reply_is_saved_while_it_streams(tmp_path: Path) -> None:
     asyncio.run(run())
     done = store.message(msg.id)
     assert done is not None and done.status == "complete" and done.content.endswith("w39 ")
-    store.close()
 
 
-def test_reply_nobody_listens_to_runs_to_its_end(tmp_path: Path) -> None:
-    store = Store(tmp_path / "ferry.sqlite3")
-    conv = store.create_conversation("local", "t")
-    msg = store.add_message(conv.id, "assistant", "", "streaming")
+def test_reply_nobody_listens_to_runs_to_its_end(
+        streaming: tuple[Store, Conversation, Message]) -> None:
+    store, conv, msg = streaming
 
     async def run() -> FakeHandle:
-        replies = Replies(store, flush_interval=0.1)
-        handle = FakeHandle([f"w{i} " for i in range(60)], 0.01)
-        reply = replies.start(handle, msg.id, conv.id)  # type: ignore[arg-type]
+        replies, handle, reply = start(streaming, 60, 0.01)
         _, queue = reply.subscribe()
         await asyncio.sleep(0.1)
         reply.unsubscribe(queue)  # the page went away (the dashboard, another chat, closed)
@@ -118,18 +132,13 @@ def test_reply_nobody_listens_to_runs_to_its_end(tmp_path: Path) -> None:
     kept = store.message(msg.id)
     assert kept is not None and kept.status == "complete" and kept.content.endswith("w59 ")
     assert kept.finish_reason == "stop" and kept.ended is None
-    store.close()
 
 
-def test_stop_by_the_owner_says_so(tmp_path: Path) -> None:
-    store = Store(tmp_path / "ferry.sqlite3")
-    conv = store.create_conversation("local", "t")
-    msg = store.add_message(conv.id, "assistant", "", "streaming")
+def test_stop_by_the_owner_says_so(streaming: tuple[Store, Conversation, Message]) -> None:
+    store, _, msg = streaming
 
     async def run() -> None:
-        replies = Replies(store, flush_interval=0.1)
-        reply = replies.start(FakeHandle([f"w{i} " for i in range(200)], 0.01),  # type: ignore[arg-type]
-                              msg.id, conv.id)
+        _, _, reply = start(streaming, 200, 0.01)
         await asyncio.sleep(0.1)
         assert reply.stop()
         await asyncio.wait_for(reply.task, 5)
@@ -138,7 +147,6 @@ def test_stop_by_the_owner_says_so(tmp_path: Path) -> None:
     kept = store.message(msg.id)
     assert kept is not None and kept.status == "incomplete" and kept.ended == "stopped by you"
     assert kept.finish_reason == "cancelled" and kept.completion_tokens is not None
-    store.close()
 
 
 OLD_SCHEMA = """
