@@ -23,13 +23,7 @@ SCENARIOS = REPO.parent / "shared" / "scenarios"
 FERRY = Path(sys.executable).parent / "ferry"
 
 
-@pytest.fixture(autouse=True)
-def ferry_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own FERRY_HOME and no FERRY_* variables from outside."""
-    for name in [n for n in os.environ if n.startswith("FERRY_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("FERRY_HOME", str(tmp_path))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("ferry_home")  # its own FERRY_HOME for every test
 
 
 @pytest.fixture(autouse=True)

@@ -1,10 +1,8 @@
 """`ferry users add/list/remove/rotate`: output, exit codes, and what lands on disk."""
 from __future__ import annotations
 
-import os
 import stat
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -12,13 +10,7 @@ from app import cli
 from app.paths import get_paths
 from web.access.users import UserStore
 
-
-@pytest.fixture(autouse=True)
-def ferry_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for name in [n for n in os.environ if n.startswith("FERRY_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("FERRY_HOME", str(tmp_path))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("ferry_home")  # its own FERRY_HOME for every test
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
