@@ -73,15 +73,10 @@ def test_greedy_and_logits_match_hf(model_dir: Path, hf_model, tokenizer, make_h
     assert tokenizer.decode(reqs[0].output_ids).startswith("The capital of France is Paris.")
 
 
-def test_run_stops_at_eos_like_the_reference_reply(model_dir: Path, tokenizer,
-                                                   make_harness) -> None:
-    h = make_harness(model_dir, page_size=16, kv_tokens=1024)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}])
-    req = Request(prompt, SamplingParams(max_tokens=16))
-    h.cover(req, len(prompt) + 16)
-    ex = h.executor
-    start, n = 0, len(prompt)
-    while req.num_outputs < 16:
+def greedy_until_eos(ex: ModelExecutor, req: Request) -> None:
+    """Prefill, then decode one token a round until an EOS or max_tokens; releases the slot."""
+    start, n = 0, req.num_tokens
+    while req.num_outputs < req.params.max_tokens:
         tok = ex.run(Batch("prefill" if start == 0 else "decode",
                            (BatchItem(req, start, n, True),)))[0]
         req.output_ids.append(tok)
@@ -89,6 +84,16 @@ def test_run_stops_at_eos_like_the_reference_reply(model_dir: Path, tokenizer,
             break
         start, n = req.num_tokens - 1, 1
     ex.release(req)
+
+
+def test_run_stops_at_eos_like_the_reference_reply(model_dir: Path, tokenizer,
+                                                   make_harness) -> None:
+    h = make_harness(model_dir, page_size=16, kv_tokens=1024)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}])
+    req = Request(prompt, SamplingParams(max_tokens=16))
+    h.cover(req, len(prompt) + 16)
+    ex = h.executor
+    greedy_until_eos(ex, req)
     assert tokenizer.decode(req.output_ids) == "The capital of France is Paris."
     assert req.output_ids[-1] == 2
 
@@ -150,14 +155,6 @@ def test_quantized_greedy_chat_answers_paris(model_dir: Path, tokenizer: Tokeniz
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}])
     req = Request(prompt, SamplingParams(max_tokens=24))
     req.pages = list(range(8))
-    start, n = 0, len(prompt)
-    while req.num_outputs < 24:
-        tok = ex.run(Batch("prefill" if start == 0 else "decode",
-                           (BatchItem(req, start, n, True),)))[0]
-        req.output_ids.append(tok)
-        if tok in ex.eos_ids:
-            break
-        start, n = req.num_tokens - 1, 1
-    ex.release(req)
+    greedy_until_eos(ex, req)
     assert tokenizer.decode(req.output_ids) == "The capital of France is Paris."
     assert req.output_ids[-1] == 2

@@ -52,6 +52,19 @@ def _run(harness, fused: bool) -> list[dict[int, torch.Tensor]]:
     return [dict(harness.logits[r.id]) for r in reqs + [late]]
 
 
+def _count_fused_layers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """calls[0] counts the layers the fused decode runs from now on."""
+    calls = [0]
+    real = layer_ops.decode_layer
+
+    def counting(*args: Any, **kwargs: Any) -> None:
+        calls[0] += 1
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(layer_ops, "decode_layer", counting)
+    return calls
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fused_layers_give_the_same_logits(arch: str, tiny_models, make_harness,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,21 +73,13 @@ def test_fused_layers_give_the_same_logits(arch: str, tiny_models, make_harness,
     plain_h = make_harness(path, dtype=torch.bfloat16)
     assert fused_h.executor.model.fused is not None
     layers = fused_h.executor.model.config.num_layers
-    calls: list[int] = []
-    real = layer_ops.decode_layer
-
-    def counting(*args: object, **kwargs: object) -> None:
-        calls[-1] += 1
-        real(*args, **kwargs)
-
-    monkeypatch.setattr(layer_ops, "decode_layer", counting)
-    calls.append(0)
+    calls = _count_fused_layers(monkeypatch)
     fused = _run(fused_h, True)
     # 4 + 2 decode rounds fused, the prefill and the mixed round not
     assert calls[0] == 6 * layers
-    calls.append(0)
+    calls[0] = 0
     plain = _run(plain_h, False)
-    assert calls[1] == 0
+    assert calls[0] == 0
     assert len(fused) == len(plain) == 6
     for i, (f, p) in enumerate(zip(fused, plain)):
         assert f.keys() == p.keys() and f
@@ -143,14 +148,7 @@ def _compare(fused_ex: ModelExecutor, plain_ex: ModelExecutor, harness_cls: type
     """The fused harness takes the fused path for exactly the 6 decode rounds; every logit
     equals the layer-by-layer one."""
     assert fused_ex.model.fused is not None and fused_ex.model.fused.dtype == torch.float32
-    calls = [0]
-    real = layer_ops.decode_layer
-
-    def counting(*args: Any, **kwargs: Any) -> None:
-        calls[0] += 1
-        real(*args, **kwargs)
-
-    monkeypatch.setattr(layer_ops, "decode_layer", counting)
+    calls = _count_fused_layers(monkeypatch)
     fused = _run(harness_cls(fused_ex), True)
     assert calls[0] == 6 * fused_ex.model.config.num_layers
     plain = _run(harness_cls(plain_ex), False)
@@ -253,14 +251,7 @@ def test_fused_quantized_layers_up_to_their_row_limit(tiny_models, make_harness,
     # quant_matmul multiplies dequantized tiles instead), bit for bit; more go layer by layer
     path = tiny_models["qwen2"].path
     harness_cls = type(make_harness(path))
-    calls = [0]
-    real = layer_ops.decode_layer
-
-    def counting(*args: Any, **kwargs: Any) -> None:
-        calls[0] += 1
-        real(*args, **kwargs)
-
-    monkeypatch.setattr(layer_ops, "decode_layer", counting)
+    calls = _count_fused_layers(monkeypatch)
     limit = _quant_executor(path, _mixed).model.fused.max_rows
     assert limit == min(linear_kernels.NATIVE_DIRECT_ROWS, quant.many_rows() - 1)
     for n, weights in ((limit, _mixed), (limit, "q8_0"), (limit + 1, "q8_0")):
