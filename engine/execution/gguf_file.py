@@ -40,7 +40,7 @@ LAYER_NAMES = {
 def _open_reader(path: Path) -> Any:
     import gguf
 
-    class Reader(gguf.GGUFReader):  # type: ignore[misc]
+    class Reader(gguf.GGUFReader):
         """GGUFReader whose tensor table is checked first, so that a bad entry is reported
         by name (the plain reader fails with a bare ValueError or a reshape error)."""
 
@@ -63,7 +63,8 @@ def _open_reader(path: Path) -> Any:
                     gguf.GGUFValueType.ARRAY, kind]
             if kind != gguf.GGUFValueType.STRING:
                 return super()._get_field_parts(orig_offs, raw_type)
-            raw = memoryview(self.data)
+            # numpy's stubs give arrays __buffer__ only for Python >= 3.12
+            raw = memoryview(self.data)  # type: ignore[arg-type]
             for _ in range(n):  # uint64 length, then the bytes
                 offs += 8 + int.from_bytes(raw[offs:offs + 8], "little")
             return offs - orig_offs, [item, count], [], [gguf.GGUFValueType.ARRAY, kind]
@@ -258,7 +259,8 @@ class GGUFFile:
         that pages of tensors that are copied anyway never become resident twice)."""
         out = np.empty(t.nbytes, dtype=np.uint8)
         with open(self.path, "rb") as f:
-            got = os.preadv(f.fileno(), [memoryview(out)], t.offset)
+            # numpy's stubs give arrays __buffer__ only for Python >= 3.12
+            got = os.preadv(f.fileno(), [memoryview(out)], t.offset)  # type: ignore[arg-type]
         if got != t.nbytes:
             raise ModelFileError(f"{self.path}: tensor {t.name} is cut short")
         return out

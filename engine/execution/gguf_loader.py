@@ -12,6 +12,7 @@ layout, loaded like a safetensors checkpoint.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -20,7 +21,10 @@ from engine.execution.errors import ModelFileError
 from engine.execution.gguf_file import GGUFFile, GGUFTensor
 from engine.execution.model.layers import Linear, RotaryEmbedding, default_weight_loader
 from engine.execution.model.linear_kernels import SplitWeight
-from engine.execution.model.llama import LlamaForCausalLM
+from engine.execution.model.llama import DecoderLayer, LlamaForCausalLM
+
+if TYPE_CHECKING:
+    from engine.kernels.quant import QuantWeight
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +74,7 @@ def _blocks(file: GGUFFile, t: GGUFTensor) -> torch.Tensor:
     return torch.from_numpy(file.read(t).reshape(t.shape[0], width)[rows.numpy()])
 
 
-def _quant_weight(file: GGUFFile, t: GGUFTensor) -> object:
+def _quant_weight(file: GGUFFile, t: GGUFTensor) -> QuantWeight:
     from engine.kernels import quant
 
     if not quant.supported(t.qtype):
@@ -85,7 +89,7 @@ def _type_name(qtype: int) -> str:
     return gguf.GGMLQuantizationType(qtype).name
 
 
-def _stacked(file: GGUFFile, parts: list[GGUFTensor]) -> object:
+def _stacked(file: GGUFFile, parts: list[GGUFTensor]) -> QuantWeight:
     """One QuantWeight with the parts' rows stacked (parts of one block type), read into
     fresh memory part by part."""
     from engine.kernels import quant
@@ -100,14 +104,15 @@ def _stacked(file: GGUFFile, parts: list[GGUFTensor]) -> object:
 
 def _set_linear(file: GGUFFile, module: Linear, keys: list[str]) -> None:
     parts = [file.tensors[f"{k}.weight"] for k in keys]
-    biases = [file.tensors.get(f"{k}.bias") for k in keys]
-    bias = (torch.cat([_float(file, b) for b in biases]) if all(b is not None for b in biases)
-            else None)
+    biases = [b for k in keys if (b := file.tensors.get(f"{k}.bias")) is not None]
+    bias = torch.cat([_float(file, b) for b in biases]) if len(biases) == len(keys) else None
     kinds = {p.qtype for p in parts}
     if kinds == {F32}:  # float32 matrices stay float (packed for oneDNN like any other)
         weight = torch.cat([_float(file, p) for p in parts])
         module.weight = torch.nn.Parameter(weight, requires_grad=False)
         if module.bias is not None:
+            if bias is None:  # as set_quantized: never an empty bias parameter
+                raise ValueError("a biased projection needs its bias")
             module.bias = torch.nn.Parameter(bias, requires_grad=False)
         return
     if len(parts) == 1:
@@ -133,7 +138,7 @@ def load_quantized(file: GGUFFile) -> LlamaForCausalLM:
         _set_vector(file, inner.embed_tokens, embed.key)
     else:
         inner.embed_tokens.set_quantized(_quant_weight(file, embed))
-    for i, layer in enumerate(inner.layers):
+    for i, layer in enumerate(cast("list[DecoderLayer]", list(inner.layers))):
         p = f"model.layers.{i}."
         attn, mlp = layer.self_attn, layer.mlp
         _set_linear(file, attn.qkv_proj, [p + "self_attn." + n for n in ("q_proj", "k_proj",

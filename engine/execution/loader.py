@@ -15,6 +15,7 @@ import importlib.util
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -112,8 +113,9 @@ def _download(repo_id: str) -> Path:
 
 # --- loading ------------------------------------------------------------------------------
 
-def read_config(path: Path) -> dict:
-    return json.loads((Path(path) / "config.json").read_text())
+def read_config(path: Path) -> dict[str, Any]:
+    config: dict[str, Any] = json.loads((Path(path) / "config.json").read_text())
+    return config
 
 
 def weight_mode(path: Path, dtype: str | torch.dtype, device: torch.device | str,
@@ -173,11 +175,13 @@ def quantize_model(model: LlamaForCausalLM, qtype: int) -> None:
     embedding's blocks); the float tensors are dropped."""
     from engine.kernels import quant
 
-    done: dict[int, object] = {}
+    done: dict[int, quant.QuantWeight] = {}
     for name, module in model.named_modules():
         if not isinstance(module, (Linear, Embedding)):
             continue
         w = module.weight
+        if not isinstance(w, torch.Tensor):
+            raise TypeError(f"{name} is quantized already")
         if id(w) not in done:
             try:
                 done[id(w)] = quant.quantize(w.detach().float(), qtype)
@@ -214,7 +218,8 @@ def _load_folder(path: Path, dtype: torch.dtype,
                 if shard is None:
                     default_weight_loader(param, tensor)
                 else:
-                    param.weight_loader(param, tensor, shard)
+                    # set by PackedLinear on its parameters (a dynamic attribute)
+                    param.weight_loader(param, tensor, shard)  # type: ignore[attr-defined]
                 pending[name] -= 1
     missing = [n for n, left in pending.items() if left > 0]
     if missing:

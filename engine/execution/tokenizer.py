@@ -109,7 +109,10 @@ class Tokenizer:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        text = self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        if not isinstance(text, str):  # one sequence of ids decodes to one str
+            raise TypeError(f"tokenizer decode gave {type(text).__name__}, not str")
+        return text
 
     def apply_chat_template(self, messages: Sequence[dict[str, Any]],
                             add_generation_prompt: bool = True) -> list[int]:
@@ -118,6 +121,8 @@ class Tokenizer:
             raise ValueError(f"the tokenizer in {self.path} has no chat template")
         text = self.hf.apply_chat_template(list(messages), tokenize=False,
                                            add_generation_prompt=add_generation_prompt)
+        if not isinstance(text, str):  # tokenize=False renders one conversation to one str
+            raise TypeError(f"chat template gave {type(text).__name__}, not str")
         return self.encode(text, add_special_tokens=False)
 
     def detokenizer(self, prompt_ids: Sequence[int] = (),

@@ -251,9 +251,9 @@ def _dequantize(w: QuantWeight, ids: torch.Tensor | None, dtype: torch.dtype) ->
         import gguf
 
         rows = w.data if ids is None else w.data[ids]
-        out = gguf.quants.dequantize(rows.numpy(), gguf.GGMLQuantizationType(w.qtype))
-        out = np.array(out, dtype=np.float32, copy=True)  # never a view of the weight's bytes
-        return torch.from_numpy(out).view(n, w.in_features).to(dtype)
+        values = gguf.quants.dequantize(rows.numpy(), gguf.GGMLQuantizationType(w.qtype))
+        values = np.array(values, dtype=np.float32, copy=True)  # never a view of the weight's bytes
+        return torch.from_numpy(values).view(n, w.in_features).to(dtype)
     out = torch.empty(n, w.in_features, dtype=dtype)
     cw = _c(w)
     _check(lib.ferry_qdequantize(ctypes.addressof(cw), None if ids is None else ids.data_ptr(),
@@ -276,8 +276,8 @@ def quantize(weight: torch.Tensor, qtype: int) -> QuantWeight:
     if lib is None:
         import gguf
 
-        data = gguf.quants.quantize(x.numpy(), gguf.GGMLQuantizationType(qtype))
-        return QuantWeight(qtype, torch.from_numpy(np.ascontiguousarray(data)).view(out_f, rb),
+        blocks = gguf.quants.quantize(x.numpy(), gguf.GGMLQuantizationType(qtype))
+        return QuantWeight(qtype, torch.from_numpy(np.ascontiguousarray(blocks)).view(out_f, rb),
                            in_f, out_f)
     data = torch.empty(out_f, rb, dtype=torch.uint8)
     _check(lib.ferry_qquantize(x.data_ptr(), out_f, in_f, qtype, data.data_ptr()), "quantize")

@@ -18,7 +18,8 @@ def get_backend(name: str) -> type[AttentionBackend]:
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r} (known: {', '.join(BACKENDS)})")
     module, cls = BACKENDS[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    backend: type[AttentionBackend] = getattr(importlib.import_module(module), cls)
+    return backend
 
 
 def default_backend(device: torch.device | str, dtype: torch.dtype) -> str:

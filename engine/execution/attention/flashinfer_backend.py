@@ -9,6 +9,8 @@ sequence's end, which is what a chunk after a cached prefix needs).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from engine.execution.attention.base import AttentionBackend, AttentionInputs
@@ -37,7 +39,8 @@ class FlashInferAttention(AttentionBackend):
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             workspace, "HND", use_tensor_cores=num_heads // num_kv_heads > 4)
         self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "HND")
-        self._wrapper: object | None = None
+        # a flashinfer wrapper once prepared (flashinfer ships no types: Any)
+        self._wrapper: Any = None
 
     def prepare(self, inputs: AttentionInputs) -> None:
         ps = self.pool.page_size
@@ -47,10 +50,14 @@ class FlashInferAttention(AttentionBackend):
         for u in used:
             indptr.append(indptr[-1] + u)
         last = [kv - (u - 1) * ps for kv, u in zip(inputs.kv_lens, used)]
-        i32 = {"dtype": torch.int32, "device": self.pool.device}
-        kv_indptr = torch.tensor(indptr, **i32)
-        kv_indices = torch.tensor(indices, **i32)
-        kv_last = torch.tensor(last, **i32)
+        device = self.pool.device
+
+        def i32(xs: list[int]) -> torch.Tensor:
+            return torch.tensor(xs, dtype=torch.int32, device=device)
+
+        kv_indptr = i32(indptr)
+        kv_indices = i32(indices)
+        kv_last = i32(last)
         dtype = self.pool.dtype
         self.where = self.pool.locate(inputs.slot_mapping)
         if all(q == 1 for q in inputs.query_lens):
@@ -62,7 +69,7 @@ class FlashInferAttention(AttentionBackend):
             qo = [0]
             for q in inputs.query_lens:
                 qo.append(qo[-1] + q)
-            self._prefill.plan(torch.tensor(qo, **i32), kv_indptr, kv_indices, kv_last,
+            self._prefill.plan(i32(qo), kv_indptr, kv_indices, kv_last,
                                self.num_heads, self.num_kv_heads, self.head_dim, ps,
                                causal=True, pos_encoding_mode="NONE", sm_scale=self.scale,
                                q_data_type=dtype, kv_data_type=dtype)
@@ -70,5 +77,5 @@ class FlashInferAttention(AttentionBackend):
 
     def forward(self, q: torch.Tensor, kv: torch.Tensor, layer: int) -> torch.Tensor:
         self.pool.write(layer, self.where, kv)
-        out = self._wrapper.run(q.contiguous(), self.pool.paged(layer))  # type: ignore[union-attr]
+        out: torch.Tensor = self._wrapper.run(q.contiguous(), self.pool.paged(layer))
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)

@@ -38,8 +38,16 @@ def _projections(layer: DecoderLayer) -> list[Linear]:
     return [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
 
 
+def _float(weight: linear_kernels.Weight) -> torch.Tensor:
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError("the bf16 decode path needs float weights")
+    return weight
+
+
 def _bf16_layer(layer: DecoderLayer) -> ctypes.Structure:
-    p = layer_ops.pointer
+    def p(weight: linear_kernels.Weight | None) -> int | None:
+        return layer_ops.pointer(None if weight is None else _float(weight))
+
     attn, mlp = layer.self_attn, layer.mlp
     return layer_ops.LayerWeights(
         p(layer.input_layernorm.weight), p(layer.post_attention_layernorm.weight),
@@ -50,13 +58,13 @@ def _bf16_layer(layer: DecoderLayer) -> ctypes.Structure:
         p(mlp.down_proj.weight), p(mlp.down_proj.bias), None)
 
 
-def _parts(weight: object) -> tuple[QuantWeight, ...] | None:
+def _parts(weight: linear_kernels.Weight) -> tuple[QuantWeight, ...] | None:
     """The quantized parts of a projection's weight, or None if it is a float tensor."""
     if isinstance(weight, torch.Tensor):
         return None
     if isinstance(weight, linear_kernels.SplitWeight):
         return weight.parts
-    return (weight,)  # type: ignore[return-value]
+    return (weight,)
 
 
 def _quant_layer(layer: DecoderLayer) -> ctypes.Structure | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,8 @@ from torch import nn
 from engine.execution.model import linear_kernels
 from engine.kernels import ops
 
+if TYPE_CHECKING:
+    from engine.kernels.quant import QuantWeight
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device | str | None) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
@@ -61,7 +64,8 @@ class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
                  device: torch.device | str | None = None) -> None:
         super().__init__()
-        self.weight = _param(out_features, in_features, dtype=dtype, device=device)
+        self.weight: linear_kernels.Weight = _param(out_features, in_features, dtype=dtype,
+                                                    device=device)
         self.bias = _param(out_features, dtype=dtype, device=device) if bias else None
         self.product: linear_kernels.Product = linear_kernels.linear  # chooses per call
         self.wide: torch.Tensor | None = None
@@ -69,7 +73,8 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.product(x, self.weight, self.bias)
 
-    def set_quantized(self, weight: object, bias: torch.Tensor | None = None) -> None:
+    def set_quantized(self, weight: linear_kernels.Weight,
+                      bias: torch.Tensor | None = None) -> None:
         """Replace the float weight (and bias) by a quantized one: its products run on it."""
         del self.weight
         self.weight = weight
@@ -84,7 +89,7 @@ class Linear(nn.Module):
         packed weight is a plain tensor attribute, no longer a loadable parameter), keep a
         float32 copy of an emulated-bf16 weight for many-row products if `wide`, and fix the
         product function for both."""
-        if linear_kernels.is_quantized(self.weight):
+        if not isinstance(self.weight, torch.Tensor):  # quantized
             self.product = linear_kernels.product_for(self.weight)
             return
         packed = linear_kernels.pack(self.weight)
@@ -109,7 +114,7 @@ class PackedLinear(Linear):
         offsets = [0, *itertools.accumulate(out_sizes)]
         self.shard_rows = {name: (offsets[i], out_sizes[i]) for i, name in enumerate(shards)}
         for p in (self.weight, self.bias):
-            if p is not None:
+            if isinstance(p, nn.Parameter):  # both are, until loaded (bias: or None)
                 p.weight_loader = self._load_shard  # type: ignore[attr-defined]
                 p.num_shards = len(shards)  # type: ignore[attr-defined]
 
@@ -129,9 +134,9 @@ class Embedding(nn.Module):
     def __init__(self, num: int, dim: int, dtype: torch.dtype,
                  device: torch.device | str | None = None) -> None:
         super().__init__()
-        self.weight = _param(num, dim, dtype=dtype, device=device)
+        self.weight: torch.Tensor | QuantWeight = _param(num, dim, dtype=dtype, device=device)
 
-    def set_quantized(self, weight: object) -> None:
+    def set_quantized(self, weight: QuantWeight) -> None:
         del self.weight
         self.weight = weight
 
@@ -156,7 +161,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
-def rope_inv_freq(head_dim: int, theta: float, rope: dict) -> torch.Tensor:
+def rope_inv_freq(head_dim: int, theta: float, rope: dict[str, Any]) -> torch.Tensor:
     """Inverse frequencies for `rope_type` in ROPE_TYPES, as Hugging Face computes them."""
     kind = rope.get("rope_type", rope.get("type", "default"))
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
@@ -187,7 +192,9 @@ class RotaryEmbedding(nn.Module):
     x*cos + roll(x, d/2) * sin_signed, i.e. three ops.
     """
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float, rope: dict,
+    inv_freq: torch.Tensor  # a non-persistent buffer (register_buffer)
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float, rope: dict[str, Any],
                  device: torch.device | str | None = None) -> None:
         super().__init__()
         self.head_dim = head_dim

@@ -28,7 +28,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +66,10 @@ class SplitWeight:
     @property
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
+
+
+# what a Linear multiplies by: a float tensor (maybe oneDNN-packed) or quantized blocks
+Weight: TypeAlias = "torch.Tensor | QuantWeight | SplitWeight"
 
 
 def is_quantized(weight: object) -> bool:
@@ -113,14 +117,15 @@ def widened(weight: torch.Tensor) -> torch.Tensor:
 
 
 def is_packed(weight: torch.Tensor) -> bool:
-    return weight.layout == torch._mkldnn
+    mkldnn: torch.layout = torch._mkldnn  # type: ignore[attr-defined]  # real, not in the stubs
+    return weight.layout == mkldnn
 
 
 @functools.cache
 def onednn_works() -> bool:
     """oneDNN's packed float32 linear is present in this torch build and gives the right
     numbers (a private op of torch's, so we check it rather than trust it)."""
-    if not torch.backends.mkldnn.is_available():
+    if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]  # torch's
         return False
     try:
         g = torch.Generator().manual_seed(0)
@@ -139,22 +144,25 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     if (weight.dtype != torch.float32 or weight.device.type != "cpu" or is_packed(weight)
             or not onednn_works()):
         return weight
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+    return packed
 
 
 def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if x.shape[0] == 0:  # oneDNN refuses empty inputs
         return x.new_empty(0, weight.shape[0])
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias,
+                                                          "none", [], "")
+    return out
 
 
-def product_for(weight: torch.Tensor, wide: torch.Tensor | None = None) -> Product:
+def product_for(weight: Weight, wide: torch.Tensor | None = None) -> Product:
     """The function computing x @ weight.T (+ bias) for this weight, chosen once (Linear
     keeps it: per-call checks cost microseconds ~120 times per decode step). `wide`: a
     oneDNN-packed float32 copy of a bf16 weight (`wide_copy`) for products of many rows."""
     if isinstance(weight, SplitWeight):
         return _split
-    if is_quantized(weight):
+    if not isinstance(weight, torch.Tensor):  # is_quantized
         return _quant
     if is_packed(weight):
         return _onednn
@@ -182,7 +190,8 @@ def wide_copy(weight: torch.Tensor) -> torch.Tensor:
     """A bf16 weight widened once to float32 and packed for oneDNN: the same values the
     per-product widening gives, without widening every weight at every step, at the price
     of float32 weights' memory on top of the bf16 ones."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().float())
+    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach().float())
+    return packed
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor,

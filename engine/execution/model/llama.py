@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from engine.execution.attention.base import AttentionBackend
+from engine.execution.model import linear_kernels
 from engine.execution.model.fused_decode import FusedDecode
 from engine.execution.model.layers import (
     ROPE_TYPES,
@@ -145,7 +146,8 @@ class Attention(nn.Module):
         rotate_(qk, cos, sin)  # q and k together: one call for both
         q = qkv[:, :h * d].view(t, h, d)
         kv = qkv[:, h * d:].view(t, 2, kvh, d)
-        return self.o_proj(attn.forward(q, kv, self.layer))
+        out: torch.Tensor = self.o_proj(attn.forward(q, kv, self.layer))
+        return out
 
 
 class MLP(nn.Module):
@@ -158,7 +160,8 @@ class MLP(nn.Module):
         self.down_proj = Linear(n, cfg.hidden_size, cfg.mlp_bias, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        out: torch.Tensor = self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return out
 
 
 class DecoderLayer(nn.Module):
@@ -238,11 +241,12 @@ class LlamaForCausalLM(nn.Module):
     def weight_types(self) -> tuple[dict[str, int], str, int]:
         """(bytes per weight type over the decoder layers' projections, the LM head's type,
         bytes of all weights, a tied head counted once) for describing how the model runs."""
-        def kinds(w: object) -> list[tuple[str, int]]:
+        def kinds(w: linear_kernels.Weight) -> list[tuple[str, int]]:
             """(type, bytes) of a weight, per part of a SplitWeight."""
             if isinstance(w, torch.Tensor):
                 return [(str(w.dtype).removeprefix("torch."), w.numel() * w.element_size())]
-            return [(type_name(p.qtype), int(p.nbytes)) for p in getattr(w, "parts", (w,))]
+            parts = w.parts if isinstance(w, linear_kernels.SplitWeight) else (w,)
+            return [(type_name(p.qtype), int(p.nbytes)) for p in parts]
 
         layers: dict[str, int] = {}
         seen: set[int] = set()
@@ -295,11 +299,12 @@ def vocab_projection(x: torch.Tensor, head: Linear) -> torch.Tensor:
     in blocks of the vocabulary: MKL is up to 2x slower on one [rows x 49152] product than on
     2048-column blocks that stay in cache (measured at 4-64 rows). The other products
     (oneDNN's, Ferry's bf16 kernel, per-block widening) block the vocabulary themselves."""
-    if head.product is not torch.nn.functional.linear or x.device.type != "cpu" \
-            or x.shape[0] <= 1:
-        return head(x)
     weight = head.weight
+    if head.product is not torch.nn.functional.linear or x.device.type != "cpu" \
+            or x.shape[0] <= 1 or not isinstance(weight, torch.Tensor):
+        projected: torch.Tensor = head(x)
+        return projected
     out = x.new_empty(x.shape[0], weight.shape[0])
-    for w, o in zip(weight.split(LM_HEAD_BLOCK), out.split(LM_HEAD_BLOCK, dim=1)):
+    for w, o in zip(torch.split(weight, LM_HEAD_BLOCK), torch.split(out, LM_HEAD_BLOCK, dim=1)):
         torch.mm(x, w.t(), out=o)
     return out
