@@ -34,16 +34,25 @@ enum { FERRY_OK = 0, FERRY_ENOMEM = -1 };
         if (ferry_rc_ != FERRY_OK) return ferry_rc_; \
     } while (0)
 
-static inline float ferry_bf16_to_f32(uint16_t v) {
-    uint32_t u = (uint32_t)v << 16;
+/* a float's bits and back (memcpy: no aliasing questions; compiles to a register move) */
+static inline uint32_t ferry_f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float ferry_bits_f32(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 
+static inline float ferry_bf16_to_f32(uint16_t v) {
+    return ferry_bits_f32((uint32_t)v << 16);
+}
+
 static inline uint16_t ferry_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
+    uint32_t u = ferry_f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
@@ -67,15 +76,12 @@ static inline float ferry_f16_to_f32(uint16_t h) {
         } while (!(man & 0x400u));
         u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
     }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return ferry_bits_f32(u);
 }
 
 /* round to nearest even, as torch's .half(); overflow -> inf, NaN stays NaN */
 static inline uint16_t ferry_f32_to_f16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
+    uint32_t u = ferry_f32_bits(f);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
     uint32_t a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return sign | 0x7e00u;

@@ -2,12 +2,16 @@
  * routines, so their integer parts agree exactly), and weights to Q8_0 / Q4_0 at load. */
 #include "quant_impl.h"
 
+/* amax = max |v[j]| over n values (a macro, not a function: the same code as written out) */
+#define ABSMAX(amax, v, n)                                          \
+    float amax = 0.f;                                               \
+    for (int j_ = 0; j_ < (n); j_++) amax = fmaxf(amax, fabsf((v)[j_]))
+
 /* per 32 values: d = max|x| / 127, qs = round-to-nearest-even(x / d) */
 void q_act32(const float *x, int64_t n, qa32 *out) {
     for (int64_t b = 0; b < n / 32; b++) {
         const float *v = x + b * 32;
-        float amax = 0.f;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v[j]));
+        ABSMAX(amax, v, 32);
         float d = amax / 127.f, id = d > 0.f ? 127.f / amax : 0.f;
         int32_t sum = 0;
         for (int j = 0; j < 32; j++) {
@@ -24,8 +28,7 @@ void q_act32(const float *x, int64_t n, qa32 *out) {
 void q_act256(const float *x, int64_t n, qa256 *out) {
     for (int64_t b = 0; b < n / 256; b++) {
         const float *v = x + b * 256;
-        float amax = 0.f;
-        for (int j = 0; j < 256; j++) amax = fmaxf(amax, fabsf(v[j]));
+        ABSMAX(amax, v, 256);
         float d = amax / 127.f, id = d > 0.f ? 127.f / amax : 0.f;
         for (int j = 0; j < 256; j++) out[b].qs[j] = (int8_t)(int)nearbyintf(v[j] * id);
         for (int g = 0; g < 16; g++) {
@@ -39,8 +42,7 @@ void q_act256(const float *x, int64_t n, qa256 *out) {
 
 /* gguf-py's Q8_0 (= ggml's reference): d = amax / 127 in float32, qs = roundf(x * (1 / d)) */
 static void quantize_q8_0(const float *v, uint8_t *blk) {
-    float amax = 0.f;
-    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v[j]));
+    ABSMAX(amax, v, 32);
     float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
     uint16_t h = ferry_f32_to_f16(d);
     memcpy(blk, &h, 2);

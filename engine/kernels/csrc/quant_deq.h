@@ -70,15 +70,7 @@ QD_TGT int QS_CAT2(q_deq_row_, QD_SUFFIX)(int qt, const uint8_t *src, int64_t in
             __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(k + 16))
                               : _mm256_setzero_si256();
             for (int c = 0; c < 4; c++) {
-                __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-                __m256i lo = _mm256_and_si256(bits, m4);
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-                if (five) {
-                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(
-                        _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c), one), 4));
-                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(
-                        _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c + 1), one), 4));
-                }
+                Q45K_CHUNK(lo, hi, qs, hb, c, five);
                 int64_t at = 256 * b + 64 * c;
                 QS_CAT2(store32_, QD_SUFFIX)(dst, at, bf, lo, _mm256_set1_ps(d * (float)sc[2 * c]),
                         _mm256_set1_ps(dmin * (float)mn[2 * c]), -1);

@@ -166,6 +166,21 @@ INL void dot32(const uint8_t *w, int64_t nb, const void *act, int64_t astride, c
         out[r] = hsum(_mm256_add_ps(acc[0][r], acc[1][r])) + (off[0][r] + off[1][r]);
 }
 
+/* Q4_K / Q5_K: declares lo and hi, chunk c (64 weights) of a block as bytes: lo the first 32
+ * (low nibbles), hi the next 32 (high nibbles), each with Q5_K's fifth bit from hb; m4 and one
+ * are the caller's 15s and 1s. A macro, not an inline function: that one changes the register
+ * allocation of q_deq_row_avx2, this one is the same code as written out. */
+#define Q45K_CHUNK(lo, hi, qs, hb, c, five)                                                   \
+    __m256i bits_ = _mm256_loadu_si256((const __m256i *)((qs) + 32 * (c)));                  \
+    __m256i lo = _mm256_and_si256(bits_, m4);                                                 \
+    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits_, 4), m4);                           \
+    if (five) {                                                                               \
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(                                           \
+            _mm256_and_si256(_mm256_srli_epi16(hb, 2 * (c)), one), 4));                       \
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(                                           \
+            _mm256_and_si256(_mm256_srli_epi16(hb, 2 * (c) + 1), one), 4));                   \
+    }
+
 /* --- K-quants -------------------------------------------------------------------------- */
 INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
                   float *out, int five) {
@@ -186,15 +201,7 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
         __m256i sumi[QMAX_R];
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
-            __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            __m256i lo = _mm256_and_si256(bits, m4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-            if (five) {
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(
-                    _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c), one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(
-                    _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c + 1), one), 4));
-            }
+            Q45K_CHUNK(lo, hi, qs, hb, c, five);
             __m256i slo = _mm256_set1_epi16(sc[2 * c]), shi = _mm256_set1_epi16(sc[2 * c + 1]);
             for (int r = 0; r < R; r++) {
                 const int8_t *y = ((const qa256 *)ROW(act, astride, r) + b)->qs + 64 * c;
