@@ -19,6 +19,7 @@ import re
 import secrets
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -264,51 +265,48 @@ class UserStore:
                   "hash": _derive(token, salt, self._kdf).hex()}
         return token, fields
 
+    @contextlib.contextmanager
+    def _editing(self, name: str | None = None) -> Iterator[dict[str, dict[str, Any]]]:
+        """The users to change, under the lock, saved when the block ends without raising;
+        with a name, that user must exist."""
+        with self._lock:
+            users = dict(self._load())
+            if name is not None and name not in users:
+                raise UserError(f"no user named {name!r}")
+            yield users
+            self._save(users)
+
     def add(self, name: str, admin: bool = False) -> str:
         """Create a user; returns their token (the only time it is available)."""
         check_name(name)
-        with self._lock:
-            users = dict(self._load())
+        with self._editing() as users:
             if name in users:
                 raise UserError(f"user {name!r} already exists (use `ferry users rotate {name}` "
                                 f"for a new token)")
             token, fields = self._new_secret(users)
             users[name] = {"admin": bool(admin), "created": _now(), **fields}
-            self._save(users)
-            return token
+        return token
 
     def remove(self, name: str) -> None:
-        with self._lock:
-            users = dict(self._load())
-            if name not in users:
-                raise UserError(f"no user named {name!r}")
+        with self._editing(name) as users:
             del users[name]
-            self._save(users)
 
     def rotate(self, name: str) -> str:
         """Give the user a new token; the old one (and their browser sessions) stop working."""
-        with self._lock:
-            users = dict(self._load())
-            if name not in users:
-                raise UserError(f"no user named {name!r}")
+        with self._editing(name) as users:
             token, fields = self._new_secret(users)
             users[name] = {**users[name], **fields, "rotated": _now(), "sessions": []}
-            self._save(users)
-            return token
+        return token
 
     # --- browser sessions ------------------------------------------------------------------
 
     def open_session(self, name: str) -> str:
         """A new session id for `name`, listed until close_session (or a rotate)."""
-        with self._lock:
-            users = dict(self._load())
-            if name not in users:
-                raise UserError(f"no user named {name!r}")
+        with self._editing(name) as users:
             sid = secrets.token_hex(8)
             kept = [s for s in users[name].get("sessions") or [] if isinstance(s, str)]
             users[name] = {**users[name], "sessions": [*kept[-(MAX_SESSIONS - 1):], sid]}
-            self._save(users)
-            return sid
+        return sid
 
     def close_session(self, name: str, sid: str) -> bool:
         """End one session (Sign out); False when it was not open."""
