@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -374,6 +375,26 @@ def make_shared_server(make_server: Any, tmp_path_factory: pytest.TempPathFactor
         return server, tokens
 
     return make
+
+
+@contextmanager
+def long_chat_stream(url: str, model: str) -> Iterator[tuple[str, Iterator[str]]]:
+    """A streamed chat completion long enough to act on while it runs (400 tokens, EOS
+    ignored), entered once its first text arrived: (its request id, the rest of its lines)."""
+    import httpx
+
+    body = {"model": model, "messages": [{"role": "user", "content": "Count to a thousand."}],
+            "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
+        rid = response.headers["x-request-id"]
+        lines = response.iter_lines()
+        next(line for line in lines if '"content":"' in line and '"content":""' not in line)
+        yield rid, lines
+
+
+@pytest.fixture(scope="session")
+def long_stream() -> Any:
+    return long_chat_stream
 
 
 def browser_sign_in(context: Any, url: str, token: str) -> Any:

@@ -138,14 +138,9 @@ def test_other_refusals(server: Any, client: openai.OpenAI) -> None:
                         json={"model": MODEL, "prompt": "x", "echo": True, "suffix": "y"}), 400)
 
 
-def test_request_inspection_and_cancel(server: Any, waiter: Any, idle_check: Any) -> None:
-    body = {"model": MODEL, "messages": chat("Count to a thousand."), "max_tokens": 400,
-            "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
-                      timeout=60) as response:
-        rid = response.headers["x-request-id"]
-        lines = response.iter_lines()
-        next(line for line in lines if '"content":"' in line and '"content":""' not in line)
+def test_request_inspection_and_cancel(server: Any, waiter: Any, idle_check: Any,
+                                       long_stream: Any) -> None:
+    with long_stream(server.url, MODEL) as (rid, lines):
         info = httpx.get(f"{server.url}/v1/requests/{rid}").json()
         assert info["state"] == "running" and info["slot"] is not None
         assert info["output_tokens"] >= 1 and info["max_tokens"] == 400

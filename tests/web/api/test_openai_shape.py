@@ -70,14 +70,9 @@ def test_object_fields(server: Any, client: openai.OpenAI, idle_check: Any) -> N
     idle_check(server.engine)
 
 
-def test_cancelled_reports_stop_with_ferrys_reason(server: Any, idle_check: Any) -> None:
-    body = {"model": MODEL, "messages": chat("Count to a thousand."), "max_tokens": 400,
-            "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
-                      timeout=60) as r:
-        rid = r.headers["x-request-id"]
-        lines = r.iter_lines()
-        next(line for line in lines if '"content":"' in line and '"content":""' not in line)
+def test_cancelled_reports_stop_with_ferrys_reason(server: Any, idle_check: Any,
+                                                   long_stream: Any) -> None:
+    with long_stream(server.url, MODEL) as (rid, lines):
         assert httpx.delete(f"{server.url}/v1/requests/{rid}").json()["cancelled"] is True
         chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     end = chunks[-1]["choices"][0]
