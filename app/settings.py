@@ -106,10 +106,10 @@ class Settings:
             if value < low or (high is not None and value > high):
                 upto = f" to {high}" if high is not None else " or more"
                 raise SettingsError(name, f"{name} must be {low}{upto}, got {value}")
-        for name, (low, high) in FLOAT_RANGES.items():
+        for name, (least, most) in FLOAT_RANGES.items():
             value = getattr(self, name)
-            if not low <= value <= high:
-                raise SettingsError(name, f"{name} must be {low:g} to {high:g}, got {value}")
+            if not least <= value <= most:
+                raise SettingsError(name, f"{name} must be {least:g} to {most:g}, got {value}")
         if self.chat_top_p <= 0:
             raise SettingsError("chat_top_p", "chat_top_p must be above 0")
         if not self.host.strip():

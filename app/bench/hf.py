@@ -4,8 +4,18 @@ from __future__ import annotations
 import time
 from itertools import pairwise
 from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
 
 from app.bench.run import Result, Workload
+
+
+class _Model(Protocol):
+    """What the baseline uses of a transformers causal LM."""
+
+    def eval(self) -> object: ...
+
+    def generate(self, **kwargs: Any) -> object: ...
 
 
 class _Clock:
@@ -25,22 +35,23 @@ class _Clock:
         pass
 
 
-def load(model_path: Path, dtype: str) -> tuple[object, object]:
+def load(model_path: Path, dtype: str) -> tuple[_Model, ModuleType]:
     import torch
     from transformers import AutoModelForCausalLM
 
     torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+    model: _Model
     if Path(model_path).suffix == ".gguf":  # transformers dequantises it in memory
         model = AutoModelForCausalLM.from_pretrained(str(Path(model_path).parent),
                                                      gguf_file=Path(model_path).name,
                                                      dtype=torch_dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch_dtype)
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]  # transformers leaves its eval() unannotated
     return model, torch
 
 
-def _generate(model: object, torch: object, batch: list[list[int]], work: Workload,
+def _generate(model: _Model, torch: ModuleType, batch: list[list[int]], work: Workload,
               pad: int) -> tuple[float, list[float]]:
     width = max(len(p) for p in batch)
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])  # left padding
@@ -54,7 +65,7 @@ def _generate(model: object, torch: object, batch: list[list[int]], work: Worklo
     return start, clock.times
 
 
-def one_at_a_time(model: object, torch: object, prompts: list[list[int]], work: Workload,
+def one_at_a_time(model: _Model, torch: ModuleType, prompts: list[list[int]], work: Workload,
                   pad: int, total: int) -> Result:
     result = Result("hf generate, one at a time", len(prompts), 0.0, 0, 0,
                     note=f"{len(prompts)} of {total} requests (rate extrapolates)"
@@ -71,7 +82,7 @@ def one_at_a_time(model: object, torch: object, prompts: list[list[int]], work: 
     return result
 
 
-def static_batches(model: object, torch: object, prompts: list[list[int]], work: Workload,
+def static_batches(model: _Model, torch: ModuleType, prompts: list[list[int]], work: Workload,
                    pad: int) -> Result:
     size = work.concurrency
     result = Result(f"hf generate, static batches of {size}", len(prompts), 0.0, 0, 0)

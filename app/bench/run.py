@@ -226,6 +226,9 @@ def main(argv: list[str]) -> int:
     if args.baseline == "hf":
         from app.bench import hf as bench_hf
 
+        if executor.model_path is None:  # from_pretrained always records it
+            print("ferry bench: --baseline hf needs the model's path", file=sys.stderr)
+            return 2
         model, torch = bench_hf.load(executor.model_path, dtype)
         pad = next(iter(executor.eos_ids), 0)
         bench_hf._generate(model, torch, [prompts[0][:8]], Workload(1, 1, 8, 4), pad)  # warm-up

@@ -11,10 +11,10 @@ import threading
 import time
 from itertools import pairwise
 
-from engine import Engine, EngineConfig, SamplingParams
+from engine import Engine, EngineConfig, Policy, SamplingParams
 
 
-def measure(executor: object, policy: str, long_prompt: int, budget: int,
+def measure(executor: object, policy: Policy, long_prompt: int, budget: int,
             decoders: int = 4, output: int = 64) -> dict[str, float]:
     pool = executor.config  # type: ignore[attr-defined]  # the KV pool was sized from it
     config = EngineConfig(max_running=decoders + 1, max_prefill_tokens=budget,
@@ -66,7 +66,8 @@ def report(executor: object, long_prompt: int, budget: int) -> None:
     print("| policy | worst stall ms | median ITL ms | longest prefill round ms "
           "| long prompt TTFT s |")
     print("|---|---|---|---|---|")
-    for policy in ("prefill-first", "interleave", "mixed"):
+    policies: tuple[Policy, ...] = ("prefill-first", "interleave", "mixed")
+    for policy in policies:
         m = measure(executor, policy, long_prompt, budget)
         print(f"| {policy} | {m['worst_stall_s'] * 1000:.0f} | {m['median_itl_s'] * 1000:.0f} | "
               f"{m['max_prefill_round_s'] * 1000:.0f} | {m['long_prompt_ttft_s']:.2f} |")

@@ -25,7 +25,8 @@ COPY = ('<button type="button" class="copy-code small-button" title="Copy the co
 def _link_open(renderer: Any, tokens: list[Any], idx: int, options: Any, env: Any) -> str:
     tokens[idx].attrSet("rel", "noopener noreferrer nofollow")
     tokens[idx].attrSet("target", "_blank")
-    return renderer.renderToken(tokens, idx, options, env)
+    html: str = renderer.renderToken(tokens, idx, options, env)
+    return html
 
 
 def code_html(code: str, lang: str) -> str:
