@@ -25,11 +25,13 @@ import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import parse_qs, quote, urlsplit
 
 from web.access.sessions import SESSION_MAX_AGE, SessionSigner, load_secret_key
 from web.access.users import LOCAL_USER, User, UserError, UserStore
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from web.config import WebConfig
@@ -83,21 +85,13 @@ class Auth:
         return self.signer.max_age
 
     def bearer_user(self, token: str) -> User | None:
-        try:
-            return self.store.verify(token)
-        except UserError as exc:
-            log.error("cannot check a token: %s", exc)
-            return None
+        return _unless_store_fails("check a token", lambda: self.store.verify(token))
 
     def session_user(self, cookie_value: str) -> User | None:
         session = self.signer.unsign(cookie_value)
         if session is None:
             return None
-        try:
-            record = self.store.get(session.name)
-        except UserError as exc:
-            log.error("cannot check a session: %s", exc)
-            return None
+        record = _unless_store_fails("check a session", lambda: self.store.get(session.name))
         if record is None or not hmac.compare_digest(record.token_id, session.token_id):
             return None  # removed, or the token was rotated since this login
         if session.sid not in record.sessions:
@@ -112,10 +106,8 @@ class Auth:
         record = self.store.get(user.name)
         if record is None:
             return None
-        try:
-            sid = self.store.open_session(user.name)
-        except UserError as exc:
-            log.error("cannot open a session: %s", exc)
+        sid = _unless_store_fails("open a session", lambda: self.store.open_session(user.name))
+        if sid is None:
             return None
         return user, self.signer.sign(user.name, record.token_id, sid)
 
@@ -125,13 +117,20 @@ class Auth:
         session = self.signer.unsign(cookie_value)
         if session is None:
             return
-        try:
-            self.store.close_session(session.name, session.sid)
-        except UserError as exc:
-            log.error("cannot close a session: %s", exc)
+        _unless_store_fails("close a session",
+                            lambda: self.store.close_session(session.name, session.sid))
 
     def csrf_token(self, cookie_value: str) -> str:
         return self.signer.csrf_token(cookie_value)
+
+
+def _unless_store_fails(what: str, call: Callable[[], T]) -> T | None:
+    """call(), or None (logged) where the users file cannot be read or written."""
+    try:
+        return call()
+    except UserError as exc:
+        log.error("cannot %s: %s", what, exc)
+        return None
 
 
 # --- helpers on raw ASGI scopes ------------------------------------------------------------
