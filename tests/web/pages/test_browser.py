@@ -57,17 +57,24 @@ def streaming_text(page: Any) -> str:
     return body.inner_text() if body.count() else ""
 
 
+def start_reply(page: Any, url: str, text: str, waiter: Any, more_than: int) -> str:
+    """Send `text` in a new chat; the streaming reply's text once it is longer than
+    `more_than` characters."""
+    page.goto(url + "/")
+    send(page, text)
+    page.wait_for_url(re.compile(r"/c/\d+$"))
+    return str(waiter(lambda: len(streaming_text(page)) > more_than and streaming_text(page),
+                      30, message="first tokens"))
+
+
 def conversation_id(page: Any) -> int:
     return int(page.url.rstrip("/").rsplit("/", 1)[1])
 
 
 def test_message_streams_and_stop_keeps_it_incomplete(server: Any, page: Any, waiter: Any,
                                                       idle_check: Any) -> None:
-    page.goto(server.url + "/")
-    send(page, "Tell me a long story about a lighthouse keeper.")
-    page.wait_for_url(re.compile(r"/c/\d+$"))
-    first = waiter(lambda: len(streaming_text(page)) > 5 and streaming_text(page), 30,
-                   message="first tokens")
+    first = start_reply(page, server.url, "Tell me a long story about a lighthouse keeper.",
+                        waiter, 5)
     waiter(lambda: len(streaming_text(page)) > len(first) + 5, 30, message="more tokens")
     page.click("article.msg.assistant.streaming button.stop")
     waiter(lambda: not server.engine.live_ids(), 3, message="the engine request to end")
@@ -84,11 +91,7 @@ def test_message_streams_and_stop_keeps_it_incomplete(server: Any, page: Any, wa
 
 def test_reload_mid_reply_reattaches(server: Any, page: Any, waiter: Any,
                                      idle_check: Any) -> None:
-    page.goto(server.url + "/")
-    send(page, "Describe the ocean in great detail.")
-    page.wait_for_url(re.compile(r"/c/\d+$"))
-    before = waiter(lambda: len(streaming_text(page)) > 10 and streaming_text(page), 30,
-                    message="first tokens")
+    before = start_reply(page, server.url, "Describe the ocean in great detail.", waiter, 10)
     request_id = server.services.store.messages(conversation_id(page))[-1].request_id
     page.reload()
     # the stream replays the text so far, then goes on with the same engine request
