@@ -8,21 +8,34 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from app.banner import banner, local_url, open_browser
 from app.models import ModelRef
 from app.paths import Paths
 from app.settings import Settings, engine_config
 
+if TYPE_CHECKING:
+    from litestar import Litestar
+
+    from web.config import WebConfig
+
 log = logging.getLogger(__name__)
 
 
-def chat_defaults(settings: Settings) -> dict[str, object]:
-    """The chat page's defaults from the settings (each conversation may override them)."""
-    return {"default_max_tokens": settings.default_max_tokens,
-            "chat_system_prompt": settings.chat_system_prompt or None,
-            "chat_temperature": float(settings.chat_temperature),
-            "chat_top_p": float(settings.chat_top_p)}
+def web_config(settings: Settings, paths: Paths, model_name: str) -> WebConfig:
+    """The web layer's config from the settings; the chat defaults come from the settings file
+    (each conversation may override them)."""
+    from web.config import WebConfig
+
+    return WebConfig(data_dir=paths.data, model_name=model_name, shared=settings.shared,
+                     per_user_limit=settings.per_user_limit,
+                     max_body_bytes=settings.max_body_bytes, max_messages=settings.max_messages,
+                     max_stop=settings.max_stop, max_tokens_limit=settings.max_tokens_limit,
+                     default_max_tokens=settings.default_max_tokens,
+                     chat_system_prompt=settings.chat_system_prompt or None,
+                     chat_temperature=float(settings.chat_temperature),
+                     chat_top_p=float(settings.chat_top_p))
 
 
 def pick_device(name: str) -> str:
@@ -33,11 +46,11 @@ def pick_device(name: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def build(settings: Settings, paths: Paths, model: ModelRef, progress: bool = True):
+def build(settings: Settings, paths: Paths, model: ModelRef,
+          progress: bool = True) -> tuple[Litestar, str, str]:
     """Load the model and build the Litestar app (the engine starts with the app's lifespan)."""
     from engine import Engine, ModelExecutor, Tokenizer, set_kernel_build_dir
     from web.app import create_app
-    from web.config import WebConfig
 
     config = engine_config(settings)
     device = pick_device(settings.device)
@@ -48,22 +61,17 @@ def build(settings: Settings, paths: Paths, model: ModelRef, progress: bool = Tr
                                              quantize=settings.quantize)
     config = dataclasses.replace(config, max_context=min(config.max_context,
                                                          executor.max_context))
+    assert executor.tokenizer_path is not None, "a loaded model has its tokenizer's path"
     tokenizer = Tokenizer(executor.tokenizer_path)
     engine = Engine(config, executor, tokenizer)
-    web = WebConfig(data_dir=paths.data, model_name=model.name, shared=settings.shared,
-                    per_user_limit=settings.per_user_limit,
-                    max_body_bytes=settings.max_body_bytes, max_messages=settings.max_messages,
-                    max_stop=settings.max_stop, max_tokens_limit=settings.max_tokens_limit,
-                    **chat_defaults(settings))
-    app = create_app(engine, tokenizer, web)
+    app = create_app(engine, tokenizer, web_config(settings, paths, model.name))
     return app, device, executor.describe()  # how the model runs, for the banner
 
 
-def build_upstream(settings: Settings, paths: Paths):
+def build_upstream(settings: Settings, paths: Paths) -> tuple[Litestar, str]:
     """Upstream mode: no model, the web app over a gateway to the configured upstreams."""
     from app.upstreams import gateway_config
     from web.app import create_app
-    from web.config import WebConfig
     from web.gateway import Gateway, GatewayTokenizer
     from web.gateway.probe import first_model_name
 
@@ -74,11 +82,7 @@ def build_upstream(settings: Settings, paths: Paths):
                     "'upstream'")
         name = "upstream"
     gateway = Gateway(config, name)
-    web = WebConfig(data_dir=paths.data, model_name=name, shared=settings.shared,
-                    per_user_limit=settings.per_user_limit,
-                    max_body_bytes=settings.max_body_bytes, max_messages=settings.max_messages,
-                    max_stop=settings.max_stop, max_tokens_limit=settings.max_tokens_limit,
-                    **chat_defaults(settings))
+    web = web_config(settings, paths, name)
     return create_app(gateway, GatewayTokenizer(), web), name  # type: ignore[arg-type]
 
 

@@ -7,9 +7,8 @@ import pytest
 
 from app.config_sources import format_config, load_settings
 from app.paths import get_paths
-from app.serve import chat_defaults
+from app.serve import web_config
 from app.settings import SettingsError
-from web.config import WebConfig
 
 
 def test_chat_defaults_from_file_and_env(tmp_path: Path) -> None:
@@ -19,12 +18,12 @@ def test_chat_defaults_from_file_and_env(tmp_path: Path) -> None:
     path.write_text('chat_system_prompt = "Answer in French."\nchat_temperature = 1\n'
                     "default_max_tokens = 64\n")
     s = load_settings({}, env=env)
-    web = WebConfig(data_dir=tmp_path, **chat_defaults(s))  # type: ignore[arg-type]
+    web = web_config(s, get_paths(env), "m")
     assert (web.chat_system_prompt, web.chat_temperature, web.chat_top_p,
             web.default_max_tokens) == ("Answer in French.", 1.0, 0.5, 64)
     assert "chat_top_p = 0.5" in format_config(s, path)
-    plain = WebConfig(data_dir=tmp_path, **chat_defaults(  # type: ignore[arg-type]
-        load_settings({}, env={"FERRY_HOME": str(tmp_path / "other")})))
+    other = {"FERRY_HOME": str(tmp_path / "other")}
+    plain = web_config(load_settings({}, env=other), get_paths(other), "m")
     assert plain.chat_system_prompt is None and plain.chat_temperature == 0.7
 
 

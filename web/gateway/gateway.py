@@ -30,7 +30,7 @@ from web.services import EngineUnavailable
 class UpstreamsDown(EngineUnavailable):
     def __init__(self, message: str, retry_after: int) -> None:
         super().__init__(message)
-        self.retry_after = retry_after  # type: ignore[misc]
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True, slots=True)
