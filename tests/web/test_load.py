@@ -108,7 +108,8 @@ async def client(http: httpx.AsyncClient, i: int, kind: str, body: dict[str, Any
                     out.text += text
                     out.chunks += 1
                 if choice.get("finish_reason"):
-                    out.finish = choice["finish_reason"]
+                    # OpenAI's field says "stop" for a cancel; Ferry's own word rides beside it
+                    out.finish = choice.get("ferry_finish_reason") or choice["finish_reason"]
             if out.chunks >= leave_after and cancelled_at is None:
                 if kind == "disconnect":
                     out.result = "disconnected"
