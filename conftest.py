@@ -273,6 +273,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def serve_in_thread(app: Any, name: str, timeout: float) -> tuple[str, Any, threading.Thread]:
+    """uvicorn serving `app` on a free loopback port in a daemon thread, once it is started."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="on",
+                                           timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, name=name, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, f"{name} did not start"
+        time.sleep(0.05)
+    return f"http://127.0.0.1:{port}", server, thread
+
+
+@pytest.fixture(scope="session")
+def in_thread_server() -> Any:
+    """serve_in_thread for fixtures outside this file (the gateway's front)."""
+    return serve_in_thread
+
+
 @dataclass
 class Server:
     url: str
@@ -297,7 +320,6 @@ def make_server(model_dir: Path, tokenizer: Any, tmp_path_factory: pytest.TempPa
                 request: pytest.FixtureRequest) -> Iterator[Any]:
     """A factory: make_server(engine fields..., web=WebConfig fields, executor=None) -> a
     running Server; `executor` replaces the model (a stand-in, for tests about access)."""
-    import uvicorn
 
     from engine.config import EngineConfig
     from engine.execution.executor import ModelExecutor
@@ -318,17 +340,8 @@ def make_server(model_dir: Path, tokenizer: Any, tmp_path_factory: pytest.TempPa
         web_config = WebConfig(data_dir=data_dir or tmp_path_factory.mktemp("data"),
                                **(web or {}))
         app = create_app(engine, tokenizer, web_config)
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                               log_level="warning", lifespan="on",
-                                               timeout_graceful_shutdown=2))
-        thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 60
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.05)
-        running = Server(f"http://127.0.0.1:{port}", app, engine, server, thread)
+        url, server, thread = serve_in_thread(app, "uvicorn", 60)
+        running = Server(url, app, engine, server, thread)
         servers.append(running)
         return running
 

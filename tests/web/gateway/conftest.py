@@ -139,10 +139,9 @@ class Front:
 
 
 @pytest.fixture(scope="module")
-def make_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def make_front(tmp_path_factory: pytest.TempPathFactory, in_thread_server: Any) -> Iterator[Any]:
     """make_front(urls, caps=None, web=WebConfig fields, **GatewayConfig fields) -> a Front
     (the web app over a Gateway to those upstreams) serving on a free loopback port."""
-    import uvicorn
 
     from web.app import create_app
     from web.config import WebConfig
@@ -161,17 +160,8 @@ def make_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         web_config = WebConfig(data_dir=data_dir or tmp_path_factory.mktemp("front"),
                                model_name=name, **(web or {}))
         app = create_app(gateway, GatewayTokenizer(), web_config)  # type: ignore[arg-type]
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                               log_level="warning", lifespan="on",
-                                               timeout_graceful_shutdown=2))
-        thread = threading.Thread(target=server.run, name="uvicorn-front", daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "the front did not start"
-            time.sleep(0.05)
-        front = Front(f"http://127.0.0.1:{port}", app, gateway, server, thread)
+        url, server, thread = in_thread_server(app, "the front", 30)
+        front = Front(url, app, gateway, server, thread)
         fronts.append(front)
         return front
 
