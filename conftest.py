@@ -273,29 +273,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serve_in_thread(app: Any, name: str, timeout: float) -> tuple[str, Any, threading.Thread]:
-    """uvicorn serving `app` on a free loopback port in a daemon thread, once it is started."""
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on",
-                                           timeout_graceful_shutdown=2))
-    thread = threading.Thread(target=server.run, name=name, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, f"{name} did not start"
-        time.sleep(0.05)
-    return f"http://127.0.0.1:{port}", server, thread
-
-
-@pytest.fixture(scope="session")
-def in_thread_server() -> Any:
-    """serve_in_thread for fixtures outside this file (the gateway's front)."""
-    return serve_in_thread
-
-
 @dataclass
 class Server:
     url: str
@@ -308,11 +285,39 @@ class Server:
     def services(self) -> Any:
         return self.app.state.services
 
+    @property
+    def gateway(self) -> Any:  # upstream mode: what the lifespan runs is the gateway
+        return self.engine
+
     def stop(self) -> None:
         self.uvicorn.should_exit = True
         self.thread.join(15)
         assert not self.thread.is_alive(), "uvicorn did not stop"
-        assert not self.engine.alive, "the lifespan did not stop the engine"
+        assert not self.engine.alive, "the lifespan did not stop the engine (or gateway)"
+
+
+def serve_in_thread(app: Any, engine: Any, name: str, timeout: float) -> Server:
+    """uvicorn serving `app` on a free loopback port in a daemon thread, once it is started;
+    `engine` is what the app's lifespan runs (the engine, or the gateway of upstream mode)."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="on",
+                                           timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, name=name, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, f"{name} did not start"
+        time.sleep(0.05)
+    return Server(f"http://127.0.0.1:{port}", app, engine, server, thread)
+
+
+@pytest.fixture(scope="session")
+def in_thread_server() -> Any:
+    """serve_in_thread for fixtures outside this file (the gateway's front)."""
+    return serve_in_thread
 
 
 @pytest.fixture(scope="module")
@@ -340,8 +345,7 @@ def make_server(model_dir: Path, tokenizer: Any, tmp_path_factory: pytest.TempPa
         web_config = WebConfig(data_dir=data_dir or tmp_path_factory.mktemp("data"),
                                **(web or {}))
         app = create_app(engine, tokenizer, web_config)
-        url, server, thread = serve_in_thread(app, "uvicorn", 60)
-        running = Server(url, app, engine, server, thread)
+        running = serve_in_thread(app, engine, "uvicorn", 60)
         servers.append(running)
         return running
 

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -119,39 +118,20 @@ def upstreams(model_dir: Path, tmp_path_factory: pytest.TempPathFactory
             up.kill()
 
 
-@dataclass
-class Front:
-    url: str
-    app: Any
-    gateway: Any
-    uvicorn: Any
-    thread: threading.Thread
-
-    @property
-    def services(self) -> Any:
-        return self.app.state.services
-
-    def stop(self) -> None:
-        self.uvicorn.should_exit = True
-        self.thread.join(15)
-        assert not self.thread.is_alive(), "uvicorn did not stop"
-        assert not self.gateway.alive, "the lifespan did not stop the gateway"
-
-
 @pytest.fixture(scope="module")
 def make_front(tmp_path_factory: pytest.TempPathFactory, in_thread_server: Any) -> Iterator[Any]:
-    """make_front(urls, caps=None, web=WebConfig fields, **GatewayConfig fields) -> a Front
-    (the web app over a Gateway to those upstreams) serving on a free loopback port."""
+    """make_front(urls, caps=None, web=WebConfig fields, **GatewayConfig fields) -> a Server:
+    the web app over a Gateway to those upstreams, serving on a free loopback port."""
 
     from web.app import create_app
     from web.config import WebConfig
     from web.gateway import Gateway, GatewayConfig, GatewayTokenizer, UpstreamConfig
     from web.gateway.probe import first_model_name
 
-    fronts: list[Front] = []
+    fronts: list[Any] = []
 
     def make(urls: list[str], caps: list[int] | None = None, web: dict[str, Any] | None = None,
-             data_dir: Path | None = None, **fields: Any) -> Front:
+             data_dir: Path | None = None, **fields: Any) -> Any:
         ups = tuple(UpstreamConfig(u, max_in_flight=(caps[i] if caps else 64))
                     for i, u in enumerate(urls))
         config = GatewayConfig(ups, **fields)
@@ -160,8 +140,7 @@ def make_front(tmp_path_factory: pytest.TempPathFactory, in_thread_server: Any) 
         web_config = WebConfig(data_dir=data_dir or tmp_path_factory.mktemp("front"),
                                model_name=name, **(web or {}))
         app = create_app(gateway, GatewayTokenizer(), web_config)  # type: ignore[arg-type]
-        url, server, thread = in_thread_server(app, "the front", 30)
-        front = Front(url, app, gateway, server, thread)
+        front = in_thread_server(app, gateway, "the front", 30)
         fronts.append(front)
         return front
 
