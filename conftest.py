@@ -273,6 +273,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.fixture(scope="session")
+def port_picker() -> Any:
+    """free_port for fixtures and tests outside this file: a free loopback port."""
+    return free_port
+
+
 @dataclass
 class Server:
     url: str

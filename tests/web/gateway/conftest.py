@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,12 +23,6 @@ import pytest
 START_TIMEOUT = 240.0
 REPO = Path(__file__).resolve().parents[3]
 ENTRY = "import sys; from app.cli import main; sys.exit(main())"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -101,12 +94,12 @@ class UpstreamProcess:
 
 
 @pytest.fixture(scope="module")
-def upstreams(model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-              ) -> Iterator[list[UpstreamProcess]]:
+def upstreams(model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+              port_picker: Any) -> Iterator[list[UpstreamProcess]]:
     """Two real Ferry upstreams (restarted by tests that kill one; killed at the end)."""
     base = tmp_path_factory.mktemp("upstreams")
-    a = UpstreamProcess(base / "a", free_port(), model_dir)
-    b = UpstreamProcess(base / "b", free_port(), model_dir)
+    a = UpstreamProcess(base / "a", port_picker(), model_dir)
+    b = UpstreamProcess(base / "b", port_picker(), model_dir)
     try:
         a.start()
         b.start()
