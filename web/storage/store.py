@@ -42,22 +42,15 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 CREATE INDEX IF NOT EXISTS messages_conversation ON messages (conversation_id, id);
 """
-# version 1: (table, column, declaration); NULL settings mean "the server's default"
-ADDED_COLUMNS = (
-    ("conversations", "system_prompt", "TEXT"),
-    ("conversations", "temperature", "REAL"),
-    ("conversations", "top_p", "REAL"),
-    ("conversations", "max_tokens", "INTEGER"),
-    ("messages", "prompt_tokens", "INTEGER"),
-    ("messages", "completion_tokens", "INTEGER"),
-    ("messages", "ttft", "REAL"),
-    ("messages", "tokens_per_s", "REAL"),
-    ("messages", "max_tokens", "INTEGER"),
-    ("messages", "ended", "TEXT"),
-    ("messages", "note", "TEXT"),
-    ("messages", "version_group", "INTEGER"),
-    ("messages", "hidden", "INTEGER NOT NULL DEFAULT 0"),
-)
+# version 1: the columns it adds to each table, as ALTER TABLE ... ADD COLUMN takes them;
+# NULL settings mean "the server's default"
+ADDED_COLUMNS = {
+    "conversations": ("system_prompt TEXT", "temperature REAL", "top_p REAL",
+                      "max_tokens INTEGER"),
+    "messages": ("prompt_tokens INTEGER", "completion_tokens INTEGER", "ttft REAL",
+                 "tokens_per_s REAL", "max_tokens INTEGER", "ended TEXT", "note TEXT",
+                 "version_group INTEGER", "hidden INTEGER NOT NULL DEFAULT 0"),
+}
 RESTARTED = "the server restarted"
 MESSAGE_COLUMNS = ("id, conversation_id, role, content, status, finish_reason, error, "
                    "request_id, created, prompt_tokens, completion_tokens, ttft, tokens_per_s, "
@@ -123,10 +116,11 @@ def migrate(db: sqlite3.Connection) -> None:
     version = int(db.execute("PRAGMA user_version").fetchone()[0])
     if version >= SCHEMA_VERSION:
         return
-    for table, column, decl in ADDED_COLUMNS:
+    for table, columns in ADDED_COLUMNS.items():
         have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
-        if column not in have:
-            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+        for column in columns:
+            if column.split()[0] not in have:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
     db.execute("CREATE INDEX IF NOT EXISTS messages_group ON messages (version_group)")
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
