@@ -10,10 +10,11 @@ from pathlib import Path
 
 import platformdirs
 
+from web.config import USERS_FILE
+
 APP_NAME = "ferry"
 HOME_ENV = "FERRY_HOME"
 CONFIG_FILE = "ferry.toml"
-USERS_FILE = "users.json"
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+# the users and their access tokens, in data_dir; app.paths (the `users` command) names the same
+USERS_FILE = "users.json"
+
 
 @dataclass(frozen=True, slots=True)
 class WebConfig:
@@ -46,4 +49,4 @@ class WebConfig:
 
     @property
     def users_path(self) -> Path:
-        return self.data_dir / "users.json"
+        return self.data_dir / USERS_FILE
