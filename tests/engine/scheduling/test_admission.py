@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sched_helpers import ids, make, round_at, sim, step
@@ -75,15 +76,18 @@ def test_chapter_52_candidate_fits_with_2048_available(cached: bool) -> None:
 
 
 # -- each check, in order --------------------------------------------------------------------
+def _scheduler(**fields: Any) -> Scheduler:
+    """A scheduler with one-token pages and no prefix cache: positions and pages count alike."""
+    return Scheduler(EngineConfig(page_size=1, prefix_cache=False, **fields))
+
+
 def test_checks_run_in_order_budget_slot_kv() -> None:
-    cfg = EngineConfig(max_running=1, max_prefill_tokens=8, kv_tokens=32, page_size=1,
-                       prefix_cache=False)
-    sched = Scheduler(cfg)
+    sched = _scheduler(max_running=1, max_prefill_tokens=8, kv_tokens=32)
     sched.add(make("X", 4, 20))
     step(sched)
     big = make("B", 8, 20)  # would also fail KV: 28 + 19 reserved > 28 available
     sched.add(big)
-    check = Admission(cfg, sched.kv, sched.slots, sched.running)
+    check = Admission(sched.config, sched.kv, sched.slots, sched.running)
     match = sched.kv.match(big)
     assert check.refuse(big, match, budget=0).code == "budget"  # type: ignore[union-attr]
     assert check.refuse(big, match, budget=8).code == "slot"  # type: ignore[union-attr]
@@ -92,9 +96,7 @@ def test_checks_run_in_order_budget_slot_kv() -> None:
 
 
 def test_slot_check_and_head_of_line() -> None:
-    cfg = EngineConfig(max_running=1, max_prefill_tokens=64, kv_tokens=1000, page_size=1,
-                       prefix_cache=False)
-    sched = Scheduler(cfg)
+    sched = _scheduler(max_running=1, max_prefill_tokens=64, kv_tokens=1000)
     sched.add(make("A", 4, 3))
     step(sched)
     sched.add(make("B", 4, 2, base=100))
@@ -109,9 +111,7 @@ def test_slot_check_and_head_of_line() -> None:
 
 
 def test_kv_head_of_line_blocks_smaller_requests_behind() -> None:
-    cfg = EngineConfig(max_running=4, max_prefill_tokens=64, kv_tokens=40, page_size=1,
-                       prefix_cache=False)
-    sched = Scheduler(cfg)
+    sched = _scheduler(max_running=4, max_prefill_tokens=64, kv_tokens=40)
     sched.add(make("A", 10, 10))
     step(sched)  # A holds 10, reserves 9: 30 available, 21 left
     sched.add(make("B", 20, 10, base=100))  # needs 30 + 9 > 30
@@ -123,9 +123,7 @@ def test_kv_head_of_line_blocks_smaller_requests_behind() -> None:
 
 
 def test_budget_check_mixed_decodes_use_the_budget() -> None:
-    cfg = EngineConfig(max_running=4, max_prefill_tokens=2, kv_tokens=1000, page_size=1,
-                       prefix_cache=False, policy="mixed")
-    sched = Scheduler(cfg)
+    sched = _scheduler(max_running=4, max_prefill_tokens=2, kv_tokens=1000, policy="mixed")
     sched.add(make("A", 1, 5))
     sched.add(make("B", 1, 5, base=100))
     assert ids(step(sched)[0]) == [("A", 1), ("B", 1)]
@@ -137,9 +135,7 @@ def test_budget_check_mixed_decodes_use_the_budget() -> None:
 
 
 def test_chunked_request_skips_slot_and_kv_checks() -> None:
-    cfg = EngineConfig(max_running=1, max_prefill_tokens=4, kv_tokens=30, page_size=1,
-                       prefix_cache=False)
-    sched = Scheduler(cfg)
+    sched = _scheduler(max_running=1, max_prefill_tokens=4, kv_tokens=30)
     sched.add(make("A", 10, 20))  # 30 of 30: admitted, then no slot and no KV left
     assert ids(step(sched)[0]) == [("A", 4)]
     assert sched.slots.num_free == 0
