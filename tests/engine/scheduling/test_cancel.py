@@ -12,17 +12,15 @@ from engine.sim.simulator import SimExecutor
 
 
 # -- cancel ----------------------------------------------------------------------------------
-def _cancel_setup(prefix_cache: bool) -> tuple[EngineCore, list[float]]:
+@pytest.fixture(params=[False, True], ids=["no-cache", "prefix-cache"])
+def core(request: pytest.FixtureRequest) -> EngineCore:
+    """Two slots, 4-token chunks, 64 positions in 2-token pages; with and without the cache."""
     cfg = EngineConfig(max_running=2, max_prefill_tokens=4, kv_tokens=64, page_size=2,
-                       prefix_cache=prefix_cache)
-    now = [0.0]
-    core = EngineCore(cfg, SimExecutor({}), clock=lambda: now[0])
-    return core, now
+                       prefix_cache=request.param)
+    return EngineCore(cfg, SimExecutor({}), clock=lambda: 0.0)
 
 
-@pytest.mark.parametrize("prefix_cache", [False, True])
-def test_cancel_waiting_request(prefix_cache: bool) -> None:
-    core, _ = _cancel_setup(prefix_cache)
+def test_cancel_waiting_request(core: EngineCore) -> None:
     sched = core.scheduler
     core.submit(make("A", 2, 5))
     core.submit(make("B", 2, 5, base=10))
@@ -37,9 +35,7 @@ def test_cancel_waiting_request(prefix_cache: bool) -> None:
     sched.check_accounting()
 
 
-@pytest.mark.parametrize("prefix_cache", [False, True])
-def test_cancel_mid_chunk_frees_slot_and_pages(prefix_cache: bool) -> None:
-    core, _ = _cancel_setup(prefix_cache)
+def test_cancel_mid_chunk_frees_slot_and_pages(core: EngineCore) -> None:
     sched = core.scheduler
     core.submit(make("A", 10, 5))
     record = core.step()
@@ -55,9 +51,7 @@ def test_cancel_mid_chunk_frees_slot_and_pages(prefix_cache: bool) -> None:
     sched.check_accounting()
 
 
-@pytest.mark.parametrize("prefix_cache", [False, True])
-def test_cancel_decoding_request_keeps_its_outputs(prefix_cache: bool) -> None:
-    core, _ = _cancel_setup(prefix_cache)
+def test_cancel_decoding_request_keeps_its_outputs(core: EngineCore) -> None:
     sched = core.scheduler
     core.submit(make("A", 3, 10))
     core.step()
