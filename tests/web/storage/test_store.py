@@ -11,7 +11,7 @@ import pytest
 
 from engine.runtime.events import FinalEvent, Timings, Usage
 from engine.runtime.handle import TextDelta
-from web.pages.replies import Replies, Reply
+from web.pages.replies import Note, Replies, Reply
 from web.storage.store import RESTARTED, SCHEMA_VERSION, Conversation, Message, ReplyFigures, Store
 
 
@@ -92,14 +92,21 @@ def start(streaming: tuple[Store, Conversation, Message], words: int,
     return replies, handle, replies.start(handle, msg.id, conv.id)  # type: ignore[arg-type]
 
 
+async def listen(streaming: tuple[Store, Conversation, Message], words: int, gap: float,
+                 wait: float) -> tuple[Replies, FakeHandle, Reply, asyncio.Queue[Note]]:
+    """start() with a page subscribed to the reply; returns `wait` s later, midway through it."""
+    replies, handle, reply = start(streaming, words, gap)
+    _, queue = reply.subscribe()
+    await asyncio.sleep(wait)
+    return replies, handle, reply, queue
+
+
 def test_reply_is_saved_while_it_streams(
         streaming: tuple[Store, Conversation, Message]) -> None:
     store, _, msg = streaming
 
     async def run() -> None:
-        _, handle, reply = start(streaming, 40, 0.02)
-        _, queue = reply.subscribe()
-        await asyncio.sleep(0.4)
+        _, handle, reply, queue = await listen(streaming, 40, 0.02, wait=0.4)
         partial = store.message(msg.id)
         assert partial is not None and partial.status == "streaming"
         assert partial.content.startswith("w0 w1 ") and len(partial.content) < len(
@@ -118,9 +125,7 @@ def test_reply_nobody_listens_to_runs_to_its_end(
     store, conv, msg = streaming
 
     async def run() -> FakeHandle:
-        replies, handle, reply = start(streaming, 60, 0.01)
-        _, queue = reply.subscribe()
-        await asyncio.sleep(0.1)
+        replies, handle, reply, queue = await listen(streaming, 60, 0.01, wait=0.1)
         reply.unsubscribe(queue)  # the page went away (the dashboard, another chat, closed)
         assert replies.live_conversations() == {conv.id}
         await asyncio.wait_for(reply.task, 5)
