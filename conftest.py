@@ -31,6 +31,7 @@ from engine.config import EngineConfig
 from engine.execution.executor import ModelExecutor
 from engine.scheduling.batch import Batch, BatchItem
 from engine.scheduling.request import Request, SamplingParams
+from tests.tools.random_hf import random_hf
 
 
 @pytest.fixture(autouse=True)
@@ -113,17 +114,9 @@ class TinyModel:
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TinyModel]:
-    from transformers import AutoModelForCausalLM
     out = {}
     for name, cfg in _configs().items():
-        torch.manual_seed(0)
-        hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-        with torch.no_grad():
-            for pname, p in hf.named_parameters():
-                if "norm" in pname:
-                    p.copy_(1 + 0.2 * torch.randn_like(p))
-                elif pname.endswith("bias"):
-                    p.copy_(0.2 * torch.randn_like(p))
+        hf = random_hf(cfg)
         path = tmp_path_factory.mktemp(name)
         hf.save_pretrained(path)
         out[name] = TinyModel(name, path, hf)

@@ -33,6 +33,7 @@ from engine.kernels import quant
 from engine.runtime.engine import Engine
 from engine.runtime.handle import TextDelta
 from engine.scheduling.request import SamplingParams
+from tests.tools.random_hf import random_hf
 
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
 MIXED = {"attn_q": T.Q4_K, "attn_k": T.Q4_K, "attn_v": T.Q6_K, "attn_output": T.Q5_K,
@@ -129,19 +130,13 @@ def write_gguf(path: Path, hf: torch.nn.Module, types: dict[str, T], default: T 
 
 def tiny_hf(tied: bool) -> torch.nn.Module:
     """A Llama whose rows hold whole K-quant blocks (256 values)."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import LlamaConfig
 
     cfg = LlamaConfig(vocab_size=320, hidden_size=256, intermediate_size=512,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=256, rms_norm_eps=1e-6, initializer_range=0.05,
                       tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if "norm" in name:
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-    return hf
+    return random_hf(cfg)
 
 
 @pytest.fixture(scope="module", params=["untied", "tied"])
