@@ -22,6 +22,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from engine_runs import assert_all_free, run_all
 from gguf import GGMLQuantizationType as T
 
 from engine.config import EngineConfig
@@ -221,22 +222,8 @@ def _engine_run(path: Path, prompts: list[list[int]], **fields: int) -> list[lis
     ex = ModelExecutor.from_pretrained(path, config, dtype="auto", threads=1)
     engine = Engine(config, ex).start()
     try:
-        handles = [engine.submit(p, SamplingParams(max_tokens=6, ignore_eos=True))
-                   for p in prompts]
-        outs = []
-        for handle in handles:
-            toks: list[int] = []
-            for ev in handle.events(timeout=60):
-                if isinstance(ev, TextDelta):
-                    toks.extend(ev.token_ids)
-                else:
-                    assert ev.finish_reason == "length", ev
-            outs.append(toks)
-        assert engine.wait_idle(30)
-        snap = engine.snapshot()
-        assert snap.free_slots == snap.max_running
-        assert snap.kv.used == 0 and snap.kv.reserved == 0
-        assert snap.kv.free + snap.kv.cached == snap.kv.total
+        outs = run_all(engine, prompts)  # STEPS (6) tokens each
+        assert_all_free(engine)
         return outs
     finally:
         engine.stop()
