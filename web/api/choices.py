@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from engine import FinalEvent, RequestHandle, TextDelta, TokenLogprob
 from web.api.logprobs import CompletionLogprobsBuilder, TokenTexts, chat_logprobs
@@ -28,6 +29,17 @@ FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
 def openai_finish(reason: str) -> str:
     return FINISH.get(reason, "stop")
+
+
+class Ended(TypedDict):
+    finish_reason: str
+    ferry_finish_reason: str
+
+
+def ended(final: FinalEvent) -> Ended:
+    """How a choice ended, in both vocabularies (a choice's keyword arguments)."""
+    return Ended(finish_reason=openai_finish(final.finish_reason),
+                 ferry_finish_reason=final.finish_reason)
 
 
 def usage_of(finals: Sequence[FinalEvent]) -> UsageInfo:
@@ -85,20 +97,19 @@ class CompletionShape:
             assert out is not None
             logprobs = _join(prompt, out) if prompt is not None else out
         text = (self.prompt_text if self.echo else "") + handle.text
-        return CompletionChoice(index, text, openai_finish(final.finish_reason), logprobs,
-                                final.finish_reason)
+        return CompletionChoice(index, text, logprobs=logprobs, **ended(final))
 
     def deltas(self, index: int, event: TextDelta) -> list[CompletionChoice]:
         """The stream choices one text delta gives (the scored, echoed prompt comes first)."""
         out = []
         if self.echo and index not in self.echoed and event.prompt_logprobs is not None:
             self.echoed.add(index)
-            out.append(CompletionChoice(index, self.prompt_text, None,
-                                        self._prompt_part(index, event.prompt_logprobs)))
+            out.append(CompletionChoice(index, self.prompt_text,
+                                        logprobs=self._prompt_part(index, event.prompt_logprobs)))
         logprobs = self._output_part(index, event.token_ids, event.logprobs) \
             if event.token_ids else None
         if event.text or logprobs is not None:
-            out.append(CompletionChoice(index, event.text, None, logprobs))
+            out.append(CompletionChoice(index, event.text, logprobs=logprobs))
         return out
 
     def echo_first(self, index: int) -> CompletionChoice | None:
@@ -106,11 +117,10 @@ class CompletionShape:
         if not self.echo or self.top is not None:
             return None
         self.echoed.add(index)
-        return CompletionChoice(index, self.prompt_text, None)
+        return CompletionChoice(index, self.prompt_text)
 
     def end(self, index: int, final: FinalEvent) -> CompletionChoice:
-        return CompletionChoice(index, "", openai_finish(final.finish_reason), None,
-                                final.finish_reason)
+        return CompletionChoice(index, "", **ended(final))
 
 
 @dataclass
@@ -125,16 +135,14 @@ class ChatShape:
 
     def choice(self, index: int, handle: RequestHandle, final: FinalEvent) -> ChatChoice:
         return ChatChoice(index, AssistantMessage("assistant", handle.text),
-                          openai_finish(final.finish_reason), self._logprobs(handle.logprobs),
-                          final.finish_reason)
+                          logprobs=self._logprobs(handle.logprobs), **ended(final))
 
     def delta(self, index: int, event: TextDelta) -> ChatChunkChoice | None:
         logprobs = self._logprobs(event.logprobs) if event.logprobs else None
         if not event.text and logprobs is None:
             return None
-        return ChatChunkChoice(index, ChatDelta(content=event.text), None, logprobs)
+        return ChatChunkChoice(index, ChatDelta(content=event.text), logprobs=logprobs)
 
     @staticmethod
     def end(index: int, final: FinalEvent) -> ChatChunkChoice:
-        return ChatChunkChoice(index, ChatDelta(), openai_finish(final.finish_reason), None,
-                               final.finish_reason)
+        return ChatChunkChoice(index, ChatDelta(), **ended(final))

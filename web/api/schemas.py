@@ -114,9 +114,18 @@ class CompletionLogprobs(Struct):
     text_offset: list[int]
 
 
-# finish_reason speaks OpenAI's vocabulary (stop, length); Ferry's own reason is kept beside it
-# (e.g. "cancelled", which OpenAI reports as "stop")
+class ChoiceEnd(Struct, kw_only=True):
+    """How a choice ended; kw_only puts these after the choice's own fields. finish_reason
+    speaks OpenAI's vocabulary (stop, length); Ferry's own reason is kept beside it (e.g.
+    "cancelled", which OpenAI reports as "stop"). None while a streamed choice goes on."""
+
+    finish_reason: str | None = None
+    ferry_finish_reason: str | None = None
+
+
 class ChatChoice(Struct):
+    """A whole chat completion's choice: it has always ended, so finish_reason is required."""
+
     index: int
     message: AssistantMessage
     finish_reason: str | None
@@ -124,51 +133,46 @@ class ChatChoice(Struct):
     ferry_finish_reason: str | None = None
 
 
-class ChatCompletion(Struct):
+class ChatDelta(Struct, omit_defaults=True):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(ChoiceEnd):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+
+
+class CompletionChoice(ChoiceEnd):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+
+
+class Response(Struct):
+    """What every completion body starts with; its choices come next."""
+
     id: str
     created: int
     model: str
+
+
+class ChatCompletion(Response):
     choices: list[ChatChoice]
     usage: UsageInfo
     object: str = "chat.completion"
     system_fingerprint: str | None = None
 
 
-class ChatDelta(Struct, omit_defaults=True):
-    role: str | None = None
-    content: str | None = None
-
-
-class ChatChunkChoice(Struct):
-    index: int
-    delta: ChatDelta
-    finish_reason: str | None = None
-    logprobs: ChatLogprobs | None = None
-    ferry_finish_reason: str | None = None
-
-
 # `object` has no default in the two omit_defaults structs: a default would be left out
-class ChatCompletionChunk(Struct, omit_defaults=True):
-    id: str
-    created: int
-    model: str
+class ChatCompletionChunk(Response, omit_defaults=True):
     choices: list[ChatChunkChoice]
     object: Literal["chat.completion.chunk"]
     usage: UsageInfo | None = None
 
 
-class CompletionChoice(Struct):
-    index: int
-    text: str
-    finish_reason: str | None = None
-    logprobs: CompletionLogprobs | None = None
-    ferry_finish_reason: str | None = None
-
-
-class Completion(Struct, omit_defaults=True):
-    id: str
-    created: int
-    model: str
+class Completion(Response, omit_defaults=True):
     choices: list[CompletionChoice]
     object: Literal["text_completion"]
     usage: UsageInfo | None = None
