@@ -61,6 +61,55 @@ def render(text: str) -> Markup:
     return Markup(_md.render(text))
 
 
-def highlight_css(selector: str, style: str) -> str:
-    """The colours of one Pygments style under `selector` (used to build app.css)."""
-    return str(HtmlFormatter(style=style).get_style_defs(selector))
+def _declarations(style: str) -> dict[str, dict[str, str]]:
+    """One Pygments style: token class -> {property: value}, in get_style_defs' order."""
+    rules = sorted((level, ttype, cls, css) for cls, (css, ttype, level)
+                   in HtmlFormatter(style=style).class2style.items() if css)
+    return {cls: dict(d.split(": ", 1) for d in css.split("; ")) for _, _, cls, css in rules}
+
+
+def _rule(selector: str, classes: list[str], declarations: str) -> str:
+    names = ", ".join(f".{c}" for c in classes)
+    target = f"{selector} {names}" if len(classes) == 1 else f"{selector} :is({names})"
+    return f"{target} {{ {declarations} }}"
+
+
+def highlight_css(selector: str = ".code pre", light: str = "default",
+                  dark: str = "github-dark") -> str:
+    """app.css's code colours (a test checks that app.css holds them). Each token class is named
+    once, its colour a light-dark() pair as every colour of the page; what only the dark style
+    sets (its background and text colour, some weights) goes under :root[data-theme=dark].
+    Classes with the same declarations share a rule. Left out: the light style's background
+    (the code box has the page's surface) and its red box around lexer errors (the code in a
+    reply is often half-written)."""
+    lo, hi = _declarations(light), _declarations(dark)
+    shared: dict[str, list[str]] = {}
+    dark_only: dict[str, list[str]] = {}
+    for cls in dict.fromkeys([*lo, *hi]):
+        mine, theirs = lo.get(cls, {}), dict(hi.get(cls, {}))
+        both = []
+        for prop, value in mine.items():
+            if prop == "border":
+                continue
+            other = theirs.pop(prop, value)
+            if other == value:
+                both.append(f"{prop}: {value}")
+            elif value.startswith("#") and other.startswith("#"):
+                both.append(f"{prop}: light-dark({value}, {other})")
+            else:
+                both.append(f"{prop}: {value}")
+                theirs[prop] = other
+        if both:
+            shared.setdefault("; ".join(both), []).append(cls)
+        if theirs:
+            dark_only.setdefault("; ".join(f"{k}: {v}" for k, v in theirs.items()), []).append(cls)
+    # the dark code's own text colour ('' is Pygments' Token.Text): the classes that only set
+    # that one inherit it from the pre (Pygments' spans do not nest)
+    text = dark_only.pop(f"color: {hi['']['color']}")
+    assert "" in text
+    on_dark = f":root[data-theme=dark] {selector}"
+    background = HtmlFormatter(style=dark).style.background_color
+    return "".join([*(_rule(selector, classes, decl) + "\n" for decl, classes in shared.items()),
+                    f"{on_dark} {{ background: {background}; color: {hi['']['color']} }}\n",
+                    *(_rule(on_dark, classes, decl) + "\n"
+                      for decl, classes in dark_only.items())])

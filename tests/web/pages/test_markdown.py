@@ -1,7 +1,9 @@
 """Model output reaches HTML only through web.pages.markdown (raw HTML disabled) or escaping."""
 from __future__ import annotations
 
-from web.pages.markdown import render
+from pathlib import Path
+
+from web.pages.markdown import highlight_css, render
 from web.sse import text_event
 
 
@@ -38,3 +40,10 @@ def test_code_blocks_get_copy_buttons_and_hostile_languages_stay_text() -> None:
     assert "<script" not in html and "<i>" not in html
     assert html.count('class="copy-code') == 2
     assert "&lt;i&gt;hi&lt;/i&gt;" in html
+
+
+def test_app_css_holds_the_code_colours_highlight_css_writes() -> None:
+    css = (Path(__file__).parents[3] / "web" / "static" / "app.css").read_text()
+    assert highlight_css() in css
+    assert ".code pre .k " not in css  # each token class once: .k shares a rule with .kd ...
+    assert ".code pre :is(.k, .kd, .kn, .kr) { color: light-dark(#008000, #FF7B72)" in css
