@@ -31,8 +31,9 @@ _TYPES: dict[int, tuple[str, int, int]] = {
 QUANTIZABLE = (Q8_0, Q4_0)  # what quantize() writes
 
 # From this many rows on (prefill, big decode rounds), tiles of W dequantized into the cache
-# and torch's matmul beat the int8 kernels, whose cost grows with every row (bf16 tiles sooner)
-MANY_ROWS_BF16, MANY_ROWS_F32 = 12, 24
+# and multiplied in AMX (ferry_qgemm_bf16) or by torch beat the int8 kernels, whose cost grows
+# with every row
+MANY_ROWS_AMX, MANY_ROWS_BF16, MANY_ROWS_F32 = 8, 12, 24
 _TILE_ELEMS = 1 << 18  # values per dequantized tile: within the L2 cache
 _EQUANT = -2
 
@@ -151,17 +152,36 @@ def quant_matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = No
         return torch.nn.functional.linear(x, wf, bias)  # the bytes are the float matrix
     if lib is None:
         return _tiled_matmul(x, w, bias)
-    if many:  # (an F32 weight here is one torch cannot view: it keeps float32 tiles)
+    gemm = many and w.qtype != F32 and uses_amx(w)
+    if many and not gemm:  # (an F32 weight here is one torch cannot view: float32 tiles)
         return _tiled_matmul(x, w, bias, torch.float32 if w.qtype == F32 else tile_dtype())
     if x.stride(1) != 1:
         x = x.contiguous()
     bias = None if bias is None else bias.contiguous()
     y = torch.empty(rows, w.out_features, dtype=torch.float32)
     cw = _c(w)
-    _check(lib.ferry_qmatmul(x.data_ptr(), rows, x.stride(0), ctypes.addressof(cw),
-                             None if bias is None else bias.data_ptr(), y.data_ptr(),
-                             w.out_features), "quant_matmul")
+    kernel = lib.ferry_qgemm_bf16 if gemm else lib.ferry_qmatmul
+    _check(kernel(x.data_ptr(), rows, x.stride(0), ctypes.addressof(cw),
+                  None if bias is None else bias.data_ptr(), y.data_ptr(), w.out_features),
+           "quant_matmul")
     return y
+
+
+def uses_amx(w: QuantWeight) -> bool:
+    """Whether w's many-row product runs in the native AMX kernel (AMX CPUs, the best
+    dot-product path not capped by force_path, rows of whole 32-value groups)."""
+    return _amx_in_force() and w.in_features % 32 == 0
+
+
+@functools.cache
+def amx_available() -> bool:
+    """AMX-BF16 on this CPU and granted by the kernel (native library built)."""
+    lib = _lib()
+    return lib is not None and bool(lib.ferry_qgemm_available())
+
+
+def _amx_in_force() -> bool:
+    return _cap == len(PATHS) - 1 and amx_available()
 
 
 @functools.cache
@@ -174,6 +194,8 @@ def tile_dtype() -> torch.dtype:
 
 def many_rows() -> int:
     """The row count from which quant_matmul multiplies dequantized tiles instead."""
+    if _amx_in_force():
+        return MANY_ROWS_AMX
     return MANY_ROWS_BF16 if tile_dtype() == torch.bfloat16 else MANY_ROWS_F32
 
 

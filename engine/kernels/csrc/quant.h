@@ -25,6 +25,13 @@ typedef struct {
 int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w,
                   const float *bias, float *y, int64_t y_stride);
 
+/* the same product for many rows in Intel AMX tiles (W dequantized to bfloat16 32 rows at a
+ * time, x rounded to bfloat16, float32 sums); W's `in` must be a multiple of 32. Returns
+ * FERRY_EQUANT where the CPU or the kernel gives no AMX (ferry_qgemm_available says so). */
+int ferry_qgemm_bf16(const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w,
+                     const float *bias, float *y, int64_t y_stride);
+int ferry_qgemm_available(void);
+
 /* out[k] = row ids[k] of W ([n, in]), dt FERRY_F32 (exact) or FERRY_BF16 (rounded to nearest
  * even); ids NULL: rows 0..n-1 */
 int ferry_qdequantize(const ferry_weight *w, const int64_t *ids, int64_t n, void *out, int dt);

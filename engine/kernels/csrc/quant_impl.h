@@ -86,6 +86,11 @@ int q_deq_row_avx512bf16(int qt, const uint8_t *src, int64_t in, void *dst, int 
 void q_to_bf16_avx2(const float *src, int64_t n, uint16_t *dst);
 #endif
 
+/* quant_tiles.c: one row dequantized to bfloat16, rounded to nearest even (tmp: `in` floats
+ * of scratch); and whether the CPU has AVX512-BF16 */
+int q_row_bf16(int qt, const uint8_t *src, int64_t in, uint16_t *dst, float *tmp);
+int q_cpu_bf16(void);
+
 /* the dot products' path in force (0 plain, 1 AVX2, 2 AVX-VNNI; ferry_qpath caps it) */
 int q_active_path(void);
 

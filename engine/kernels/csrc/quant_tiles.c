@@ -6,7 +6,7 @@
 #ifdef Q_HAVE_AVX2
 /* AVX512-BF16 (vcvtneps2bf16: round to nearest even, as torch; it flushes subnormals, which
  * a block's d * q never is) */
-static int q_cpu_bf16(void) {
+int q_cpu_bf16(void) {
     static int has = -1;
     if (has < 0) {
         __builtin_cpu_init();
@@ -14,6 +14,8 @@ static int q_cpu_bf16(void) {
     }
     return has;
 }
+#else
+int q_cpu_bf16(void) { return 0; }
 #endif
 
 static void row_f32(int qt, const uint8_t *src, int64_t in, float *dst) {
@@ -118,6 +120,23 @@ static void row_f32(int qt, const uint8_t *src, int64_t in, float *dst) {
     }
 }
 
+int q_row_bf16(int qt, const uint8_t *src, int64_t in, uint16_t *dst, float *tmp) {
+#ifdef Q_HAVE_AVX2
+    if (q_active_path() >= 2 && q_cpu_bf16() && q_deq_row_avx512bf16(qt, src, in, dst, 1))
+        return 1;
+    if (q_active_path() >= 1 && q_deq_row_avx2(qt, src, in, dst, 1)) return 1;
+#endif
+    row_f32(qt, src, in, tmp);
+#ifdef Q_HAVE_AVX2
+    if (q_active_path() >= 1) {
+        q_to_bf16_avx2(tmp, in, dst);
+        return 0;
+    }
+#endif
+    for (int64_t i = 0; i < in; i++) dst[i] = ferry_f32_to_bf16(tmp[i]);
+    return 0;
+}
+
 int ferry_qdequantize(const ferry_weight *w, const int64_t *ids, int64_t n, void *out, int dt) {
     const qtype_info *info = q_info(w->qtype);
     if (!info || w->in <= 0 || w->in % info->block != 0 || (dt != FERRY_F32 && dt != FERRY_BF16) ||
@@ -138,25 +157,10 @@ int ferry_qdequantize(const ferry_weight *w, const int64_t *ids, int64_t n, void
         for (int64_t k = 0; k < n; k++) {
             int64_t o = ids ? ids[k] : k;
             const uint8_t *src = (const uint8_t *)w->data + o * w->row_bytes;
-            if (dt == FERRY_F32) {
+            if (dt == FERRY_F32)
                 row_f32(w->qtype, src, w->in, (float *)out + k * w->in);
-            } else if (tmp) { /* bfloat16 tiles for torch's bf16 matmul, rounded to nearest even */
-                uint16_t *dst = (uint16_t *)out + k * w->in;
-#ifdef Q_HAVE_AVX2
-                if (q_active_path() >= 2 && q_cpu_bf16() &&
-                    q_deq_row_avx512bf16(w->qtype, src, w->in, dst, 1))
-                    continue;
-                if (q_active_path() >= 1 && q_deq_row_avx2(w->qtype, src, w->in, dst, 1)) continue;
-#endif
-                row_f32(w->qtype, src, w->in, tmp);
-#ifdef Q_HAVE_AVX2
-                if (q_active_path() >= 1) {
-                    q_to_bf16_avx2(tmp, w->in, dst);
-                    continue;
-                }
-#endif
-                for (int64_t i = 0; i < w->in; i++) dst[i] = ferry_f32_to_bf16(tmp[i]);
-            }
+            else if (tmp) /* bfloat16 tiles for torch's bf16 matmul */
+                q_row_bf16(w->qtype, src, w->in, (uint16_t *)out + k * w->in, tmp);
         }
         free(tmp);
     }

@@ -113,10 +113,11 @@ def emulate_activations(x: np.ndarray, qtype: int) -> np.ndarray:
 
 def check_product(w: QuantWeight, x: torch.Tensor, y: torch.Tensor) -> None:
     wd = gguf_dequant(w).astype(np.float64)
-    if w.qtype != quant.F32 and x.shape[0] >= quant.many_rows():  # dequantized tiles x torch
+    if w.qtype != quant.F32 and x.shape[0] >= quant.many_rows():  # dequantized tiles
         ref = x.numpy().astype(np.float64) @ wd.T
         scale = np.abs(x.numpy()) @ np.abs(wd).T
-        tol = 1e-5 if quant.tile_dtype() == torch.float32 else 8e-3  # bf16: 2^-8 per product
+        bf16 = quant.uses_amx(w) or quant.tile_dtype() == torch.bfloat16
+        tol = 8e-3 if bf16 else 1e-5  # bf16: 2^-8 per product
         err = np.abs(y.numpy() - ref)
         assert (err <= tol * scale).all(), f"{w.type_name}: worst {(err / scale).max():.2e}"
         return
@@ -145,10 +146,16 @@ def test_dequantize_is_exactly_gguf_py(qtype: int, path: str) -> None:
 
 
 def use_product(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """quant_matmul's product for many rows: the int8 kernels, or torch on dequantized tiles"""
+    """quant_matmul's product for many rows: the int8 kernels, AMX or torch on dequantized
+    tiles"""
     if mode == "int8":
         monkeypatch.setattr(quant, "many_rows", lambda: 10**9)
+    elif mode == "amx":
+        if not quant.amx_available():
+            pytest.skip("this CPU (or its kernel) gives no AMX-BF16")
+        assert quant.many_rows() == quant.MANY_ROWS_AMX
     else:
+        monkeypatch.setattr(quant, "uses_amx", lambda w: False)
         dtype = torch.float32 if mode == "tiles-f32" else torch.bfloat16
         monkeypatch.setattr(quant, "tile_dtype", lambda: dtype)
         monkeypatch.setattr(quant, "many_rows", lambda: 16)
@@ -156,7 +163,8 @@ def use_product(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 PRODUCTS = [("int8", r) for r in (1, 2, 7, 16, 33, 64)] + [
-    ("tiles-f32", 16), ("tiles-f32", 33), ("tiles-bf16", 16), ("tiles-bf16", 64)]
+    ("tiles-f32", 16), ("tiles-f32", 33), ("tiles-bf16", 16), ("tiles-bf16", 64),
+    ("amx", 8), ("amx", 33), ("amx", 64)]
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=quant.type_name)
@@ -185,10 +193,11 @@ def test_weights_quantized_by_gguf_py(qtype: int, rows: int) -> None:
 
 
 @pytest.mark.parametrize("qtype", [quant.Q4_0, quant.Q8_0, quant.Q5_0, quant.F16])
-def test_model_shapes_with_bias_and_strided_rows(qtype: int, path: str) -> None:
+@pytest.mark.parametrize("rows", [5, 40])  # the dot products; many rows (AMX where it runs)
+def test_model_shapes_with_bias_and_strided_rows(qtype: int, rows: int, path: str) -> None:
     rng = np.random.default_rng(7)
     w = random_weight(qtype, 1536, 576, rng)
-    x = torch.from_numpy(rng.standard_normal((5, 700)).astype(np.float32))[:, 100:676]
+    x = torch.from_numpy(rng.standard_normal((rows, 700)).astype(np.float32))[:, 100:676]
     bias = torch.from_numpy(rng.standard_normal(1536).astype(np.float32))
     y = quant.quant_matmul(x, w, bias)
     check_product(w, x.contiguous(), y - bias)

@@ -1,0 +1,162 @@
+/* ferry_qgemm_bf16: y = x @ W.T over block-quantized W for many rows (prefill chunks, big
+ * decode rounds) in Intel AMX tiles. One OpenMP region: the activation rows are rounded to
+ * bfloat16 once, in the pair layout AMX wants for its B operand; then each thread dequantizes
+ * 32 weight rows at a time into its own scratch (the whole float weight never exists) and
+ * multiplies them with every activation row by tdpbf16ps (bf16 pairs, float32 sums).
+ * W's rows are the A operand (row-major, as dequantized), x the B operand, so a C tile holds
+ * 16 outputs x 16 rows and is written to y transposed. */
+#include "quant_impl.h"
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <immintrin.h>
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define G_TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
+
+enum { G_T = 16, G_K = 32, G_O = 2 * G_T, G_R = 2 * G_T }; /* tile side, k per op, per block */
+
+/* AMX-BF16 and AVX512-BF16 on the CPU, and the kernel's permission for the tile state */
+static int g_cpu(void) {
+    static int has = -1;
+    if (has < 0) {
+        unsigned a, b, c, d;
+        has = 0;
+        if (q_cpu_bf16() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1) &&
+            (d >> 24 & 1))
+            has = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                          18 /* XFEATURE_XTILEDATA */) == 0;
+    }
+    return has;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* tmm0-3: C (2 weight groups x 2 row groups), tmm4-5: A (weight rows), tmm6-7: B (x) */
+G_TGT static void configure(void) {
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = G_T;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* x rows [rows, in] float32 -> bf16 B tiles: group g of 16 rows, k-chunk c:
+ * xp[((g * chunks + c) * 16 + k / 2) * 32 + 2 * r + k % 2] = x[16 g + r][32 c + k] */
+G_TGT static void pack_rows(const float *x, int64_t x_stride, int64_t rows, int64_t in,
+                            int64_t g, uint16_t *xp) {
+    const int64_t chunks = in / G_K;
+    for (int64_t c = 0; c < chunks; c++) {
+        uint16_t *dst = xp + (g * chunks + c) * (G_T * G_K);
+        for (int r = 0; r < G_T; r++) {
+            int64_t row = g * G_T + r;
+            __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
+            if (row < rows) {
+                lo = _mm512_loadu_ps(x + row * x_stride + c * G_K);
+                hi = _mm512_loadu_ps(x + row * x_stride + c * G_K + 16);
+            }
+            uint16_t v[G_K];
+            _mm512_storeu_si512(v, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+            for (int k = 0; k < G_K; k++) dst[(k / 2) * G_K + 2 * r + (k & 1)] = v[k];
+        }
+    }
+}
+
+/* one block of weight rows [o0, o0 + n), n <= 32, dequantized into wb [32, in] */
+G_TGT static void block(const ferry_weight *w, int64_t o0, int64_t n, const uint16_t *xp,
+                        int64_t groups, const float *bias, float *y, int64_t y_stride,
+                        int64_t rows, uint16_t *wb, float *tmp) {
+    const int64_t in = w->in, chunks = in / G_K, ws = in * 2;
+    for (int64_t k = 0; k < n; k++)
+        q_row_bf16(w->qtype, (const uint8_t *)w->data + (o0 + k) * w->row_bytes, in,
+                   wb + k * in, tmp);
+    if (n < G_O) memset(wb + n * in, 0, (size_t)((G_O - n) * in) * 2);
+    float c[4][G_T * G_T];
+    for (int64_t g = 0; g < groups; g += 2) {
+        const uint16_t *b0 = xp + g * chunks * (G_T * G_K), *b1 = b0 + chunks * (G_T * G_K);
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t k = 0; k < chunks; k++) {
+            _tile_loadd(4, wb + k * G_K, ws);
+            _tile_loadd(5, wb + G_T * in + k * G_K, ws);
+            _tile_loadd(6, b0 + k * (G_T * G_K), 64);
+            _tile_loadd(7, b1 + k * (G_T * G_K), 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, c[0], 64);
+        _tile_stored(1, c[1], 64);
+        _tile_stored(2, c[2], 64);
+        _tile_stored(3, c[3], 64);
+        for (int t = 0; t < 4; t++) { /* c[t][o][r]: weight group t / 2, row group g + t % 2 */
+            int64_t ob = o0 + (t / 2) * G_T, rb = (g + t % 2) * G_T;
+            for (int o = 0; o < G_T && ob + o < o0 + n; o++) {
+                float add = bias ? bias[ob + o] : 0.f;
+                for (int r = 0; r < G_T && rb + r < rows; r++)
+                    y[(rb + r) * y_stride + ob + o] = c[t][o * G_T + r] + add;
+            }
+        }
+    }
+}
+
+int ferry_qgemm_available(void) { return g_cpu(); }
+
+G_TGT int ferry_qgemm_bf16(const float *x, int64_t rows, int64_t x_stride,
+                           const ferry_weight *w, const float *bias, float *y,
+                           int64_t y_stride) {
+    const qtype_info *info = q_info(w->qtype);
+    if (!g_cpu() || !info || w->in <= 0 || w->in % G_K != 0 || w->in % info->block != 0 ||
+        w->out < 0 || rows < 0 || w->row_bytes != w->in / info->block * info->bytes)
+        return FERRY_EQUANT;
+    if (rows == 0 || w->out == 0) return FERRY_OK;
+    const int64_t in = w->in, groups = (rows + G_R - 1) / G_R * 2;
+    uint16_t *xp = (uint16_t *)malloc((size_t)(groups * G_T * in) * 2);
+    if (!xp) return FERRY_ENOMEM;
+    int failed = 0;
+    const int64_t blocks = (w->out + G_O - 1) / G_O;
+#pragma omp parallel
+    {
+        uint16_t *wb = (uint16_t *)malloc((size_t)(G_O * in) * 2);
+        float *tmp = (float *)malloc((size_t)in * sizeof(float));
+        if (!wb || !tmp) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        configure();
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < groups; g++) pack_rows(x, x_stride, rows, in, g, xp);
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {
+            if (!wb || !tmp) continue;
+            int64_t n = w->out - b * G_O < G_O ? w->out - b * G_O : G_O;
+            block(w, b * G_O, n, xp, groups, bias, y, y_stride, rows, wb, tmp);
+        }
+        _tile_release();
+        free(wb);
+        free(tmp);
+    }
+    free(xp);
+    return failed ? FERRY_ENOMEM : FERRY_OK;
+}
+
+#else
+int ferry_qgemm_available(void) { return 0; }
+
+int ferry_qgemm_bf16(const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w,
+                     const float *bias, float *y, int64_t y_stride) {
+    (void)x, (void)rows, (void)x_stride, (void)w, (void)bias, (void)y, (void)y_stride;
+    return FERRY_EQUANT;
+}
+#endif
