@@ -34,6 +34,7 @@ QUANTIZABLE = (Q8_0, Q4_0)  # what quantize() writes
 # and multiplied in AMX (ferry_qgemm_bf16) or by torch beat the int8 kernels, whose cost grows
 # with every row
 MANY_ROWS_AMX, MANY_ROWS_BF16, MANY_ROWS_F32 = 8, 12, 24
+AMX_MAX_ROWS = 64  # from here on torch's bf16 matmul (oneDNN) on dequantized tiles is faster
 _TILE_ELEMS = 1 << 18  # values per dequantized tile: within the L2 cache
 _EQUANT = -2
 
@@ -152,7 +153,7 @@ def quant_matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = No
         return torch.nn.functional.linear(x, wf, bias)  # the bytes are the float matrix
     if lib is None:
         return _tiled_matmul(x, w, bias)
-    gemm = many and w.qtype != F32 and uses_amx(w)
+    gemm = many and rows < AMX_MAX_ROWS and w.qtype != F32 and uses_amx(w)
     if many and not gemm:  # (an F32 weight here is one torch cannot view: float32 tiles)
         return _tiled_matmul(x, w, bias, torch.float32 if w.qtype == F32 else tile_dtype())
     if x.stride(1) != 1:

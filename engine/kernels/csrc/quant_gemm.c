@@ -1,10 +1,11 @@
-/* ferry_qgemm_bf16: y = x @ W.T over block-quantized W for many rows (prefill chunks, big
- * decode rounds) in Intel AMX tiles. One OpenMP region: the activation rows are rounded to
+/* ferry_qgemm_bf16: y = x @ W.T over block-quantized W for tens of rows (big decode rounds;
+ * quant.py leaves longer prefill chunks to torch's oneDNN, faster there) in Intel AMX tiles. One OpenMP region: the activation rows are rounded to
  * bfloat16 once, in the pair layout AMX wants for its B operand; then each thread dequantizes
  * 32 weight rows at a time into its own scratch (the whole float weight never exists) and
  * multiplies them with every activation row by tdpbf16ps (bf16 pairs, float32 sums).
  * W's rows are the A operand (row-major, as dequantized), x the B operand, so a C tile holds
  * 16 outputs x 16 rows and is written to y transposed. */
+#define _GNU_SOURCE /* syscall() */
 #include "quant_impl.h"
 
 #if defined(__x86_64__) && defined(__linux__)
