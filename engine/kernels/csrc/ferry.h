@@ -104,26 +104,19 @@ static inline float ferry_round_dt(float f, int dt) {
     return f;
 }
 
+/* rows of n values between float32 and a storage dtype (FERRY_F32 / BF16 / F16) */
 static inline void ferry_load_row(const void *src, int dt, float *dst, int64_t n) {
     const uint16_t *s = (const uint16_t *)src;
-    if (dt == FERRY_F32) {
-        memcpy(dst, src, (size_t)n * 4);
-    } else if (dt == FERRY_BF16) {
-        for (int64_t i = 0; i < n; i++) dst[i] = ferry_bf16_to_f32(s[i]);
-    } else {
-        for (int64_t i = 0; i < n; i++) dst[i] = ferry_f16_to_f32(s[i]);
-    }
+    if (dt == FERRY_F32) memcpy(dst, src, (size_t)n * 4);
+    else for (int64_t i = 0; i < n; i++)
+        dst[i] = dt == FERRY_BF16 ? ferry_bf16_to_f32(s[i]) : ferry_f16_to_f32(s[i]);
 }
 
 static inline void ferry_store_row(void *dst, int dt, const float *src, int64_t n) {
     uint16_t *d = (uint16_t *)dst;
-    if (dt == FERRY_F32) {
-        memcpy(dst, src, (size_t)n * 4);
-    } else if (dt == FERRY_BF16) {
-        for (int64_t i = 0; i < n; i++) d[i] = ferry_f32_to_bf16(src[i]);
-    } else {
-        for (int64_t i = 0; i < n; i++) d[i] = ferry_f32_to_f16(src[i]);
-    }
+    if (dt == FERRY_F32) memcpy(dst, src, (size_t)n * 4);
+    else for (int64_t i = 0; i < n; i++)
+        d[i] = dt == FERRY_BF16 ? ferry_f32_to_bf16(src[i]) : ferry_f32_to_f16(src[i]);
 }
 
 static inline size_t ferry_elem(int dt) { return dt == FERRY_F32 ? 4 : 2; }

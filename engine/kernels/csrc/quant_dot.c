@@ -4,37 +4,33 @@
 
 #define ROW(act, astride, r) ((const char *)(act) + (int64_t)(r) * (astride))
 
-void q_dot_f32_plain(const uint8_t *w, int64_t n, const void *act, int64_t astride, int R,
-                     float *out) {
-    const float *wf = (const float *)w;
+static inline float weight_at(const uint8_t *w, int kind, int64_t i) {
+    if (kind == QT_F32) return ((const float *)w)[i];
+    uint16_t h;
+    memcpy(&h, w + 2 * i, 2);
+    return kind == QT_BF16 ? ferry_bf16_to_f32(h) : ferry_f16_to_f32(h);
+}
+
+/* float weights: n values, float32 activations */
+static void dot_float(const uint8_t *w, int64_t n, const void *act, int64_t astride, int R,
+                      float *out, int kind) {
     for (int r = 0; r < R; r++) {
         const float *x = (const float *)ROW(act, astride, r);
         float acc = 0.f;
-        for (int64_t i = 0; i < n; i++) acc += wf[i] * x[i];
+        for (int64_t i = 0; i < n; i++) acc += weight_at(w, kind, i) * x[i];
         out[r] = acc;
     }
 }
 
-void q_dot_f16_plain(const uint8_t *w, int64_t n, const void *act, int64_t astride, int R,
-                     float *out) {
-    for (int r = 0; r < R; r++) {
-        const float *x = (const float *)ROW(act, astride, r);
-        float acc = 0.f;
-        for (int64_t i = 0; i < n; i++) acc += q_f16(w + 2 * i) * x[i];
-        out[r] = acc;
+/* one entry point per type, all with the qdot_fn signature */
+#define ENTRY(name, call)                                                                    \
+    void q_dot_##name##_plain(const uint8_t *w, int64_t nb, const void *act, int64_t astride, \
+                              int R, float *out) {                                           \
+        call;                                                                                \
     }
-}
-
-void q_dot_bf16_plain(const uint8_t *w, int64_t n, const void *act, int64_t astride, int R,
-                      float *out) {
-    const uint16_t *wb = (const uint16_t *)w;
-    for (int r = 0; r < R; r++) {
-        const float *x = (const float *)ROW(act, astride, r);
-        float acc = 0.f;
-        for (int64_t i = 0; i < n; i++) acc += ferry_bf16_to_f32(wb[i]) * x[i];
-        out[r] = acc;
-    }
-}
+ENTRY(f32, dot_float(w, nb, act, astride, R, out, QT_F32))
+ENTRY(f16, dot_float(w, nb, act, astride, R, out, QT_F16))
+ENTRY(bf16, dot_float(w, nb, act, astride, R, out, QT_BF16))
 
 /* 32-value blocks: q[j] the weight's integer values (signed, or unsigned with an offset) */
 static inline int32_t idot32(const int8_t *q, const int8_t *a) {
@@ -43,75 +39,46 @@ static inline int32_t idot32(const int8_t *q, const int8_t *a) {
     return s;
 }
 
-void q_dot_q4_0_plain(const uint8_t *w, int64_t nb, const void *act, int64_t astride, int R,
-                      float *out) {
-    for (int r = 0; r < R; r++) {
-        const qa32 *a = (const qa32 *)ROW(act, astride, r);
-        float acc = 0.f;
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = w + b * 18;
-            int8_t q[32];
-            for (int j = 0; j < 16; j++) {
-                q[j] = (int8_t)((blk[2 + j] & 15) - 8);
-                q[j + 16] = (int8_t)((blk[2 + j] >> 4) - 8);
-            }
-            acc += q_f16(blk) * a[b].d * (float)idot32(q, a[b].qs);
-        }
-        out[r] = acc;
+/* a 32-value block's integer values and scale; *min: Q4_1's offset (0 for the others) */
+static inline float decode32(const uint8_t *blk, int qt, int8_t q[32], float *min) {
+    *min = 0.f;
+    if (qt == QT_Q8_0) {
+        memcpy(q, blk + 2, 32);
+        return q_f16(blk);
     }
+    uint32_t qh = 0;
+    const uint8_t *qs = blk + (qt == QT_Q4_0 ? 2 : qt == QT_Q4_1 ? 4 : 6);
+    if (qt == QT_Q5_0) memcpy(&qh, blk + 2, 4);
+    int zero = qt == QT_Q4_0 ? 8 : qt == QT_Q5_0 ? 16 : 0;
+    for (int j = 0; j < 16; j++) {
+        int lo = (qs[j] & 15) | (int)((qh >> j) & 1) << 4;
+        int hi = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+        q[j] = (int8_t)(lo - zero);
+        q[j + 16] = (int8_t)(hi - zero);
+    }
+    if (qt == QT_Q4_1) *min = q_f16(blk + 2);
+    return q_f16(blk);
 }
 
-void q_dot_q4_1_plain(const uint8_t *w, int64_t nb, const void *act, int64_t astride, int R,
-                      float *out) {
+static void dot32(const uint8_t *w, int64_t nb, const void *act, int64_t astride, int R,
+                  float *out, int qt, int bytes) {
     for (int r = 0; r < R; r++) {
         const qa32 *a = (const qa32 *)ROW(act, astride, r);
         float acc = 0.f, off = 0.f;
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = w + b * 20;
             int8_t q[32];
-            for (int j = 0; j < 16; j++) {
-                q[j] = (int8_t)(blk[4 + j] & 15);
-                q[j + 16] = (int8_t)(blk[4 + j] >> 4);
-            }
-            acc += q_f16(blk) * a[b].d * (float)idot32(q, a[b].qs);
-            off += q_f16(blk + 2) * a[b].s; /* the min times sum(x) */
+            float min, d = decode32(w + b * bytes, qt, q, &min);
+            acc += d * a[b].d * (float)idot32(q, a[b].qs);
+            if (qt == QT_Q4_1) off += min * a[b].s; /* the min times sum(x) */
         }
         out[r] = acc + off;
     }
 }
 
-void q_dot_q5_0_plain(const uint8_t *w, int64_t nb, const void *act, int64_t astride, int R,
-                      float *out) {
-    for (int r = 0; r < R; r++) {
-        const qa32 *a = (const qa32 *)ROW(act, astride, r);
-        float acc = 0.f;
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = w + b * 22;
-            uint32_t qh;
-            memcpy(&qh, blk + 2, 4);
-            int8_t q[32];
-            for (int j = 0; j < 16; j++) {
-                q[j] = (int8_t)(((blk[6 + j] & 15) | (((qh >> j) & 1) << 4)) - 16);
-                q[j + 16] = (int8_t)(((blk[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
-            }
-            acc += q_f16(blk) * a[b].d * (float)idot32(q, a[b].qs);
-        }
-        out[r] = acc;
-    }
-}
-
-void q_dot_q8_0_plain(const uint8_t *w, int64_t nb, const void *act, int64_t astride, int R,
-                      float *out) {
-    for (int r = 0; r < R; r++) {
-        const qa32 *a = (const qa32 *)ROW(act, astride, r);
-        float acc = 0.f;
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = w + b * 34;
-            acc += q_f16(blk) * a[b].d * (float)idot32((const int8_t *)blk + 2, a[b].qs);
-        }
-        out[r] = acc;
-    }
-}
+ENTRY(q4_0, dot32(w, nb, act, astride, R, out, QT_Q4_0, 18))
+ENTRY(q4_1, dot32(w, nb, act, astride, R, out, QT_Q4_1, 20))
+ENTRY(q5_0, dot32(w, nb, act, astride, R, out, QT_Q5_0, 22))
+ENTRY(q8_0, dot32(w, nb, act, astride, R, out, QT_Q8_0, 34))
 
 /* K-quants: sumi = sum_g scale_g * dot_g (int), mins = sum_g min_g * sum(x_g) (int) */
 static void dot_q45_k(const uint8_t *w, int64_t nb, const void *act, int64_t astride, int R,
@@ -145,19 +112,12 @@ static void dot_q45_k(const uint8_t *w, int64_t nb, const void *act, int64_t ast
     }
 }
 
-void q_dot_q4_k_plain(const uint8_t *w, int64_t nb, const void *act, int64_t astride, int R,
-                      float *out) {
-    dot_q45_k(w, nb, act, astride, R, out, 0);
-}
-
-void q_dot_q5_k_plain(const uint8_t *w, int64_t nb, const void *act, int64_t astride, int R,
-                      float *out) {
-    dot_q45_k(w, nb, act, astride, R, out, 1);
-}
+ENTRY(q4_k, dot_q45_k(w, nb, act, astride, R, out, 0))
+ENTRY(q5_k, dot_q45_k(w, nb, act, astride, R, out, 1))
 
 /* Q6_K: 16 groups of 16 with int8 scales; values 0..63 stored, 32 subtracted (via bsums) */
-void q_dot_q6_k_plain(const uint8_t *w, int64_t nb, const void *act, int64_t astride, int R,
-                      float *out) {
+static void dot_q6_k(const uint8_t *w, int64_t nb, const void *act, int64_t astride, int R,
+                     float *out) {
     for (int r = 0; r < R; r++) {
         const qa256 *a = (const qa256 *)ROW(act, astride, r);
         float acc = 0.f;
@@ -184,3 +144,5 @@ void q_dot_q6_k_plain(const uint8_t *w, int64_t nb, const void *act, int64_t ast
         out[r] = acc;
     }
 }
+
+ENTRY(q6_k, dot_q6_k(w, nb, act, astride, R, out))
