@@ -92,7 +92,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
                        help="admission order of the waiting queue (default fifo; fair when "
                             "shared)")
     serve.add_argument("--max-running", type=int, metavar="N",
-                       help="requests decoding at once: the engine's slots (default 16)")
+                       help="requests decoding at once: the engine's slots (default 32)")
     serve.add_argument("--kv-tokens", type=int, metavar="N",
                        help="KV cache positions, allocated at start (default 16384)")
     serve.add_argument("--max-prefill-tokens", type=int, metavar="N",

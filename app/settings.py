@@ -74,7 +74,7 @@ class Settings:
     device: str = "auto"
     policy: str = ""  # "" -> prefill-first when local, interleave when shared
     admission: str = ""  # "" -> fifo when local, fair when shared
-    max_running: int = 16
+    max_running: int = 32
     max_prefill_tokens: int = 512
     kv_tokens: int = 16384  # 0.75 GB of KV for SmolLM2 in float32, allocated at start
     page_size: int = 16

@@ -53,7 +53,7 @@ def test_banner_local() -> None:
     text = banner.banner(Settings(), "SmolLM2-135M-Instruct", "cpu", "bfloat16")
     assert "http://127.0.0.1:8000/" in text and "LAN" not in text
     assert "SmolLM2-135M-Instruct (cpu, bfloat16)" in text
-    assert "policy prefill-first" in text and "16 slots" in text and "KV 16384" in text
+    assert "policy prefill-first" in text and "32 slots" in text and "KV 16384" in text
 
 
 def test_banner_shared(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -31,7 +31,7 @@ def test_defaults(home: dict[str, str]) -> None:
     assert (s.host, s.port, s.model, s.dtype, s.device) == ("127.0.0.1", 8000, "default", "auto",
                                                             "auto")
     assert (s.policy, s.admission) == ("prefill-first", "fifo")
-    assert (s.max_running, s.max_prefill_tokens, s.kv_tokens, s.page_size) == (16, 512, 16384, 16)
+    assert (s.max_running, s.max_prefill_tokens, s.kv_tokens, s.page_size) == (32, 512, 16384, 16)
     assert s.prefix_cache is True and s.open is False and s.model_folders == []
     assert (s.max_waiting, s.per_user_limit, s.max_body_bytes) == (256, 8, 1024 * 1024)
     assert (s.max_messages, s.max_stop, s.max_tokens_limit) == (200, 4, 4096)
