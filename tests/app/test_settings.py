@@ -169,7 +169,7 @@ def test_engine_config_mapping(home: dict[str, str]) -> None:
     assert (cfg.policy, cfg.admission, cfg.kv_tokens, cfg.prefix_cache) == ("mixed", "fifo",
                                                                            2048, False)
     assert (cfg.max_running, cfg.max_prefill_tokens, cfg.page_size, cfg.max_waiting) == (
-        16, 512, 16, 256)
+        32, 512, 16, 256)
     assert cfg.max_context == 4096
     assert engine_config(s).max_context == EngineConfig().max_context
 
