@@ -24,7 +24,7 @@ from web.gateway.stats import GatewayStats
 from web.gateway.upstream import Upstream
 
 log = logging.getLogger("web.gateway")
-TICK = 0.25  # seconds between the gateway's own looks (down-wait deadlines)
+TICK = 0.25  # seconds between the gateway's own looks while requests wait (deadlines)
 FINISH = {"stop": "stop", "length": "length", "abort": "cancelled", "cancelled": "cancelled"}
 
 
@@ -46,6 +46,7 @@ class GatewayCore:
         self._loop_thread: int | None = None
         self._client: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._queued = asyncio.Event()  # set when a request joins the queue: wakes the ticker
         self._dirty = True
         self._snapshot: EngineSnapshot | None = None
         self._view: views.GatewayView | None = None
@@ -69,6 +70,7 @@ class GatewayCore:
         if req.state != "waiting" or req.id not in self.live:
             return  # cancelled before it reached the loop
         self.waiting.append(req)
+        self._queued.set()
         self._pump()
 
     def _plan(self) -> rules.Plan:
@@ -167,6 +169,7 @@ class GatewayCore:
             req.tried.add(up.name)
             req.state, req.upstream, req.upstream_id = "waiting", None, None
             self.waiting.insert(0, req)  # first in line again: it has waited already
+            self._queued.set()
             self._pump()
             return
         if req.output_tokens:
@@ -244,6 +247,9 @@ class GatewayCore:
     async def _ticker(self) -> None:
         """Fail requests that waited `down_wait` seconds with every upstream down."""
         while True:
+            if not self.waiting:  # nothing to look at: sleep until a request waits
+                self._queued.clear()
+                await self._queued.wait()
             await asyncio.sleep(TICK)
             now = time.monotonic()
             all_down = all(not u.usable for u in self.upstreams)

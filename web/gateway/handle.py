@@ -36,11 +36,20 @@ class GatewayHandle:
     # -- producer side (the gateway task) ------------------------------------------------
     def put(self, event: Event) -> None:
         if self._loop is not None and self._aqueue is not None:
+            if self._on_loop():
+                self._aqueue.put_nowait(event)  # the usual case: no hop, no wake-up write
+                return
             # RuntimeError: the consumer's loop is gone
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._aqueue.put_nowait, event)
         else:
             self._squeue.put(event)
+
+    def _on_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
 
     # -- consumer side -------------------------------------------------------------------
     def cancel(self) -> bool:

@@ -12,6 +12,7 @@ from web.gateway.client import auth_headers
 from web.gateway.config import GatewayConfig, UpstreamConfig
 
 HEALTHS = ("unknown", "up", "slow", "down")
+MODELS_EVERY = 10  # looks between reads of a healthy upstream's model list
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,7 @@ class Upstream:
         self.itl: float | None = None
         self.upstream_requests: int | None = None
         self._last: tuple[float, probe.Figures] | None = None
+        self._looks = 0
 
     # -- health --------------------------------------------------------------------------
     def mark(self, health: str, error: str | None = None) -> bool:
@@ -86,20 +88,25 @@ class Upstream:
 
     # -- scraping ------------------------------------------------------------------------
     async def scrape(self, client: httpx.AsyncClient, config: GatewayConfig) -> bool:
-        """One look at the upstream; True when its health changed."""
+        """One look at the upstream; True when its health changed. Its model list is read
+        on the first look, after trouble, and every MODELS_EVERY looks: each request is
+        work for the upstream too."""
         headers = auth_headers(self.config.api_key)
         base = self.config.url
         started = time.monotonic()
+        self._looks += 1
         try:
-            r = await client.get(base + "/v1/models", headers=headers)
-            if r.status_code in (401, 403):
-                return self.mark("down", f"refused Ferry's API key ({r.status_code})")
-            if r.status_code != 200:
-                return self.mark("down", f"/v1/models answered {r.status_code}")
-            info = probe.model_info(r.json())
-            self.model = info.name or self.model
-            self.max_context = info.max_context or self.max_context
-            await self._scrape_metrics(client, base, headers)
+            status = await self._scrape_metrics(client, base, headers)
+            if self.model is None or self.health in ("unknown", "down") or \
+                    status not in (200, 404) or self._looks % MODELS_EVERY == 0:
+                r = await client.get(base + "/v1/models", headers=headers)
+                if r.status_code in (401, 403):
+                    return self.mark("down", f"refused Ferry's API key ({r.status_code})")
+                if r.status_code != 200:
+                    return self.mark("down", f"/v1/models answered {r.status_code}")
+                info = probe.model_info(r.json())
+                self.model = info.name or self.model
+                self.max_context = info.max_context or self.max_context
         except httpx.HTTPError as exc:
             return self.mark("down", f"cannot be reached ({type(exc).__name__})")
         except ValueError as exc:
@@ -110,7 +117,8 @@ class Upstream:
         return self.mark("up")
 
     async def _scrape_metrics(self, client: httpx.AsyncClient, base: str,
-                              headers: dict[str, str]) -> None:
+                              headers: dict[str, str]) -> int:
+        """Read its figures; the /metrics status (404: it has none)."""
         samples: dict[str, float] = {}
         r = await client.get(base + "/metrics", headers=headers)
         if r.status_code == 200:
@@ -128,12 +136,13 @@ class Upstream:
             if s is not None:
                 figures = _with_slots(figures, s)
         if self.kind == "ferry":
-            r = await client.get(base + "/v1/requests", headers=headers)
-            data = r.json() if r.status_code == 200 else None
+            r2 = await client.get(base + "/v1/requests", headers=headers)
+            data = r2.json() if r2.status_code == 200 else None
             self.upstream_requests = len(data["data"]) if isinstance(data, dict) and \
                 isinstance(data.get("data"), list) else None
         self._rates(figures)
         self.figures = figures
+        return r.status_code
 
     def _rates(self, now_figures: probe.Figures) -> None:
         """Throughput and mean TTFT/ITL over the interval since the last scrape."""

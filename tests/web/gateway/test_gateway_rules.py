@@ -3,6 +3,7 @@ upstream URLs, prompts without a tokenizer, SSE events, and the upstream setting
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,8 +83,21 @@ def test_vllm_counters_and_histograms_become_rates() -> None:
 
 
 def test_garbage_metrics_are_refused() -> None:
-    with pytest.raises(ValueError):
-        probe.parse_metrics("<html>not metrics</html>")
+    for garbage in ("<html>not metrics</html>", "vllm:num_requests_running{a=\"1\"}",
+                    "vllm:x 1 2 3", "vllm:x one"):
+        with pytest.raises(ValueError):
+            probe.parse_metrics(garbage)
+
+
+def test_metrics_lines_with_odd_labels_timestamps_and_nan() -> None:
+    text = ('# HELP x a } tricky { comment\n'
+            'vllm:num_requests_running{model_name="a b}c",engine="0"} 2.0 1700000000000\n'
+            'vllm:num_requests_running{model_name="d"} 1\n'
+            'vllm:kv_cache_usage_perc NaN\n'
+            'vllm:x_bucket{le="+Inf"} 9\n'
+            'vllm:prompt_tokens_total +Inf\n\n# EOF\n')
+    assert probe.parse_metrics(text) == {"vllm:num_requests_running": 3.0,
+                                         "vllm:prompt_tokens_total": float("inf")}
 
 
 def test_model_info_from_each_shape() -> None:
@@ -177,11 +191,14 @@ def test_stream_events_and_errors() -> None:
 
 
 def test_upstream_settings(tmp_path: Path) -> None:
-    s = Settings(upstreams=["http://a:8000/v1", {"url": "http://b:9000", "kind": "sglang",
-                                                 "max_in_flight": 32, "api_key": "sk-1"}])
+    given: list[Any] = ["http://a:8000/v1", {"url": "http://b:9000", "kind": "sglang",
+                                             "max_in_flight": 32, "api_key": "sk-1"}]
+    s = Settings(upstreams=given)  # a bare URL is accepted and becomes {url = ...}
     assert s.upstreams[0] == {"url": "http://a:8000/v1"}
-    for bad in ([{"url": "http://a:1", "colour": "red"}], [{"kind": "vllm"}], ["a:1"],
-                [{"url": "http://a:1", "max_in_flight": 0}], ["http://a:1", "http://a:1/v1"]):
+    bads: list[list[Any]] = [[{"url": "http://a:1", "colour": "red"}], [{"kind": "vllm"}],
+                             ["a:1"], [{"url": "http://a:1", "max_in_flight": 0}],
+                             ["http://a:1", "http://a:1/v1"]]
+    for bad in bads:
         with pytest.raises(SettingsError):
             Settings(upstreams=bad)
     config = tmp_path / "ferry.toml"
