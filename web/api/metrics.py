@@ -85,6 +85,9 @@ class EngineCollector(Collector):
 def make_registry(engine: Engine, model_name: str) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(engine, model_name))
+    extra = getattr(engine, "metrics_collector", None)  # upstream mode: the gateway's gauges
+    if extra is not None:
+        registry.register(extra())
     return registry
 
 

@@ -183,6 +183,10 @@ class Gateway(GatewayCore):
         assert self._view is not None
         return self._view
 
+    def metrics_collector(self) -> views.GatewayCollector:
+        """The front's /metrics adds these to the engine-shaped ones (web/api/metrics.py)."""
+        return views.GatewayCollector(self.gateway_view)
+
     # -- on the loop -------------------------------------------------------------------------
     def _on_loop(self, fn: Callable[[], None]) -> None:
         assert self._loop is not None

@@ -1,10 +1,15 @@
 """The gateway's state as the dashboard reads it: an EngineSnapshot (so the existing board
 shows Ferry's queue: waiting with reasons, running, a slot per in-flight place) and a
-GatewayView of the upstreams and which requests each holds."""
+GatewayView of the upstreams and which requests each holds; /metrics reads the same view
+(GatewayCollector)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from engine import EngineSnapshot, KVView, MetricsView, RequestView, WaitReason
 from web.gateway.queue import GatewayRequest
@@ -82,3 +87,38 @@ def build(upstreams: list[Upstream], order: list[GatewayRequest],
     summary = (f"{healthy} of {len(up_views)} upstream{'s' if len(up_views) > 1 else ''} up"
                f" · {len(flights)} in flight · {len(order)} waiting")
     return snap, GatewayView(up_views, flights, len(order), summary)
+
+
+class GatewayCollector(Collector):
+    """`ferry:gateway_*` for /metrics, read from the view at scrape time: Ferry's own queue,
+    its requests on each upstream against the cap, and each upstream's health."""
+
+    def __init__(self, view: Callable[[], GatewayView]) -> None:
+        self.view = view
+
+    def collect(self) -> Iterator[Metric]:
+        v = self.view()
+        waiting = GaugeMetricFamily("ferry:gateway_requests_waiting",
+                                    "Requests waiting in Ferry's queue for an upstream.")
+        waiting.add_metric([], v.waiting)
+        yield waiting
+        in_flight = GaugeMetricFamily("ferry:gateway_requests_in_flight",
+                                      "Ferry's requests on the upstream now.", labels=["upstream"])
+        cap = GaugeMetricFamily("ferry:gateway_max_in_flight", "The upstream's in-flight cap.",
+                                labels=["upstream"])
+        up = GaugeMetricFamily("ferry:gateway_upstream_up",
+                               "1 while the upstream answers (up or slow), else 0.",
+                               labels=["upstream"])
+        health = GaugeMetricFamily("ferry:gateway_upstream_health",
+                                   "1 for the upstream's health now.",
+                                   labels=["upstream", "health"])
+        sent = CounterMetricFamily("ferry:gateway_requests_sent",
+                                   "Requests Ferry sent the upstream.", labels=["upstream"])
+        for u in v.upstreams:
+            in_flight.add_metric([u.name], u.in_flight)
+            cap.add_metric([u.name], u.max_in_flight)
+            up.add_metric([u.name], 1.0 if u.health in ("up", "slow") else 0.0)
+            for state in ("unknown", "up", "slow", "down"):
+                health.add_metric([u.name, state], 1.0 if u.health == state else 0.0)
+            sent.add_metric([u.name], u.served)
+        yield from (in_flight, cap, up, health, sent)

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from web.access.users import UserStore
 from web.pages import reply_status
@@ -38,6 +39,17 @@ def complete(url: str, model: str, max_tokens: int, token: str | None = None,
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.post(url + "/v1/completions", headers=headers, timeout=300, json={
         "model": model, "prompt": prompt, "max_tokens": max_tokens, **GREEDY})
+
+
+def front_metric(url: str, name: str, token: str | None = None, **labels: str) -> float:
+    """One sample of the front's own /metrics (the gateway's gauges)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    text = httpx.get(url + "/metrics", headers=headers, timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    raise AssertionError(f"{name} {labels} is not in the front's /metrics")
 
 
 class Background(threading.Thread):
@@ -121,6 +133,11 @@ def test_fair_order_and_the_in_flight_cap(upstreams: list[Any], make_front: Any,
     assert {v.reason.code for v in snap.waiting[1:] if v.reason} == {"behind"}
     assert len(snap.running) == 1 and len(held) == 1
     assert "at its 1-request cap" in (reply_status.standing(snap, head.id) or "")  # the bubble
+    admin = tokens["ann"]
+    assert front_metric(front.url, "ferry:gateway_requests_waiting", admin) == 4
+    assert front_metric(front.url, "ferry:gateway_requests_in_flight", admin,
+                        upstream=a.name) == 1
+    assert front_metric(front.url, "ferry:gateway_max_in_flight", admin, upstream=a.name) == 1
     for job in jobs:
         job.join(300)
         assert job.response is not None and job.response.status_code == 200, job.response
@@ -216,6 +233,10 @@ def test_an_upstream_dies_mid_reply_then_both_down_then_one_comes_back(
     assert "all 2 upstreams are down" in r.json()["error"]["message"]
     page = httpx.get(front.url + "/dashboard", timeout=10).text
     assert "0 of 2 upstreams up" in page and page.count('data-health="down"') == 2
+    for up in (a, b):
+        assert front_metric(front.url, "ferry:gateway_upstream_up", upstream=up.name) == 0
+        assert front_metric(front.url, "ferry:gateway_upstream_health", upstream=up.name,
+                            health="down") == 1
 
     dead.start().wait_ready()
     wait(lambda: {u.name: u.health for u in gw.gateway_view().upstreams}[dead.name] in UP,
@@ -223,3 +244,5 @@ def test_an_upstream_dies_mid_reply_then_both_down_then_one_comes_back(
     r = complete(front.url, model, 2)
     assert r.status_code == 200, r.text
     assert list(gw.dispatch_log)[-1][2] == dead.name
+    assert front_metric(front.url, "ferry:gateway_upstream_up", upstream=dead.name) == 1
+    assert front_metric(front.url, "ferry:gateway_requests_sent_total", upstream=dead.name) >= 2
