@@ -34,9 +34,13 @@ class UpstreamProcess:
     model_dir: Path
     proc: subprocess.Popen[bytes] | None = None
     log: Path = field(init=False)
+    # one client for the tests' looks at it: a new one per look builds a TLS context, CPU
+    # that on a busy machine blurs how soon the upstream dropped a request
+    http: httpx.Client = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.log = self.home.parent / f"{self.home.name}.log"
+        self.http = httpx.Client(timeout=10)
 
     @property
     def url(self) -> str:
@@ -88,8 +92,7 @@ class UpstreamProcess:
 
     def requests(self) -> list[dict[str, Any]]:
         """The upstream's own /v1/requests (what it holds now)."""
-        data: list[dict[str, Any]] = httpx.get(self.url + "/v1/requests", timeout=10).json()[
-            "data"]
+        data: list[dict[str, Any]] = self.http.get(self.url + "/v1/requests").json()["data"]
         return data
 
 
@@ -109,6 +112,7 @@ def upstreams(model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
     finally:  # also when one of them failed to start
         for up in (a, b):
             up.kill()
+            up.http.close()
 
 
 @pytest.fixture(scope="module")
