@@ -55,6 +55,15 @@ INL __m256i dot_us(__m256i u, __m256i s) {
 #endif
 }
 
+/* acc + sum of pairs p * s (16-bit lanes, 8 int32 sums): one vpdpwssd with VNNI */
+INL __m256i madd_acc(__m256i acc, __m256i p, __m256i s) {
+#if QS_VNNI
+    return _mm256_dpwssd_avx_epi32(acc, p, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+#endif
+}
+
 /* the same for signed weight bytes w: |w| x (s with w's sign) */
 INL __m256i dot_ss(__m256i w, __m256i s) {
     return dot_us(_mm256_sign_epi8(w, w), _mm256_sign_epi8(s, w));
@@ -198,8 +207,8 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
         q_scale_min_k4(blk + 4, sc, m);
         __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(blk + 16))
                           : _mm256_setzero_si256();
-        __m256i sumi[QMAX_R];
-        for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
+        __m256i sumi[QMAX_R], sumh[QMAX_R]; /* two chains: the low and the high nibbles */
+        for (int r = 0; r < R; r++) sumi[r] = sumh[r] = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
             Q45K_CHUNK(lo, hi, qs, hb, c, five);
             __m256i slo = _mm256_set1_epi16(sc[2 * c]), shi = _mm256_set1_epi16(sc[2 * c + 1]);
@@ -208,10 +217,11 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
                 __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)y));
                 __m256i phi =
                     _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y + 32)));
-                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(_mm256_madd_epi16(plo, slo),
-                                                                     _mm256_madd_epi16(phi, shi)));
+                sumi[r] = madd_acc(sumi[r], plo, slo);
+                sumh[r] = madd_acc(sumh[r], phi, shi);
             }
         }
+        for (int r = 0; r < R; r++) sumi[r] = _mm256_add_epi32(sumi[r], sumh[r]);
         float d = f16(blk), dmin = f16(blk + 2);
         for (int r = 0; r < R; r++) {
             const qa256 *a = (const qa256 *)ROW(act, astride, r) + b;
@@ -232,8 +242,8 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * 210;
         const int8_t *sc = (const int8_t *)blk + 192;
-        __m256i sumi[QMAX_R];
-        for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
+        __m256i sumi[QMAX_R], sumh[QMAX_R]; /* two chains: even and odd groups of 32 */
+        for (int r = 0; r < R; r++) sumi[r] = sumh[r] = _mm256_setzero_si256();
         for (int n = 0; n < 2; n++) {
             __m256i b1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * n));
             __m256i b2 = _mm256_loadu_si256((const __m256i *)(blk + 64 * n + 32));
@@ -256,10 +266,12 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
                     const int8_t *y =
                         ((const qa256 *)ROW(act, astride, r) + b)->qs + 128 * n + 32 * k;
                     __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)y));
-                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, s));
+                    if (k & 1) sumh[r] = madd_acc(sumh[r], p, s);
+                    else sumi[r] = madd_acc(sumi[r], p, s);
                 }
             }
         }
+        for (int r = 0; r < R; r++) sumi[r] = _mm256_add_epi32(sumi[r], sumh[r]);
         float d = f16(blk + 208);
         for (int r = 0; r < R; r++) {
             const qa256 *a = (const qa256 *)ROW(act, astride, r) + b;
