@@ -39,13 +39,19 @@ def lan_url(settings: Settings) -> str | None:
 
 
 def banner(settings: Settings, model: str, device: str = "", dtype: str = "") -> str:
-    """The text printed once the server listens."""
+    """The text printed once the server listens (device "upstream": a front, dtype its URLs)."""
     lines = ["", "  Ferry is serving", f"  Local:   {local_url(settings)}"]
     lan = lan_url(settings)
     if lan:
         lines.append(f"  LAN:     {lan}   (sign-in with an access token required)")
     where = ", ".join(part for part in (device, dtype) if part)
     lines.append(f"  Model:   {model}" + (f" ({where})" if where else ""))
+    if device == "upstream":  # no engine here: the upstreams run the model
+        count = len(settings.upstreams)
+        lines.append(f"  Front:   {count} upstream{'s' if count != 1 else ''}; Ferry holds the "
+                     "queue (fair across users), the upstreams run the model")
+        lines += ["  Stop with Ctrl+C", ""]
+        return "\n".join(lines)
     lines.append(
         f"  Engine:  policy {settings.policy}, admission {settings.admission}, "
         f"{settings.max_running} slots, prefill budget {settings.max_prefill_tokens}, "

@@ -49,6 +49,13 @@ def test_converted_dir_and_sizes(tmp_path: Path) -> None:
     assert [human_size(n) for n in (512, 2048, 3 * 1024**3)] == ["512 B", "2.0 KiB", "3.0 GiB"]
 
 
+def test_banner_upstream_front_has_no_engine_line() -> None:
+    settings = Settings(upstreams=[{"url": "http://gpu1:8000"}, {"url": "http://gpu2:8000"}])
+    text = banner.banner(settings, "llama-70b", "upstream", "http://gpu1:8000, http://gpu2:8000")
+    assert "llama-70b (upstream, http://gpu1:8000, http://gpu2:8000)" in text
+    assert "Front:   2 upstreams" in text and "slots" not in text and "Engine:" not in text
+
+
 def test_banner_local() -> None:
     text = banner.banner(Settings(), "SmolLM2-135M-Instruct", "cpu", "bfloat16")
     assert "http://127.0.0.1:8000/" in text and "LAN" not in text
