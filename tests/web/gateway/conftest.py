@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from tests.tools.waiting import wait_healthy
 
 START_TIMEOUT = 240.0
 REPO = Path(__file__).resolve().parents[3]
@@ -63,17 +64,9 @@ class UpstreamProcess:
         return self
 
     def wait_ready(self) -> UpstreamProcess:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            assert self.proc is not None and self.proc.poll() is None, \
-                f"the upstream exited:\n{self.log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, "the upstream did not start"
-            try:
-                if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        assert self.proc is not None, "start() first"
+        wait_healthy(self.url + "/healthz", self.proc, self.log, START_TIMEOUT, "the upstream",
+                     0.2)
         # one request pays the first-use costs (tables the API builds once), so the tests'
         # requests reach the engine at once
         model = httpx.get(self.url + "/v1/models", timeout=10).json()["data"][0]["id"]

@@ -15,6 +15,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.tools.waiting import wait_for
 from web.access.users import UserStore
 from web.pages import reply_status
 
@@ -24,14 +25,7 @@ GREEDY = {"temperature": 0, "ignore_eos": True}
 UP = ("up", "slow")  # slow: answering, its metrics late (a busy machine)
 
 
-def wait(predicate: Any, timeout: float = 30.0, message: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {message}"
-        time.sleep(0.05)
+wait = wait_for
 
 
 def complete(url: str, model: str, max_tokens: int, token: str | None = None,

@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.tools.waiting import wait_for, wait_healthy
 from web.gateway import probe
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -45,13 +46,7 @@ PROMPT = " ".join(f"Line {i}: the ferry crossed the river at dawn." for i in ran
 
 
 def wait(predicate: Any, timeout: float, message: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {message}"
-        time.sleep(0.1)
+    return wait_for(predicate, timeout, message, interval=0.1)
 
 
 @dataclass
@@ -119,18 +114,8 @@ def vllm(hf_folder: Path, tmp_path_factory: pytest.TempPathFactory,
             start_new_session=True)
     server = VLLMServer(f"http://127.0.0.1:{port}", proc, log)
     try:
-        started = time.monotonic()
-        deadline = started + START_TIMEOUT
-        while True:
-            assert proc.poll() is None, f"vLLM exited:\n{log.read_text()[-4000:]}"
-            assert time.monotonic() < deadline, f"vLLM did not start:\n{log.read_text()[-4000:]}"
-            try:
-                if httpx.get(server.url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        print(f"\nvLLM started in {time.monotonic() - started:.0f} s")
+        took = wait_healthy(server.url + "/health", proc, log, START_TIMEOUT, "vLLM", 1.0)
+        print(f"\nvLLM started in {took:.0f} s")
         yield server
     finally:
         if proc.poll() is None:
