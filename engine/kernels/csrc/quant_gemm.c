@@ -117,10 +117,8 @@ int ferry_qgemm_available(void) { return g_cpu(); }
 G_TGT int ferry_qgemm_bf16(const float *x, int64_t rows, int64_t x_stride,
                            const ferry_weight *w, const float *bias, float *y,
                            int64_t y_stride) {
-    const qtype_info *info = q_info(w->qtype);
-    if (!g_cpu() || !info || w->in <= 0 || w->in % G_K != 0 || w->in % info->block != 0 ||
-        w->out < 0 || rows < 0 || w->row_bytes != w->in / info->block * info->bytes)
-        return FERRY_EQUANT;
+    const qtype_info *info;
+    if (!g_cpu() || !q_valid(w, &info) || w->in % G_K != 0 || rows < 0) return FERRY_EQUANT;
     if (rows == 0 || w->out == 0) return FERRY_OK;
     const int64_t in = w->in, groups = (rows + G_R - 1) / G_R * 2;
     uint16_t *xp = (uint16_t *)malloc((size_t)(groups * G_T * in) * 2);

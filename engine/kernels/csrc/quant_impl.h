@@ -43,6 +43,8 @@ typedef struct {
 } qtype_info;
 
 const qtype_info *q_info(int qtype);
+/* w's type is known and its shape whole blocks of it (quant_matmul.c); *info: the type */
+int q_valid(const ferry_weight *w, const qtype_info **info);
 
 /* quant_act.c: one activation row of n values (n % 32 or % 256 == 0) */
 void q_act32(const float *x, int64_t n, qa32 *out);
@@ -88,7 +90,7 @@ void q_to_bf16_avx2(const float *src, int64_t n, uint16_t *dst);
 
 /* quant_tiles.c: one row dequantized to bfloat16, rounded to nearest even (tmp: `in` floats
  * of scratch); and whether the CPU has AVX512-BF16 */
-int q_row_bf16(int qt, const uint8_t *src, int64_t in, uint16_t *dst, float *tmp);
+void q_row_bf16(int qt, const uint8_t *src, int64_t in, uint16_t *dst, float *tmp);
 int q_cpu_bf16(void);
 
 /* the dot products' path in force (0 plain, 1 AVX2, 2 AVX-VNNI; ferry_qpath caps it) */

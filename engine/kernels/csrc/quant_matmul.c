@@ -56,7 +56,7 @@ static qdot_fn pick(const qtype_info *info) {
     return info->plain;
 }
 
-static int valid(const ferry_weight *w, const qtype_info **info) {
+int q_valid(const ferry_weight *w, const qtype_info **info) {
     *info = q_info(w->qtype);
     if (!*info || w->in <= 0 || w->out < 0 || w->in % (*info)->block != 0) return 0;
     return w->row_bytes == w->in / (*info)->block * (*info)->bytes;
@@ -67,7 +67,7 @@ enum { CHUNK = 8 }; /* output rows per OpenMP work item */
 int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w,
                   const float *bias, float *y, int64_t y_stride) {
     const qtype_info *info;
-    if (!valid(w, &info) || rows < 0) return FERRY_EQUANT;
+    if (!q_valid(w, &info) || rows < 0) return FERRY_EQUANT;
     if (rows == 0 || w->out == 0) return FERRY_OK;
     qdot_fn dot = pick(info);
     int64_t nb = w->in / info->block;

@@ -120,28 +120,25 @@ static void row_f32(int qt, const uint8_t *src, int64_t in, float *dst) {
     }
 }
 
-int q_row_bf16(int qt, const uint8_t *src, int64_t in, uint16_t *dst, float *tmp) {
+void q_row_bf16(int qt, const uint8_t *src, int64_t in, uint16_t *dst, float *tmp) {
 #ifdef Q_HAVE_AVX2
     if (q_active_path() >= 2 && q_cpu_bf16() && q_deq_row_avx512bf16(qt, src, in, dst, 1))
-        return 1;
-    if (q_active_path() >= 1 && q_deq_row_avx2(qt, src, in, dst, 1)) return 1;
+        return;
+    if (q_active_path() >= 1 && q_deq_row_avx2(qt, src, in, dst, 1)) return;
 #endif
     row_f32(qt, src, in, tmp);
 #ifdef Q_HAVE_AVX2
     if (q_active_path() >= 1) {
         q_to_bf16_avx2(tmp, in, dst);
-        return 0;
+        return;
     }
 #endif
     for (int64_t i = 0; i < in; i++) dst[i] = ferry_f32_to_bf16(tmp[i]);
-    return 0;
 }
 
 int ferry_qdequantize(const ferry_weight *w, const int64_t *ids, int64_t n, void *out, int dt) {
-    const qtype_info *info = q_info(w->qtype);
-    if (!info || w->in <= 0 || w->in % info->block != 0 || (dt != FERRY_F32 && dt != FERRY_BF16) ||
-        w->row_bytes != w->in / info->block * info->bytes)
-        return FERRY_EQUANT;
+    const qtype_info *info;
+    if (!q_valid(w, &info) || (dt != FERRY_F32 && dt != FERRY_BF16)) return FERRY_EQUANT;
     for (int64_t k = 0; k < n; k++)
         if (ids && (ids[k] < 0 || ids[k] >= w->out)) return FERRY_EQUANT;
     if (!ids && n > w->out) return FERRY_EQUANT;
