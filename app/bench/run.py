@@ -98,8 +98,8 @@ def run_engine(engine: object, work: Workload, prompts: list[list[int]], name: s
             times = []
             final = None
             for ev in handle.events(timeout=600):
-                if hasattr(ev, "token_ids"):
-                    times.extend([time.perf_counter()] * len(ev.token_ids))
+                if hasattr(ev, "token_ids"):  # emitted by the engine, not when read here
+                    times.extend([ev.emitted or time.perf_counter()] * len(ev.token_ids))
                 else:
                     final = ev
             with lock:

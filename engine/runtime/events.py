@@ -1,6 +1,7 @@
 """Messages that cross the thread line: inbox commands in, per-request events out."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from engine.scheduling.request import FinishReason, Request, TokenLogprob
@@ -39,6 +40,9 @@ class TokenEvent:
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    # time.perf_counter() when the round emitted them: a consumer that reads several queued
+    # events at once (the bench's client threads) still sees when each token came
+    emitted: float = field(default_factory=time.perf_counter)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ class TextDelta:
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()  # of token_ids, when the request asked
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # once, when asked
+    emitted: float | None = None  # time.perf_counter() the engine emitted the tokens
 
 
 Event = TextDelta | FinalEvent
@@ -94,7 +95,8 @@ class RequestHandle:
             if hit:
                 self._cancel(self.id, "stop")
         self.text += text
-        return TextDelta(text, event.token_ids, event.logprobs, event.prompt_logprobs)
+        return TextDelta(text, event.token_ids, event.logprobs, event.prompt_logprobs,
+                         event.emitted)
 
     @property
     def _stopped(self) -> bool:
