@@ -51,6 +51,11 @@ def type_name(qtype: int) -> str:
         return f"type {qtype} (unknown)"
 
 
+def type_id(name: str) -> int | None:
+    """The ggml type id of "Q4_K", ...; None for a name that is not a block type Ferry runs."""
+    return next((q for q, (n, _, _) in _TYPES.items() if n == name), None)
+
+
 def supported(qtype: int) -> bool:
     return qtype in _TYPES
 
@@ -118,16 +123,21 @@ def _check(rc: int, what: str) -> None:
         raise MemoryError(f"{what}: out of memory in the native kernels")
 
 
-PATHS = ("plain", "avx2", "avx-vnni")  # the native dot products, slowest first
+PATHS = ("plain", "avx2", "avx-vnni", "avx512-vnni")  # the native dot products, slowest first
+WIDE_TYPES = (Q4_K, Q5_K, Q6_K)  # the types with AVX-512 dot products; the others run AVX-VNNI
 _cap = len(PATHS) - 1
 
 
-def kernel_path() -> str:
-    """What quant_matmul runs: one of PATHS, or "torch" (no native library)."""
+def kernel_path(qtype: int | None = None) -> str:
+    """What quant_matmul runs (for weights of `qtype`; None: the best of any type): one of
+    PATHS, or "torch" (no native library)."""
     lib = _lib()
     if lib is None:
         return "torch"
-    return PATHS[lib.ferry_qpath(_cap)]
+    path = PATHS[lib.ferry_qpath(_cap)]
+    if path == "avx512-vnni" and qtype is not None and qtype not in WIDE_TYPES:
+        return "avx-vnni"
+    return path
 
 
 def force_path(name: str | None) -> str:

@@ -6,6 +6,7 @@ from pathlib import Path
 from engine.execution.model.llama import LlamaForCausalLM
 
 KERNELS = {"avx2": "native AVX2 kernels", "avx-vnni": "native AVX-VNNI kernels",
+           "avx512-vnni": "native AVX-512 VNNI kernels",
            "plain": "native plain-C kernels", "torch": "torch fallback kernels (slow)"}
 
 
@@ -26,7 +27,10 @@ def describe_weights(model: LlamaForCausalLM, source: str = "") -> str:
         what = f"GGUF {what}"
     elif source:
         what = f"{source} quantized to {what} at load"
-    return f"{what}, {_kernels()}, {size}"
+    from engine.kernels import quant
+
+    qtypes = {q for k in [*kinds, *head.split("/")] if (q := quant.type_id(k)) is not None}
+    return f"{what}, {_kernels(qtypes)}, {size}"
 
 
 def describe_file(path: str | Path, dtype: str = "auto", device: str = "cpu",
@@ -54,20 +58,28 @@ def describe_file(path: str | Path, dtype: str = "auto", device: str = "cpu",
     from engine.kernels import quant
 
     layers: dict[str, int] = {}
+    qtypes = set()
     for key, t in file.tensors.items():
         if key.startswith("model.layers.") and len(t.shape) == 2:
             kind = quant.type_name(t.qtype)
             layers[kind] = layers.get(kind, 0) + t.nbytes
+            qtypes.add(t.qtype)
     head = file.tensors.get("lm_head.weight", file.tensors["model.embed_tokens.weight"])
     kinds = [k for k, _ in sorted(layers.items(), key=lambda kv: -kv[1])]
     head_kind = quant.type_name(head.qtype)
+    qtypes.add(head.qtype)
     what = " + ".join(kinds) if head_kind in kinds[:1] else \
         f"{' + '.join(kinds)} + {head_kind} head"
-    return f"GGUF {what}, {_kernels()}, {file.total_bytes() / 1e6:.0f} MB"
+    return f"GGUF {what}, {_kernels(qtypes)}, {file.total_bytes() / 1e6:.0f} MB"
 
 
-def _kernels() -> str:
+def _kernels(qtypes: set[int] | None = None) -> str:
+    """The dot products that run for weights of these types (None: the CPU's best)."""
     from engine.kernels import quant
 
-    path = quant.kernel_path()
-    return KERNELS.get(path, f"native {path} kernels")
+    paths = {quant.kernel_path(q) for q in qtypes} if qtypes else {quant.kernel_path()}
+    names = [p for p in reversed(quant.PATHS) if p in paths] or sorted(paths)
+    if len(names) == 1:
+        return KERNELS.get(names[0], f"native {names[0]} kernels")
+    return "native " + " + ".join(KERNELS.get(p, p).removeprefix("native ").removesuffix(
+        " kernels") for p in names) + " kernels"

@@ -39,7 +39,8 @@ int ferry_qdequantize(const ferry_weight *w, const int64_t *ids, int64_t n, void
 /* float32 x [rows, in] -> rows of Q8_0 or Q4_0 blocks at out, bit for bit gguf-py's quantize */
 int ferry_qquantize(const float *x, int64_t rows, int64_t in, int qtype, void *out);
 
-/* which dot products ferry_qmatmul runs: 0 plain C, 1 AVX2, 2 AVX-VNNI. cap: the most it may
+/* which dot products ferry_qmatmul runs: 0 plain C, 1 AVX2, 2 AVX-VNNI, 3 AVX-512
+ * VNNI (the K-quants; the other types run AVX-VNNI there). cap: the most it may
  * use from now on (the tests compare the paths on one machine), -1 the CPU's best; returns
  * the path that will run */
 int ferry_qpath(int cap);

@@ -40,11 +40,36 @@ typedef struct {
     qdot_fn plain;
     qdot_fn avx2;   /* NULL where not built */
     qdot_fn vnni;   /* NULL where not built */
+    qdot_fn avx512; /* NULL where not built or not written (then vnni serves) */
 } qtype_info;
 
 const qtype_info *q_info(int qtype);
 /* w's type is known and its shape whole blocks of it (quant_matmul.c); *info: the type */
 int q_valid(const ferry_weight *w, const qtype_info **info);
+
+/* Ask for the weight bytes Q_AHEAD past a block before they are needed: a row's dot product
+ * does too little work per byte for the hardware prefetcher alone to keep memory busy, and the
+ * rows of a thread's share are read back to back, so the bytes ahead are the next ones it
+ * reads. (Prefetches never fault, past the end of the weight neither.) */
+#ifndef Q_AHEAD
+#define Q_AHEAD 4096
+#endif
+#define Q_PREFETCH(blk, bytes)                                                               \
+    for (int pf_ = 0; pf_ < (bytes); pf_ += 64)                                              \
+    __builtin_prefetch((const char *)(blk) + Q_AHEAD + pf_, 0, 3)
+
+/* a qdot_fn `name` with attributes `attr` calling body(R) with R a compile-time constant in
+ * each case, so the row loops unroll */
+#define Q_ENTRY(attr, name, body)                                                            \
+    attr void name(const uint8_t *w, int64_t nb, const void *act, int64_t astride, int R,     \
+                   float *out) {                                                             \
+        switch (R) {                                                                         \
+        case 1: body(1); break;                                                              \
+        case 2: body(2); break;                                                              \
+        case 3: body(3); break;                                                              \
+        default: body(4); break;                                                             \
+        }                                                                                    \
+    }
 
 /* quant_act.c: one activation row of n values (n % 32 or % 256 == 0) */
 void q_act32(const float *x, int64_t n, qa32 *out);
@@ -83,6 +108,9 @@ Q_DOTS(plain)
 #define Q_HAVE_AVX2 1
 Q_DOTS(avx2)
 Q_DOTS(vnni)
+void q_dot_q4_k_avx512(const uint8_t *, int64_t, const void *, int64_t, int, float *);
+void q_dot_q5_k_avx512(const uint8_t *, int64_t, const void *, int64_t, int, float *);
+void q_dot_q6_k_avx512(const uint8_t *, int64_t, const void *, int64_t, int, float *);
 int q_deq_row_avx2(int qt, const uint8_t *src, int64_t in, void *dst, int bf);
 int q_deq_row_avx512bf16(int qt, const uint8_t *src, int64_t in, void *dst, int bf);
 void q_to_bf16_avx2(const float *src, int64_t n, uint16_t *dst);
@@ -93,7 +121,8 @@ void q_to_bf16_avx2(const float *src, int64_t n, uint16_t *dst);
 void q_row_bf16(int qt, const uint8_t *src, int64_t in, uint16_t *dst, float *tmp);
 int q_cpu_bf16(void);
 
-/* the dot products' path in force (0 plain, 1 AVX2, 2 AVX-VNNI; ferry_qpath caps it) */
+/* the dot products' path in force (0 plain, 1 AVX2, 2 AVX-VNNI, 3 AVX-512
+ * VNNI; ferry_qpath caps it) */
 int q_active_path(void);
 
 #endif /* FERRY_QUANT_IMPL_H */

@@ -5,17 +5,24 @@
 
 #ifdef Q_HAVE_AVX2
 #define SIMD(name) q_dot_##name##_avx2, q_dot_##name##_vnni
+#define AVX512(name) q_dot_##name##_avx512
 #else
 #define SIMD(name) NULL, NULL
+#define AVX512(name) NULL
 #endif
-#define T(qt, bs, by, act, name) {qt, bs, by, act, q_dot_##name##_plain, SIMD(name)}
+#define T(qt, bs, by, act, name, wide) {qt, bs, by, act, q_dot_##name##_plain, SIMD(name), wide}
 
 static const qtype_info TYPES[] = {
-    T(QT_F32, 1, 4, ACT_F32, f32),       T(QT_F16, 1, 2, ACT_F32, f16),
-    T(QT_BF16, 1, 2, ACT_F32, bf16),     T(QT_Q4_0, 32, 18, ACT_32, q4_0),
-    T(QT_Q4_1, 32, 20, ACT_32, q4_1),    T(QT_Q5_0, 32, 22, ACT_32, q5_0),
-    T(QT_Q8_0, 32, 34, ACT_32, q8_0),    T(QT_Q4_K, 256, 144, ACT_256, q4_k),
-    T(QT_Q5_K, 256, 176, ACT_256, q5_k), T(QT_Q6_K, 256, 210, ACT_256, q6_k),
+    T(QT_F32, 1, 4, ACT_F32, f32, NULL),
+    T(QT_F16, 1, 2, ACT_F32, f16, NULL),
+    T(QT_BF16, 1, 2, ACT_F32, bf16, NULL),
+    T(QT_Q4_0, 32, 18, ACT_32, q4_0, NULL),
+    T(QT_Q4_1, 32, 20, ACT_32, q4_1, NULL),
+    T(QT_Q5_0, 32, 22, ACT_32, q5_0, NULL),
+    T(QT_Q8_0, 32, 34, ACT_32, q8_0, NULL),
+    T(QT_Q4_K, 256, 144, ACT_256, q4_k, AVX512(q4_k)),
+    T(QT_Q5_K, 256, 176, ACT_256, q5_k, AVX512(q5_k)),
+    T(QT_Q6_K, 256, 210, ACT_256, q6_k, AVX512(q6_k)),
 };
 
 const qtype_info *q_info(int qtype) {
@@ -24,7 +31,8 @@ const qtype_info *q_info(int qtype) {
     return NULL;
 }
 
-/* the best path this CPU runs: 0 plain C, 1 AVX2 (+FMA, F16C), 2 AVX-VNNI */
+/* the best path this CPU runs: 0 plain C, 1 AVX2 (+FMA, F16C), 2 AVX-VNNI, 3 AVX-512 VNNI
+ * (with BW and VL) as well */
 static int cpu_path(void) {
 #ifdef Q_HAVE_AVX2
     static int best = -1;
@@ -33,6 +41,9 @@ static int cpu_path(void) {
         best = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                __builtin_cpu_supports("f16c");
         if (best && __builtin_cpu_supports("avxvnni")) best = 2;
+        if (best == 2 && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+            best = 3;
     }
     return best;
 #else
@@ -40,10 +51,10 @@ static int cpu_path(void) {
 #endif
 }
 
-static int path_cap = 2; /* the most ferry_qpath lets ferry_qmatmul use */
+static int path_cap = 3; /* the most ferry_qpath lets ferry_qmatmul use */
 
 int ferry_qpath(int cap) {
-    path_cap = cap < 0 ? 2 : cap;
+    path_cap = cap < 0 ? 3 : cap;
     return cpu_path() < path_cap ? cpu_path() : path_cap;
 }
 
@@ -51,7 +62,8 @@ int q_active_path(void) { return cpu_path() < path_cap ? cpu_path() : path_cap; 
 
 static qdot_fn pick(const qtype_info *info) {
     int p = q_active_path();
-    if (p == 2 && info->vnni) return info->vnni;
+    if (p == 3 && info->avx512) return info->avx512;
+    if (p >= 2 && info->vnni) return info->vnni;
     if (p >= 1 && info->avx2) return info->avx2;
     return info->plain;
 }

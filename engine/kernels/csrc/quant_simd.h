@@ -92,7 +92,9 @@ INL void dot_float(const uint8_t *w, int64_t n, const void *act, int64_t astride
     for (int u = 0; u < 2; u++)
         for (int r = 0; r < R; r++) acc[u][r] = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
+    const int width = kind == QT_F32 ? 4 : 2;
+    for (; i + 16 <= n; i += 16) {
+        Q_PREFETCH(w + i * width, 16 * width);
         for (int u = 0; u < 2; u++) {
             __m256 wv = load8(w, kind, i + 8 * u);
             for (int r = 0; r < R; r++)
@@ -100,6 +102,7 @@ INL void dot_float(const uint8_t *w, int64_t n, const void *act, int64_t astride
                     wv, _mm256_loadu_ps((const float *)ROW(act, astride, r) + i + 8 * u),
                     acc[u][r]);
         }
+    }
     for (; i + 8 <= n; i += 8) {
         __m256 wv = load8(w, kind, i);
         for (int r = 0; r < R; r++)
@@ -131,6 +134,7 @@ INL __m256i decode32(const uint8_t *blk, int qt) {
 INL void block32(const uint8_t *w, int64_t b, const void *act, int64_t astride, const int R,
                  int qt, int bytes, __m256 *acc, float *off) {
     const uint8_t *blk = w + b * bytes;
+    Q_PREFETCH(blk, bytes);
     __m256i q = decode32(blk, qt);
     __m256 d = _mm256_set1_ps(f16(blk));
     if (qt == QT_Q4_1) {
@@ -203,6 +207,7 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
     }
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * bytes, *qs = blk + (five ? 48 : 16);
+        Q_PREFETCH(blk, bytes);
         uint8_t sc[8], m[8];
         q_scale_min_k4(blk + 4, sc, m);
         __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(blk + 16))
@@ -241,6 +246,7 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * 210;
+        Q_PREFETCH(blk, 210);
         const int8_t *sc = (const int8_t *)blk + 192;
         __m256i sumi[QMAX_R], sumh[QMAX_R]; /* two chains: even and odd groups of 32 */
         for (int r = 0; r < R; r++) sumi[r] = sumh[r] = _mm256_setzero_si256();
@@ -287,18 +293,6 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
 }
 
 
-/* entry points: R is a compile-time constant in each case, so the row loops unroll */
-#define ENTRY(name, body)                                                                    \
-    TGT void name(const uint8_t *w, int64_t nb, const void *act, int64_t astride, int R,      \
-                  float *out) {                                                              \
-        switch (R) {                                                                         \
-        case 1: body(1); break;                                                              \
-        case 2: body(2); break;                                                              \
-        case 3: body(3); break;                                                              \
-        default: body(4); break;                                                             \
-        }                                                                                    \
-    }
-
 #define B_F32(R) dot_float(w, nb, act, astride, R, out, QT_F32)
 #define B_F16(R) dot_float(w, nb, act, astride, R, out, QT_F16)
 #define B_BF16(R) dot_float(w, nb, act, astride, R, out, QT_BF16)
@@ -310,14 +304,14 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
 #define B_Q5_K(R) dot_q45k(w, nb, act, astride, R, out, 1)
 #define B_Q6_K(R) dot_q6k(w, nb, act, astride, R, out)
 
-ENTRY(QS_CAT2(q_dot_f32_, QS_SUFFIX), B_F32)
-ENTRY(QS_CAT2(q_dot_f16_, QS_SUFFIX), B_F16)
-ENTRY(QS_CAT2(q_dot_bf16_, QS_SUFFIX), B_BF16)
-ENTRY(QS_CAT2(q_dot_q4_0_, QS_SUFFIX), B_Q4_0)
-ENTRY(QS_CAT2(q_dot_q4_1_, QS_SUFFIX), B_Q4_1)
-ENTRY(QS_CAT2(q_dot_q5_0_, QS_SUFFIX), B_Q5_0)
-ENTRY(QS_CAT2(q_dot_q8_0_, QS_SUFFIX), B_Q8_0)
-ENTRY(QS_CAT2(q_dot_q4_k_, QS_SUFFIX), B_Q4_K)
-ENTRY(QS_CAT2(q_dot_q5_k_, QS_SUFFIX), B_Q5_K)
-ENTRY(QS_CAT2(q_dot_q6_k_, QS_SUFFIX), B_Q6_K)
+Q_ENTRY(TGT, QS_CAT2(q_dot_f32_, QS_SUFFIX), B_F32)
+Q_ENTRY(TGT, QS_CAT2(q_dot_f16_, QS_SUFFIX), B_F16)
+Q_ENTRY(TGT, QS_CAT2(q_dot_bf16_, QS_SUFFIX), B_BF16)
+Q_ENTRY(TGT, QS_CAT2(q_dot_q4_0_, QS_SUFFIX), B_Q4_0)
+Q_ENTRY(TGT, QS_CAT2(q_dot_q4_1_, QS_SUFFIX), B_Q4_1)
+Q_ENTRY(TGT, QS_CAT2(q_dot_q5_0_, QS_SUFFIX), B_Q5_0)
+Q_ENTRY(TGT, QS_CAT2(q_dot_q8_0_, QS_SUFFIX), B_Q8_0)
+Q_ENTRY(TGT, QS_CAT2(q_dot_q4_k_, QS_SUFFIX), B_Q4_K)
+Q_ENTRY(TGT, QS_CAT2(q_dot_q5_k_, QS_SUFFIX), B_Q5_K)
+Q_ENTRY(TGT, QS_CAT2(q_dot_q6_k_, QS_SUFFIX), B_Q6_K)
 #endif /* Q_HAVE_AVX2 */

@@ -61,6 +61,18 @@ def test_native_quant_kernels_build_where_the_kernels_do() -> None:
         assert quant.kernel_path() in quant.PATHS
 
 
+def test_kernel_path_per_type_names_what_runs() -> None:
+    """Only the K-quants have AVX-512 dot products; the other types say AVX-VNNI there."""
+    best = quant.kernel_path()
+    for qtype in ALL_TYPES:
+        got = quant.kernel_path(qtype)
+        if qtype in quant.WIDE_TYPES or best != "avx512-vnni":
+            assert got == best
+        else:
+            assert got == "avx-vnni"
+    assert quant.type_id("Q6_K") == quant.Q6_K and quant.type_id("IQ2_XS") is None
+
+
 def random_weight(qtype: int, out: int, inn: int, rng: np.random.Generator,
                   exact: bool = False) -> QuantWeight:
     """Random blocks with sane scales; exact: power-of-two scales and small sub-scales so every

@@ -1,0 +1,156 @@
+/* AVX-512 dot products of the K-quants (Q4_K, Q5_K, Q6_K) with R <= 4 activation rows:
+ * 64 weights per instruction where quant_simd.h takes 32, and the scales and mins of a block
+ * unpacked with vector shuffles instead of byte by byte. The integer sum of every block is
+ * the same as on the other paths; only the float sums across blocks run in 16 lanes.
+ * quant_matmul.c calls these where the CPU has AVX512-BW, -VL and -VNNI. */
+#include "quant_impl.h"
+
+#ifdef Q_HAVE_AVX2
+#include <immintrin.h>
+
+#define TGT __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define INL static inline __attribute__((always_inline)) TGT
+#define ROW(act, astride, r) ((const qa256 *)((const char *)(act) + (int64_t)(r) * (astride)))
+
+INL float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+INL float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 32 words (vpermw indices, vpsrlvw counts): words 0..15 count up from lo, words 16..31 from
+ * hi, by one every `step` words */
+INL __m512i words(int lo, int hi, int step) {
+    int16_t v[32];
+    for (int i = 0; i < 32; i++) v[i] = (int16_t)((i < 16 ? lo : hi) + (i % 16) / step);
+    return _mm512_loadu_si512(v);
+}
+
+/* Q4_K / Q5_K scales and mins of one block: 16 words, the 8 scales then the 8 mins */
+INL __m256i k4_scales_mins(const uint8_t *s) {
+    uint32_t u[3];
+    memcpy(u, s, 12);
+    /* scale j < 4: s[j] & 63, min j < 4: s[j + 4] & 63; scale and min j + 4: the low and the
+     * high nibble of s[j + 8], with the top two bits of s[j] and s[j + 4] above them */
+    uint64_t sc = (uint64_t)(u[0] & 0x3f3f3f3f) |
+                  (uint64_t)((u[2] & 0x0f0f0f0f) | ((u[0] >> 2) & 0x30303030)) << 32;
+    uint64_t mn = (uint64_t)(u[1] & 0x3f3f3f3f) |
+                  (uint64_t)(((u[2] >> 4) & 0x0f0f0f0f) | ((u[1] >> 2) & 0x30303030)) << 32;
+    return _mm256_cvtepu8_epi16(_mm_set_epi64x((long long)mn, (long long)sc));
+}
+
+INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
+                  float *out, const int five) {
+    const int bytes = five ? 176 : 144;
+    const __m512i m4 = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
+    /* chunk c's 64 values take scale 2c (first 32) and 2c + 1; the mins pair up the sums of 16 */
+    __m512i sidx[4], hshift[4];
+    for (int c = 0; c < 4; c++) {
+        sidx[c] = words(2 * c, 2 * c + 1, 16);
+        hshift[c] = words(2 * c, 2 * c + 1, 16);
+    }
+    const __m256i midx = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14,
+                                           15, 15);
+    __m512 acc[QMAX_R];
+    __m256 macc[QMAX_R];
+    for (int r = 0; r < R; r++) {
+        acc[r] = _mm512_setzero_ps();
+        macc[r] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * bytes, *qs = blk + (five ? 48 : 16);
+        Q_PREFETCH(blk, bytes);
+        __m256i sm = k4_scales_mins(blk + 4);
+        __m512i sm512 = _mm512_castsi256_si512(sm);
+        __m256i mins = _mm256_permutexvar_epi16(midx, sm);
+        __m512i hb = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
+                          : _mm512_setzero_si512();
+        __m512i q[4], sc[4];
+        for (int c = 0; c < 4; c++) {
+            /* 64 values of chunk c: the low nibbles of its 32 bytes, then the high ones */
+            __m256i t = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(t), _mm256_srli_epi16(t, 4), 1);
+            q[c] = _mm512_and_si512(v, m4);
+            if (five)
+                q[c] = _mm512_or_si512(q[c], _mm512_slli_epi16(_mm512_and_si512(
+                    _mm512_srlv_epi16(hb, hshift[c]), one), 4));
+            sc[c] = _mm512_permutexvar_epi16(sidx[c], sm512);
+        }
+        float d = f16(blk), dmin = f16(blk + 2);
+        for (int r = 0; r < R; r++) {
+            const qa256 *a = ROW(act, astride, r) + b;
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            for (int c = 0; c < 4; c += 2) { /* two chains */
+                __m512i p0 = _mm512_maddubs_epi16(q[c], _mm512_loadu_si512(a->qs + 64 * c));
+                __m512i p1 = _mm512_maddubs_epi16(q[c + 1], _mm512_loadu_si512(a->qs + 64 * c + 64));
+                s0 = _mm512_dpwssd_epi32(s0, p0, sc[c]);
+                s1 = _mm512_dpwssd_epi32(s1, p1, sc[c + 1]);
+            }
+            __m512i s = _mm512_add_epi32(s0, s1);
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * a->d), _mm512_cvtepi32_ps(s), acc[r]);
+            __m256i m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), mins);
+            macc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * a->d), _mm256_cvtepi32_ps(m), macc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]) - hsum256(macc[r]);
+}
+
+INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
+                 float *out) {
+    const __m512i m4 = _mm512_set1_epi8(15), m3 = _mm512_set1_epi8(3);
+    /* the high bits of the two halves of each 64 values sit 2 bits apart in qh */
+    const __m512i sh_lo = words(0, 2, 16), sh_hi = words(4, 6, 16);
+    __m512i sidx[4]; /* values 64k..64k+63 take scales 4k..4k+3, one per 16 (8 words) */
+    for (int k = 0; k < 4; k++) sidx[k] = words(4 * k, 4 * k + 2, 8);
+    __m512 acc[QMAX_R];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * 210;
+        Q_PREFETCH(blk, 210);
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+        __m512i sc512 = _mm512_castsi256_si512(sc16);
+        __m512i q[4], sc[4];
+        for (int n = 0; n < 2; n++) {
+            __m512i l = _mm512_loadu_si512(blk + 64 * n);
+            __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n)));
+            q[2 * n] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(
+                _mm512_and_si512(_mm512_srlv_epi16(h, sh_lo), m3), 4));
+            q[2 * n + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                           _mm512_slli_epi16(_mm512_and_si512(
+                                               _mm512_srlv_epi16(h, sh_hi), m3), 4));
+        }
+        for (int k = 0; k < 4; k++) sc[k] = _mm512_permutexvar_epi16(sidx[k], sc512);
+        float d = f16(blk + 208);
+        for (int r = 0; r < R; r++) {
+            const qa256 *a = ROW(act, astride, r) + b;
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k += 2) {
+                __m512i p0 = _mm512_maddubs_epi16(q[k], _mm512_loadu_si512(a->qs + 64 * k));
+                __m512i p1 = _mm512_maddubs_epi16(q[k + 1], _mm512_loadu_si512(a->qs + 64 * k + 64));
+                s0 = _mm512_dpwssd_epi32(s0, p0, sc[k]);
+                s1 = _mm512_dpwssd_epi32(s1, p1, sc[k + 1]);
+            }
+            /* the -32 of every value: 32 * sum(scale * sum of 16), exactly, into lanes 0..7 */
+            __m256i o = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), sc16);
+            __m512i s = _mm512_sub_epi32(_mm512_add_epi32(s0, s1),
+                                         _mm512_zextsi256_si512(_mm256_slli_epi32(o, 5)));
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * a->d), _mm512_cvtepi32_ps(s), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+#define B_Q4_K(R) dot_q45k(w, nb, act, astride, R, out, 0)
+#define B_Q5_K(R) dot_q45k(w, nb, act, astride, R, out, 1)
+#define B_Q6_K(R) dot_q6k(w, nb, act, astride, R, out)
+Q_ENTRY(TGT, q_dot_q4_k_avx512, B_Q4_K)
+Q_ENTRY(TGT, q_dot_q5_k_avx512, B_Q5_K)
+Q_ENTRY(TGT, q_dot_q6_k_avx512, B_Q6_K)
+#endif /* Q_HAVE_AVX2 */
