@@ -101,13 +101,22 @@ G_TGT static void block(const ferry_weight *w, int64_t o0, int64_t n, const uint
         _tile_stored(1, c[1], 64);
         _tile_stored(2, c[2], 64);
         _tile_stored(3, c[3], 64);
-        for (int t = 0; t < 4; t++) { /* c[t][o][r]: weight group t / 2, row group g + t % 2 */
+        /* c[t][o][r]: weight group t / 2, row group g + t % 2; each row r of y gets its 16
+         * outputs in one store (y's rows lie a multiple of 4 KB apart in the default model's
+         * shapes: storing them value by value down a column thrashed one L1 set) */
+        const __m512i down = _mm512_mullo_epi32(_mm512_set1_epi32(G_T),
+                                                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9,
+                                                                  10, 11, 12, 13, 14, 15));
+        for (int t = 0; t < 4; t++) {
             int64_t ob = o0 + (t / 2) * G_T, rb = (g + t % 2) * G_T;
-            for (int o = 0; o < G_T && ob + o < o0 + n; o++) {
-                float add = bias ? bias[ob + o] : 0.f;
-                for (int r = 0; r < G_T && rb + r < rows; r++)
-                    y[(rb + r) * y_stride + ob + o] = c[t][o * G_T + r] + add;
-            }
+            int64_t no = o0 + n - ob < G_T ? o0 + n - ob : G_T;
+            int64_t nr = rows - rb < G_T ? rows - rb : G_T;
+            if (no <= 0 || nr <= 0) continue;
+            __mmask16 m = (__mmask16)((1u << no) - 1);
+            __m512 add = bias ? _mm512_maskz_loadu_ps(m, bias + ob) : _mm512_setzero_ps();
+            for (int64_t r = 0; r < nr; r++)
+                _mm512_mask_storeu_ps(y + (rb + r) * y_stride + ob, m,
+                                      _mm512_add_ps(_mm512_i32gather_ps(down, c[t] + r, 4), add));
         }
     }
 }
