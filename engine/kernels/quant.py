@@ -124,7 +124,6 @@ def _check(rc: int, what: str) -> None:
 
 
 PATHS = ("plain", "avx2", "avx-vnni", "avx512-vnni")  # the native dot products, slowest first
-WIDE_TYPES = (Q4_K, Q5_K, Q6_K)  # the types with AVX-512 dot products; the others run AVX-VNNI
 _cap = len(PATHS) - 1
 
 
@@ -134,10 +133,10 @@ def kernel_path(qtype: int | None = None) -> str:
     lib = _lib()
     if lib is None:
         return "torch"
-    path = PATHS[lib.ferry_qpath(_cap)]
-    if path == "avx512-vnni" and qtype is not None and qtype not in WIDE_TYPES:
-        return "avx-vnni"
-    return path
+    path = lib.ferry_qpath(_cap)
+    if qtype is not None and supported(qtype):
+        path = lib.ferry_qtype_path(qtype)
+    return PATHS[path]
 
 
 def force_path(name: str | None) -> str:

@@ -40,9 +40,13 @@ int ferry_qdequantize(const ferry_weight *w, const int64_t *ids, int64_t n, void
 int ferry_qquantize(const float *x, int64_t rows, int64_t in, int qtype, void *out);
 
 /* which dot products ferry_qmatmul runs: 0 plain C, 1 AVX2, 2 AVX-VNNI, 3 AVX-512
- * VNNI (the K-quants; the other types run AVX-VNNI there). cap: the most it may
+ * VNNI (the K-quants; the other types run AVX-VNNI or AVX2 there). cap: the most it may
  * use from now on (the tests compare the paths on one machine), -1 the CPU's best; returns
  * the path that will run */
 int ferry_qpath(int cap);
+
+/* the path ferry_qmatmul runs for weights of `qtype` now (the K-quants alone have AVX-512
+ * dot products), -1 for a type it does not take */
+int ferry_qtype_path(int qtype);
 
 #endif /* FERRY_QUANT_H */

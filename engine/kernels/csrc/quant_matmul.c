@@ -31,41 +31,55 @@ const qtype_info *q_info(int qtype) {
     return NULL;
 }
 
-/* the best path this CPU runs: 0 plain C, 1 AVX2 (+FMA, F16C), 2 AVX-VNNI, 3 AVX-512 VNNI
- * (with BW and VL) as well */
-static int cpu_path(void) {
+/* the paths this CPU runs, bit p for path p: 0 plain C, 1 AVX2 (with FMA and F16C), 2 AVX-VNNI,
+ * 3 AVX-512 VNNI (with BW and VL). A CPU may have 3 and not 2 (Ice Lake, Zen 4): there the
+ * types without AVX-512 dot products run AVX2. */
+static int cpu_paths(void) {
+    static int has = -1;
+    if (has < 0) {
+        int h = 1;
 #ifdef Q_HAVE_AVX2
-    static int best = -1;
-    if (best < 0) {
         __builtin_cpu_init();
-        best = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
-        if (best && __builtin_cpu_supports("avxvnni")) best = 2;
-        if (best == 2 && __builtin_cpu_supports("avx512bw") &&
-            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
-            best = 3;
-    }
-    return best;
-#else
-    return 0;
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+            __builtin_cpu_supports("f16c")) {
+            h |= 2;
+            if (__builtin_cpu_supports("avxvnni")) h |= 4;
+            if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                __builtin_cpu_supports("avx512vnni"))
+                h |= 8;
+        }
 #endif
+        has = h;
+    }
+    return has;
 }
 
 static int path_cap = 3; /* the most ferry_qpath lets ferry_qmatmul use */
 
-int ferry_qpath(int cap) {
-    path_cap = cap < 0 ? 3 : cap;
-    return cpu_path() < path_cap ? cpu_path() : path_cap;
+int q_active_path(void) {
+    int p = path_cap;
+    while (p > 0 && !(cpu_paths() >> p & 1)) p--;
+    return p;
 }
 
-int q_active_path(void) { return cpu_path() < path_cap ? cpu_path() : path_cap; }
+int ferry_qpath(int cap) {
+    path_cap = cap < 0 || cap > 3 ? 3 : cap;
+    return q_active_path();
+}
 
 static qdot_fn pick(const qtype_info *info) {
     int p = q_active_path();
     if (p == 3 && info->avx512) return info->avx512;
-    if (p >= 2 && info->vnni) return info->vnni;
+    if (p >= 2 && info->vnni && (cpu_paths() & 4)) return info->vnni;
     if (p >= 1 && info->avx2) return info->avx2;
     return info->plain;
+}
+
+int ferry_qtype_path(int qtype) {
+    const qtype_info *info = q_info(qtype);
+    if (!info) return -1;
+    qdot_fn f = pick(info);
+    return f == info->avx512 ? 3 : f == info->vnni ? 2 : f == info->avx2 ? 1 : 0;
 }
 
 int q_valid(const ferry_weight *w, const qtype_info **info) {
