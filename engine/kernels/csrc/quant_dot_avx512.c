@@ -50,12 +50,11 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
                   float *out, const int five) {
     const int bytes = five ? 176 : 144;
     const __m512i m4 = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
-    /* chunk c's 64 values take scale 2c (first 32) and 2c + 1; the mins pair up the sums of 16 */
-    __m512i sidx[4], hshift[4];
-    for (int c = 0; c < 4; c++) {
-        sidx[c] = words(2 * c, 2 * c + 1, 16);
-        hshift[c] = words(2 * c, 2 * c + 1, 16);
-    }
+    /* chunk c's 64 values: the first 32 take scale 2c and Q5_K's bit 2c of qh, the next 32
+     * scale and bit 2c + 1 (one vector serves as vpermw indices and vpsrlvw counts); the mins
+     * pair up the sums of 16 */
+    __m512i pair[4];
+    for (int c = 0; c < 4; c++) pair[c] = words(2 * c, 2 * c + 1, 16);
     const __m256i midx = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14,
                                            15, 15);
     __m512 acc[QMAX_R];
@@ -80,8 +79,8 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
             q[c] = _mm512_and_si512(v, m4);
             if (five)
                 q[c] = _mm512_or_si512(q[c], _mm512_slli_epi16(_mm512_and_si512(
-                    _mm512_srlv_epi16(hb, hshift[c]), one), 4));
-            sc[c] = _mm512_permutexvar_epi16(sidx[c], sm512);
+                    _mm512_srlv_epi16(hb, pair[c]), one), 4));
+            sc[c] = _mm512_permutexvar_epi16(pair[c], sm512);
         }
         float d = f16(blk), dmin = f16(blk + 2);
         for (int r = 0; r < R; r++) {
