@@ -1,6 +1,19 @@
 /* Decode attention straight from the paged KV pool (no gather copy). */
 #include "kernels.h"
 
+/* row p of a sequence's K (half 0) or V (half 1) for kv head g, as float32: the pool's own
+ * bytes where it holds float32 (no copy), else converted into `buf` */
+static inline const float *kv_row(const void *pool, int pool_dt, const int32_t *pages, int p,
+                                  int half, int g, int kv_heads, int page_size, int dim,
+                                  float *buf) {
+    size_t block = ((size_t)pages[p / page_size] * 2 + half) * kv_heads + g;
+    const char *row = (const char *)pool + (block * page_size + p % page_size) * dim *
+                                               ferry_elem(pool_dt);
+    if (pool_dt == FERRY_F32) return (const float *)row;
+    ferry_load_row(row, pool_dt, buf, dim);
+    return buf;
+}
+
 /* One new token per sequence over its cached K/V. Sequence s has kv_lens[s] positions on
  * pages page_ids[page_starts[s]...]; its query heads are rows of q (q_stride elements apart),
  * head h attends with kv head h / (heads/kv_heads). Scores, softmax and the weighted sum run
@@ -40,12 +53,10 @@ int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
 #ifdef FERRY_AVX2
             if (dim % 8 == 0) /* eight positions at a time: one reduction for 8 dots */
                 for (; p0 + 8 <= len; p0 += 8) {
-                    for (int k = 0; k < 8; k++) {
-                        int p = p0 + k;
-                        size_t block = ((size_t)pages[p / page_size] * 2 + 0) * kv_heads + g;
-                        ferry_load_row((const char *)pool + (block * page_size + p % page_size) * dim * pes,
-                                       pool_dt, kf + k * dim, dim);
-                    }
+                    const float *kr[8];
+                    for (int k = 0; k < 8; k++)
+                        kr[k] = kv_row(pool, pool_dt, pages, p0 + k, 0, g, kv_heads, page_size,
+                                       dim, kf + k * dim);
                     for (int j = 0; j < group; j++) {
                         const float *qj = qf + j * dim;
                         __m256 dots[8];
@@ -53,7 +64,7 @@ int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
                             __m256 a = _mm256_setzero_ps();
                             for (int i = 0; i < dim; i += 8)
                                 a = _mm256_fmadd_ps(_mm256_loadu_ps(qj + i),
-                                                    _mm256_loadu_ps(kf + k * dim + i), a);
+                                                    _mm256_loadu_ps(kr[k] + i), a);
                             dots[k] = a;
                         }
                         _mm256_storeu_ps(scores + (size_t)j * len + p0,
@@ -62,14 +73,13 @@ int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
                 }
 #endif
             for (int p = p0; p < len; p++) {
-                size_t block = ((size_t)pages[p / page_size] * 2 + 0) * kv_heads + g;
-                ferry_load_row((const char *)pool + (block * page_size + p % page_size) * dim * pes,
-                               pool_dt, kf, dim);
+                const float *kr = kv_row(pool, pool_dt, pages, p, 0, g, kv_heads, page_size, dim,
+                                         kf);
                 for (int j = 0; j < group; j++) {
                     const float *qj = qf + j * dim;
                     float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-                    for (int i = 0; i < dim; i++) dot += qj[i] * kf[i];
+                    for (int i = 0; i < dim; i++) dot += qj[i] * kr[i];
                     scores[(size_t)j * len + p] = dot * scale;
                 }
             }
@@ -121,13 +131,12 @@ int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
 #endif
             memset(acc, 0, (size_t)group * dim * sizeof(float));
             for (int p = 0; p < len; p++) {
-                size_t block = ((size_t)pages[p / page_size] * 2 + 1) * kv_heads + g;
-                ferry_load_row((const char *)pool + (block * page_size + p % page_size) * dim * pes,
-                               pool_dt, kf, dim);
+                const float *vr = kv_row(pool, pool_dt, pages, p, 1, g, kv_heads, page_size, dim,
+                                         kf);
                 for (int j = 0; j < group; j++) {
                     float w = scores[(size_t)j * len + p], *aj = acc + j * dim;
 #pragma omp simd
-                    for (int i = 0; i < dim; i++) aj[i] += w * kf[i];
+                    for (int i = 0; i < dim; i++) aj[i] += w * vr[i];
                 }
             }
             for (int j = 0; j < group; j++)
