@@ -25,6 +25,22 @@ QD_INL __m128i QS_CAT2(bf16x8_, QD_SUFFIX)(__m256 v) {
 QD_INL void QS_CAT2(store16x2_, QD_SUFFIX)(void *dst, int64_t at, int bf, __m256i q, __m256 d01,
                                              __m256 d23, __m256 m, int op) {
     __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+#if QD_CVT512
+    if (bf) { /* the same float32 operations 16 at a time, and one rounding for all 32 */
+        __m512 v[2] = {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)),
+                       _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi))};
+        __m512 d[2] = {_mm512_broadcastss_ps(_mm256_castps256_ps128(d01)),
+                       _mm512_broadcastss_ps(_mm256_castps256_ps128(d23))};
+        __m512 m16 = _mm512_broadcastss_ps(_mm256_castps256_ps128(m));
+        for (int k = 0; k < 2; k++) {
+            v[k] = _mm512_mul_ps(d[k], v[k]);
+            if (op > 0) v[k] = _mm512_add_ps(v[k], m16);
+            if (op < 0) v[k] = _mm512_sub_ps(v[k], m16);
+        }
+        _mm512_storeu_si512((uint16_t *)dst + at, (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]));
+        return;
+    }
+#endif
     __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
     for (int k = 0; k < 4; k++) {
         __m256 v = _mm256_mul_ps(k < 2 ? d01 : d23,
@@ -53,6 +69,7 @@ QD_TGT int QS_CAT2(q_deq_row_, QD_SUFFIX)(int qt, const uint8_t *src, int64_t in
         int bytes = qt == QT_Q4_0 ? 18 : qt == QT_Q5_0 ? 22 : qt == QT_Q8_0 ? 34 : 20;
         for (int64_t b = 0; b < in / 32; b++) {
             const uint8_t *k = src + b * bytes;
+            Q_PREFETCH(k, bytes);
             __m256 m = qt == QT_Q4_1 ? _mm256_set1_ps(f16(k + 2)) : zero;
             QS_CAT2(store32_, QD_SUFFIX)(dst, 32 * b, bf, decode32(k, qt), _mm256_set1_ps(f16(k)),
                                          m, qt == QT_Q4_1);
@@ -64,6 +81,7 @@ QD_TGT int QS_CAT2(q_deq_row_, QD_SUFFIX)(int qt, const uint8_t *src, int64_t in
         const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
         for (int64_t b = 0; b < in / 256; b++) {
             const uint8_t *k = src + b * bytes, *qs = k + (five ? 48 : 16);
+            Q_PREFETCH(k, bytes);
             float d = f16(k), dmin = f16(k + 2);
             uint8_t sc[8], mn[8];
             q_scale_min_k4(k + 4, sc, mn);
@@ -86,6 +104,7 @@ QD_TGT int QS_CAT2(q_deq_row_, QD_SUFFIX)(int qt, const uint8_t *src, int64_t in
         const __m256i k32 = _mm256_set1_epi8(32);
         for (int64_t b = 0; b < in / 256; b++) {
             const uint8_t *k = src + b * 210;
+            Q_PREFETCH(k, 210);
             const int8_t *sc = (const int8_t *)k + 192;
             float d = f16(k + 208);
             for (int n = 0; n < 2; n++) {
