@@ -12,18 +12,7 @@
 #define INL static inline __attribute__((always_inline)) TGT
 #define ROW(act, astride, r) ((const qa256 *)((const char *)(act) + (int64_t)(r) * (astride)))
 
-INL float f16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
-INL float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#include "quant_x86.h"
 
 /* 32 words (vpermw indices, vpsrlvw counts): words 0..15 count up from lo, words 16..31 from
  * hi, by one every `step` words */
@@ -31,6 +20,19 @@ INL __m512i words(int lo, int hi, int step) {
     int16_t v[32];
     for (int i = 0; i < 32; i++) v[i] = (int16_t)((i < 16 ? lo : hi) + (i % 16) / step);
     return _mm512_loadu_si512(v);
+}
+
+/* sum over a block's four chunks of 64 values of scale x (q x y), y the block's activation
+ * bytes, in 16 int32 lanes (two chains) */
+INL __m512i block_sum(const __m512i q[4], const __m512i sc[4], const int8_t *y) {
+    __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+    for (int c = 0; c < 4; c += 2) {
+        __m512i p0 = _mm512_maddubs_epi16(q[c], _mm512_loadu_si512(y + 64 * c));
+        __m512i p1 = _mm512_maddubs_epi16(q[c + 1], _mm512_loadu_si512(y + 64 * c + 64));
+        s0 = _mm512_dpwssd_epi32(s0, p0, sc[c]);
+        s1 = _mm512_dpwssd_epi32(s1, p1, sc[c + 1]);
+    }
+    return _mm512_add_epi32(s0, s1);
 }
 
 /* Q4_K / Q5_K scales and mins of one block: 16 words, the 8 scales then the 8 mins */
@@ -69,13 +71,15 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
         __m256i sm = k4_scales_mins(blk + 4);
         __m512i sm512 = _mm512_castsi256_si512(sm);
         __m256i mins = _mm256_permutexvar_epi16(midx, sm);
-        __m512i hb = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
+        __m512i hb = five ? _mm512_broadcast_i64x4(
+                                _mm256_loadu_si256((const __m256i *)(blk + 16)))
                           : _mm512_setzero_si512();
         __m512i q[4], sc[4];
         for (int c = 0; c < 4; c++) {
             /* 64 values of chunk c: the low nibbles of its 32 bytes, then the high ones */
             __m256i t = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(t), _mm256_srli_epi16(t, 4), 1);
+            __m512i v =
+                _mm512_inserti64x4(_mm512_castsi256_si512(t), _mm256_srli_epi16(t, 4), 1);
             q[c] = _mm512_and_si512(v, m4);
             if (five)
                 q[c] = _mm512_or_si512(q[c], _mm512_slli_epi16(_mm512_and_si512(
@@ -85,20 +89,13 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
         float d = f16(blk), dmin = f16(blk + 2);
         for (int r = 0; r < R; r++) {
             const qa256 *a = ROW(act, astride, r) + b;
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-            for (int c = 0; c < 4; c += 2) { /* two chains */
-                __m512i p0 = _mm512_maddubs_epi16(q[c], _mm512_loadu_si512(a->qs + 64 * c));
-                __m512i p1 = _mm512_maddubs_epi16(q[c + 1], _mm512_loadu_si512(a->qs + 64 * c + 64));
-                s0 = _mm512_dpwssd_epi32(s0, p0, sc[c]);
-                s1 = _mm512_dpwssd_epi32(s1, p1, sc[c + 1]);
-            }
-            __m512i s = _mm512_add_epi32(s0, s1);
+            __m512i s = block_sum(q, sc, a->qs);
             acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * a->d), _mm512_cvtepi32_ps(s), acc[r]);
             __m256i m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), mins);
             macc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * a->d), _mm256_cvtepi32_ps(m), macc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]) - hsum256(macc[r]);
+    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]) - hsum(macc[r]);
 }
 
 INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
@@ -118,7 +115,8 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
         __m512i q[4], sc[4];
         for (int n = 0; n < 2; n++) {
             __m512i l = _mm512_loadu_si512(blk + 64 * n);
-            __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n)));
+            __m512i h = _mm512_broadcast_i64x4(
+                _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n)));
             q[2 * n] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(
                 _mm512_and_si512(_mm512_srlv_epi16(h, sh_lo), m3), 4));
             q[2 * n + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
@@ -129,16 +127,9 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
         float d = f16(blk + 208);
         for (int r = 0; r < R; r++) {
             const qa256 *a = ROW(act, astride, r) + b;
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-            for (int k = 0; k < 4; k += 2) {
-                __m512i p0 = _mm512_maddubs_epi16(q[k], _mm512_loadu_si512(a->qs + 64 * k));
-                __m512i p1 = _mm512_maddubs_epi16(q[k + 1], _mm512_loadu_si512(a->qs + 64 * k + 64));
-                s0 = _mm512_dpwssd_epi32(s0, p0, sc[k]);
-                s1 = _mm512_dpwssd_epi32(s1, p1, sc[k + 1]);
-            }
             /* the -32 of every value: 32 * sum(scale * sum of 16), exactly, into lanes 0..7 */
             __m256i o = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), sc16);
-            __m512i s = _mm512_sub_epi32(_mm512_add_epi32(s0, s1),
+            __m512i s = _mm512_sub_epi32(block_sum(q, sc, a->qs),
                                          _mm512_zextsi256_si512(_mm256_slli_epi32(o, 5)));
             acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * a->d), _mm512_cvtepi32_ps(s), acc[r]);
         }

@@ -15,18 +15,7 @@
 #define INL static inline __attribute__((always_inline)) TGT
 #define ROW(act, astride, r) ((const char *)(act) + (int64_t)(r) * (astride))
 
-INL float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-INL float f16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
+#include "quant_x86.h"
 
 /* 16 bytes of nibbles -> 32 bytes: the low nibbles (values 0..15), then the high ones */
 INL __m256i nibbles(const uint8_t *qs) {
