@@ -1,14 +1,19 @@
 /* Decode attention straight from the paged KV pool (no gather copy). */
 #include "kernels.h"
 
-/* row p of a sequence's K (half 0) or V (half 1) for kv head g, as float32: the pool's own
- * bytes where it holds float32 (no copy), else converted into `buf` */
+/* where row p of a sequence's K (half 0) or V (half 1) for kv head g lies in the pool */
+static inline const char *kv_at(const void *pool, int pool_dt, const int32_t *pages, int p,
+                                int half, int g, int kv_heads, int page_size, int dim) {
+    size_t block = ((size_t)pages[p / page_size] * 2 + half) * kv_heads + g;
+    return (const char *)pool + (block * page_size + p % page_size) * dim * ferry_elem(pool_dt);
+}
+
+/* that row as float32: the pool's own bytes where it holds float32 (no copy), else converted
+ * into `buf` */
 static inline const float *kv_row(const void *pool, int pool_dt, const int32_t *pages, int p,
                                   int half, int g, int kv_heads, int page_size, int dim,
                                   float *buf) {
-    size_t block = ((size_t)pages[p / page_size] * 2 + half) * kv_heads + g;
-    const char *row = (const char *)pool + (block * page_size + p % page_size) * dim *
-                                               ferry_elem(pool_dt);
+    const char *row = kv_at(pool, pool_dt, pages, p, half, g, kv_heads, page_size, dim);
     if (pool_dt == FERRY_F32) return (const float *)row;
     ferry_load_row(row, pool_dt, buf, dim);
     return buf;
@@ -113,9 +118,8 @@ int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
                         for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
                         const float *sc = scores + (size_t)j * len;
                         for (int p = 0; p < len; p++) {
-                            size_t block = ((size_t)pages[p / page_size] * 2 + 1) * kv_heads + g;
-                            const char *row = (const char *)pool +
-                                ((block * page_size + p % page_size) * dim + c) * pes;
+                            const char *row = kv_at(pool, pool_dt, pages, p, 1, g, kv_heads,
+                                                    page_size, dim) + c * pes;
                             __m256 w = _mm256_set1_ps(sc[p]);
                             for (int k = 0; k < 8; k++)
                                 a[k] = _mm256_fmadd_ps(w, ferry_load8(row, pool_dt, k * 8), a[k]);
