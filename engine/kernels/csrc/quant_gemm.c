@@ -1,8 +1,9 @@
 /* ferry_qgemm_bf16: y = x @ W.T over block-quantized W for tens of rows (big decode rounds;
- * quant.py leaves longer prefill chunks to torch's oneDNN, faster there) in Intel AMX tiles. One OpenMP region: the activation rows are rounded to
- * bfloat16 once, in the pair layout AMX wants for its B operand; then each thread dequantizes
- * 32 weight rows at a time into its own scratch (the whole float weight never exists) and
- * multiplies them with every activation row by tdpbf16ps (bf16 pairs, float32 sums).
+ * quant.py leaves longer prefill chunks to torch's oneDNN, faster there) in Intel AMX tiles.
+ * One OpenMP region: the activation rows are rounded to bfloat16 once, in the pair layout
+ * AMX wants for its B operand; then each thread dequantizes 32 weight rows at a time into
+ * its own scratch (the whole float weight never exists) and multiplies them with every
+ * activation row by tdpbf16ps (bf16 pairs, float32 sums).
  * W's rows are the A operand (row-major, as dequantized), x the B operand, so a C tile holds
  * 16 outputs x 16 rows and is written to y transposed. */
 #define _GNU_SOURCE /* syscall() */
@@ -81,6 +82,10 @@ G_TGT static void block(const ferry_weight *w, int64_t o0, int64_t n, const uint
                    wb + k * in, tmp);
     if (n < G_O) memset(wb + n * in, 0, (size_t)((G_O - n) * in) * 2);
     float c[4][G_T * G_T];
+    /* c[t][o * G_T + r] for o = 0..15: one row r's outputs */
+    const __m512i down = _mm512_mullo_epi32(_mm512_set1_epi32(G_T),
+                                            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+                                                              11, 12, 13, 14, 15));
     for (int64_t g = 0; g < groups; g += 2) {
         const uint16_t *b0 = xp + g * chunks * (G_T * G_K), *b1 = b0 + chunks * (G_T * G_K);
         _tile_zero(0);
@@ -104,9 +109,6 @@ G_TGT static void block(const ferry_weight *w, int64_t o0, int64_t n, const uint
         /* c[t][o][r]: weight group t / 2, row group g + t % 2; each row r of y gets its 16
          * outputs in one store (y's rows lie a multiple of 4 KB apart in the default model's
          * shapes: storing them value by value down a column thrashed one L1 set) */
-        const __m512i down = _mm512_mullo_epi32(_mm512_set1_epi32(G_T),
-                                                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9,
-                                                                  10, 11, 12, 13, 14, 15));
         for (int t = 0; t < 4; t++) {
             int64_t ob = o0 + (t / 2) * G_T, rb = (g + t % 2) * G_T;
             int64_t no = o0 + n - ob < G_T ? o0 + n - ob : G_T;
