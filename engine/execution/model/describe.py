@@ -27,10 +27,7 @@ def describe_weights(model: LlamaForCausalLM, source: str = "") -> str:
         what = f"GGUF {what}"
     elif source:
         what = f"{source} quantized to {what} at load"
-    from engine.kernels import quant
-
-    qtypes = {q for k in [*kinds, *head.split("/")] if (q := quant.type_id(k)) is not None}
-    return f"{what}, {_kernels(qtypes)}, {size}"
+    return f"{what}, {_kernels([*kinds, *head.split('/')])}, {size}"
 
 
 def describe_file(path: str | Path, dtype: str = "auto", device: str = "cpu",
@@ -47,7 +44,7 @@ def describe_file(path: str | Path, dtype: str = "auto", device: str = "cpu",
     if path.suffix != ".gguf":
         if mode is None:
             return f"safetensors {name}"
-        return f"safetensors quantized to {mode.upper()} at load, {_kernels()}"
+        return f"safetensors quantized to {mode.upper()} at load, {_kernels([mode.upper()])}"
     from engine.execution.gguf_file import GGUFFile
 
     file = GGUFFile(path)
@@ -58,25 +55,24 @@ def describe_file(path: str | Path, dtype: str = "auto", device: str = "cpu",
     from engine.kernels import quant
 
     layers: dict[str, int] = {}
-    qtypes = set()
     for key, t in file.tensors.items():
         if key.startswith("model.layers.") and len(t.shape) == 2:
             kind = quant.type_name(t.qtype)
             layers[kind] = layers.get(kind, 0) + t.nbytes
-            qtypes.add(t.qtype)
     head = file.tensors.get("lm_head.weight", file.tensors["model.embed_tokens.weight"])
     kinds = [k for k, _ in sorted(layers.items(), key=lambda kv: -kv[1])]
     head_kind = quant.type_name(head.qtype)
-    qtypes.add(head.qtype)
     what = " + ".join(kinds) if head_kind in kinds[:1] else \
         f"{' + '.join(kinds)} + {head_kind} head"
-    return f"GGUF {what}, {_kernels(qtypes)}, {file.total_bytes() / 1e6:.0f} MB"
+    return f"GGUF {what}, {_kernels([*kinds, head_kind])}, {file.total_bytes() / 1e6:.0f} MB"
 
 
-def _kernels(qtypes: set[int] | None = None) -> str:
-    """The dot products that run for weights of these types (None: the CPU's best)."""
+def _kernels(type_names: list[str] | None = None) -> str:
+    """The dot products that run for weights of these types ("Q4_K", ...; None: the CPU's
+    best)."""
     from engine.kernels import quant
 
+    qtypes = {q for k in type_names or [] if (q := quant.type_id(k)) is not None}
     paths = {quant.kernel_path(q) for q in qtypes} if qtypes else {quant.kernel_path()}
     names = [p for p in reversed(quant.PATHS) if p in paths] or sorted(paths)
     if len(names) == 1:
