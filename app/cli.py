@@ -13,7 +13,7 @@ from app.commands import users as users_cli
 from app.config_sources import format_config, load_settings
 from app.paths import HOME_ENV, get_paths
 from app.settings import DTYPES, QUANTIZE, Settings, SettingsError
-from engine import ADMISSIONS, POLICIES
+from engine import ADMISSIONS, POLICIES, CpuLevelError, apply_cpu_cap
 
 EXIT_USAGE = 2  # bad settings or a serve that cannot start (argparse uses 2 as well)
 # These hand their whole argv to code that owns its own parser (and --help).
@@ -186,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def dispatch(argv: list[str]) -> int:
+    try:
+        apply_cpu_cap()  # FERRY_CPU: torch reads its ISA variables when it loads, so first
+    except CpuLevelError as exc:
+        return fail(argv[0] if argv else "", str(exc))
     if argv and argv[0] in PASSTHROUGH:
         return passthrough(argv[0], argv[1:])
     try:

@@ -10,6 +10,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from engine.config import ADMISSIONS, POLICIES, AdmissionOrder, ConfigError, EngineConfig, Policy
+from engine.kernels.cpu_level import CpuLevelError
+from engine.kernels.cpu_level import apply_torch_env as apply_cpu_cap
+from engine.kernels.cpu_level import describe as describe_cpu_level
 from engine.runtime.engine import Engine, QueueFull
 from engine.runtime.events import FinalEvent, Timings, TokenEvent, Usage
 from engine.runtime.handle import RequestHandle, TextDelta
@@ -59,11 +62,12 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ADMISSIONS", "MAX_LOGPROBS", "POLICIES", "SEED_MAX", "SEED_MIN", "AdmissionOrder",
-    "ConfigError", "Engine", "EngineConfig",
+    "ConfigError", "CpuLevelError", "Engine", "EngineConfig",
     "EngineSnapshot", "FinalEvent", "FinishReason", "KVView", "MetricsView", "ModelExecutor",
     "ModelNotFound", "Policy", "QueueFull", "RequestError", "RequestHandle", "RequestView",
     "RoundView", "SamplingParams", "TextDelta", "Timings", "TokenEvent", "TokenLogprob",
     "Tokenizer", "Usage",
-    "WaitReason", "cpu_has_native_bf16", "describe_model_file", "kernel_status", "onednn_works",
+    "WaitReason", "apply_cpu_cap", "cpu_has_native_bf16", "describe_cpu_level",
+    "describe_model_file", "kernel_status", "onednn_works",
     "set_kernel_build_dir",
 ]

@@ -47,6 +47,10 @@ def torch_checks(settings: Settings) -> Iterator[Check]:
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, " \
         f"{torch.backends.cpu.get_cpu_capability()}"
     yield Check("ok", "device", f"{device} ({name})")
+    if not device.startswith("cuda"):
+        from engine import describe_cpu_level
+
+        yield Check("ok", "cpu level", describe_cpu_level())
     if device.startswith("cuda"):
         bf16 = torch.cuda.is_bf16_supported()
         status: Status = "ok" if bf16 else ("fail" if settings.dtype == "bfloat16" else "warn")

@@ -20,6 +20,8 @@ from typing import TypeVar
 
 import torch
 
+from engine.kernels import cpu_level
+
 T = TypeVar("T")
 
 
@@ -33,7 +35,9 @@ def default_threads() -> int:
 @functools.cache
 def cpu_has_native_bf16() -> bool:
     """True when the CPU computes bf16 in hardware (AVX512-BF16 or AMX); else bf16 is emulated
-    and its matrix products are slower than float32 ones."""
+    and its matrix products are slower than float32 ones. FERRY_CPU below amx: emulated."""
+    if not cpu_level.allows_bf16():
+        return False
     try:
         if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
             return True

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from engine.kernels import cdecl
+from engine.kernels import cdecl, cpu_level
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,9 @@ def _compiler() -> str | None:
 
 
 def _flags(libdir: Path) -> tuple[list[str], list[str]]:
-    compile_flags = ["-O3", "-march=native", "-fPIC", "-fopenmp", "-std=c11"]
+    # FERRY_CPU: a capped build targets the smaller CPU (and is cached under its own key)
+    compile_flags = ["-O3", *cpu_level.march(), *cpu_level.c_defines(), "-fPIC", "-fopenmp",
+                     "-std=c11"]
     gomp = libdir / "libgomp.so.1"
     # torch's own libgomp when it ships one (Linux wheels), else the compiler's
     link = ([str(gomp), f"-Wl,-rpath,{libdir}"] if gomp.exists() else ["-fopenmp"]) + ["-lm"]

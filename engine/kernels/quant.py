@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.kernels import native
+from engine.kernels import cpu_level, native
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 8, 12, 13, 14, 30
 
@@ -124,7 +124,7 @@ def _check(rc: int, what: str) -> None:
 
 
 PATHS = ("plain", "avx2", "avx-vnni", "avx512-vnni")  # the native dot products, slowest first
-_cap = len(PATHS) - 1
+_cap = cpu_level.max_path()  # FERRY_CPU's cap, else the CPU's best
 
 
 def kernel_path(qtype: int | None = None) -> str:
@@ -141,9 +141,11 @@ def kernel_path(qtype: int | None = None) -> str:
 
 def force_path(name: str | None) -> str:
     """Use at most the dot products `name` (one of PATHS; None: the CPU's best), so tests can
-    compare the paths on one machine; returns the path that now runs."""
+    compare the paths on one machine; returns the path that now runs. FERRY_CPU's cap
+    still holds: a path above it is not taken."""
     global _cap
-    _cap = len(PATHS) - 1 if name is None else PATHS.index(name)
+    most = cpu_level.max_path()
+    _cap = most if name is None else min(most, PATHS.index(name))
     return kernel_path()
 
 
@@ -191,7 +193,7 @@ def amx_available() -> bool:
 
 
 def _amx_in_force() -> bool:
-    return _cap == len(PATHS) - 1 and amx_available()
+    return _cap == len(PATHS) - 1 and cpu_level.allows_bf16() and amx_available()
 
 
 @functools.cache
@@ -199,7 +201,8 @@ def tile_dtype() -> torch.dtype:
     """bfloat16 tiles where the CPU multiplies bf16 in AMX tiles (several times float32's
     speed there; products then round to bf16 as Ferry's bf16 mode does), else float32."""
     amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return torch.bfloat16 if amx is not None and amx() else torch.float32
+    native_bf16 = amx is not None and amx() and cpu_level.allows_bf16()
+    return torch.bfloat16 if native_bf16 else torch.float32
 
 
 def many_rows() -> int:

@@ -5,6 +5,15 @@
 
 #include "quant.h"
 
+/* FERRY_CPU's cap (engine/kernels/cpu_level.py defines these only when it takes something
+ * away): the dot-product paths allowed (bit p for path p) and whether bf16/AMX may run */
+#ifndef FERRY_PATH_MASK
+#define FERRY_PATH_MASK 15
+#endif
+#ifndef FERRY_CPU_BF16
+#define FERRY_CPU_BF16 1
+#endif
+
 enum {
     QT_F32 = 0, QT_F16 = 1, QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q5_0 = 6, QT_Q8_0 = 8,
     QT_Q4_K = 12, QT_Q5_K = 13, QT_Q6_K = 14, QT_BF16 = 30

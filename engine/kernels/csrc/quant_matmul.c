@@ -49,7 +49,7 @@ static int cpu_paths(void) {
                 h |= 8;
         }
 #endif
-        has = h;
+        has = h & FERRY_PATH_MASK;
     }
     return has;
 }

@@ -10,7 +10,8 @@ int q_cpu_bf16(void) {
     static int has = -1;
     if (has < 0) {
         __builtin_cpu_init();
-        has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl");
+        has = FERRY_CPU_BF16 && __builtin_cpu_supports("avx512bf16") &&
+              __builtin_cpu_supports("avx512vl");
     }
     return has;
 }
