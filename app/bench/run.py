@@ -188,7 +188,14 @@ def main(argv: list[str]) -> int:
         print(f"ferry bench: {problem}", file=sys.stderr)
         return 2
     from app.paths import get_paths
-    from engine import Engine, ModelExecutor, ModelNotFound, kernel_status, set_kernel_build_dir
+    from engine import (
+        Engine,
+        ModelExecutor,
+        ModelNotFound,
+        describe_cpu_level,
+        kernel_status,
+        set_kernel_build_dir,
+    )
 
     work = Workload(args.requests, args.concurrency, args.prompt, args.output, args.rate,
                     args.shared_prefix, args.seed)
@@ -238,6 +245,7 @@ def main(argv: list[str]) -> int:
     kernels = kernel_status().split(" (")[0]  # native / off / unavailable: why
     if executor.model.fused is not None:
         kernels += ", fused decode layers"
+    kernels += f"; CPU {describe_cpu_level()}"  # every figure says which CPU it came from
     report(results, work, dtype, args.json, kernels, executor.describe())
     return 0
 
