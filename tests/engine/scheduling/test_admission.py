@@ -197,7 +197,7 @@ def test_no_torch_imported() -> None:
     Simulation(parse({"requests": [{"id": "A", "prompt": 2, "output": 2}]})).run()
     assert reservation(make("r", 2, 2), 1) == 2 + 2 + 0
     code = ("import sys; import engine.sim.simulator, engine.runtime.core, "
-            "engine.scheduling.scheduler; "
+            "engine.scheduling.scheduler, engine.speculative, engine.kernels.cpu_level; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     done = subprocess.run([sys.executable, "-c", code], check=False,
                           cwd=Path(__file__).resolve().parents[3])
