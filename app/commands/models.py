@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from app.model_stores import stored_models
 from app.models import (
     DEFAULT_GGUF,
     DEFAULT_NAME,
@@ -45,6 +46,14 @@ def describe(settings: Settings, paths: Paths) -> list[str]:
         lines.append(f"  {folder}" + ("" if entries else ": no models found"))
         for entry in entries:
             lines.append(f"    {entry.name:<32} {human_size(entry.size):>10}  {entry.path}")
+
+    lines.append("Other tools' models (Ollama, LM Studio, the Hugging Face cache)")
+    stored = stored_models()
+    if not stored:
+        lines.append("  none found")
+    for model in stored:
+        lines.append(f"  {model.name:<40} {human_size(model.size):>10}  {model.store}"
+                     + (f"  {model.path}" if model.name != str(model.path) else ""))
 
     try:
         chosen = resolve_model(settings.model)
