@@ -88,7 +88,7 @@ def test_unknown_model_lists_the_known_ones(store: Path) -> None:
 def test_broken_pulls_say_what_is_missing(store: Path) -> None:
     blob = add_ollama(store, "registry.ollama.ai/library/gemma3", "270m", GGUF_BYTES)
     blob.unlink()
-    with pytest.raises(StoreError, match="blob sha256:[0-9a-f]{64} is missing"):
+    with pytest.raises(StoreError, match=r"blob sha256:[0-9a-f]{64} is missing"):
         resolve_ollama("gemma3:270m")
     assert ollama_models() == []  # listed by nobody until it is whole
     bad = store / "manifests/registry.ollama.ai/library/junk/latest"
