@@ -469,14 +469,16 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--headless", "--disable-backg
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """Headless Debian Chromium driven by playwright (one per test module)."""
+def browser(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """Headless Debian Chromium driven by playwright (one per test module); a module's
+    CHROMIUM_EXTRA_ARGS are added to its command line."""
     if not Path(CHROMIUM).exists():
         # make test installs it: absent under CI is a failure, not a skip
         (pytest.fail if os.environ.get("CI") else pytest.skip)(
             f"{CHROMIUM} is missing (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        extra = list(getattr(request.module, "CHROMIUM_EXTRA_ARGS", []))
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS + extra)
         yield browser
         browser.close()

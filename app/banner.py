@@ -38,12 +38,21 @@ def lan_url(settings: Settings) -> str | None:
     return f"http://{url_host(settings.host)}:{settings.port}/"
 
 
+def served_names(settings: Settings) -> list[str]:
+    """The Host names this server answers (web.access.hosts); any other is refused."""
+    from web.access.hosts import HostPolicy
+
+    return HostPolicy.build(settings.shared, settings.allowed_hosts).describe(settings.port)
+
+
 def banner(settings: Settings, model: str, device: str = "", dtype: str = "") -> str:
     """The text printed once the server listens (device "upstream": a front, dtype its URLs)."""
     lines = ["", "  Ferry is serving", f"  Local:   {local_url(settings)}"]
     lan = lan_url(settings)
     if lan:
         lines.append(f"  LAN:     {lan}   (sign-in with an access token required)")
+    lines.append(f"  Hosts:   {', '.join(served_names(settings))}   (others refused; add one "
+                 "with --allowed-host)")
     where = ", ".join(part for part in (device, dtype) if part)
     lines.append(f"  Model:   {model}" + (f" ({where})" if where else ""))
     if device == "upstream":  # no engine here: the upstreams run the model

@@ -101,6 +101,11 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     serve.add_argument("--upstream", action="append", metavar="URL", dest="upstreams",
                        help="serve in front of this OpenAI-compatible server (vLLM, SGLang, "
                             "llama.cpp, Ferry) instead of loading a model; repeatable")
+    serve.add_argument("--allowed-host", action="append", metavar="NAME[:PORT]",
+                       dest="allowed_hosts",
+                       help="also answer requests for this host name (a reverse proxy's or a "
+                            "DNS name; .example.com covers its subdomains); repeatable. Other "
+                            "Host names are refused (DNS rebinding)")
     serve.add_argument("--open", action=argparse.BooleanOptionalAction, default=None,
                        help="open the chat in the default browser once serving")
     serve.add_argument("--config", type=Path, metavar="FILE",
@@ -129,7 +134,8 @@ def passthrough(command: str, argv: list[str]) -> int:
 def serve_flags(args: argparse.Namespace) -> dict[str, object]:
     return {name: getattr(args, name) for name in
             ("host", "port", "model", "dtype", "quantize", "device", "policy", "admission",
-             "max_running", "kv_tokens", "max_prefill_tokens", "open", "upstreams")}
+             "max_running", "kv_tokens", "max_prefill_tokens", "open", "upstreams",
+             "allowed_hosts")}
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -65,6 +65,8 @@ def parse_text(name: str, kind: str, text: str) -> object:
         if word in FALSE_WORDS:
             return False
         return text
+    if name == "allowed_hosts":  # FERRY_ALLOWED_HOSTS: names, comma or space separated
+        return [part for part in text.replace(",", " ").split() if part]
     if kind == "list[str]":
         return [part for part in text.split(os.pathsep) if part]
     if kind == "list[dict[str, object]]":  # FERRY_UPSTREAMS: URLs, space or comma separated

@@ -35,7 +35,8 @@ def web_config(settings: Settings, paths: Paths, model_name: str) -> WebConfig:
                      default_max_tokens=settings.default_max_tokens,
                      chat_system_prompt=settings.chat_system_prompt or None,
                      chat_temperature=float(settings.chat_temperature),
-                     chat_top_p=float(settings.chat_top_p))
+                     chat_top_p=float(settings.chat_top_p),
+                     allowed_hosts=tuple(settings.allowed_hosts))
 
 
 def pick_device(name: str) -> str:

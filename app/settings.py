@@ -92,6 +92,9 @@ class Settings:
     chat_top_p: float = 0.95
     open: bool = False  # open the browser once serving
     model_folders: list[str] = field(default_factory=list)
+    # names served besides loopback, the bound address and (shared) this machine's names:
+    # `name` (any port), `name:port`, `.domain` (and subdomains); a reverse proxy, a DNS name
+    allowed_hosts: list[str] = field(default_factory=list)
     # upstream mode: serve in front of these servers, load no model (app/upstreams.py)
     upstreams: list[dict[str, object]] = field(default_factory=list)
     # where each value came from: "default", "file <path>", "env FERRY_X", "flag --x"
@@ -140,6 +143,11 @@ class Settings:
         if self.quantize != "none" and self.dtype == "bfloat16":
             raise SettingsError("quantize", "quantize keeps float32 activations: use dtype "
                                             "auto or float32 with it")
+        from web.access.hosts import HostError, check_allowed_host
+        try:
+            self.allowed_hosts = [check_allowed_host(h) for h in self.allowed_hosts]
+        except HostError as exc:
+            raise SettingsError("allowed_hosts", str(exc)) from None
         if self.kv_tokens < self.page_size:
             raise SettingsError("kv_tokens", "kv_tokens must hold at least one page (page_size)")
 

@@ -6,10 +6,12 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import jinja2
 from litestar import Litestar, Router
+from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
 from litestar.openapi.config import OpenAPIConfig
 from litestar.plugins.htmx import HTMXPlugin
@@ -19,6 +21,7 @@ from litestar.template.config import TemplateConfig
 
 from engine import Engine, Tokenizer
 from web.access.auth import Auth, AuthMiddleware, csrf_token
+from web.access.hosts import HostGuard, HostPolicy
 from web.api.completions import OpenAIController
 from web.api.controls import EngineController
 from web.api.errors import api_exception_handler
@@ -27,6 +30,7 @@ from web.api.metrics import SystemController, make_registry
 from web.api.requests import RequestsController
 from web.api.schemas import ChatCompletionChunk, Completion, ErrorResponse
 from web.config import WebConfig
+from web.headers import SecurityHeaders
 from web.pages.chat import ChatController
 from web.pages.dashboard import DashboardController
 from web.pages.login import login_router
@@ -71,6 +75,14 @@ def templates_env() -> jinja2.Environment:
     return env
 
 
+async def log_unexpected(exc: Exception, scope: Any) -> None:
+    """Every error that is not an HTTP answer goes to the log (ferry.log) with its
+    traceback, whichever route raised it; the client gets a plain 500."""
+    if not isinstance(exc, HTTPException):
+        log.error("unhandled error in %s %s", scope.get("method", ""), scope.get("path", ""),
+                  exc_info=exc)
+
+
 def create_app(engine: Engine, tokenizer: Tokenizer, config: WebConfig) -> Litestar:
     """The whole web app. Its lifespan starts `engine` (unless already running) and on
     shutdown cancels live replies (their text is saved), stops the engine, closes the store.
@@ -108,9 +120,16 @@ def create_app(engine: Engine, tokenizer: Tokenizer, config: WebConfig) -> Lites
             create_static_files_router("/assets", [*asset_files(config)], name="assets"),
         ],
         lifespan=[lifespan],
-        # AuthMiddleware types its ASGI scope as a plain mapping, not litestar's TypedDicts
-        middleware=[DefineMiddleware(AuthMiddleware,  # type: ignore[arg-type]
+        # outermost first: headers on every answer, then the Host allow-list (before any
+        # route, the API and SSE included), then who is asking. These middlewares type
+        # their ASGI scope as a plain mapping, not litestar's TypedDicts.
+        middleware=[DefineMiddleware(SecurityHeaders),  # type: ignore[arg-type]
+                    DefineMiddleware(HostGuard,  # type: ignore[arg-type]
+                                     policy=HostPolicy.build(config.shared,
+                                                             config.allowed_hosts)),
+                    DefineMiddleware(AuthMiddleware,  # type: ignore[arg-type]
                                      auth=Auth.from_config(config))],
+        after_exception=[log_unexpected],
         plugins=[HTMXPlugin()],
         template_config=TemplateConfig(engine=JinjaTemplateEngine.from_environment(env)),
         openapi_config=OpenAPIConfig(title="Ferry", version="0.1.0",

@@ -28,12 +28,16 @@ class WebConfig:
     chat_system_prompt: str | None = None  # None: the chat template's own default
     save_interval: float = 0.5  # seconds between saves of a streaming reply
     assets_dir: Path | None = None  # node_modules with htmx.org and htmx-ext-sse (None: repo's)
+    # names served besides loopback and the bound address (web.access.hosts): `name` (any
+    # port), `name:port`, `.domain` (and its subdomains); for a reverse proxy or a DNS name
+    allowed_hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # frozen: normalise the paths through object.__setattr__
         object.__setattr__(self, "data_dir", Path(self.data_dir))
         if self.assets_dir is not None:
             object.__setattr__(self, "assets_dir", Path(self.assets_dir))
+        object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
         for name in ("per_user_limit", "max_body_bytes", "max_messages", "max_tokens_limit",
                      "default_max_tokens"):
             if getattr(self, name) < 1:

@@ -129,6 +129,10 @@ def run_checks(settings: Settings | None, paths: Paths, config_error: str | None
     problem = port_problem(settings.host, settings.port)
     checks.append(Check("fail" if problem else "ok", "port",
                         problem or f"{settings.host}:{settings.port} is free"))
+    from app.banner import served_names
+    checks.append(Check("ok", "hosts", "answers Host " + ", ".join(served_names(settings))
+                        + "; others are refused (add one: --allowed-host, "
+                        "FERRY_ALLOWED_HOSTS)"))
     if settings.shared:
         try:
             ok = users_exist(paths)

@@ -73,6 +73,26 @@ def test_banner_shared(monkeypatch: pytest.MonkeyPatch) -> None:
     assert banner.local_url(Settings(host="::1")) == "http://[::1]:8000/"
 
 
+def test_banner_and_settings_name_the_allowed_hosts(tmp_path: Path) -> None:
+    from app.config_sources import load_settings
+    from app.settings import SettingsError
+
+    text = banner.banner(Settings(port=8100), "m")
+    assert "Hosts:   127.0.0.1:8100, localhost:8100, [::1]:8100   (others refused" in text
+    settings = load_settings({"allowed_hosts": ["Chat.Example.com", "box.lan:8443"]},
+                             env={"FERRY_HOME": str(tmp_path)})
+    assert settings.allowed_hosts == ["chat.example.com", "box.lan:8443"]
+    assert "chat.example.com (any port), box.lan:8443" in banner.banner(settings, "m")
+    from_env = load_settings(env={"FERRY_HOME": str(tmp_path),
+                                  "FERRY_ALLOWED_HOSTS": "a.example, b.example:9000"})
+    assert from_env.allowed_hosts == ["a.example", "b.example:9000"]
+    with pytest.raises(SettingsError, match="allowed_hosts"):
+        load_settings({"allowed_hosts": ["http://x/"]}, env={"FERRY_HOME": str(tmp_path)})
+    shared = banner.served_names(Settings(host="0.0.0.0"))
+    import socket
+    assert socket.gethostname().lower() + ":8000" in shared
+
+
 def test_open_browser_uses_webbrowser(monkeypatch: pytest.MonkeyPatch) -> None:
     opened: list[str] = []
     monkeypatch.setattr(banner.webbrowser, "open", opened.append)

@@ -204,6 +204,8 @@ def test_doctor_all_green(capsys: pytest.CaptureFixture[str],
                   "config dir", "cache dir", "log dir", "port"):
         assert label in out
     assert "\u2717" not in out
+    port = os.environ["FERRY_PORT"]
+    assert f"answers Host 127.0.0.1:{port}, localhost:{port}, [::1]:{port}; others" in out
 
 
 def test_doctor_red_on_busy_port_and_bad_config(capsys: pytest.CaptureFixture[str],

@@ -135,7 +135,7 @@ def _unless_store_fails(what: str, call: Callable[[], T]) -> T | None:
 
 # --- helpers on raw ASGI scopes ------------------------------------------------------------
 
-def _header(scope: Scope, name: str) -> str | None:
+def header(scope: Scope, name: str) -> str | None:
     raw = name.encode("latin-1")
     for key, value in scope.get("headers", ()):
         if key.lower() == raw:
@@ -165,15 +165,15 @@ def _norm_host(host: str, scheme: str) -> str:
 
 def is_cross_site(scope: Scope) -> bool:
     """True when the browser says this request was started by another site (or origin)."""
-    site = _header(scope, "sec-fetch-site")
+    site = header(scope, "sec-fetch-site")
     if site is not None:
         return site.strip().lower() not in ("same-origin", "none")
-    origin = _header(scope, "origin")
+    origin = header(scope, "origin")
     if origin is None:
         return False  # not a browser, or an old one on a same-origin GET-like request
     if origin.strip() == "null":
         return True
-    host = _header(scope, "host")
+    host = header(scope, "host")
     if not host:
         return True
     parts = urlsplit(origin.strip())
@@ -304,14 +304,14 @@ class AuthMiddleware:
 
     def identify(self, scope: Scope) -> Caller | None:
         """Who sent this: by bearer token, else by session cookie; None for a bad token."""
-        authorization = _header(scope, "authorization")
+        authorization = header(scope, "authorization")
         if authorization is not None:
             scheme, _, token = authorization.strip().partition(" ")
             user = None
             if scheme.lower() == "bearer" and token.strip():
                 user = self.auth.bearer_user(token.strip())
             return Caller(user, "bearer") if user is not None else None
-        for value in cookie_values(_header(scope, "cookie"), SESSION_COOKIE):
+        for value in cookie_values(header(scope, "cookie"), SESSION_COOKIE):
             user = self.auth.session_user(value)
             if user is not None:
                 return Caller(user, "session", value)
@@ -321,9 +321,9 @@ class AuthMiddleware:
                          cookie: str) -> Receive | None:
         """The receive to pass on (the body replayed if it was read for the token), or None
         when the request was refused (answer sent)."""
-        supplied = _header(scope, CSRF_HEADER)
+        supplied = header(scope, CSRF_HEADER)
         if supplied is None:
-            content_type = _header(scope, "content-type") or ""
+            content_type = header(scope, "content-type") or ""
             if content_type.split(";")[0].strip().lower() in FORM_TYPES:
                 body = await self.read_body(receive)
                 if body is None:
@@ -375,8 +375,8 @@ class AuthMiddleware:
             await send({"type": "websocket.close", "code": 1008})
             return
         path = scope.get("path", "/")
-        accept = _header(scope, "accept") or ""
-        if not force_json and _header(scope, "hx-request") == "true":
+        accept = header(scope, "accept") or ""
+        if not force_json and header(scope, "hx-request") == "true":
             await send_simple(send, 401, b"Please sign in.", "text/plain; charset=utf-8",
                               [("HX-Redirect", "/login")])
             return
@@ -397,7 +397,7 @@ class AuthMiddleware:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        if is_api(scope.get("path", "/")) or "json" in (_header(scope, "accept") or ""):
+        if is_api(scope.get("path", "/")) or "json" in (header(scope, "accept") or ""):
             await send_simple(send, 403, _error_json(403, "permission_error", message),
                               "application/json")
         else:

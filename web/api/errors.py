@@ -1,7 +1,6 @@
 """OpenAI-style errors for the /v1 API: {"error": {"message", "type", "param", "code"}}."""
 from __future__ import annotations
 
-import logging
 import re
 from typing import Any
 
@@ -12,8 +11,6 @@ from litestar.openapi.datastructures import ResponseSpec
 from engine import QueueFull, RequestError
 from web.api.schemas import ErrorDetail, ErrorResponse
 from web.services import EngineUnavailable
-
-log = logging.getLogger(__name__)
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
          404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
@@ -93,5 +90,5 @@ def api_exception_handler(request: Request[Any, Any, Any], exc: Exception) -> Re
     if isinstance(exc, HTTPException):
         return error_response(str(exc.detail), exc.status_code,
                               TYPES.get(exc.status_code, "server_error"), headers=exc.headers)
-    log.exception("unhandled error in %s %s", request.method, request.url.path)
+    # logged with its traceback by web.app.log_unexpected (the app's after_exception hook)
     return error_response("internal server error", 500, "server_error")

@@ -1,5 +1,6 @@
 // Ferry's only script: composer keys and its Send/Stop button, copy buttons, editing a sent
-// message, the conversation drawer, the theme, keeping the newest message in view.
+// message, the conversation drawer, the theme, keeping the newest message in view; and what
+// the Content-Security-Policy keeps out of the HTML (no inline handlers): dismissing a notice, the import picker, the sidebar's refresh while a reply is written.
 (function () {
   "use strict";
 
@@ -101,7 +102,19 @@
     }
   });
 
+  // a reply in progress somewhere: refresh the list so its mark goes when it ends
+  setInterval(function () {
+    var list = document.getElementById("conversations");
+    if (list && window.htmx && list.querySelector(".live-dot")) htmx.trigger(list, "ferry:poll");
+  }, 3000);
+
+  document.addEventListener("change", function (e) {
+    if (e.target.matches && e.target.matches("[data-submit-on-change]")) e.target.form.submit();
+  });
+
   document.addEventListener("click", function (e) {
+    var notice = e.target.closest ? e.target.closest(".notice[data-dismiss]") : null;
+    if (notice) { notice.remove(); return; }
     var t = e.target.closest ? e.target.closest("button, [data-drawer-close]") : null;
     if (!t) return;
     var article = t.closest("article.msg");
