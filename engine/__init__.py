@@ -9,12 +9,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from engine import structured
 from engine.config import ADMISSIONS, POLICIES, AdmissionOrder, ConfigError, EngineConfig, Policy
 from engine.runtime.engine import Engine, QueueFull
 from engine.runtime.events import FinalEvent, Timings, TokenEvent, Usage
 from engine.runtime.handle import RequestHandle, TextDelta
 from engine.runtime.snapshot import EngineSnapshot, KVView, MetricsView, RequestView, RoundView
 from engine.scheduling.admission import WaitReason
+from engine.scheduling.constraint import Constraint, ConstraintKind
 from engine.scheduling.request import (
     MAX_LOGPROBS,
     SEED_MAX,
@@ -59,11 +61,11 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ADMISSIONS", "MAX_LOGPROBS", "POLICIES", "SEED_MAX", "SEED_MIN", "AdmissionOrder",
-    "ConfigError", "Engine", "EngineConfig",
+    "ConfigError", "Constraint", "ConstraintKind", "Engine", "EngineConfig",
     "EngineSnapshot", "FinalEvent", "FinishReason", "KVView", "MetricsView", "ModelExecutor",
     "ModelNotFound", "Policy", "QueueFull", "RequestError", "RequestHandle", "RequestView",
     "RoundView", "SamplingParams", "TextDelta", "Timings", "TokenEvent", "TokenLogprob",
     "Tokenizer", "Usage",
     "WaitReason", "cpu_has_native_bf16", "describe_model_file", "kernel_status", "onednn_works",
-    "set_kernel_build_dir",
+    "set_kernel_build_dir", "structured",
 ]
