@@ -241,6 +241,9 @@ class Engine:
                 if token is not None:
                     out += 1
                     self._metrics.on_token(req, now)
+                    if req.mask_time is not None:
+                        self._metrics.on_mask(req.mask_time)
+                        req.mask_time = None
                 handle = self.handle(req.id)
                 if handle is not None:
                     lps = (req.output_logprobs[-1],) if token is not None and \
