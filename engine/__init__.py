@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from engine import structured
 from engine.config import ADMISSIONS, POLICIES, AdmissionOrder, ConfigError, EngineConfig, Policy
 from engine.kernels.cpu_level import CpuLevelError
 from engine.kernels.cpu_level import apply_torch_env as apply_cpu_cap
@@ -18,6 +19,7 @@ from engine.runtime.events import FinalEvent, Timings, TokenEvent, Usage
 from engine.runtime.handle import RequestHandle, TextDelta
 from engine.runtime.snapshot import EngineSnapshot, KVView, MetricsView, RequestView, RoundView
 from engine.scheduling.admission import WaitReason
+from engine.scheduling.constraint import Constraint, ConstraintKind
 from engine.scheduling.request import (
     MAX_LOGPROBS,
     SEED_MAX,
@@ -62,12 +64,11 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ADMISSIONS", "MAX_LOGPROBS", "POLICIES", "SEED_MAX", "SEED_MIN", "AdmissionOrder",
-    "ConfigError", "CpuLevelError", "Engine", "EngineConfig",
+    "ConfigError", "Constraint", "ConstraintKind", "CpuLevelError", "Engine", "EngineConfig",
     "EngineSnapshot", "FinalEvent", "FinishReason", "KVView", "MetricsView", "ModelExecutor",
     "ModelNotFound", "Policy", "QueueFull", "RequestError", "RequestHandle", "RequestView",
     "RoundView", "SamplingParams", "TextDelta", "Timings", "TokenEvent", "TokenLogprob",
     "Tokenizer", "Usage",
     "WaitReason", "apply_cpu_cap", "cpu_has_native_bf16", "describe_cpu_level",
-    "describe_model_file", "kernel_status", "onednn_works",
-    "set_kernel_build_dir",
+    "describe_model_file", "kernel_status", "onednn_works", "set_kernel_build_dir", "structured",
 ]

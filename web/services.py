@@ -48,7 +48,8 @@ class Services:
             raise EngineUnavailable("the engine is not running")
         limit = self.config.per_user_limit if self.config.shared else None
         handle = self.engine.submit(prompt_ids, params, owner=user.name, owner_limit=limit)
-        self.tracker.add(handle, kind, label, link)
+        item = self.tracker.add(handle, kind, label, link)
+        item.constraint = params.constraint.kind if params.constraint else None
         return handle
 
     def render(self, template: str, **context: Any) -> str:

@@ -22,6 +22,7 @@ class Tracked:
     created: float = field(default_factory=time.time)
     # "alice (admin)" when someone other than the owner cancelled it from the dashboard
     cancelled_by: str | None = None
+    constraint: str | None = None  # what its output is constrained by (json_schema, tool_call...)
 
     @property
     def id(self) -> str:

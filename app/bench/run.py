@@ -80,21 +80,25 @@ def ms(v: float | None) -> float | None:
     return None if v is None else round(v * 1000, 1)
 
 
-def run_engine(engine: object, work: Workload, prompts: list[list[int]], name: str) -> Result:
-    """Closed-loop clients (at most `concurrency` in flight), Poisson arrivals when rate > 0."""
+def run_engine(engine: object, work: Workload, prompts: list[list[int]], name: str,
+               constrained: set[int] | None = None, constraint: object = None) -> Result:
+    """Closed-loop clients (at most `concurrency` in flight), Poisson arrivals when rate > 0;
+    the prompts whose index is in `constrained` run under `constraint`."""
     from engine import SamplingParams
 
     params = SamplingParams(max_tokens=work.output, ignore_eos=True)
+    grammar = SamplingParams(max_tokens=work.output, ignore_eos=True,
+                             constraint=constraint)  # type: ignore[arg-type]
     result = Result(name, len(prompts), 0.0, 0, 0)
     lock = threading.Lock()
     slots = threading.Semaphore(work.concurrency)
     rng = random.Random(work.seed + 1)
     round0, exec0 = engine.round_time, engine.executor_time  # type: ignore[attr-defined]
 
-    def client(ids: list[int]) -> None:
+    def client(ids: list[int], p: object) -> None:
         try:
             sent = time.perf_counter()
-            handle = engine.submit(ids, params)  # type: ignore[attr-defined]
+            handle = engine.submit(ids, p)  # type: ignore[attr-defined]
             times = []
             final = None
             for ev in handle.events(timeout=600):
@@ -115,9 +119,10 @@ def run_engine(engine: object, work: Workload, prompts: list[list[int]], name: s
 
     threads = []
     start = time.perf_counter()
-    for ids in prompts:
+    for i, ids in enumerate(prompts):
         slots.acquire()
-        t = threading.Thread(target=client, args=(ids,), daemon=True)
+        p = grammar if constrained and i in constrained else params
+        t = threading.Thread(target=client, args=(ids, p), daemon=True)
         t.start()
         threads.append(t)
         if work.rate > 0:
@@ -164,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stall", type=int, default=0, metavar="TOKENS",
                    help="instead of the throughput run: measure how long a TOKENS-long prompt "
                         "from one user stalls four others' replies under each policy")
+    p.add_argument("--structured-fraction", type=float, default=0.0, metavar="F",
+                   help="also run the workload with this fraction of the requests under a "
+                        "JSON schema, and print its output tok/s against the unconstrained "
+                        "run and the per-token mask time p50/p99")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     return p
@@ -174,6 +183,8 @@ def _validate(args: argparse.Namespace) -> str | None:
                  "baseline_requests"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be >= 1"
+    if not 0 <= args.structured_fraction <= 1:
+        return "--structured-fraction must be within [0, 1]"
     if args.rate < 0 or args.shared_prefix < 0:
         return "--rate and --shared-prefix must be >= 0"
     if args.shared_prefix > args.prompt:
@@ -220,11 +231,30 @@ def main(argv: list[str]) -> int:
         bench_stall.report(executor, args.stall, args.max_prefill_tokens)
         return 0
     prompts = work.prompts(executor.vocab_size)
-    engine = Engine(config, executor).start()
+    tokenizer = None
+    if args.structured_fraction:  # grammars need the model's tokenizer
+        from engine import Tokenizer
+
+        assert executor.tokenizer_path is not None
+        tokenizer = Tokenizer(executor.tokenizer_path, paths.models_cache)
+    engine = Engine(config, executor, tokenizer).start()
     results: list[Result] = []
     try:
         run_engine(engine, Workload(2, 2, 8, 4), prompts[:2], "warm-up")
         results.append(run_engine(engine, work, prompts, "ferry (continuous batching)"))
+        if args.structured_fraction:
+            from app.bench import structured as bench_structured
+
+            picked = bench_structured.constrained_indices(len(prompts),
+                                                          args.structured_fraction)
+            grammar = bench_structured.constraint()
+            run_engine(engine, Workload(2, 2, 8, 4), prompts[:2], "warm-up", {0}, grammar)
+            run = run_engine(engine, work, prompts,
+                             f"ferry, {len(picked)} of {len(prompts)} under a JSON schema",
+                             picked, grammar)
+            p50, p99 = bench_structured.mask_percentiles(engine)
+            run.note = f"mask per token p50 {p50} us, p99 {p99} us"
+            results.append(run)
         if not args.no_single:
             single = Workload(1, 1, args.prompt, args.output)
             results.append(run_engine(engine, single, prompts[:1], "ferry, one request alone"))
@@ -257,6 +287,8 @@ def report(results: list[Result], work: Workload, dtype: str, as_json: bool,
     ratios = {}
     ferry, single = results[0], by.get("ferry, one request alone")
     for r in results:
+        if "under a JSON schema" in r.system:
+            ratios["structured / unconstrained (output tok/s)"] = r.output_tps / ferry.output_tps
         if r.system.startswith("hf generate, one"):
             ratios["ferry / hf one-at-a-time (output tok/s)"] = ferry.output_tps / r.output_tps
             if single is not None:

@@ -17,6 +17,7 @@ from engine.config import EngineConfig
 from engine.execution.attention import default_backend, get_backend
 from engine.execution.attention.base import AttentionInputs
 from engine.execution.cpu import default_threads, on_fresh_thread
+from engine.execution.grammar_masks import MaskWorker, consume
 from engine.execution.kv_pool import KVPool, slot_of
 from engine.execution.loader import load_model, resolve_model, weight_mode
 from engine.execution.model.llama import LlamaForCausalLM
@@ -45,6 +46,7 @@ class ModelExecutor:
         self.attn = get_backend(name)(self.pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                                       cfg.head_dim ** -0.5)
         self.sampler = Sampler()
+        self.masks = MaskWorker(cfg.vocab_size)
         self.eos_ids = eos_ids
         self.max_context = cfg.max_context
         self.vocab_size = cfg.vocab_size
@@ -101,10 +103,18 @@ class ModelExecutor:
         out: list[int | None] = [None] * len(items)
         if not items:
             return out
+        # the constrained rows' masks are filled on a worker while the forward runs
+        job = self.masks.start([it.request for it in items
+                                if it.sample and it.request.matcher is not None])
         with torch.inference_mode():
             logits, sample_items = self.compute_logits(batch)
             reqs = [items[i].request for i in sample_items]
+            if job is not None:
+                row_of = {id(r): row for row, r in enumerate(reqs)}
+                job.apply(logits, [row_of[id(r)] for r in job.requests])
             tokens = self.sampler.sample(logits, [r.params for r in reqs], [r.id for r in reqs])
+            if job is not None:
+                consume(reqs, tokens)
             wanted = [row for row, r in enumerate(reqs) if r.params.logprobs is not None]
             if wanted:  # from the logits sampled from, before temperature / top-k / top-p
                 scored = token_logprobs(logits[wanted], [tokens[row] for row in wanted],

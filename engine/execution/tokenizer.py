@@ -115,15 +115,24 @@ class Tokenizer:
         return text
 
     def apply_chat_template(self, messages: Sequence[dict[str, Any]],
-                            add_generation_prompt: bool = True) -> list[int]:
-        """[{role, content}, ...] -> prompt ids (the template supplies BOS and markers)."""
+                            add_generation_prompt: bool = True,
+                            tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        """[{role, content}, ...] -> prompt ids (the template supplies BOS and markers);
+        `tools` (OpenAI's function specs) go to templates that render them."""
+        return self.encode(self.render_chat(messages, add_generation_prompt, tools),
+                           add_special_tokens=False)
+
+    def render_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: Sequence[dict[str, Any]] | None = None) -> str:
+        """The chat template's text for `messages` (what apply_chat_template encodes)."""
         if not self.has_chat_template:
             raise ValueError(f"the tokenizer in {self.path} has no chat template")
         text = self.hf.apply_chat_template(list(messages), tokenize=False,
-                                           add_generation_prompt=add_generation_prompt)
+                                           add_generation_prompt=add_generation_prompt,
+                                           tools=list(tools) if tools else None)
         if not isinstance(text, str):  # tokenize=False renders one conversation to one str
             raise TypeError(f"chat template gave {type(text).__name__}, not str")
-        return self.encode(text, add_special_tokens=False)
+        return text
 
     def detokenizer(self, prompt_ids: Sequence[int] = (),
                     skip_special_tokens: bool = True) -> IncrementalDetokenizer:

@@ -31,6 +31,7 @@ from engine.runtime.metrics import MetricsRecorder
 from engine.runtime.snapshot import EngineSnapshot, RequestView, RoundView
 from engine.runtime.snapshot_builder import build_snapshot, request_view, round_view
 from engine.scheduling.batch import BatchItem, Executor
+from engine.scheduling.constraint import Constraint
 from engine.scheduling.request import (
     Request,
     RequestError,
@@ -41,6 +42,7 @@ from engine.scheduling.request import (
 
 if TYPE_CHECKING:
     from engine.execution.tokenizer import Tokenizer
+    from engine.structured.compiler import GrammarCompiler
 
 log = logging.getLogger(__name__)
 Message = Submit | Cancel | Reconfigure | Stop
@@ -79,6 +81,8 @@ class Engine:
         # Busy-round totals (seconds): whole round vs executor, for the scheduler's share.
         self.round_time = 0.0
         self.executor_time = 0.0
+        self._grammars: GrammarCompiler | None = None
+        self._grammar_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -107,6 +111,8 @@ class Engine:
         req = Request(list(prompt_ids), params, id=request_id or new_request_id(), owner=owner,
                       arrival=self.clock(), eos_ids=self.eos_ids)
         self._core.scheduler.validate(req)  # read-only: config and pool size
+        if params.constraint is not None:  # compiled here, off the engine thread
+            req.matcher = self.grammars().matcher(params.constraint)
         handle = RequestHandle(req.id, owner, req.prompt_ids, self.tokenizer, params.stop,
                                self.cancel)
         with self._lock:
@@ -123,6 +129,22 @@ class Engine:
             self._idle.clear()
         self._inbox.put(Submit(req))
         return handle
+
+    def grammars(self) -> GrammarCompiler:
+        """The model's grammar compiler, built on first use (about a second)."""
+        with self._grammar_lock:  # not _lock: building takes a second, submits go on
+            if self._grammars is None:
+                if self.tokenizer is None:
+                    raise RequestError("constrained output needs the model's tokenizer")
+                from engine.structured.compiler import GrammarCompiler
+
+                vocab = getattr(self._core.executor, "vocab_size", None)
+                self._grammars = GrammarCompiler(self.tokenizer.hf, vocab)
+            return self._grammars
+
+    def check_constraint(self, constraint: Constraint) -> None:
+        """Raise RequestError (saying why) when `constraint` does not compile."""
+        self.grammars().check(constraint)
 
     def cancel(self, request_id: str, reason: str = "cancelled") -> bool:
         """Ask to end a request; True when it was live. Applied at the next round boundary."""
@@ -219,6 +241,9 @@ class Engine:
                 if token is not None:
                     out += 1
                     self._metrics.on_token(req, now)
+                    if req.mask_time is not None:
+                        self._metrics.on_mask(req.mask_time)
+                        req.mask_time = None
                 handle = self.handle(req.id)
                 if handle is not None:
                     lps = (req.output_logprobs[-1],) if token is not None and \

@@ -11,22 +11,30 @@ from engine.scheduling.request import Request
 # Prometheus-style bucket bounds in seconds, shared by the TTFT and ITL histograms.
 LATENCY_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
                                       1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+# token-mask times of constrained requests: microseconds to milliseconds
+MASK_BUCKETS: tuple[float, ...] = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
+                                   1e-2, 2.5e-2, 0.1)
+MASK_SAMPLES = 100_000  # recent mask times kept for the percentiles
 
 
 @dataclass(slots=True)
 class Histogram:
-    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    bounds: tuple[float, ...] = LATENCY_BUCKETS
+    counts: list[int] = field(default_factory=list)
     total: float = 0.0
     n: int = 0
 
     def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(LATENCY_BUCKETS, value)] += 1
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.total += value
         self.n += 1
 
     def cumulative(self) -> tuple[tuple[float, int], ...]:
         out, acc = [], 0
-        for bound, count in zip((*LATENCY_BUCKETS, float("inf")), self.counts):
+        counts = self.counts or [0] * (len(self.bounds) + 1)
+        for bound, count in zip((*self.bounds, float("inf")), counts):
             acc += count
             out.append((bound, acc))
         return tuple(out)
@@ -51,6 +59,9 @@ class MetricsRecorder:
             maxlen=history_len)
         self.ttft_hist = Histogram()
         self.itl_hist = Histogram()
+        self.mask_hist = Histogram(MASK_BUCKETS)
+        self.masks: deque[float] = deque(maxlen=MASK_SAMPLES)
+        self.structured: dict[str, int] = {}  # constraint kind -> requests finished
         self.completed = self.cancelled = self.errors = self.rejected = 0
         self.output_total = self.prefill_total = 0
         self._next_point = 0.0
@@ -69,7 +80,15 @@ class MetricsRecorder:
             self.itls.append((now, req.itl))
             self.itl_hist.observe(req.itl)
 
+    def on_mask(self, seconds: float) -> None:
+        """One constrained token's mask time."""
+        self.mask_hist.observe(seconds)
+        self.masks.append(seconds)
+
     def on_finish(self, req: Request) -> None:
+        if req.params.constraint is not None:
+            kind = req.params.constraint.kind
+            self.structured[kind] = self.structured.get(kind, 0) + 1
         if req.finish_reason == "cancelled":
             self.cancelled += 1
         elif req.finish_reason == "error":
@@ -101,4 +120,8 @@ class MetricsRecorder:
             rejected=self.rejected, output_tokens_total=self.output_total,
             prefill_tokens_total=self.prefill_total, history=tuple(self.history),
             ttft_buckets=self.ttft_hist.cumulative(), ttft_sum=self.ttft_hist.total,
-            itl_buckets=self.itl_hist.cumulative(), itl_sum=self.itl_hist.total)
+            itl_buckets=self.itl_hist.cumulative(), itl_sum=self.itl_hist.total,
+            mask_buckets=self.mask_hist.cumulative(), mask_sum=self.mask_hist.total,
+            mask_p50=_percentile(list(self.masks), 0.5),
+            mask_p99=_percentile(list(self.masks), 0.99),
+            structured_requests=tuple(sorted(self.structured.items())))

@@ -27,6 +27,7 @@ class RequestView:
     itl: float | None
     finish_reason: str | None = None
     total: float | None = None  # seconds from arrival to the end, once finished
+    constraint: str | None = None  # grammar kind of a constrained request (json_schema, ...)
 
     @property
     def phase(self) -> str:
@@ -83,6 +84,13 @@ class MetricsView:
     ttft_sum: float = 0.0
     itl_buckets: tuple[tuple[float, int], ...] = ()
     itl_sum: float = 0.0
+    # constrained decoding: per-token mask time (histogram, recent p50 / p99) and finished
+    # constrained requests by kind
+    mask_buckets: tuple[tuple[float, int], ...] = ()
+    mask_sum: float = 0.0
+    mask_p50: float | None = None
+    mask_p99: float | None = None
+    structured_requests: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,8 @@ def request_view(req: Request, now: float, budget: int, position: int | None = N
         waited=(admitted if admitted is not None else now) - req.arrival,
         ttft=None if req.first_token_at is None else req.first_token_at - req.arrival,
         itl=req.itl, finish_reason=req.finish_reason,
-        total=None if req.finished_at is None else req.finished_at - req.arrival)
+        total=None if req.finished_at is None else req.finished_at - req.arrival,
+        constraint=req.params.constraint.kind if req.params.constraint else None)
 
 
 def round_view(index: int, r: RoundRecord) -> RoundView:

@@ -6,6 +6,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Literal
 
+from engine.scheduling.constraint import Constraint
+
 FinishReason = Literal["length", "stop", "cancelled", "error"]
 MAX_LOGPROBS = 20  # top alternatives per position, as OpenAI's and vLLM's limit
 # torch.Generator.manual_seed takes a signed or unsigned 64-bit integer
@@ -29,6 +31,7 @@ class SamplingParams:
     # None = not wanted; n = the chosen token's plus the n most likely alternatives
     logprobs: int | None = None  # for each output token
     prompt_logprobs: int | None = None  # for each prompt token after the first
+    constraint: Constraint | None = None  # grammar the output must match (engine.structured)
 
     def __post_init__(self) -> None:
         # max_tokens 0 is a prefill-only request: it exists to score the prompt
@@ -102,6 +105,11 @@ class Request:
     # (None for p == 0, which nothing predicts); output_logprobs[i] scores output token i
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # grammar-constrained decoding: the request's own matcher (made at submit, advanced by the
+    # executor on every sampled token), set done once the grammar is complete
+    matcher: object | None = None
+    grammar_done: bool = False
+    mask_time: float | None = None  # seconds its last token's mask took
     # timings (engine clock)
     admitted_at: float | None = None
     first_token_at: float | None = None

@@ -168,6 +168,8 @@ class Scheduler:
         req.output_ids.append(token)
         if token in req.eos_ids and not req.params.ignore_eos:
             return "stop"
+        if req.grammar_done:  # the constrained output is complete (before length: it is whole)
+            return "stop"
         if req.num_outputs >= req.params.max_tokens:
             return "length"
         return None

@@ -1,25 +1,26 @@
 """The OpenAI-compatible API: /v1/models, /v1/chat/completions, /v1/completions."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from functools import lru_cache
 from typing import Any, Literal
 
 import anyio
-from jinja2 import TemplateError
 from litestar import Controller, Request, Response, get, post
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody
 from litestar.types import ASGIApp
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from engine import FinalEvent, RequestHandle, TextDelta, Tokenizer
+from engine import Constraint, FinalEvent, RequestHandle, TextDelta, Tokenizer
+from web.api.chat_input import chat_input, constraint_of, passthrough, upstream
 from web.api.choices import ChatShape, CompletionShape, usage_of
 from web.api.errors import APIError, error_docs
 from web.api.fanout import cancel_all, collect_all, merge, submit_all
 from web.api.logprobs import TokenTexts
-from web.api.params import check_chat, check_completion, check_model, sampling_params
+from web.api.params import check_completion, check_model, sampling_params
 from web.api.schemas import (
     ChatChunkChoice,
     ChatCompletion,
@@ -35,6 +36,7 @@ from web.api.schemas import (
     UsageInfo,
     encode,
 )
+from web.api.tool_shape import ToolChatShape, chat_choices
 from web.services import Services, services
 from web.sse import event_stream, on_event
 
@@ -86,10 +88,12 @@ def _headers(handles: list[RequestHandle]) -> dict[str, str]:
 
 
 def _submit(request: Request[Any, Any, Any], s: Services, prompt_ids: list[int],
-            body: Any, default_max: int, max_tokens: int | None) -> list[RequestHandle]:
+            body: Any, default_max: int, max_tokens: int | None,
+            constraint: Constraint | None = None) -> list[RequestHandle]:
     n = body.n or 1
-    params = [sampling_params(body, s.config, len(prompt_ids), s.context_limit, default_max,
-                              max_tokens, i) for i in range(n)]
+    params = [dataclasses.replace(sampling_params(body, s.config, len(prompt_ids),
+                                                  s.context_limit, default_max, max_tokens, i),
+                                  constraint=constraint) for i in range(n)]
     return submit_all(request, s, prompt_ids, params,
                       "messages" if hasattr(body, "messages") else "prompt")
 
@@ -153,26 +157,23 @@ class OpenAIController(Controller):
                                data: JSONBody[ChatCompletionRequest]) -> ASGIApp:
         s = services(request)
         check_model(data, s.config.model_name)
-        messages = check_chat(data, s.config)
-        try:
-            ids = await anyio.to_thread.run_sync(s.tokenizer.apply_chat_template, messages)
-        except (TemplateError, ValueError) as exc:
-            raise APIError(f"the chat template refused these messages: {exc}",
-                           param="messages") from exc
+        chat = await chat_input(data, s)
+        ids = chat.ids
         max_tokens = data.max_tokens if data.max_tokens is not None else \
             data.max_completion_tokens
-        handles = _submit(request, s, ids, data, s.config.default_max_tokens, max_tokens)
-        shape = ChatShape((data.top_logprobs or 0) if data.logprobs else None,
-                          token_texts(s.tokenizer))
+        handles = _submit(request, s, ids, data, s.config.default_max_tokens, max_tokens,
+                          chat.constraint)
+        top = (data.top_logprobs or 0) if data.logprobs else None
+        shape = ToolChatShape(top, token_texts(s.tokenizer), chat.tools, s.tokenizer) \
+            if chat.tools is not None and chat.tools.parses else \
+            ChatShape(top, token_texts(s.tokenizer))
         cid, created, model = f"chatcmpl-{handles[0].id}", int(time.time()), data.model
         if data.stream:
             def render(index: int, event: Any) -> list[Any]:
                 if isinstance(event, UsageInfo):
                     return [ChatCompletionChunk(cid, created, model, [], CHUNK, event)]
-                choice = shape.end(index, event) if isinstance(event, FinalEvent) \
-                    else shape.delta(index, event)
-                return [] if choice is None else \
-                    [ChatCompletionChunk(cid, created, model, [choice], CHUNK)]
+                return [ChatCompletionChunk(cid, created, model, [choice], CHUNK)
+                        for choice in chat_choices(shape, index, event)]
             first = [ChatCompletionChunk(cid, created, model,
                                          [ChatChunkChoice(i, ChatDelta("assistant", ""))], CHUNK)
                      for i in range(len(handles))]
@@ -191,7 +192,10 @@ class OpenAIController(Controller):
         s = services(request)
         check_model(data, s.config.model_name)
         ids = await anyio.to_thread.run_sync(check_completion, data, s.tokenizer)
-        handles = _submit(request, s, ids, data, 16, data.max_tokens)
+        constraint = await constraint_of(data, s)
+        if upstream(s):
+            ids.extra = passthrough(data)  # type: ignore[attr-defined]
+        handles = _submit(request, s, ids, data, 16, data.max_tokens, constraint)
         shape = CompletionShape(ids, _prompt_text(data, ids, s.tokenizer) if data.echo else "",
                                 data.echo, data.logprobs, token_texts(s.tokenizer))
         cid, created, model = f"cmpl-{handles[0].id}", int(time.time()), data.model

@@ -67,6 +67,12 @@ class EngineCollector(Collector):
         yield finished
         yield counter("requests_rejected", "Requests refused because a queue bound was hit.",
                       m.rejected)
+        kinds = CounterMetricFamily("ferry:structured_requests", "Finished requests whose "
+                                    "output was grammar-constrained, by kind.",
+                                    labels=[*labels, "kind"])
+        for kind, value in m.structured_requests:
+            kinds.add_metric([*model, kind], value)
+        yield kinds
         yield from self.histograms(m)
 
     def histograms(self, m: MetricsView) -> Iterator[Metric]:
@@ -74,7 +80,9 @@ class EngineCollector(Collector):
                 ("time_to_first_token_seconds", "Time to first token (queueing included).",
                  m.ttft_buckets, m.ttft_sum),
                 ("inter_token_latency_seconds", "Gap between consecutive output tokens.",
-                 m.itl_buckets, m.itl_sum)):
+                 m.itl_buckets, m.itl_sum),
+                ("structured_mask_seconds", "Time to compute one constrained token's mask "
+                 "(on a worker, while the forward runs).", m.mask_buckets, m.mask_sum)):
             h = HistogramMetricFamily(f"ferry:{name}", doc, labels=["model_name"])
             pairs = [("+Inf" if b == float("inf") else repr(float(b)), n) for b, n in buckets]
             if pairs:

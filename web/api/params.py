@@ -8,7 +8,8 @@ from web.api.errors import APIError, unsupported
 from web.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from web.config import WebConfig
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+         "tool": "tool"}
 MAX_N = 16  # choices per request; each is one engine request, counted by per-user limits
 
 
@@ -31,7 +32,7 @@ def _check_common(body: SamplingFields) -> None:
         raise unsupported("logit_bias")
 
 
-def check_chat(body: ChatCompletionRequest, config: WebConfig) -> list[dict[str, str]]:
+def check_chat(body: ChatCompletionRequest, config: WebConfig) -> list[dict[str, Any]]:
     """Validate what only chat completions have; return the messages as template input."""
     _check_common(body)
     if body.top_logprobs is not None:
@@ -40,14 +41,10 @@ def check_chat(body: ChatCompletionRequest, config: WebConfig) -> list[dict[str,
                            f"{body.top_logprobs}", param="top_logprobs")
         if body.top_logprobs and not body.logprobs:
             raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
-    for name in ("tools", "functions"):
-        if getattr(body, name):
-            raise unsupported(name, "tool and function calling")
-    for name in ("tool_choice", "function_call"):
-        if getattr(body, name) not in (None, "none"):
-            raise unsupported(name, "tool and function calling")
-    if body.response_format and body.response_format.get("type", "text") != "text":
-        raise unsupported("response_format", "structured output (response_format)")
+    if body.functions:
+        raise unsupported("functions", "the legacy functions field (use tools)")
+    if body.function_call not in (None, "none"):
+        raise unsupported("function_call", "the legacy function_call field (use tool_choice)")
     if not body.messages:
         raise APIError("messages must not be empty", param="messages")
     if len(body.messages) > config.max_messages:
@@ -59,8 +56,9 @@ def check_chat(body: ChatCompletionRequest, config: WebConfig) -> list[dict[str,
         role = ROLES.get(message.role)
         if role is None:
             raise unsupported(f"{where}.role", f"role {message.role!r}")
-        if message.tool_calls or message.tool_call_id:
-            raise unsupported(f"{where}.tool_calls", "tool and function calling")
+        if message.tool_calls and role != "assistant":
+            raise APIError(f"{where}.tool_calls: only assistant messages carry tool calls",
+                           param=f"{where}.tool_calls")
         content = message.content
         if isinstance(content, list):
             texts = []
@@ -69,7 +67,12 @@ def check_chat(body: ChatCompletionRequest, config: WebConfig) -> list[dict[str,
                     raise unsupported(f"{where}.content", f"content of type {part.type!r}")
                 texts.append(part.text)
             content = "".join(texts)
-        out.append({"role": role, "content": content or ""})
+        entry: dict[str, Any] = {"role": role, "content": content or ""}
+        if message.tool_calls:  # web/api/tools.py renders them for the template
+            entry["tool_calls"] = message.tool_calls
+        if role == "tool" and message.tool_call_id:
+            entry["tool_call_id"] = message.tool_call_id
+        out.append(entry)
     return out
 
 

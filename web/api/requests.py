@@ -53,6 +53,7 @@ class RequestInfo(Struct):
     timings: RequestTimings
     finish_reason: str | None = None
     kind: str | None = None
+    constraint: str | None = None  # json_schema, json_object, regex, choice, grammar, tool_call
 
 
 class RequestList(Struct):
@@ -73,7 +74,7 @@ def live_info(view: RequestView, item: Tracked | None) -> RequestInfo:
         view.prompt_tokens, view.cached_tokens, view.prefill_done, view.output_tokens,
         view.max_tokens, RequestTimings(waited=view.waited, ttft=view.ttft, itl=view.itl,
                                         total=view.total),
-        view.finish_reason, item.kind if item else None)
+        view.finish_reason, item.kind if item else None, view.constraint)
 
 
 def finished_info(item: Tracked, view: RequestView | None) -> RequestInfo:
@@ -89,7 +90,7 @@ def finished_info(item: Tracked, view: RequestView | None) -> RequestInfo:
     return RequestInfo(
         h.id, h.owner, "finished", "finished", None, None, None, h.prompt_tokens,
         usage.cached_tokens if usage else 0, prefill_done, outputs, None, timings,
-        final.finish_reason if final else "cancelled", item.kind)
+        final.finish_reason if final else "cancelled", item.kind, item.constraint)
 
 
 def find(s: Services, user: User, request_id: str) -> RequestInfo:

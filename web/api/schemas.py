@@ -46,6 +46,14 @@ class SamplingFields(Struct, kw_only=True):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    # structured output (web/api/structured.py): OpenAI's, vLLM's and llama.cpp's names
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
@@ -55,9 +63,9 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
@@ -80,9 +88,35 @@ class UsageInfo(Struct):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class FunctionCall(Struct):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(Struct):
+    id: str
+    function: FunctionCall
+    type: str = "function"
+
+
 class AssistantMessage(Struct):
     role: str
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+
+class FunctionCallDelta(Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(Struct, omit_defaults=True):
+    """One streamed piece of a tool call: the first has id, type and name, then arguments."""
+
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: FunctionCallDelta | None = None
 
 
 class TopLogprob(Struct):
@@ -136,6 +170,7 @@ class ChatChoice(Struct):
 class ChatDelta(Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(ChoiceEnd):

@@ -39,6 +39,8 @@ class Chunk:
     prompt_tokens: int | None = None  # from the final usage chunk
     completion_tokens: int | None = None
     cached_tokens: int = 0
+    # (index, name piece, arguments piece) of streamed tool-call deltas
+    tool_calls: tuple[tuple[int, str, str], ...] = ()
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -62,6 +64,7 @@ def request_body(prompt: list[int], params: SamplingParams, model: str, kind: st
         body["ignore_eos"] = True
     if kind == "sglang":
         body["rid"] = request_id  # so /abort_request can name it
+    body.update(getattr(prompt, "extra", None) or {})  # tools, response_format...: as sent
     if isinstance(prompt, UpstreamPrompt) and prompt.messages is not None:
         messages = list(prompt.messages)
         if prompt.continued:
@@ -113,6 +116,7 @@ def parse_event(data: str, name: str) -> Chunk | None:
         message = err.get("message") if isinstance(err, dict) else err
         raise UpstreamError(f"{name} failed: {message}")
     text, finish = "", None
+    calls: list[tuple[int, str, str]] = []
     choices = obj.get("choices") or []
     if not isinstance(choices, list):
         raise UpstreamError(f"{name} sent an unexpected stream event: {data[:80]!r}")
@@ -122,6 +126,7 @@ def parse_event(data: str, name: str) -> Chunk | None:
         delta = choice.get("delta")
         if isinstance(delta, dict):
             text += delta.get("content") or ""
+            calls.extend(tool_call_pieces(delta.get("tool_calls")))
         elif isinstance(choice.get("text"), str):
             text += choice["text"]
         finish = choice.get("finish_reason") or finish
@@ -130,8 +135,46 @@ def parse_event(data: str, name: str) -> Chunk | None:
         details = usage.get("prompt_tokens_details") or {}
         cached = details.get("cached_tokens") if isinstance(details, dict) else 0
         return Chunk(text, finish, int(usage.get("prompt_tokens") or 0),
-                     int(usage.get("completion_tokens") or 0), int(cached or 0))
-    return Chunk(text, finish)
+                     int(usage.get("completion_tokens") or 0), int(cached or 0), tuple(calls))
+    return Chunk(text, finish, tool_calls=tuple(calls))
+
+
+def tool_call_pieces(deltas: Any) -> list[tuple[int, str, str]]:
+    out = []
+    for d in deltas if isinstance(deltas, list) else []:
+        if not isinstance(d, dict):
+            continue
+        fn: dict[str, Any] = d["function"] if isinstance(d.get("function"), dict) else {}
+        out.append((int(d.get("index") or 0), str(fn.get("name") or ""),
+                    str(fn.get("arguments") or "")))
+    return out
+
+
+class ToolCalls:
+    """An upstream's streamed tool calls, gathered, then handed on as the generic format's
+    text (`<tool_call>{"name", "arguments"}</tool_call>`), which the API reads back into
+    tool calls like a local reply's."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, list[str]] = {}
+
+    def add(self, pieces: tuple[tuple[int, str, str], ...]) -> None:
+        for index, name, arguments in pieces:
+            call = self.calls.setdefault(index, ["", ""])
+            call[0] += name
+            call[1] += arguments
+
+    def text(self) -> str:
+        blocks = []
+        for name, arguments in (self.calls[i] for i in sorted(self.calls)):
+            try:
+                args = json.loads(arguments or "{}")
+            except ValueError:
+                args = arguments
+            blocks.append("<tool_call>\n" + json.dumps({"name": name, "arguments": args})
+                          + "\n</tool_call>")
+        self.calls = {}
+        return "\n".join(blocks)
 
 
 async def stream_chunks(client: httpx.AsyncClient, base: str, name: str, api_key: str | None,
@@ -158,10 +201,16 @@ async def stream_chunks(client: httpx.AsyncClient, base: str, name: str, api_key
             if on_open is not None:
                 on_open(response)
             finished = False
+            calls = ToolCalls()
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
                     continue  # comments, event names, blank lines
                 chunk = parse_event(line[5:].strip(), name)
+                if chunk is not None and chunk.tool_calls:
+                    calls.add(chunk.tool_calls)
+                    produced = True
+                if calls.calls and (chunk is None or chunk.finish_reason):
+                    yield Chunk(calls.text())
                 if chunk is None:
                     finished = True
                     break

@@ -106,14 +106,18 @@ def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
 @pytest.mark.parametrize(("extra", "param"), [
     ({"n": 17}, "n"),  # n and logprobs are supported now (test_openai_shape, test_logprobs)
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+    ({"tool_choice": {"type": "function", "function": {"name": "g"}},
+      "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "array", "uniqueItems": True}}}}, "response_format"),
     ({"max_tokens": "lots"}, "max_tokens"),
     ({"temperature": 7}, "temperature"),
     ({"max_tokens": 1001}, "max_tokens"),
     ({"stop": ["a", "b", "c"]}, "stop"),
     ({"messages": chat("x") * 5}, "messages"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
 ])
 def test_bad_requests_are_clear_400s(server: Any, extra: dict[str, Any], param: str) -> None:

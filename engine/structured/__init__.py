@@ -1,0 +1,16 @@
+"""Grammar-constrained decoding with llguidance: constraints from the API's fields
+(`grammars`) and per-request matchers (`compiler`). Imports llguidance lazily, never torch;
+the masks are applied in engine.execution.grammar_masks."""
+from engine.structured.compiler import GrammarCompiler
+from engine.structured.grammars import (
+    choice,
+    gbnf,
+    json_object,
+    json_schema,
+    json_schema_grammar,
+    lark,
+    regex,
+)
+
+__all__ = ["GrammarCompiler", "choice", "gbnf", "json_object", "json_schema",
+           "json_schema_grammar", "lark", "regex"]

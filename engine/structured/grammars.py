@@ -1,0 +1,78 @@
+"""Constraints from the API's fields: JSON schemas, any JSON object, regexes, choices, Lark.
+
+Each builder returns a `Constraint` holding llguidance's grammar text; nothing is compiled
+here (engine.structured.compiler does that, once per request, with the model's tokenizer).
+JSON is compact (no free whitespace): a small model cannot wander off in blank lines, and
+the output is still plain JSON.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from engine.scheduling.constraint import Constraint, ConstraintKind
+from engine.scheduling.request import RequestError
+
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "key_separator": ": ",
+                                "item_separator": ", "}
+# keywords that constrain nothing the decoder must enforce (docs, ids, annotations)
+ANNOTATIONS = frozenset({
+    "$schema", "$id", "$comment", "title", "description", "default", "examples",
+    "deprecated", "readOnly", "writeOnly", "contentMediaType", "contentEncoding", "strict",
+    "$anchor", "discriminator", "x-guidance"})
+
+
+def _llg() -> Any:
+    import llguidance
+
+    return llguidance
+
+
+def json_schema_grammar(schema: dict[str, Any]) -> str:
+    """The grammar of output that validates against `schema` (a RequestError when the schema
+    is not an object or not JSON)."""
+    if not isinstance(schema, dict):
+        raise RequestError("the JSON schema must be an object")
+    try:
+        return str(_llg().LLMatcher.grammar_from_json_schema(json.dumps(schema),
+                                                              defaults=JSON_OPTIONS))
+    except (ValueError, TypeError) as exc:
+        raise RequestError(f"the JSON schema is not valid JSON: {exc}") from exc
+
+
+def json_schema(schema: dict[str, Any], kind: ConstraintKind = "json_schema") -> Constraint:
+    return Constraint(kind, json_schema_grammar(schema))
+
+
+def json_object() -> Constraint:
+    """Any JSON object (OpenAI's JSON mode)."""
+    return Constraint("json_object", json_schema_grammar({"type": "object"}))
+
+
+def regex(pattern: str) -> Constraint:
+    return Constraint("regex", str(_llg().LLMatcher.grammar_from_regex(pattern)))
+
+
+def choice(options: Sequence[str]) -> Constraint:
+    """Exactly one of `options` (vLLM's guided_choice)."""
+    if not options or not all(isinstance(o, str) for o in options):
+        raise RequestError("the choices must be a non-empty list of strings")
+    alternatives = " | ".join(json.dumps(o) for o in options)
+    return Constraint("choice", str(_llg().LLMatcher.grammar_from_lark(
+        f"start: {alternatives}")))
+
+
+def lark(grammar: str, kind: ConstraintKind = "grammar") -> Constraint:
+    """A Lark grammar in llguidance's dialect (`%json {...}` embeds a schema)."""
+    return Constraint(kind, str(_llg().LLMatcher.grammar_from_lark(grammar)))
+
+
+def gbnf(grammar: str) -> Constraint:
+    """A llama.cpp GBNF grammar (its `grammar` field), converted to Lark by llguidance."""
+    from llguidance.gbnf_to_lark import gbnf_to_lark
+
+    try:
+        return lark(gbnf_to_lark(grammar))
+    except Exception as exc:  # the converter raises plain exceptions on bad input
+        raise RequestError(f"the grammar could not be read as GBNF: {exc}") from exc

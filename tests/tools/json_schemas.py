@@ -1,0 +1,84 @@
+"""JSON schemas for the structured-output tests: formats, anyOf, $ref, additionalProperties,
+patterns, enums, const, array and number bounds, nesting. Strings are bounded so that a small
+model's reply always ends inside max_tokens."""
+from __future__ import annotations
+
+from typing import Any
+
+S = {"type": "string", "maxLength": 24}
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "integer in range": {"type": "integer", "minimum": 3, "maximum": 9},
+    "boolean": {"type": "boolean"},
+    "short string": {"type": "string", "minLength": 2, "maxLength": 12},
+    "number bounds": {"type": "number", "exclusiveMinimum": 0, "maximum": 100},
+    "enum": {"enum": ["low", "medium", "high"]},
+    "const": {"const": "fixed"},
+    "null or integer": {"type": ["null", "integer"]},
+    "date": {"type": "string", "format": "date"},
+    "date-time": {"type": "string", "format": "date-time"},
+    "time": {"type": "string", "format": "time"},
+    "email": {"type": "string", "format": "email"},
+    "uuid": {"type": "string", "format": "uuid"},
+    "ipv4": {"type": "string", "format": "ipv4"},
+    "pattern": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
+    "object strict": {"type": "object", "properties": {"a": {"type": "integer"}, "b": S},
+                      "required": ["a", "b"], "additionalProperties": False},
+    "object optional": {"type": "object", "properties": {"x": S, "y": {"type": "integer"}},
+                        "required": ["x"], "additionalProperties": False},
+    "array bounds": {"type": "array", "items": {"type": "integer"}, "minItems": 2,
+                     "maxItems": 4},
+    "array of enums": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1,
+                       "maxItems": 3},
+    "tuple": {"type": "array", "prefixItems": [{"type": "integer"}, S], "items": False,
+              "minItems": 2},
+    "anyOf": {"anyOf": [{"type": "integer"}, {"type": "object", "properties": {"name": S},
+                                               "required": ["name"],
+                                               "additionalProperties": False}]},
+    "oneOf-like anyOf of objects": {"anyOf": [
+        {"type": "object", "properties": {"kind": {"const": "circle"},
+                                          "r": {"type": "number", "minimum": 0}},
+         "required": ["kind", "r"], "additionalProperties": False},
+        {"type": "object", "properties": {"kind": {"const": "square"},
+                                          "side": {"type": "integer", "minimum": 1}},
+         "required": ["kind", "side"], "additionalProperties": False}]},
+    "ref": {"$defs": {"point": {"type": "object", "properties": {
+        "x": {"type": "integer"}, "y": {"type": "integer"}}, "required": ["x", "y"],
+        "additionalProperties": False}},
+        "type": "object", "properties": {"from": {"$ref": "#/$defs/point"},
+                                         "to": {"$ref": "#/$defs/point"}},
+        "required": ["from", "to"], "additionalProperties": False},
+    "recursive ref, bounded": {"$defs": {"node": {"type": "object", "properties": {
+        "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"},
+                                           "maxItems": 1}},
+        "required": ["v", "kids"], "additionalProperties": False}}, "$ref": "#/$defs/node"},
+    "nested": {"type": "object", "properties": {"user": {"type": "object", "properties": {
+        "name": S, "roles": {"type": "array", "items": {"enum": ["admin", "dev"]},
+                             "maxItems": 2}}, "required": ["name", "roles"],
+        "additionalProperties": False}}, "required": ["user"], "additionalProperties": False},
+    "allOf": {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}},
+                         "required": ["a"]},
+                        {"type": "object", "properties": {"b": {"type": "boolean"}},
+                         "required": ["b"]}]},
+    "additionalProperties schema": {"type": "object", "additionalProperties": {
+        "type": "integer"}, "maxProperties": 3},
+    "multipleOf": {"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 50},
+    "string enum in object": {"type": "object", "properties": {
+        "status": {"enum": ["open", "closed"]}, "count": {"type": "integer", "minimum": 0}},
+        "required": ["status", "count"], "additionalProperties": False},
+    "array of objects": {"type": "array", "items": {"type": "object", "properties": {
+        "id": {"type": "integer"}, "label": S}, "required": ["id", "label"],
+        "additionalProperties": False}, "minItems": 1, "maxItems": 3},
+    "nullable field": {"type": "object", "properties": {"note": {"anyOf": [S, {"type": "null"}]}},
+                       "required": ["note"], "additionalProperties": False},
+    "pattern in object": {"type": "object", "properties": {
+        "code": {"type": "string", "pattern": "^[a-f0-9]{6}$"},
+        "when": {"type": "string", "format": "date"}},
+        "required": ["code", "when"], "additionalProperties": False},
+    "integer bounds negative": {"type": "integer", "minimum": -20, "maximum": -10},
+    "min properties": {"type": "object", "properties": {"a": S, "b": S, "c": S},
+                       "minProperties": 2, "additionalProperties": False},
+    "any object": {"type": "object"},
+    "array of arrays": {"type": "array", "items": {"type": "array", "items": {
+        "type": "boolean"}, "maxItems": 2}, "minItems": 1, "maxItems": 2},
+}

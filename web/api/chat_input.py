@@ -1,0 +1,91 @@
+"""A chat request's prompt and constraint: messages, tools and structured output together.
+
+Upstream mode has no tokenizer here: the messages, tools and structured-output fields go to
+the upstream as they came (`UpstreamPrompt.extra`), and the replies' tool calls come back
+through the gateway in the generic format (web/gateway/client.py), read like a local reply.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from jinja2 import TemplateError
+
+from engine import Constraint
+from web.api import structured, tools
+from web.api.errors import APIError
+from web.api.params import check_chat
+from web.api.schemas import ChatCompletionRequest, SamplingFields
+from web.api.tool_formats import FORMATS
+from web.services import Services
+
+PASSED_UPSTREAM = ("tools", "tool_choice", "parallel_tool_calls", *structured.FIELDS)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatInput:
+    ids: list[int]
+    constraint: Constraint | None
+    tools: tools.ToolPlan | None  # replies are read for tool calls when it `parses`
+
+
+def upstream(s: Services) -> bool:
+    return getattr(s.tokenizer, "hf", None) is None
+
+
+def passthrough(body: SamplingFields) -> dict[str, Any]:
+    """The fields an upstream is sent as they came (upstream mode)."""
+    return {name: getattr(body, name) for name in PASSED_UPSTREAM
+            if getattr(body, name, None) is not None}
+
+
+async def constraint_of(body: SamplingFields, s: Services) -> Constraint | None:
+    """The structured-output constraint of either endpoint, compiled once to check it."""
+    asked = structured.requested(body)
+    if asked is None or upstream(s):
+        return None
+    await anyio.to_thread.run_sync(structured.check, s.engine, *asked)
+    return asked[0]
+
+
+async def chat_input(data: ChatCompletionRequest, s: Services) -> ChatInput:
+    messages = check_chat(data, s.config)
+    if upstream(s):
+        plan = tools.plan(data, None)
+        plan = plan and tools.ToolPlan(plan.tools, plan.choice, plan.parallel,
+                                       FORMATS["generic"])
+        prompt: Any = s.tokenizer.apply_chat_template(messages)
+        prompt.extra = passthrough(data)
+        structured.requested(data)  # still a 400 for a malformed field
+        return ChatInput(prompt, None, plan)
+    hf = s.tokenizer.hf
+    plan = tools.plan(data, getattr(hf, "chat_template", None))
+    template_messages, template_tools = tools.template_input(plan, messages)
+    if plan is not None and plan.parses and not plan.format.native:
+        tools.check_system_prompt(lambda ms: s.tokenizer.render_chat(ms))
+    forced = tools.constraint(plan, _marker(s, plan)) if plan is not None else None
+    asked = structured.requested(data)
+    if asked is not None and plan is not None and plan.parses:
+        raise APIError(f"{asked[1]} cannot be combined with tools (unless tool_choice is "
+                       "none)", param=asked[1])
+    try:
+        ids = await anyio.to_thread.run_sync(
+            lambda: s.tokenizer.apply_chat_template(template_messages, tools=template_tools))
+    except (TemplateError, ValueError) as exc:
+        raise APIError(f"the chat template refused these messages: {exc}",
+                       param="messages") from exc
+    if forced is not None:
+        await anyio.to_thread.run_sync(structured.check, s.engine, forced, "tools")
+        return ChatInput(ids, forced, plan)
+    if asked is not None:
+        await anyio.to_thread.run_sync(structured.check, s.engine, *asked)
+    return ChatInput(ids, asked[0] if asked else None, plan)
+
+
+def _marker(s: Services, plan: tools.ToolPlan) -> int | None:
+    """The token id of Mistral's [TOOL_CALLS] (a special token the grammar names by id)."""
+    if plan.format.name != "mistral":
+        return None
+    ids = s.tokenizer.encode("[TOOL_CALLS]", add_special_tokens=False)
+    return ids[0] if len(ids) == 1 else None

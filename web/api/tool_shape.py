@@ -1,0 +1,132 @@
+"""Chat choices and stream chunks when the reply may hold tool calls.
+
+Whole replies carry `message.tool_calls` (ids `call_...`) and `finish_reason: "tool_calls"`;
+streams send content deltas as usual and each call as OpenAI does: a first delta with the
+call's index, id, type and name (arguments ""), then its arguments in fragments.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine import FinalEvent, RequestHandle, TextDelta
+from web.api.choices import ChatShape, ended
+from web.api.schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatDelta,
+    FunctionCall,
+    FunctionCallDelta,
+    ToolCall,
+    ToolCallDelta,
+)
+from web.api.tool_parse import ParsedCall, Piece, ToolStream, parse_reply
+from web.api.tools import ToolPlan
+
+FRAGMENT = 24  # characters of arguments per streamed delta
+
+
+def call_id() -> str:
+    return "call_" + secrets.token_urlsafe(18).replace("-", "x").replace("_", "y")[:24]
+
+
+@dataclass
+class ToolChatShape(ChatShape):
+    plan: ToolPlan | None = None
+    tokenizer: Any = None  # for formats whose markers are special tokens
+    streams: dict[int, ToolStream] = field(default_factory=dict)
+    raw: dict[int, Any] = field(default_factory=dict)  # index -> detokenizer keeping specials
+    calls: dict[int, int] = field(default_factory=dict)  # index -> calls sent so far
+
+    def _special(self) -> bool:
+        return self.plan is not None and self.plan.format.special and \
+            getattr(self.tokenizer, "hf", None) is not None
+
+    def _clean(self, text: str) -> str:
+        if not self._special():
+            return text
+        for token in self.tokenizer.hf.all_special_tokens:
+            text = text.replace(token, "")
+        return text
+
+    def _stream(self, index: int) -> ToolStream:
+        assert self.plan is not None
+        if index not in self.streams:
+            self.streams[index] = ToolStream(self.plan.format, self.plan.names)
+        return self.streams[index]
+
+    def choice(self, index: int, handle: RequestHandle, final: FinalEvent) -> ChatChoice:
+        base = super().choice(index, handle, final)
+        assert self.plan is not None
+        text = handle.text
+        if self._special():
+            text = self.tokenizer.decode(handle.token_ids, skip_special_tokens=False)
+        content, calls = parse_reply(text, self.plan.format, self.plan.names)
+        if not calls:
+            return base
+        tool_calls = [ToolCall(call_id(), FunctionCall(c.name, c.arguments)) for c in calls]
+        content = self._clean(content).strip()
+        return ChatChoice(index, AssistantMessage("assistant", content or None, tool_calls),
+                          "tool_calls", base.logprobs, base.ferry_finish_reason)
+
+    def _chunks(self, index: int, pieces: list[Piece]) -> list[ChatChunkChoice]:
+        out = []
+        for piece in pieces:
+            if isinstance(piece, str):
+                text = self._clean(piece)
+                if text:
+                    out.append(ChatChunkChoice(index, ChatDelta(content=text)))
+                continue
+            out.extend(self._call_chunks(index, piece))
+        return out
+
+    def _call_chunks(self, index: int, call: ParsedCall) -> list[ChatChunkChoice]:
+        n = self.calls.get(index, 0)
+        self.calls[index] = n + 1
+        head = ToolCallDelta(n, call_id(), "function", FunctionCallDelta(call.name, ""))
+        out = [ChatChunkChoice(index, ChatDelta(tool_calls=[head]))]
+        for i in range(0, len(call.arguments), FRAGMENT):
+            part = FunctionCallDelta(arguments=call.arguments[i:i + FRAGMENT])
+            out.append(ChatChunkChoice(index, ChatDelta(tool_calls=[ToolCallDelta(n,
+                                                                                  function=part)])))
+        return out
+
+    def deltas(self, index: int, event: TextDelta) -> list[ChatChunkChoice]:
+        text = event.text
+        if self._special():
+            if index not in self.raw:
+                self.raw[index] = self.tokenizer.detokenizer(skip_special_tokens=False)
+            text = "".join(self.raw[index].push(t) for t in event.token_ids)
+        out = self._chunks(index, self._stream(index).push(text))
+        if event.logprobs and self.top is not None:
+            logprobs = self._logprobs(event.logprobs)
+            if out:
+                out[0].logprobs = logprobs
+            else:
+                out.append(ChatChunkChoice(index, ChatDelta(), logprobs=logprobs))
+        return out
+
+    def ends(self, index: int, final: FinalEvent) -> list[ChatChunkChoice]:
+        tail = ""
+        if self._special() and index in self.raw:
+            tail = self.raw[index].flush()
+        stream = self._stream(index)
+        out = self._chunks(index, stream.push(tail) + stream.flush())
+        end = ChatShape.end(index, final)
+        if self.calls.get(index):
+            end = ChatChunkChoice(index, ChatDelta(), finish_reason="tool_calls",
+                                  ferry_finish_reason=ended(final)["ferry_finish_reason"])
+        return out + [end]
+
+
+def chat_choices(shape: ChatShape, index: int, event: TextDelta | FinalEvent
+                 ) -> list[ChatChunkChoice]:
+    """The stream choices one event gives, with or without tool calls."""
+    if isinstance(shape, ToolChatShape):
+        return shape.ends(index, event) if isinstance(event, FinalEvent) else \
+            shape.deltas(index, event)
+    choice = shape.end(index, event) if isinstance(event, FinalEvent) else \
+        shape.delta(index, event)
+    return [] if choice is None else [choice]
