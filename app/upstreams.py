@@ -54,6 +54,6 @@ def gateway_config(tables: list[dict[str, object]], max_waiting: int, shared: bo
                    ) -> GatewayConfig:
     ups = tuple(UpstreamConfig(str(t["url"]), t.get("api_key"),  # type: ignore[arg-type]
                                t.get("kind"),  # type: ignore[arg-type]
-                               int(t.get("max_in_flight") or 64))  # type: ignore[call-overload]
+                               t.get("max_in_flight"))  # type: ignore[arg-type]
                 for t in tables)
     return GatewayConfig(ups, max_waiting=max_waiting, admission="fair" if shared else "fifo")

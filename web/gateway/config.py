@@ -22,14 +22,16 @@ class UpstreamConfig:
     url: str  # the server's base (no /v1)
     api_key: str | None = None  # sent upstream as a Bearer token; never shown
     kind: str | None = None  # None: detected from the server's /metrics
-    max_in_flight: int = 64  # requests Ferry lets it hold at once; the rest wait in Ferry
+    # requests Ferry lets it hold at once, the rest waiting in Ferry's queue; None: what the
+    # upstream can run (Upstream.cap)
+    max_in_flight: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "url", base_url(self.url))
         if self.kind is not None and self.kind not in KINDS:
             raise ValueError(f"upstream kind must be one of {', '.join(KINDS)}, "
                              f"got {self.kind!r}")
-        if self.max_in_flight < 1:
+        if self.max_in_flight is not None and self.max_in_flight < 1:
             raise ValueError("an upstream's max_in_flight must be >= 1")
 
     @property

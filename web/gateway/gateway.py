@@ -92,7 +92,7 @@ class Gateway(GatewayCore):
     def config(self) -> GatewayLimits:
         contexts = [u.max_context for u in self.upstreams if u.max_context]
         context = min(contexts) if contexts else self.gateway_config.default_context
-        cap = sum(u.config.max_in_flight for u in self.upstreams)
+        cap = sum(u.cap() for u in self.upstreams)
         return GatewayLimits(context, self.gateway_config.max_waiting, cap, context,
                              admission=self.admission)
 

@@ -37,7 +37,7 @@ class Figures:
     ttft_count: float | None = None
     itl_sum: float | None = None
     itl_count: float | None = None
-    slots_busy: int | None = None  # llama.cpp /slots
+    slots_busy: int | None = None  # llama.cpp /slots, Ferry's slot gauges
     slots_total: int | None = None
 
 
@@ -91,8 +91,14 @@ def figures(kind: str, samples: dict[str, float]) -> Figures:
     kv_usage = _first(samples, kv)
     if kv_usage is not None and kv_usage > 1.0:  # some report percent
         kv_usage /= 100.0
+    busy = _first(samples, running)
+    slots_busy = slots_total = None  # Ferry says its slots: running + free
+    if kind == "ferry" and busy is not None and \
+            (free := _first(samples, ("ferry:num_free_slots",))) is not None:
+        slots_busy, slots_total = int(busy), int(busy + free)
     return Figures(
-        running=_first(samples, running), waiting=_first(samples, waiting), kv_usage=kv_usage,
+        slots_busy=slots_busy, slots_total=slots_total, running=busy,
+        waiting=_first(samples, waiting), kv_usage=kv_usage,
         generated_total=_first(samples, tuple(prefix + n for n in GENERATED)),
         ttft_sum=_first(samples, tuple(prefix + n + "_sum" for n in TTFT)),
         ttft_count=_first(samples, tuple(prefix + n + "_count" for n in TTFT)),

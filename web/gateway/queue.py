@@ -95,7 +95,7 @@ def head_reason(upstreams: list[Upstream]) -> WaitReason:
             return WaitReason("upstream-down", f"the upstream {u.name} is down since "
                               f"{time.strftime('%H:%M:%S', time.localtime(u.since))}")
         return WaitReason("upstream-down", f"all {n} upstreams are down")
-    caps = sorted({u.config.max_in_flight for u in usable})
+    caps = sorted({u.cap() for u in usable})
     if len(usable) == 1:
         return WaitReason("upstream-busy", f"the upstream {usable[0].name} is at its "
                           f"{caps[0]}-request cap")

@@ -13,6 +13,9 @@ from web.gateway.config import GatewayConfig, UpstreamConfig
 
 HEALTHS = ("unknown", "up", "slow", "down")
 MODELS_EVERY = 10  # looks between reads of a healthy upstream's model list
+# the cap of an upstream that says neither its slots nor a waiting queue yet; it stops
+# growing as soon as the upstream reports requests waiting
+OPEN_CAP = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,15 +79,29 @@ class Upstream:
     def usable(self) -> bool:
         return self.health != "down"
 
+    def cap(self) -> int:
+        """Requests Ferry lets it hold at once: the configured max_in_flight, else what it
+        can run, so the overflow waits in Ferry's queue (its order, fair share and reasons)
+        rather than in the upstream's: its slots where it says (Ferry's /metrics, llama.cpp's
+        /slots); else, while it reports requests waiting, no more than Ferry has there now."""
+        if self.config.max_in_flight is not None:
+            return self.config.max_in_flight
+        f = self.figures
+        if f.slots_total:
+            return f.slots_total
+        if f.waiting:
+            return max(1, len(self.in_flight))
+        return OPEN_CAP
+
     @property
     def full(self) -> bool:
-        return len(self.in_flight) >= self.config.max_in_flight
+        return len(self.in_flight) >= self.cap()
 
     def load(self) -> float:
         """Fraction of capacity in use, from the upstream's own figures where it reports them
         (they count other clients too) and Ferry's in-flight count (fresher)."""
         own = (self.figures.running or 0) + (self.figures.waiting or 0)
-        return max(len(self.in_flight), own) / self.config.max_in_flight
+        return max(len(self.in_flight), own) / self.cap()
 
     # -- scraping ------------------------------------------------------------------------
     async def scrape(self, client: httpx.AsyncClient, config: GatewayConfig) -> bool:
@@ -166,7 +183,7 @@ class Upstream:
             f.slots_busy is not None else None
         return UpstreamView(
             self.name, self.kind, self.health, self.since, self.error, self.model,
-            len(self.in_flight), self.config.max_in_flight, self.served, f.running, f.waiting,
+            len(self.in_flight), self.cap(), self.served, f.running, f.waiting,
             f.kv_usage, self.tokens_per_s, self.ttft, self.itl, slots, self.upstream_requests)
 
 

@@ -66,14 +66,14 @@ def build(upstreams: list[Upstream], order: list[GatewayRequest],
         for req in mine:
             slot_of[req.id] = len(slots)
             slots.append(req.id)
-        slots.extend([None] * max(0, up.config.max_in_flight - len(mine)))
+        slots.extend([None] * max(0, up.cap() - len(mine)))
     waiting = tuple(request_view(r, now, i + 1, reasons.get(r.id), None)
                     for i, r in enumerate(order))
     run_views = tuple(request_view(r, now, None, None, slot_of.get(r.id))
                       for r in sorted(running, key=lambda r: r.arrival))
     snap = EngineSnapshot(
         time=now, busy=bool(order or running), policy="gateway", admission=admission,
-        max_running=sum(u.config.max_in_flight for u in upstreams), max_prefill_tokens=0,
+        max_running=sum(u.cap() for u in upstreams), max_prefill_tokens=0,
         page_size=1, waiting=waiting, running=run_views, slots=tuple(slots),
         kv=KVView(0, 0, 0, 0, 0), rounds=(), metrics=metrics, recent_finished=finished)
     flights = tuple(

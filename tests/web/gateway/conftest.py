@@ -122,7 +122,7 @@ def make_front(tmp_path_factory: pytest.TempPathFactory, in_thread_server: Any) 
 
     def make(urls: list[str], caps: list[int] | None = None, web: dict[str, Any] | None = None,
              data_dir: Path | None = None, **fields: Any) -> Any:
-        ups = tuple(UpstreamConfig(u, max_in_flight=(caps[i] if caps else 64))
+        ups = tuple(UpstreamConfig(u, max_in_flight=(caps[i] if caps else None))
                     for i, u in enumerate(urls))
         config = GatewayConfig(ups, **fields)
         name = first_model_name(config) or "upstream"

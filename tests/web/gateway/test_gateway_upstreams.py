@@ -190,6 +190,32 @@ def test_two_upstreams_share_the_load(upstreams: list[Any], make_front: Any) -> 
     assert 'id="upstreams"' in page and a.name in page and b.name in page
 
 
+def test_default_cap_is_the_upstreams_slots(upstreams: list[Any], make_front: Any) -> None:
+    """No max_in_flight set: the front sends an upstream of 4 slots (FERRY_MAX_RUNNING=4)
+    four of eight requests and holds the other four in its own queue, as upstream-busy."""
+    a = upstreams[0]
+    front = make_front([a.url])
+    gw, model = front.gateway, front.services.config.model_name
+    wait(lambda: gw.gateway_view().upstreams[0].max_in_flight == 4, 15,
+         "the cap read from the upstream's slots")
+    jobs = [Background(complete, front.url, model, 12) for _ in range(8)]
+    for job in jobs:
+        job.start()
+    wait(lambda: len(gw.live_ids()) == 8, 30, "all eight at the front")
+    wait(lambda: len(gw.gateway_view().in_flight) == 4, 30, "four in flight")
+    snap = gw.snapshot()
+    assert len(snap.running) == 4 and len(snap.waiting) == 4
+    head = snap.waiting[0]
+    assert head.reason is not None and head.reason.code == "upstream-busy"
+    assert head.reason.text == f"the upstream {a.name} is at its 4-request cap"
+    held = a.requests()
+    assert len(held) <= 4 and all(r.get("state") != "waiting" for r in held)
+    for job in jobs:
+        job.join(300)
+        assert job.response is not None and job.response.status_code == 200, job.response
+    assert len(gw.dispatch_log) == 8
+
+
 def test_an_upstream_dies_mid_reply_then_both_down_then_one_comes_back(
         upstreams: list[Any], make_front: Any) -> None:
     """Last in the module: it kills both upstreams and brings one back."""
