@@ -14,12 +14,13 @@ from litestar.params import JSONBody
 from litestar.types import ASGIApp
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from engine import FinalEvent, RequestHandle, TextDelta, Tokenizer
+from engine import FinalEvent, Reasoning, RequestHandle, TextDelta, Tokenizer
 from web.api.choices import ChatShape, CompletionShape, usage_of
 from web.api.errors import APIError, error_docs
 from web.api.fanout import cancel_all, collect_all, merge, submit_all
 from web.api.logprobs import TokenTexts
 from web.api.params import check_chat, check_completion, check_model, sampling_params
+from web.api.reasoning import chat_prompt, enable_thinking, with_chat_stops
 from web.api.schemas import (
     ChatChunkChoice,
     ChatCompletion,
@@ -86,12 +87,14 @@ def _headers(handles: list[RequestHandle]) -> dict[str, str]:
 
 
 def _submit(request: Request[Any, Any, Any], s: Services, prompt_ids: list[int],
-            body: Any, default_max: int, max_tokens: int | None) -> list[RequestHandle]:
+            body: Any, default_max: int, max_tokens: int | None,
+            reasoning: Reasoning | None = None) -> list[RequestHandle]:
     n = body.n or 1
     params = [sampling_params(body, s.config, len(prompt_ids), s.context_limit, default_max,
                               max_tokens, i) for i in range(n)]
-    return submit_all(request, s, prompt_ids, params,
-                      "messages" if hasattr(body, "messages") else "prompt")
+    chat = hasattr(body, "messages")
+    return submit_all(request, s, prompt_ids, with_chat_stops(params, s.tokenizer) if chat
+                      else params, "messages" if chat else "prompt", reasoning)
 
 
 def _prompt_text(body: CompletionRequest, ids: list[int], tokenizer: Tokenizer) -> str:
@@ -130,7 +133,10 @@ class OpenAIController(Controller):
     tags = ("OpenAI-compatible API",)
 
     def _card(self, s: Services) -> ModelCard:
-        return ModelCard(s.config.model_name, int(s.started), s.context_limit)
+        thinks = bool(getattr(s.tokenizer, "thinks", False))  # the gateway: the upstream's
+        return ModelCard(s.config.model_name, int(s.started), s.context_limit,
+                         chat_template=getattr(s.tokenizer, "chat_template_name", None),
+                         reasoning=thinks)
 
     @get("/models", summary="The model this server serves")
     async def models(self, request: Request[Any, Any, Any]) -> ModelList:
@@ -153,15 +159,17 @@ class OpenAIController(Controller):
                                data: JSONBody[ChatCompletionRequest]) -> ASGIApp:
         s = services(request)
         check_model(data, s.config.model_name)
-        messages = check_chat(data, s.config)
+        messages, thinking = check_chat(data, s.config), enable_thinking(data)
         try:
-            ids = await anyio.to_thread.run_sync(s.tokenizer.apply_chat_template, messages)
+            ids, reasoning = await anyio.to_thread.run_sync(chat_prompt, s.tokenizer, messages,
+                                                            thinking)
         except (TemplateError, ValueError) as exc:
             raise APIError(f"the chat template refused these messages: {exc}",
                            param="messages") from exc
         max_tokens = data.max_tokens if data.max_tokens is not None else \
             data.max_completion_tokens
-        handles = _submit(request, s, ids, data, s.config.default_max_tokens, max_tokens)
+        handles = _submit(request, s, ids, data, s.config.default_max_tokens, max_tokens,
+                          reasoning)
         shape = ChatShape((data.top_logprobs or 0) if data.logprobs else None,
                           token_texts(s.tokenizer))
         cid, created, model = f"chatcmpl-{handles[0].id}", int(time.time()), data.model
@@ -169,10 +177,9 @@ class OpenAIController(Controller):
             def render(index: int, event: Any) -> list[Any]:
                 if isinstance(event, UsageInfo):
                     return [ChatCompletionChunk(cid, created, model, [], CHUNK, event)]
-                choice = shape.end(index, event) if isinstance(event, FinalEvent) \
-                    else shape.delta(index, event)
-                return [] if choice is None else \
-                    [ChatCompletionChunk(cid, created, model, [choice], CHUNK)]
+                choices = [shape.end(index, event)] if isinstance(event, FinalEvent) \
+                    else shape.deltas(index, event)
+                return [ChatCompletionChunk(cid, created, model, [c], CHUNK) for c in choices]
             first = [ChatCompletionChunk(cid, created, model,
                                          [ChatChunkChoice(i, ChatDelta("assistant", ""))], CHUNK)
                      for i in range(len(handles))]

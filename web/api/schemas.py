@@ -22,6 +22,7 @@ class ChatMessage(Struct, kw_only=True):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # accepted back, never put in the prompt
 
 
 class StreamOptions(Struct, kw_only=True):
@@ -58,6 +59,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's; Ferry reads enable_thinking
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
@@ -80,9 +82,10 @@ class UsageInfo(Struct):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
-class AssistantMessage(Struct):
+class AssistantMessage(Struct, omit_defaults=True):
     role: str
     content: str
+    reasoning_content: str | None = None  # a thinking model's reasoning (vLLM's name)
 
 
 class TopLogprob(Struct):
@@ -136,6 +139,7 @@ class ChatChoice(Struct):
 class ChatDelta(Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
 
 
 class ChatChunkChoice(ChoiceEnd):
@@ -184,6 +188,8 @@ class ModelCard(Struct):
     max_model_len: int
     object: str = "model"
     owned_by: str = "ferry"
+    chat_template: str | None = None  # the model's own, or the plain fallback
+    reasoning: bool = False  # replies carry reasoning_content (a thinking model)
 
 
 class ModelList(Struct):
