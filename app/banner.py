@@ -38,14 +38,18 @@ def lan_url(settings: Settings) -> str | None:
     return f"http://{url_host(settings.host)}:{settings.port}/"
 
 
-def banner(settings: Settings, model: str, device: str = "", dtype: str = "") -> str:
-    """The text printed once the server listens (device "upstream": a front, dtype its URLs)."""
+def banner(settings: Settings, model: str, device: str = "", dtype: str = "",
+           chat_template: str = "") -> str:
+    """The text printed once the server listens (device "upstream": a front, dtype its URLs;
+    `chat_template`: the one chats use, in words)."""
     lines = ["", "  Ferry is serving", f"  Local:   {local_url(settings)}"]
     lan = lan_url(settings)
     if lan:
         lines.append(f"  LAN:     {lan}   (sign-in with an access token required)")
     where = ", ".join(part for part in (device, dtype) if part)
     lines.append(f"  Model:   {model}" + (f" ({where})" if where else ""))
+    if chat_template:
+        lines.append(f"  Chat:    template {chat_template}")
     if device == "upstream":  # no engine here: the upstreams run the model
         count = len(settings.upstreams)
         lines.append(f"  Front:   {count} upstream{'s' if count != 1 else ''}; Ferry holds the "
