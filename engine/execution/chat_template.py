@@ -43,9 +43,12 @@ def _folder_template(folder: Path) -> tuple[str, str]:
     if not template:
         value = data.get("chat_template") or ""
         template = value if isinstance(value, str) else json.dumps(value)
-    added = data.get("added_tokens_decoder") or {}
-    return template, " ".join(str(t.get("content", "")) for t in added.values()
-                              if isinstance(t, dict))
+    # added tokens: tokenizer.json's list (what transformers writes now) or the config's map
+    added = list((data.get("added_tokens_decoder") or {}).values())
+    fast = folder / "tokenizer.json"
+    if fast.is_file():
+        added += json.loads(fast.read_text()).get("added_tokens") or []
+    return template, " ".join(str(t.get("content", "")) for t in added if isinstance(t, dict))
 
 
 def _gguf_template(path: Path) -> tuple[str, str]:

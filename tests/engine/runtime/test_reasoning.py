@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from engine.runtime.reasoning import Reasoning, ReasoningSplitter, continuation
+from engine.runtime.reasoning import CLOSE, OPEN, Reasoning, ReasoningSplitter, continuation
 
 CASES = [
     # (output, started, reasoning, answer)
@@ -81,3 +82,42 @@ def test_real_token_stream_through_the_detokenizer(tokenizer: Any) -> None:
     assert "".join(r for r, _ in deltas) == "The user asks for the café's name: “Chez Ÿ” 🙂."
     assert "".join(c for _, c in deltas) == "It is called “Chez Ÿ”."
     assert sum(bool(r) for r, _ in deltas) > 5  # streamed, not delivered at the end
+
+
+def test_handle_splits_single_token_tags_and_stops_on_the_answer_only(
+        tokenizer: Any, tmp_path: Path) -> None:
+    """A Qwen3-like vocabulary, where `<think>` and `</think>` are tokens of their own: the
+    tokenizer says the model thinks (from its vocabulary alone), and a request handle fed
+    the token events splits reasoning from answer, with a stop string that also occurs in
+    the reasoning ending only the answer."""
+    from tokenizers import AddedToken
+
+    from engine.execution.chat_template import describe_chat_template
+    from engine.execution.tokenizer import Tokenizer
+    from engine.runtime.events import FinalEvent, Timings, TokenEvent, Usage
+    from engine.runtime.handle import RequestHandle, TextDelta
+    from tests.tools.thinking import with_template
+
+    plain = with_template(tokenizer, tmp_path, tokenizer.hf.chat_template)
+    assert not plain.thinks
+    plain.hf.add_tokens([AddedToken(OPEN, special=False), AddedToken(CLOSE, special=False)])
+    plain.hf.save_pretrained(str(tmp_path))
+    tok = Tokenizer(tmp_path)
+    assert tok.thinks and "reasoning in <think>" in describe_chat_template(tmp_path)
+    ids = tok.encode("<think>\nStop and think.\n</think>\n\nThe answer. Stop here.",
+                     add_special_tokens=False)
+    assert tok.vocab_size - 2 in ids and tok.vocab_size - 1 in ids  # one token each
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
+    reasoning = tok.reasoning_for(prompt)
+    assert reasoning is not None and not reasoning.started
+    cancels: list[str] = []
+    handle = RequestHandle("r", "me", prompt, tok, ("Stop",),
+                           lambda rid, why: cancels.append(why) or True, reasoning)
+    for i in ids:
+        handle.put(TokenEvent((i,)))
+    handle.put(FinalEvent("length", Usage(len(prompt), len(ids)), Timings(0, 0, 0, 0)))
+    deltas = [e for e in handle.events(timeout=5) if isinstance(e, TextDelta)]
+    assert "".join(d.reasoning for d in deltas) == handle.reasoning == "Stop and think."
+    assert "".join(d.text for d in deltas) == handle.text == "The answer. "
+    assert cancels == ["stop"] and handle.final is not None
+    assert handle.final.finish_reason == "stop"
