@@ -323,7 +323,8 @@ def in_thread_server() -> Any:
 def make_server(model_dir: Path, tokenizer: Any, tmp_path_factory: pytest.TempPathFactory,
                 request: pytest.FixtureRequest) -> Iterator[Any]:
     """A factory: make_server(engine fields..., web=WebConfig fields, executor=None) -> a
-    running Server; `executor` replaces the model (a stand-in, for tests about access)."""
+    running Server; `executor` replaces the model (a stand-in, for tests about access),
+    `tokenizer_override` the default model's tokenizer (its chat template, say)."""
 
     from engine.config import EngineConfig
     from engine.execution.executor import ModelExecutor
@@ -335,15 +336,17 @@ def make_server(model_dir: Path, tokenizer: Any, tmp_path_factory: pytest.TempPa
     servers: list[Server] = []
 
     def make(web: dict[str, Any] | None = None, executor: Any = None,
-             data_dir: Path | None = None, **engine_fields: Any) -> Server:
+             data_dir: Path | None = None, tokenizer_override: Any = None,
+             **engine_fields: Any) -> Server:
         config = EngineConfig(**{"kv_tokens": 8192, "max_context": 2048, **engine_fields})
         if executor is None:
             executor = ModelExecutor(request.getfixturevalue("weights"), config, "cpu", None,
                                      read_eos_ids(model_dir), model_dir)
-        engine = Engine(config, executor, tokenizer)
+        tok = tokenizer_override or tokenizer  # e.g. the same vocabulary, another template
+        engine = Engine(config, executor, tok)
         web_config = WebConfig(data_dir=data_dir or tmp_path_factory.mktemp("data"),
                                **(web or {}))
-        app = create_app(engine, tokenizer, web_config)
+        app = create_app(engine, tok, web_config)
         running = serve_in_thread(app, engine, "uvicorn", 60)
         servers.append(running)
         return running

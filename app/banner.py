@@ -45,8 +45,10 @@ def served_names(settings: Settings) -> list[str]:
     return HostPolicy.build(settings.shared, settings.allowed_hosts).describe(settings.port)
 
 
-def banner(settings: Settings, model: str, device: str = "", dtype: str = "") -> str:
-    """The text printed once the server listens (device "upstream": a front, dtype its URLs)."""
+def banner(settings: Settings, model: str, device: str = "", dtype: str = "",
+           chat_template: str = "") -> str:
+    """The text printed once the server listens (device "upstream": a front, dtype its URLs;
+    `chat_template`: the one chats use, in words)."""
     lines = ["", "  Ferry is serving", f"  Local:   {local_url(settings)}"]
     lan = lan_url(settings)
     if lan:
@@ -55,6 +57,8 @@ def banner(settings: Settings, model: str, device: str = "", dtype: str = "") ->
                  "with --allowed-host)")
     where = ", ".join(part for part in (device, dtype) if part)
     lines.append(f"  Model:   {model}" + (f" ({where})" if where else ""))
+    if chat_template:
+        lines.append(f"  Chat:    template {chat_template}")
     if device == "upstream":  # no engine here: the upstreams run the model
         count = len(settings.upstreams)
         lines.append(f"  Front:   {count} upstream{'s' if count != 1 else ''}; Ferry holds the "

@@ -48,8 +48,9 @@ def pick_device(name: str) -> str:
 
 
 def build(settings: Settings, paths: Paths, model: ModelRef,
-          progress: bool = True) -> tuple[Litestar, str, str]:
-    """Load the model and build the Litestar app (the engine starts with the app's lifespan)."""
+          progress: bool = True) -> tuple[Litestar, str, str, str]:
+    """Load the model and build the Litestar app (the engine starts with the app's lifespan);
+    also how it runs and its chat template, for the banner."""
     from engine import Engine, ModelExecutor, Tokenizer, set_kernel_build_dir
     from web.app import create_app
 
@@ -66,7 +67,7 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
     tokenizer = Tokenizer(executor.tokenizer_path)
     engine = Engine(config, executor, tokenizer)
     app = create_app(engine, tokenizer, web_config(settings, paths, model.name))
-    return app, device, executor.describe()  # how the model runs, for the banner
+    return app, device, executor.describe(), tokenizer.chat_template_name
 
 
 def build_upstream(settings: Settings, paths: Paths) -> tuple[Litestar, str]:
@@ -101,11 +102,11 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
     else:
         print(f"Loading {model.name} ...", file=sys.stderr)
         try:
-            app, device, dtype = build(settings, paths, model)
+            app, device, dtype, template = build(settings, paths, model)
         except ModelNotFound as exc:
             print(f"ferry serve: {exc}", file=sys.stderr)
             return 2
-        print(banner(settings, model.name, device, dtype), flush=True)
+        print(banner(settings, model.name, device, dtype, template), flush=True)
     if settings.open:
         open_browser(local_url(settings))
     with exit_quietly_after_shutdown():

@@ -17,6 +17,7 @@ from engine.kernels.cpu_level import describe as describe_cpu_level
 from engine.runtime.engine import Engine, QueueFull
 from engine.runtime.events import FinalEvent, Timings, TokenEvent, Usage
 from engine.runtime.handle import RequestHandle, TextDelta
+from engine.runtime.reasoning import Reasoning, ReasoningSplitter, continuation
 from engine.runtime.snapshot import EngineSnapshot, KVView, MetricsView, RequestView, RoundView
 from engine.scheduling.admission import WaitReason
 from engine.scheduling.constraint import Constraint, ConstraintKind
@@ -31,6 +32,7 @@ from engine.scheduling.request import (
 )
 
 if TYPE_CHECKING:
+    from engine.execution.chat_template import describe_chat_template
     from engine.execution.cpu import cpu_has_native_bf16
     from engine.execution.executor import ModelExecutor
     from engine.execution.loader import ModelNotFound
@@ -46,6 +48,7 @@ _LAZY: dict[str, str] = {
     "ModelNotFound": "engine.execution.loader:ModelNotFound",
     "Tokenizer": "engine.execution.tokenizer:Tokenizer",
     "cpu_has_native_bf16": "engine.execution.cpu:cpu_has_native_bf16",
+    "describe_chat_template": "engine.execution.chat_template:describe_chat_template",
     "describe_model_file": "engine.execution.model.describe:describe_file",
     "onednn_works": "engine.execution.model.linear_kernels:onednn_works",
     "set_kernel_build_dir": "engine.kernels.native:set_build_dir",
@@ -66,9 +69,11 @@ __all__ = [
     "ADMISSIONS", "MAX_LOGPROBS", "POLICIES", "SEED_MAX", "SEED_MIN", "AdmissionOrder",
     "ConfigError", "Constraint", "ConstraintKind", "CpuLevelError", "Engine", "EngineConfig",
     "EngineSnapshot", "FinalEvent", "FinishReason", "KVView", "MetricsView", "ModelExecutor",
-    "ModelNotFound", "Policy", "QueueFull", "RequestError", "RequestHandle", "RequestView",
+    "ModelNotFound", "Policy", "QueueFull", "Reasoning", "ReasoningSplitter", "RequestError",
+    "RequestHandle", "RequestView",
     "RoundView", "SamplingParams", "TextDelta", "Timings", "TokenEvent", "TokenLogprob",
     "Tokenizer", "Usage",
-    "WaitReason", "apply_cpu_cap", "cpu_has_native_bf16", "describe_cpu_level",
-    "describe_model_file", "kernel_status", "onednn_works", "set_kernel_build_dir", "structured",
+    "WaitReason", "apply_cpu_cap", "continuation", "cpu_has_native_bf16",
+    "describe_chat_template", "describe_cpu_level", "describe_model_file", "kernel_status",
+    "onednn_works", "set_kernel_build_dir", "structured",
 ]

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 from litestar.connection import ASGIConnection
 
-from engine import Engine, RequestHandle, SamplingParams, Tokenizer
+from engine import Engine, Reasoning, RequestHandle, SamplingParams, Tokenizer
 from web.access.identity import User
 from web.config import WebConfig
 from web.storage.store import Store
@@ -41,13 +41,16 @@ class Services:
         return min(cfg.max_context, cfg.kv_tokens - cfg.page_size + 1)
 
     def submit(self, user: User, prompt_ids: list[int], params: SamplingParams, kind: str,
-               label: str | None = None, link: str | None = None) -> RequestHandle:
+               label: str | None = None, link: str | None = None,
+               reasoning: Reasoning | None = None) -> RequestHandle:
         """Submit for `user` and remember it (raises RequestError, QueueFull or
-        EngineUnavailable)."""
+        EngineUnavailable); `reasoning`: split a thinking model's reasoning out."""
         if not self.engine.alive:
             raise EngineUnavailable("the engine is not running")
         limit = self.config.per_user_limit if self.config.shared else None
-        handle = self.engine.submit(prompt_ids, params, owner=user.name, owner_limit=limit)
+        extra: dict[str, Any] = {"reasoning": reasoning} if reasoning else {}  # gateway: none
+        handle = self.engine.submit(prompt_ids, params, owner=user.name, owner_limit=limit,
+                                    **extra)
         item = self.tracker.add(handle, kind, label, link)
         item.constraint = params.constraint.kind if params.constraint else None
         return handle

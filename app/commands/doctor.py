@@ -90,7 +90,7 @@ def model_checks(settings: Settings, paths: Paths) -> Iterator[Check]:
     where = f" {model.path} ({human_size(folder_size(model.path))})" if model.path else ""
     yield Check("ok", "model", f"{model.name}: {model.kind}{where}")
     if model.path is not None:  # how `ferry serve` would run it (a GGUF's tensor table read)
-        from engine import ModelNotFound, describe_model_file
+        from engine import ModelNotFound, describe_chat_template, describe_model_file
 
         device = "cuda" if settings.device.startswith("cuda") else "cpu"
         try:
@@ -99,6 +99,9 @@ def model_checks(settings: Settings, paths: Paths) -> Iterator[Check]:
             yield Check("fail", "runs as", str(exc))
         else:
             yield Check("ok", "runs as", runs)
+            template = describe_chat_template(model.path)
+            own = template.startswith("the model's")  # else a base model: the plain fallback
+            yield Check("ok" if own else "info", "chat template", template)
 
 
 def writable(path: Path) -> bool:

@@ -7,6 +7,9 @@ Streaming needs two small state machines, used off the scheduler thread:
   tokenizers that drop a leading space when decoding a lone token still space correctly.
 * StopMatcher finds stop strings that may span tokens: it holds back any suffix that could
   start a stop string and, on a match, returns the text before it.
+
+A file without a chat template (a base model, such as Gemma 3 270M) still chats, through
+chat_template.FALLBACK_TEMPLATE.
 """
 from __future__ import annotations
 
@@ -17,6 +20,13 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from engine.execution.chat_template import (
+    FALLBACK_STOPS,
+    FALLBACK_TEMPLATE,
+    chat_template_name,
+)
+from engine.runtime.reasoning import CLOSE, OPEN, Reasoning
 
 GGUF_TOKENIZERS = "tokenizers"  # folder under the model cache: one per GGUF file version
 
@@ -73,6 +83,8 @@ def read_eos_ids(path: Path) -> frozenset[int]:
     return frozenset(ids)
 
 
+THINK_WINDOW = 16  # prompt tokens read to see whether the prompt opened a think block
+
 REPLACEMENT = "\ufffd"
 CONTEXT_TOKENS = 4  # prompt ids kept as decode context for the first output token
 
@@ -96,6 +108,8 @@ class Tokenizer:
         if self.hf.eos_token_id is not None:
             eos.add(int(self.hf.eos_token_id))
         self.eos_ids: frozenset[int] = frozenset(eos)
+        vocab = self.hf.get_vocab()
+        self._think_tokens = OPEN in vocab and CLOSE in vocab
 
     @property
     def vocab_size(self) -> int:
@@ -103,7 +117,32 @@ class Tokenizer:
 
     @property
     def has_chat_template(self) -> bool:
+        """The model brings its own (else chats use FALLBACK_TEMPLATE)."""
         return bool(getattr(self.hf, "chat_template", None))
+
+    @property
+    def chat_template(self) -> str:
+        return self.hf.chat_template if self.has_chat_template else FALLBACK_TEMPLATE
+
+    @property
+    def chat_template_name(self) -> str:
+        return chat_template_name(self.has_chat_template, self.thinks)
+
+    @property
+    def chat_stops(self) -> tuple[str, ...]:
+        """Stop strings every chat needs (the fallback's next "User:" turn)."""
+        return () if self.has_chat_template else FALLBACK_STOPS
+
+    @property
+    def thinks(self) -> bool:
+        """A thinking model: its vocabulary or its template has the think tags. Only then
+        are chat replies split into reasoning and answer (no cost for the others)."""
+        template = self.chat_template if self.has_chat_template else ""
+        return self._think_tokens or (OPEN in template and CLOSE in template)
+
+    @property
+    def takes_enable_thinking(self) -> bool:
+        return self.has_chat_template and "enable_thinking" in self.chat_template
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
@@ -116,23 +155,36 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: Sequence[dict[str, Any]],
                             add_generation_prompt: bool = True,
-                            tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+                            tools: Sequence[dict[str, Any]] | None = None,
+                            enable_thinking: bool | None = None) -> list[int]:
         """[{role, content}, ...] -> prompt ids (the template supplies BOS and markers);
-        `tools` (OpenAI's function specs) go to templates that render them."""
-        return self.encode(self.render_chat(messages, add_generation_prompt, tools),
-                           add_special_tokens=False)
+        `tools` (OpenAI's function specs) go to templates that render them; `enable_thinking`
+        reaches the templates that take it (None: the template's default)."""
+        return self.encode(self.render_chat(messages, add_generation_prompt, tools,
+                                            enable_thinking), add_special_tokens=False)
 
     def render_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
-                    tools: Sequence[dict[str, Any]] | None = None) -> str:
-        """The chat template's text for `messages` (what apply_chat_template encodes)."""
-        if not self.has_chat_template:
-            raise ValueError(f"the tokenizer in {self.path} has no chat template")
+                    tools: Sequence[dict[str, Any]] | None = None,
+                    enable_thinking: bool | None = None) -> str:
+        """The chat template's text for `messages` (what apply_chat_template encodes): the
+        model's own template, or the plain fallback for a model without one."""
+        extra: dict[str, Any] = {"enable_thinking": enable_thinking} \
+            if enable_thinking is not None and self.takes_enable_thinking else {}
         text = self.hf.apply_chat_template(list(messages), tokenize=False,
                                            add_generation_prompt=add_generation_prompt,
-                                           tools=list(tools) if tools else None)
+                                           tools=list(tools) if tools else None,
+                                           chat_template=self.chat_template, **extra)
         if not isinstance(text, str):  # tokenize=False renders one conversation to one str
             raise TypeError(f"chat template gave {type(text).__name__}, not str")
         return text
+
+    def reasoning_for(self, prompt_ids: Sequence[int]) -> Reasoning | None:
+        """How a chat reply to `prompt_ids` carries reasoning (None: not a thinking model).
+        The prompt opened the block when its last think tag is an opening one."""
+        if not self.thinks:
+            return None
+        tail = self.decode(prompt_ids[-THINK_WINDOW:], skip_special_tokens=False)
+        return Reasoning(started=tail.rfind(OPEN) > tail.rfind(CLOSE))
 
     def detokenizer(self, prompt_ids: Sequence[int] = (),
                     skip_special_tokens: bool = True) -> IncrementalDetokenizer:

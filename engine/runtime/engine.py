@@ -28,6 +28,7 @@ from engine.runtime.events import (
 )
 from engine.runtime.handle import RequestHandle
 from engine.runtime.metrics import MetricsRecorder
+from engine.runtime.reasoning import Reasoning
 from engine.runtime.snapshot import EngineSnapshot, RequestView, RoundView
 from engine.runtime.snapshot_builder import build_snapshot, request_view, round_view
 from engine.scheduling.batch import BatchItem, Executor
@@ -104,8 +105,10 @@ class Engine:
 
     # -- caller API (any thread) -------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams, owner: str = "local",
-               request_id: str | None = None, owner_limit: int | None = None) -> RequestHandle:
-        """Queue a request. Raises RequestError (bad input, never fits) or QueueFull."""
+               request_id: str | None = None, owner_limit: int | None = None,
+               reasoning: Reasoning | None = None) -> RequestHandle:
+        """Queue a request. Raises RequestError (bad input, never fits) or QueueFull.
+        `reasoning`: split a thinking model's reasoning from its answer (chat requests)."""
         if not self.alive:
             raise RuntimeError("the engine is not running")
         req = Request(list(prompt_ids), params, id=request_id or new_request_id(), owner=owner,
@@ -114,7 +117,7 @@ class Engine:
         if params.constraint is not None:  # compiled here, off the engine thread
             req.matcher = self.grammars().matcher(params.constraint)
         handle = RequestHandle(req.id, owner, req.prompt_ids, self.tokenizer, params.stop,
-                               self.cancel)
+                               self.cancel, reasoning)
         with self._lock:
             if len(self._handles) >= self.config.max_waiting + self.config.max_running:
                 self._metrics.rejected += 1

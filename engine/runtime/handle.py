@@ -1,6 +1,8 @@
 """The consumer side of one request: events from the scheduler thread, text for the caller.
 
-Detokenizing and stop-string matching happen here, off the scheduler thread (design §6).
+Detokenizing, splitting a thinking model's reasoning from its answer, and stop-string
+matching happen here, off the scheduler thread (design §6). Stop strings match the answer,
+not the reasoning: a stop string in the model's thoughts would end it before it answers.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from engine.runtime.events import FinalEvent, TokenEvent
+from engine.runtime.reasoning import Reasoning
 from engine.scheduling.request import TokenLogprob
 
 if TYPE_CHECKING:
@@ -26,6 +29,7 @@ class TextDelta:
     logprobs: tuple[TokenLogprob, ...] = ()  # of token_ids, when the request asked
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # once, when asked
     emitted: float | None = None  # time.perf_counter() the engine emitted the tokens
+    reasoning: str = ""  # a thinking model's reasoning (before `text`, which is its answer)
 
 
 Event = TextDelta | FinalEvent
@@ -34,18 +38,21 @@ Event = TextDelta | FinalEvent
 class RequestHandle:
     def __init__(self, request_id: str, owner: str, prompt_ids: list[int],
                  tokenizer: Tokenizer | None, stop: tuple[str, ...],
-                 cancel: Callable[[str, str], bool]) -> None:
+                 cancel: Callable[[str, str], bool],
+                 reasoning: Reasoning | None = None) -> None:
         self.id = request_id
         self.owner = owner
         self.prompt_tokens = len(prompt_ids)
         self.created = time.time()
         self.text = ""  # everything emitted so far (for reattaching streams)
+        self.reasoning = ""  # the reasoning so far, when the request splits it out
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprob] = []  # one per output token, when asked
         self.prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
         self.final: FinalEvent | None = None
         self._cancel = cancel
         self._detok = tokenizer.detokenizer(prompt_ids) if tokenizer is not None else None
+        self._split = reasoning.splitter() if reasoning is not None else None
         if stop:
             from engine.execution.tokenizer import StopMatcher
             self._stop: StopMatcher | None = StopMatcher(stop)
@@ -70,18 +77,32 @@ class RequestHandle:
     def cancel(self) -> bool:
         return self._cancel(self.id, "cancelled")
 
+    def _text(self, text: str, final: bool) -> tuple[str, str]:
+        """Detokenized text -> (reasoning, answer), the answer through the stop strings."""
+        reasoning = ""
+        if self._split is not None:
+            reasoning, text = self._split.push(text)
+            if final:
+                more, tail = self._split.flush()
+                reasoning, text = reasoning + more, text + tail
+        if self._stop is not None:
+            text, hit = self._stop.push(text)
+            if final:
+                text += self._stop.flush()
+            elif hit:
+                self._cancel(self.id, "stop")
+        self.reasoning += reasoning
+        self.text += text
+        return reasoning, text
+
     def _translate(self, event: object) -> Event | None:
         if isinstance(event, FinalEvent):
             tail = self._detok.flush() if self._detok is not None and not self._stopped else ""
-            if self._stop is not None:
-                tail, _ = self._stop.push(tail)
-                tail += self._stop.flush()
+            reasoning, tail = self._text(tail, final=True) if not self._stopped else ("", "")
             if self._stopped and event.finish_reason not in ("stop", "error"):
                 event = replace(event, finish_reason="stop")  # a stop string ended it
             self.final = event
-            if tail:
-                self.text += tail
-            return event if not tail else TextDelta(tail, ())
+            return event if not (tail or reasoning) else TextDelta(tail, (), reasoning=reasoning)
         assert isinstance(event, TokenEvent)
         if self._stopped:
             return None  # generated after the stop string, before the cancel landed
@@ -90,13 +111,9 @@ class RequestHandle:
         if event.prompt_logprobs is not None:
             self.prompt_logprobs = event.prompt_logprobs
         text = "".join(self._detok.push(t) for t in event.token_ids) if self._detok else ""
-        if self._stop is not None:
-            text, hit = self._stop.push(text)
-            if hit:
-                self._cancel(self.id, "stop")
-        self.text += text
+        reasoning, text = self._text(text, final=False)
         return TextDelta(text, event.token_ids, event.logprobs, event.prompt_logprobs,
-                         event.emitted)
+                         event.emitted, reasoning)
 
     @property
     def _stopped(self) -> bool:

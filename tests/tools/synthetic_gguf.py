@@ -26,12 +26,14 @@ def default_gguf() -> Path:
     return next(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
 
 
-def copy_tokenizer(writer: GGUFWriter, source: Path) -> int:
-    """Copy every tokenizer.* field of `source`; returns its vocabulary size."""
+def copy_tokenizer(writer: GGUFWriter, source: Path, chat_template: bool = True) -> int:
+    """Copy every tokenizer.* field of `source` (but the chat template unless
+    `chat_template`: a base model's file has none); returns its vocabulary size."""
     reader = GGUFReader(source)
     vocab = 0
     for name, field in reader.fields.items():
-        if not name.startswith("tokenizer."):
+        if not name.startswith("tokenizer.") or \
+                (name == "tokenizer.chat_template" and not chat_template):
             continue
         kind = field.types[0]
         if kind == GGUFValueType.ARRAY:
@@ -64,10 +66,11 @@ def tensor(rng: np.random.Generator, shape: tuple[int, ...], qtype: GGMLQuantiza
 
 
 def write(out: Path, hidden: int, layers: int, ff: int, heads: int, kv_heads: int,
-          qtype: GGMLQuantizationType, untied: bool, seed: int = 0) -> None:
+          qtype: GGMLQuantizationType, untied: bool, seed: int = 0,
+          chat_template: bool = True) -> None:
     rng = np.random.default_rng(seed)
     writer = GGUFWriter(str(out), "llama")
-    vocab = copy_tokenizer(writer, default_gguf())
+    vocab = copy_tokenizer(writer, default_gguf(), chat_template)
     writer.add_name(f"synthetic-llama-{hidden}x{layers}")
     writer.add_block_count(layers)
     writer.add_context_length(4096)
@@ -117,9 +120,11 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--type", default="F16", choices=["F16", "F32", "Q8_0", "Q4_0"])
     parser.add_argument("--untied", action="store_true", help="write a separate output.weight")
+    parser.add_argument("--no-chat-template", action="store_true",
+                        help="leave tokenizer.chat_template out (as a base model's file)")
     args = parser.parse_args()
     write(args.out, args.hidden, args.layers, args.ff, args.heads, args.kv_heads,
-          GGMLQuantizationType[args.type], args.untied)
+          GGMLQuantizationType[args.type], args.untied, chat_template=not args.no_chat_template)
 
 
 if __name__ == "__main__":

@@ -12,15 +12,17 @@ from typing import Any
 import anyio
 from jinja2 import TemplateError
 
-from engine import Constraint
+from engine import Constraint, Reasoning
 from web.api import structured, tools
 from web.api.errors import APIError
 from web.api.params import check_chat
+from web.api.reasoning import enable_thinking
 from web.api.schemas import ChatCompletionRequest, SamplingFields
 from web.api.tool_formats import FORMATS
 from web.services import Services
 
-PASSED_UPSTREAM = ("tools", "tool_choice", "parallel_tool_calls", *structured.FIELDS)
+PASSED_UPSTREAM = ("tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+                   *structured.FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +30,7 @@ class ChatInput:
     ids: list[int]
     constraint: Constraint | None
     tools: tools.ToolPlan | None  # replies are read for tool calls when it `parses`
+    reasoning: Reasoning | None = None  # how a thinking model's reply carries its reasoning
 
 
 def upstream(s: Services) -> bool:
@@ -50,7 +53,7 @@ async def constraint_of(body: SamplingFields, s: Services) -> Constraint | None:
 
 
 async def chat_input(data: ChatCompletionRequest, s: Services) -> ChatInput:
-    messages = check_chat(data, s.config)
+    messages, thinking = check_chat(data, s.config), enable_thinking(data)
     if upstream(s):
         plan = tools.plan(data, None)
         plan = plan and tools.ToolPlan(plan.tools, plan.choice, plan.parallel,
@@ -71,16 +74,18 @@ async def chat_input(data: ChatCompletionRequest, s: Services) -> ChatInput:
                        "none)", param=asked[1])
     try:
         ids = await anyio.to_thread.run_sync(
-            lambda: s.tokenizer.apply_chat_template(template_messages, tools=template_tools))
+            lambda: s.tokenizer.apply_chat_template(template_messages, tools=template_tools,
+                                                    enable_thinking=thinking))
     except (TemplateError, ValueError) as exc:
         raise APIError(f"the chat template refused these messages: {exc}",
                        param="messages") from exc
+    reasoning = s.tokenizer.reasoning_for(ids)
     if forced is not None:
         await anyio.to_thread.run_sync(structured.check, s.engine, forced, "tools")
-        return ChatInput(ids, forced, plan)
+        return ChatInput(ids, forced, plan, reasoning)
     if asked is not None:
         await anyio.to_thread.run_sync(structured.check, s.engine, *asked)
-    return ChatInput(ids, asked[0] if asked else None, plan)
+    return ChatInput(ids, asked[0] if asked else None, plan, reasoning)
 
 
 def _marker(s: Services, plan: tools.ToolPlan) -> int | None:

@@ -12,6 +12,7 @@ from typing import TypedDict
 
 from engine import FinalEvent, RequestHandle, TextDelta, TokenLogprob
 from web.api.logprobs import CompletionLogprobsBuilder, TokenTexts, chat_logprobs
+from web.api.reasoning import delta_choices
 from web.api.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -134,14 +135,13 @@ class ChatShape:
         return ChatLogprobs(chat_logprobs(self.texts, scores, self.top))
 
     def choice(self, index: int, handle: RequestHandle, final: FinalEvent) -> ChatChoice:
-        return ChatChoice(index, AssistantMessage("assistant", handle.text),
-                          logprobs=self._logprobs(handle.logprobs), **ended(final))
+        message = AssistantMessage("assistant", handle.text, handle.reasoning or None)
+        return ChatChoice(index, message, logprobs=self._logprobs(handle.logprobs),
+                          **ended(final))
 
-    def delta(self, index: int, event: TextDelta) -> ChatChunkChoice | None:
+    def deltas(self, index: int, event: TextDelta) -> list[ChatChunkChoice]:
         logprobs = self._logprobs(event.logprobs) if event.logprobs else None
-        if not event.text and logprobs is None:
-            return None
-        return ChatChunkChoice(index, ChatDelta(content=event.text), logprobs=logprobs)
+        return delta_choices(index, event, logprobs)
 
     @staticmethod
     def end(index: int, final: FinalEvent) -> ChatChunkChoice:

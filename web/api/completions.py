@@ -14,13 +14,14 @@ from litestar.params import JSONBody
 from litestar.types import ASGIApp
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from engine import Constraint, FinalEvent, RequestHandle, TextDelta, Tokenizer
+from engine import Constraint, FinalEvent, Reasoning, RequestHandle, TextDelta, Tokenizer
 from web.api.chat_input import chat_input, constraint_of, passthrough, upstream
 from web.api.choices import ChatShape, CompletionShape, usage_of
 from web.api.errors import APIError, error_docs
 from web.api.fanout import cancel_all, collect_all, merge, submit_all
 from web.api.logprobs import TokenTexts
 from web.api.params import check_completion, check_model, sampling_params
+from web.api.reasoning import with_chat_stops
 from web.api.schemas import (
     ChatChunkChoice,
     ChatCompletion,
@@ -89,13 +90,15 @@ def _headers(handles: list[RequestHandle]) -> dict[str, str]:
 
 def _submit(request: Request[Any, Any, Any], s: Services, prompt_ids: list[int],
             body: Any, default_max: int, max_tokens: int | None,
-            constraint: Constraint | None = None) -> list[RequestHandle]:
+            constraint: Constraint | None = None, reasoning: Reasoning | None = None
+            ) -> list[RequestHandle]:
     n = body.n or 1
     params = [dataclasses.replace(sampling_params(body, s.config, len(prompt_ids),
                                                   s.context_limit, default_max, max_tokens, i),
                                   constraint=constraint) for i in range(n)]
-    return submit_all(request, s, prompt_ids, params,
-                      "messages" if hasattr(body, "messages") else "prompt")
+    chat = hasattr(body, "messages")
+    return submit_all(request, s, prompt_ids, with_chat_stops(params, s.tokenizer) if chat
+                      else params, "messages" if chat else "prompt", reasoning)
 
 
 def _prompt_text(body: CompletionRequest, ids: list[int], tokenizer: Tokenizer) -> str:
@@ -134,7 +137,10 @@ class OpenAIController(Controller):
     tags = ("OpenAI-compatible API",)
 
     def _card(self, s: Services) -> ModelCard:
-        return ModelCard(s.config.model_name, int(s.started), s.context_limit)
+        thinks = bool(getattr(s.tokenizer, "thinks", False))  # the gateway: the upstream's
+        return ModelCard(s.config.model_name, int(s.started), s.context_limit,
+                         chat_template=getattr(s.tokenizer, "chat_template_name", None),
+                         reasoning=thinks)
 
     @get("/models", summary="The model this server serves")
     async def models(self, request: Request[Any, Any, Any]) -> ModelList:
@@ -162,7 +168,7 @@ class OpenAIController(Controller):
         max_tokens = data.max_tokens if data.max_tokens is not None else \
             data.max_completion_tokens
         handles = _submit(request, s, ids, data, s.config.default_max_tokens, max_tokens,
-                          chat.constraint)
+                          chat.constraint, chat.reasoning)
         top = (data.top_logprobs or 0) if data.logprobs else None
         shape = ToolChatShape(top, token_texts(s.tokenizer), chat.tools, s.tokenizer) \
             if chat.tools is not None and chat.tools.parses else \

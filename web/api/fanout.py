@@ -12,7 +12,15 @@ from typing import Any
 import anyio
 from litestar import Request
 
-from engine import FinalEvent, QueueFull, RequestError, RequestHandle, SamplingParams, TextDelta
+from engine import (
+    FinalEvent,
+    QueueFull,
+    Reasoning,
+    RequestError,
+    RequestHandle,
+    SamplingParams,
+    TextDelta,
+)
 from web.access.identity import current_user
 from web.api.errors import APIError, from_engine
 from web.services import EngineUnavailable, Services
@@ -20,11 +28,13 @@ from web.sse import until_disconnect
 
 
 def submit_all(request: Request[Any, Any, Any], s: Services, prompt_ids: list[int],
-               params: list[SamplingParams], param: str) -> list[RequestHandle]:
+               params: list[SamplingParams], param: str,
+               reasoning: Reasoning | None = None) -> list[RequestHandle]:
     handles: list[RequestHandle] = []
     try:
         for p in params:
-            handles.append(s.submit(current_user(request), prompt_ids, p, "api"))
+            handles.append(s.submit(current_user(request), prompt_ids, p, "api",
+                                    reasoning=reasoning))
     except (RequestError, QueueFull, EngineUnavailable) as exc:
         for handle in handles:
             handle.cancel()

@@ -22,6 +22,7 @@ class ChatMessage(Struct, kw_only=True):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # accepted back, never put in the prompt
 
 
 class StreamOptions(Struct, kw_only=True):
@@ -66,6 +67,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's; Ferry reads enable_thinking
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
@@ -99,9 +101,10 @@ class ToolCall(Struct):
     type: str = "function"
 
 
-class AssistantMessage(Struct):
+class AssistantMessage(Struct, omit_defaults=True):
     role: str
-    content: str | None
+    content: str | None  # None (null) beside tool calls, as OpenAI sends it
+    reasoning_content: str | None = None  # a thinking model's reasoning (vLLM's name)
     tool_calls: list[ToolCall] | None = None
 
 
@@ -170,6 +173,7 @@ class ChatChoice(Struct):
 class ChatDelta(Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 
@@ -219,6 +223,8 @@ class ModelCard(Struct):
     max_model_len: int
     object: str = "model"
     owned_by: str = "ferry"
+    chat_template: str | None = None  # the model's own, or the plain fallback
+    reasoning: bool = False  # replies carry reasoning_content (a thinking model)
 
 
 class ModelList(Struct):

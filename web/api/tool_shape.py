@@ -68,7 +68,10 @@ class ToolChatShape(ChatShape):
             return base
         tool_calls = [ToolCall(call_id(), FunctionCall(c.name, c.arguments)) for c in calls]
         content = self._clean(content).strip()
-        return ChatChoice(index, AssistantMessage("assistant", content or None, tool_calls),
+        message = AssistantMessage("assistant", content or None,
+                                   reasoning_content=handle.reasoning or None,
+                                   tool_calls=tool_calls)
+        return ChatChoice(index, message,
                           "tool_calls", base.logprobs, base.ferry_finish_reason)
 
     def _chunks(self, index: int, pieces: list[Piece]) -> list[ChatChunkChoice]:
@@ -100,6 +103,8 @@ class ToolChatShape(ChatShape):
                 self.raw[index] = self.tokenizer.detokenizer(skip_special_tokens=False)
             text = "".join(self.raw[index].push(t) for t in event.token_ids)
         out = self._chunks(index, self._stream(index).push(text))
+        if event.reasoning:  # a thinking model's reasoning comes before its calls
+            out.insert(0, ChatChunkChoice(index, ChatDelta(reasoning_content=event.reasoning)))
         if event.logprobs and self.top is not None:
             logprobs = self._logprobs(event.logprobs)
             if out:
@@ -127,6 +132,5 @@ def chat_choices(shape: ChatShape, index: int, event: TextDelta | FinalEvent
     if isinstance(shape, ToolChatShape):
         return shape.ends(index, event) if isinstance(event, FinalEvent) else \
             shape.deltas(index, event)
-    choice = shape.end(index, event) if isinstance(event, FinalEvent) else \
-        shape.delta(index, event)
-    return [] if choice is None else [choice]
+    return [shape.end(index, event)] if isinstance(event, FinalEvent) else \
+        shape.deltas(index, event)

@@ -68,13 +68,19 @@ class GatewayTokenizer:
     hf = None  # no Hugging Face tokenizer behind it
     eos_ids: frozenset[int] = frozenset()
     has_chat_template = True
+    chat_stops: tuple[str, ...] = ()
+    takes_enable_thinking = False  # the upstream's template decides
 
     def encode(self, text: str, add_special_tokens: bool = True) -> UpstreamPrompt:
         return UpstreamPrompt(text=text)
 
     def apply_chat_template(self, messages: Sequence[dict[str, Any]],
-                            add_generation_prompt: bool = True) -> UpstreamPrompt:
+                            add_generation_prompt: bool = True,
+                            enable_thinking: bool | None = None) -> UpstreamPrompt:
         return UpstreamPrompt(messages)
+
+    def reasoning_for(self, prompt_ids: object) -> None:
+        return None  # the upstream splits reasoning itself
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         if isinstance(ids, UpstreamPrompt) and ids.text is not None:

@@ -170,7 +170,7 @@ class ChatController(Controller):
         chat, conv, _ = self._find(request, conversation_id)
         try:
             chat.set_settings(conv, data.system_prompt, data.temperature, data.top_p,
-                              data.max_tokens)
+                              data.max_tokens, data.thinking)
         except REFUSED as exc:
             return refusal(request, exc, conv)
         if request.htmx:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from engine import SamplingParams
+from engine import Reasoning, SamplingParams, continuation
 from web.access.identity import User
 from web.services import Services
 from web.storage.store import Conversation, Message
@@ -30,6 +30,7 @@ class Prompt:
     ids: list[int]
     max_tokens: int  # the reply's limit once the prompt's room is taken
     note: str | None  # what the reader should know (turns left out, a smaller limit)
+    reasoning: Reasoning | None = None  # how a thinking model's reply carries its reasoning
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,14 +77,15 @@ class ChatService:
             max_tokens=max_tokens,
             temperature=cfg.chat_temperature if conv.temperature is None else conv.temperature,
             top_p=cfg.chat_top_p if conv.top_p is None else conv.top_p,
-            ignore_eos=cfg.chat_ignore_eos)
+            ignore_eos=cfg.chat_ignore_eos, stop=self.s.tokenizer.chat_stops)
 
     def wanted_tokens(self, conv: Conversation) -> int:
         return conv.max_tokens if conv.max_tokens is not None else self.s.config.default_max_tokens
 
     def prompt(self, conv: Conversation, history: list[Message], tail: str = "") -> Prompt:
         """Prompt ids for the history, leaving out the oldest turns (never the system prompt)
-        until the prompt and a reply fit the context; `tail` is a reply being continued."""
+        until the prompt and a reply fit the context; `tail` is a reply being continued.
+        Replies go back as their answers only: their reasoning is not fed to the model."""
         turns = [{"role": m.role, "content": m.content} for m in history
                  if m.role == "user" or m.content]
         system = conv.system_prompt if conv.system_prompt is not None else \
@@ -96,7 +98,8 @@ class ChatService:
         tail_ids = tokenizer.encode(tail, add_special_tokens=False) if tail else []
         dropped = 0
         while True:
-            ids = tokenizer.apply_chat_template(head + turns) + tail_ids
+            base = tokenizer.apply_chat_template(head + turns, enable_thinking=conv.thinking)
+            ids = base + tail_ids
             if len(ids) <= room or len(turns) <= 1:
                 break
             step = 2 if len(turns) > 2 else 1
@@ -113,14 +116,25 @@ class ChatService:
         if max_tokens < wanted:
             notes.append(f"the reply is limited to {max_tokens} tokens (not {wanted}): "
                          "the context is nearly full")
-        return Prompt(ids, max_tokens, "; ".join(notes) or None)
+        return Prompt(ids, max_tokens, "; ".join(notes) or None, tokenizer.reasoning_for(base))
+
+    def continued_prompt(self, conv: Conversation, history: list[Message],
+                         msg: Message) -> tuple[Prompt, Reasoning | None]:
+        """The prompt that continues `msg` (its reasoning and its answer so far), and how the
+        rest carries reasoning (None: only answer text follows)."""
+        p = self.prompt(conv, history, msg.content)
+        if p.reasoning is None:
+            return p, None
+        tail, inside = continuation(p.reasoning, msg.reasoning or "", msg.content)
+        p = self.prompt(conv, history, tail)
+        return p, Reasoning(started=True, fresh=False) if inside else None
 
     async def start_reply(self, user: User, conv: Conversation, history: list[Message],
                           version_group: int | None = None) -> Message:
         """Submit a reply to `history` and start streaming it (raises RequestError, QueueFull)."""
         p = await anyio.to_thread.run_sync(self.prompt, conv, history)
         handle = self.s.submit(user, p.ids, self._params(conv, p.max_tokens), "chat",
-                               label=conv.title, link=f"/c/{conv.id}")
+                               label=conv.title, link=f"/c/{conv.id}", reasoning=p.reasoning)
         msg = self.s.store.add_message(conv.id, "assistant", "", "streaming", handle.id,
                                        version_group, p.note, p.max_tokens)
         self.s.replies.start(handle, msg.id, conv.id, p.max_tokens)
@@ -200,12 +214,14 @@ class ChatService:
         self._check_idle(conv)
         if msg.id != history[-1].id or msg.finish_reason not in ("length", "cancelled"):
             raise ChatError("only a reply that was cut short can be continued")
-        p = await anyio.to_thread.run_sync(self.prompt, conv, history[:-1], msg.content)
+        p, reasoning = await anyio.to_thread.run_sync(self.continued_prompt, conv,
+                                                      history[:-1], msg)
         handle = self.s.submit(user, p.ids, self._params(conv, p.max_tokens), "chat",
-                               label=conv.title, link=f"/c/{conv.id}")
+                               label=conv.title, link=f"/c/{conv.id}", reasoning=reasoning)
         self.s.store.restart_message(msg.id, p.max_tokens)
         self.s.replies.start(handle, msg.id, conv.id, p.max_tokens, prefix=msg.content,
-                             earlier_tokens=msg.completion_tokens or 0)
+                             earlier_tokens=msg.completion_tokens or 0,
+                             reasoning_prefix=msg.reasoning or "")
         again = self.s.store.message(msg.id)
         assert again is not None
         return again
@@ -221,8 +237,9 @@ class ChatService:
         self.s.store.rename(conv.id, title[:200])
 
     def set_settings(self, conv: Conversation, system_prompt: str, temperature: str,
-                     top_p: str, max_tokens: str) -> None:
-        """Blank fields mean the server's defaults; out-of-range values are refused."""
+                     top_p: str, max_tokens: str, thinking: bool | None = None) -> None:
+        """Blank fields mean the server's defaults; out-of-range values are refused;
+        `thinking` None: the form had no Thinking switch (the model takes none)."""
         def number(text: str, name: str, low: float, high: float) -> float | None:
             if not text.strip():
                 return None
@@ -240,8 +257,10 @@ class ChatService:
         limit = number(max_tokens, "max tokens", 1, self.s.config.max_tokens_limit)
         if limit is not None and limit != int(limit):
             raise ChatError("max tokens must be a whole number", 400)
+        if thinking is None:
+            thinking = None if conv.enable_thinking is None else conv.thinking
         self.s.store.set_settings(conv.id, system_prompt.strip() or None, temp, nucleus,
-                                  None if limit is None else int(limit))
+                                  None if limit is None else int(limit), thinking)
 
     def delete(self, conv: Conversation) -> None:
         for reply in self.s.replies.in_conversation(conv.id):

@@ -37,7 +37,13 @@ class SettingsForm:
     temperature: str = ""
     top_p: str = ""
     max_tokens: str = ""
+    thinking_switch: str = ""  # "1" when the form shows the Thinking checkbox
+    enable_thinking: str = ""  # "on" when that checkbox is ticked
     csrf_token: str = ""
+
+    @property
+    def thinking(self) -> bool | None:
+        return bool(self.enable_thinking) if self.thinking_switch else None
 
 
 @dataclass
@@ -64,6 +70,7 @@ def page(request: HTMXRequest, user: User, conv: Conversation | None,
     cfg = s.config
     return Template("chat.html", status_code=status_code, context={
         "page": "chat", "user": user, "model_name": cfg.model_name, "notice": notice,
+        "thinking_switch": s.tokenizer.takes_enable_thinking,
         "messages": messages, "versions": version_nav(s, messages), "draft": draft,
         "defaults": {"system_prompt": cfg.chat_system_prompt or "", "temperature":
                      cfg.chat_temperature, "top_p": cfg.chat_top_p,

@@ -5,7 +5,8 @@ A Reply consumes one engine request, saves its text as it grows (at most every
 listeners. Leaving the page (another conversation, the dashboard, a closed tab) never cancels
 it: it runs to its end unless its owner presses Stop, an admin cancels it, or the server
 shuts down. A page that comes back subscribes again and gets the text so far, then the rest;
-`reply_events` is that stream.
+`reply_events` is that stream. A thinking model's reasoning is kept and streamed apart from
+its answer (the page shows it in a collapsed "Thinking" block).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from web.tracker import RequestTracker
 
 log = logging.getLogger(__name__)
-Note = tuple[str, str]  # ("token", text) | ("final", status)
+Note = tuple[str, str]  # ("token", text) | ("reasoning", text) | ("final", status)
 STATUS_POLL = 0.25  # seconds between looks at the engine snapshot while a reply waits
 
 
@@ -41,13 +42,14 @@ def _log_failure(task: asyncio.Task[None]) -> None:
 class Reply:
     def __init__(self, replies: Replies, handle: RequestHandle, message_id: int,
                  conversation_id: int, max_tokens: int | None = None, prefix: str = "",
-                 earlier_tokens: int = 0) -> None:
+                 earlier_tokens: int = 0, reasoning_prefix: str = "") -> None:
         self.handle = handle
         self.message_id = message_id
         self.conversation_id = conversation_id
         self.max_tokens = max_tokens
         self.prefix = prefix  # text before this request (Continue appends to a reply)
         self.earlier_tokens = earlier_tokens
+        self.reasoning_prefix = reasoning_prefix
         self.status = "streaming"
         self.final: FinalEvent | None = None
         self.stopped_by_owner = False
@@ -60,6 +62,10 @@ class Reply:
     @property
     def text(self) -> str:
         return self.prefix + self.handle.text
+
+    @property
+    def reasoning(self) -> str:
+        return self.reasoning_prefix + self.handle.reasoning
 
     @property
     def done(self) -> bool:
@@ -91,11 +97,14 @@ class Reply:
         try:
             async for event in self.handle:
                 if isinstance(event, TextDelta):
+                    if event.reasoning:
+                        self._tell(("reasoning", event.reasoning))
                     if event.text:
                         self._tell(("token", event.text))
-                        if time.monotonic() - last_save >= interval:
-                            store.save_partial(self.message_id, self.text)
-                            last_save = time.monotonic()
+                    if (event.text or event.reasoning) and \
+                            time.monotonic() - last_save >= interval:
+                        store.save_partial(self.message_id, self.text, self.reasoning)
+                        last_save = time.monotonic()
                 else:
                     self.final = event
         except BaseException:  # cancelled (shutdown) or failed: stop the engine's work too
@@ -127,7 +136,7 @@ class Reply:
         try:
             self._replies.store.finish_message(
                 self.message_id, self.text, self.status, reason, error, ended,
-                reply_status.figures(final, self.earlier_tokens))
+                reply_status.figures(final, self.earlier_tokens), self.reasoning)
         finally:
             self._tell(("final", self.status))
             self._replies.forget(self)
@@ -143,9 +152,9 @@ class Replies:
 
     def start(self, handle: RequestHandle, message_id: int, conversation_id: int,
               max_tokens: int | None = None, prefix: str = "",
-              earlier_tokens: int = 0) -> Reply:
+              earlier_tokens: int = 0, reasoning_prefix: str = "") -> Reply:
         reply = Reply(self, handle, message_id, conversation_id, max_tokens, prefix,
-                      earlier_tokens)
+                      earlier_tokens, reasoning_prefix)
         self._live[message_id] = reply  # before its task first runs: forget() comes later
         return reply
 
@@ -189,14 +198,17 @@ async def reply_events(s: Services, conv: Conversation, message_id: int,
     """
     reply = s.replies.get(message_id)
     if reply is not None and not reply.done:
+        thought = reply.reasoning  # with the text so far: nothing can come in between
         text, queue = reply.subscribe()
         watcher = on_event(shutdown, lambda: queue.put_nowait(("shutdown", "")))
         said: str | None = None
         try:
+            if thought:
+                yield text_event("reasoning", thought)
             if text:
                 yield text_event("token", text)
             while True:
-                if not reply.handle.text:  # nothing written yet: say where it stands
+                if not reply.handle.text and not reply.handle.reasoning:  # say where it stands
                     now = reply_status.standing(s.engine.snapshot(), reply.handle.id)
                     if now is not None and now != said:
                         said = now
@@ -207,9 +219,9 @@ async def reply_events(s: Services, conv: Conversation, message_id: int,
                     continue
                 if kind == "shutdown":
                     return
-                if kind != "token":
+                if kind not in ("token", "reasoning"):
                     break
-                yield text_event("token", payload)
+                yield text_event(kind, payload)
         finally:
             watcher.cancel()
             reply.unsubscribe(queue)

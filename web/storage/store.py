@@ -7,7 +7,9 @@ error cut it short; `ended` says why in words. Regenerating keeps the earlier re
 hidden versions of one `version_group`.
 
 Schema versions (PRAGMA user_version): 0 the first release; 1 adds per-conversation
-settings, reply figures (tokens, TTFT, tokens/s), `ended`, `note` and reply versions.
+settings, reply figures (tokens, TTFT, tokens/s), `ended`, `note` and reply versions; 2 adds
+a thinking model's `reasoning` beside each reply's content (it is shown collapsed and never
+sent back to the model) and the conversation's `enable_thinking` (NULL: on).
 Opening an older database adds the columns in place (existing rows keep their values).
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY,
@@ -42,19 +44,20 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 CREATE INDEX IF NOT EXISTS messages_conversation ON messages (conversation_id, id);
 """
-# version 1: the columns it adds to each table, as ALTER TABLE ... ADD COLUMN takes them;
-# NULL settings mean "the server's default"
+# versions 1 and 2: the columns they add to each table, as ALTER TABLE ... ADD COLUMN takes
+# them; NULL settings mean "the server's default"
 ADDED_COLUMNS = {
     "conversations": ("system_prompt TEXT", "temperature REAL", "top_p REAL",
-                      "max_tokens INTEGER"),
+                      "max_tokens INTEGER", "enable_thinking INTEGER"),
     "messages": ("prompt_tokens INTEGER", "completion_tokens INTEGER", "ttft REAL",
                  "tokens_per_s REAL", "max_tokens INTEGER", "ended TEXT", "note TEXT",
-                 "version_group INTEGER", "hidden INTEGER NOT NULL DEFAULT 0"),
+                 "version_group INTEGER", "hidden INTEGER NOT NULL DEFAULT 0",
+                 "reasoning TEXT"),
 }
 RESTARTED = "the server restarted"
 MESSAGE_COLUMNS = ("id, conversation_id, role, content, status, finish_reason, error, "
                    "request_id, created, prompt_tokens, completion_tokens, ttft, tokens_per_s, "
-                   "max_tokens, ended, note, version_group, hidden")
+                   "max_tokens, ended, note, version_group, hidden, reasoning")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,11 @@ class Conversation:
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None
+    enable_thinking: int | None = None  # 0: off; None or 1: on (templates that take it)
+
+    @property
+    def thinking(self) -> bool:
+        return self.enable_thinking != 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +98,7 @@ class Message:
     note: str | None = None  # e.g. "the 4 oldest messages were left out to fit the context"
     version_group: int | None = None  # replies to the same question share one (None: own id)
     hidden: int = 0  # 1: an earlier version, not shown
+    reasoning: str | None = None  # a thinking model's reasoning, apart from its answer
 
     @property
     def is_streaming(self) -> bool:
@@ -195,26 +204,27 @@ class Store:
 
     def set_settings(self, conversation_id: int, system_prompt: str | None,
                      temperature: float | None, top_p: float | None,
-                     max_tokens: int | None) -> None:
+                     max_tokens: int | None, enable_thinking: bool | None = None) -> None:
+        thinking = None if enable_thinking is None else int(enable_thinking)
         self._run("UPDATE conversations SET system_prompt = ?, temperature = ?, top_p = ?, "
-                  "max_tokens = ? WHERE id = ?",
-                  (system_prompt, temperature, top_p, max_tokens, conversation_id))
+                  "max_tokens = ?, enable_thinking = ? WHERE id = ?",
+                  (system_prompt, temperature, top_p, max_tokens, thinking, conversation_id))
 
     # -- messages ----------------------------------------------------------------------
     def add_message(self, conversation_id: int, role: str, content: str,
                     status: str = "complete", request_id: str | None = None,
                     version_group: int | None = None, note: str | None = None,
-                    max_tokens: int | None = None) -> Message:
+                    max_tokens: int | None = None, reasoning: str | None = None) -> Message:
         now = time.time()
         cur = self._run("INSERT INTO messages (conversation_id, role, content, status, "
-                        "request_id, created, updated, version_group, note, max_tokens) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "request_id, created, updated, version_group, note, max_tokens, "
+                        "reasoning) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (conversation_id, role, content, status, request_id, now, now,
-                         version_group, note, max_tokens))
+                         version_group, note, max_tokens, reasoning or None))
         self.touch(conversation_id)
         return Message(int(cur.lastrowid or 0), conversation_id, role, content, status, None,
                        None, request_id, now, max_tokens=max_tokens, note=note,
-                       version_group=version_group)
+                       version_group=version_group, reasoning=reasoning or None)
 
     def message(self, message_id: int) -> Message | None:
         row = self._run(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ?",
@@ -252,9 +262,9 @@ class Store:
         self._run("DELETE FROM messages WHERE conversation_id = ? AND id > ?",
                   (conversation_id, message_id))
 
-    def save_partial(self, message_id: int, content: str) -> None:
-        self._run("UPDATE messages SET content = ?, updated = ? WHERE id = ?",
-                  (content, time.time(), message_id))
+    def save_partial(self, message_id: int, content: str, reasoning: str | None = None) -> None:
+        self._run("UPDATE messages SET content = ?, reasoning = ?, updated = ? WHERE id = ?",
+                  (content, reasoning or None, time.time(), message_id))
 
     def restart_message(self, message_id: int, max_tokens: int | None) -> None:
         """A reply that streams again (Continue): its end and figures are open again."""
@@ -265,13 +275,15 @@ class Store:
     def finish_message(self, message_id: int, content: str, status: str,
                        finish_reason: str | None, error: str | None = None,
                        ended: str | None = None,
-                       figures: ReplyFigures | None = None) -> None:
+                       figures: ReplyFigures | None = None,
+                       reasoning: str | None = None) -> None:
         f = figures or ReplyFigures()
         self._run("UPDATE messages SET content = ?, status = ?, finish_reason = ?, error = ?, "
                   "ended = ?, prompt_tokens = ?, completion_tokens = ?, ttft = ?, "
-                  "tokens_per_s = ?, updated = ? WHERE id = ?",
+                  "tokens_per_s = ?, reasoning = ?, updated = ? WHERE id = ?",
                   (content, status, finish_reason, error, ended, f.prompt_tokens,
-                   f.completion_tokens, f.ttft, f.tokens_per_s, time.time(), message_id))
+                   f.completion_tokens, f.ttft, f.tokens_per_s, reasoning or None, time.time(),
+                   message_id))
 
     def delete_message(self, message_id: int) -> None:
         self._run("DELETE FROM messages WHERE id = ?", (message_id,))

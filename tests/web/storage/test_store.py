@@ -51,6 +51,7 @@ class FakeHandle:
         self.words = words
         self.gap = gap
         self.text = ""
+        self.reasoning = ""
         self.final: FinalEvent | None = None
         self.cancelled = asyncio.Event()
 
@@ -198,6 +199,41 @@ def test_a_database_of_the_first_schema_is_migrated_in_place(tmp_path: Path) -> 
     m = again.message(2)
     assert m is not None and (m.prompt_tokens, m.completion_tokens, m.ttft, m.tokens_per_s) == (
         10, 3, 0.25, 12.5)
+    again.close()
+
+
+V1_COLUMNS = {"conversations": ("system_prompt TEXT", "temperature REAL", "top_p REAL",
+                                 "max_tokens INTEGER"),
+              "messages": ("prompt_tokens INTEGER", "completion_tokens INTEGER", "ttft REAL",
+                           "tokens_per_s REAL", "max_tokens INTEGER", "ended TEXT", "note TEXT",
+                           "version_group INTEGER", "hidden INTEGER NOT NULL DEFAULT 0")}
+
+
+def test_a_version_1_database_gains_reasoning_and_the_thinking_setting(tmp_path: Path) -> None:
+    path = tmp_path / "ferry.sqlite3"
+    old = sqlite3.connect(path)
+    old.executescript(OLD_SCHEMA)
+    for table, columns in V1_COLUMNS.items():
+        for column in columns:
+            old.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+    old.execute("PRAGMA user_version = 1")
+    old.commit()
+    old.close()
+    store = Store(path)
+    assert store.schema_version == SCHEMA_VERSION == 2
+    conv = store.conversation(1)
+    assert conv is not None and conv.enable_thinking is None and conv.thinking
+    reply = store.message(2)
+    assert reply is not None and reply.reasoning is None and reply.content == "Hello!"
+    store.set_settings(1, None, None, None, None, enable_thinking=False)
+    store.finish_message(2, "Hello!", "complete", "stop", reasoning="The user greets me.")
+    store.save_partial(3, "Half a", "Half a thought")
+    store.close()
+    again = Store(path)
+    conv = again.conversation(1)
+    assert conv is not None and conv.enable_thinking == 0 and not conv.thinking
+    assert [m.reasoning for m in again.messages(1)] == [None, "The user greets me.",
+                                                        "Half a thought"]
     again.close()
 
 
