@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.execution.model.llama import LlamaForCausalLM
+from engine.execution.model.decoder import CausalLM
 
 KERNELS = {"avx2": "native AVX2 kernels", "avx-vnni": "native AVX-VNNI kernels",
            "avx512-vnni": "native AVX-512 VNNI kernels",
            "plain": "native plain-C kernels", "torch": "torch fallback kernels (slow)"}
 
 
-def describe_weights(model: LlamaForCausalLM, source: str = "") -> str:
+def describe_weights(model: CausalLM, source: str = "") -> str:
     """e.g. "GGUF Q4_1 + Q8_0 head, native AVX2 kernels, 98 MB" (quantized) or
     "GGUF dequantised to float32, 538 MB" (float). Sizes are of the weights held, in MB."""
     layers, head, total = model.weight_types()
