@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from engine.execution.executor import ModelExecutor
     from engine.execution.loader import ModelNotFound
     from engine.execution.model.describe import describe_file as describe_model_file
+    from engine.execution.model.describe import model_architecture
     from engine.execution.model.linear_kernels import onednn_works
     from engine.execution.tokenizer import Tokenizer
     from engine.kernels.native import set_build_dir as set_kernel_build_dir
@@ -42,6 +43,7 @@ _LAZY: dict[str, str] = {
     "Tokenizer": "engine.execution.tokenizer:Tokenizer",
     "cpu_has_native_bf16": "engine.execution.cpu:cpu_has_native_bf16",
     "describe_model_file": "engine.execution.model.describe:describe_file",
+    "model_architecture": "engine.execution.model.describe:model_architecture",
     "onednn_works": "engine.execution.model.linear_kernels:onednn_works",
     "set_kernel_build_dir": "engine.kernels.native:set_build_dir",
     "kernel_status": "engine.kernels.native:status",
@@ -64,6 +66,6 @@ __all__ = [
     "ModelNotFound", "Policy", "QueueFull", "RequestError", "RequestHandle", "RequestView",
     "RoundView", "SamplingParams", "TextDelta", "Timings", "TokenEvent", "TokenLogprob",
     "Tokenizer", "Usage",
-    "WaitReason", "cpu_has_native_bf16", "describe_model_file", "kernel_status", "onednn_works",
-    "set_kernel_build_dir",
+    "WaitReason", "cpu_has_native_bf16", "describe_model_file", "kernel_status",
+    "model_architecture", "onednn_works", "set_kernel_build_dir",
 ]

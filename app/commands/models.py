@@ -45,6 +45,7 @@ def describe(settings: Settings, paths: Paths) -> list[str]:
         lines.append(f"  {folder}" + ("" if entries else ": no models found"))
         for entry in entries:
             lines.append(f"    {entry.name:<32} {human_size(entry.size):>10}  {entry.path}")
+            lines.append(f"      {runs(entry.path)}")
 
     try:
         chosen = resolve_model(settings.model)
@@ -53,6 +54,16 @@ def describe(settings: Settings, paths: Paths) -> list[str]:
     except ModelError as exc:
         lines.append(f"Selected: {settings.model}: {exc}  [{settings.source('model')}]")
     return lines
+
+
+def runs(path: Path) -> str:
+    """Whether Ferry runs this file or folder: its architecture, or why not."""
+    from engine import ModelNotFound, model_architecture
+
+    try:
+        return f"runs: {model_architecture(path)}"
+    except (ModelNotFound, ValueError, KeyError, OSError) as exc:
+        return f"cannot run: {exc}"
 
 
 def main(settings: Settings, paths: Paths) -> int:
