@@ -19,7 +19,8 @@ K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
 # HF model_type -> (GGUF architecture, gguf-py's MODEL_ARCH)
 ARCHS = {"llama": ("llama", gguf.MODEL_ARCH.LLAMA), "mistral": ("llama", gguf.MODEL_ARCH.LLAMA),
          "qwen2": ("qwen2", gguf.MODEL_ARCH.QWEN2), "qwen3": ("qwen3", gguf.MODEL_ARCH.QWEN3),
-         "gemma3_text": ("gemma3", gguf.MODEL_ARCH.GEMMA3)}
+         "gemma3_text": ("gemma3", gguf.MODEL_ARCH.GEMMA3),
+         "phi3": ("phi3", gguf.MODEL_ARCH.PHI3)}
 
 
 def llama_cpp_permute(w: torch.Tensor, heads: int) -> torch.Tensor:
@@ -54,7 +55,7 @@ def _metadata(w: gguf.GGUFWriter, arch: str, cfg: Any) -> None:
     if cfg.model_type == "gemma3_text":
         rope = dict(rope["full_attention"])
         ints["attention.sliding_window"] = cfg.sliding_window
-    elif getattr(cfg, "sliding_window", None) and cfg.model_type == "mistral":
+    elif getattr(cfg, "sliding_window", None) and cfg.model_type in ("mistral", "phi3"):
         ints["attention.sliding_window"] = cfg.sliding_window
     for key, value in ints.items():
         w.add_uint32(f"{arch}.{key}", value)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
 class UnsupportedModel(ValueError):
@@ -112,8 +112,16 @@ def hf_rope(cfg: Mapping[str, Any], params: Mapping[str, Any] | None = None) -> 
     if rope["rope_type"] not in ROPE_TYPES:
         raise UnsupportedModel(f"rope_type {rope['rope_type']!r} is not supported "
                                f"(supported: {', '.join(ROPE_TYPES)})")
-    if rope["rope_type"] == "llama3":
-        rope.setdefault("original_max_position_embeddings", cfg["max_position_embeddings"])
+    if float(rope.pop("partial_rotary_factor", cfg.get("partial_rotary_factor") or 1.0)) != 1.0:
+        raise UnsupportedModel("a partial rotary embedding (partial_rotary_factor) is not "
+                               "supported")
+    if rope["rope_type"] in ("llama3", "longrope"):
+        rope.setdefault("original_max_position_embeddings",
+                        cfg.get("original_max_position_embeddings",
+                                cfg["max_position_embeddings"]))
+    if rope["rope_type"] == "longrope":  # Phi-3's: the factor is the context's growth
+        rope.setdefault("factor", cfg["max_position_embeddings"]
+                        / rope["original_max_position_embeddings"])
     return RopeSpec(theta, rope)
 
 

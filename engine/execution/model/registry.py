@@ -13,11 +13,12 @@ from engine.execution.model.config import ModelConfig, UnsupportedModel
 from engine.execution.model.decoder import CausalLM
 from engine.execution.model.gemma3 import Gemma3ForCausalLM
 from engine.execution.model.llama import LlamaForCausalLM
+from engine.execution.model.phi3 import Phi3ForCausalLM
 from engine.execution.model.qwen2 import Qwen2ForCausalLM
 from engine.execution.model.qwen3 import Qwen3ForCausalLM
 
 ARCHITECTURES: tuple[type[CausalLM], ...] = (
-    LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM,
+    LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM,
 )
 
 HF_TYPES: dict[str, type[CausalLM]] = {t: a for a in ARCHITECTURES for t in a.hf_model_types}

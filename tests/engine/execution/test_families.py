@@ -37,7 +37,13 @@ WINDOW = 8  # shorter than the prompts
 
 
 def _config(family: str) -> object:
-    from transformers import Gemma3TextConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import (
+        Gemma3TextConfig,
+        MistralConfig,
+        Phi3Config,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
     if family == "gemma3":
         return Gemma3TextConfig(
@@ -49,12 +55,21 @@ def _config(family: str) -> object:
     if family == "mistral":
         return MistralConfig(**COMMON, num_hidden_layers=2, sliding_window=WINDOW,
                              tie_word_embeddings=False)
+    if family == "phi3":  # fused qkv and gate_up as shipped
+        return Phi3Config(**COMMON, num_hidden_layers=2, sliding_window=WINDOW,
+                          tie_word_embeddings=False)
+    if family == "phi3-longrope":  # original context 64: prompts below it use the short
+        return Phi3Config(**{**COMMON, "num_key_value_heads": 4}, num_hidden_layers=2,
+                          original_max_position_embeddings=64, rope_parameters={
+                              "rope_type": "longrope", "rope_theta": 10000.0,
+                              "short_factor": [1.0 + i / 32 for i in range(32)],
+                              "long_factor": [2.0 + i / 8 for i in range(32)]})
     if family == "qwen2":
         return Qwen2Config(**COMMON, num_hidden_layers=2, tie_word_embeddings=True)
     return Qwen3Config(**COMMON, num_hidden_layers=2, head_dim=64, tie_word_embeddings=False)
 
 
-FAMILIES = ["gemma3", "mistral", "qwen2", "qwen3"]
+FAMILIES = ["gemma3", "mistral", "phi3", "qwen2", "qwen3"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -108,7 +123,7 @@ def test_registry_names_each_family(family) -> None:
     cls = registry.for_hf(hf.config.to_dict())
     cfg = cls.config_from_hf(hf.config.to_dict())
     assert cfg.model_type == hf.config.model_type in cls.hf_model_types
-    if name in ("gemma3", "mistral"):
+    if name in ("gemma3", "mistral", "phi3"):
         assert WINDOW in cfg.windows and cfg.max_context == 256
     if name == "gemma3":
         assert cfg.windows == (WINDOW,) * 5 + (None,) and cfg.layers[0].rope != cfg.layers[5].rope
@@ -137,6 +152,17 @@ def test_gguf_matches_transformers_on_its_weights(family, qtype: T, make_harness
         hq = make_harness(path, dtype="auto")
         assert hq.executor.model.quantized == (qtype != T.F32)
         _compare(hq, ref, _run(hq), rel=None if qtype == T.F32 else 0.1)
+
+
+def test_phi3_longrope_safetensors_match_transformers(make_harness, tmp_path: Path) -> None:
+    """LongRoPE below the original context: the short factors, cos/sin scaled by
+    sqrt(1 + ln(256 / 64) / ln 64)."""
+    hf = random_hf(_config("phi3-longrope"))
+    hf.save_pretrained(tmp_path)
+    h = make_harness(tmp_path)
+    rotary = h.executor.model.model.rotary[0]
+    assert rotary.switch == 64 and rotary.attention_factor > 1.1
+    _compare(h, hf, _run(h))
 
 
 @pytest.mark.usefixtures("native_kernels")

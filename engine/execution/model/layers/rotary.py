@@ -19,6 +19,8 @@ def rope_inv_freq(head_dim: int, spec: RopeSpec) -> torch.Tensor:
         return inv
     if kind == "linear":
         return inv / float(rope["factor"])
+    if kind == "longrope":  # the short factors (RotaryEmbedding switches to the long ones)
+        return inv / torch.tensor(rope["short_factor"], dtype=torch.float32)
     if kind == "llama3":
         factor = float(rope["factor"])
         low, high = float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
@@ -43,6 +45,7 @@ class RotaryEmbedding(nn.Module):
     """
 
     inv_freq: torch.Tensor  # a non-persistent buffer (register_buffer)
+    long_inv_freq: torch.Tensor  # LongRoPE only
 
     def __init__(self, head_dim: int, max_positions: int, spec: RopeSpec,
                  device: torch.device | str | None = None,
@@ -58,6 +61,19 @@ class RotaryEmbedding(nn.Module):
                 raise ValueError(f"{factors.numel()} rope factors, expected {inv.numel()}")
             inv = inv / factors.to(inv.dtype)
         self.register_buffer("inv_freq", inv.to(device), persistent=False)
+        # LongRoPE (Phi-3): positions from `switch` on rotate by the long factors, and cos/sin
+        # are scaled by `attention_factor`
+        self.switch: int | None = None
+        self.attention_factor = 1.0
+        if spec.kind == "longrope":
+            params = spec.params
+            base = rope_inv_freq(head_dim, RopeSpec(spec.theta))
+            long = base / torch.tensor(params["long_factor"], dtype=torch.float32)
+            self.register_buffer("long_inv_freq", long.to(device), persistent=False)
+            self.switch = int(params["original_max_position_embeddings"])
+            factor = float(params["factor"])
+            self.attention_factor = float(params.get("attention_factor") or (
+                1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(self.switch))))
 
     def forward(self, positions: torch.Tensor,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,8 +81,13 @@ class RotaryEmbedding(nn.Module):
         if positions.numel() and int(positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(positions.max())} beyond the model's "
                              f"{self.max_positions} positions")
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        inv = self.inv_freq[None, :]
+        if self.switch is not None and positions.numel() and int(positions.max()) >= self.switch:
+            inv = torch.where(positions[:, None] >= self.switch, self.long_inv_freq[None, :], inv)
+        freqs = positions.float()[:, None] * inv
         cos, sin = freqs.cos(), freqs.sin()
+        if self.attention_factor != 1.0:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
         cos = torch.cat((cos, cos), dim=-1).to(dtype).unsqueeze(1)
         sin = torch.cat((-sin, sin), dim=-1).to(dtype).unsqueeze(1)
         return cos, sin
