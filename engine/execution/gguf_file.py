@@ -166,6 +166,10 @@ class GGUFFile:
             if name == "rope_freqs.weight":
                 self.rope_factors = torch.from_numpy(np.array(t.data, dtype=np.float32))
                 continue
+            per_expert = names.expert_key(name)
+            if per_expert is not None:
+                self._split_experts(t, per_expert, expected)
+                continue
             key = names.hf_key(name)
             if key is None:
                 raise ModelFileError(f"{self.path}: tensor {name} is not one Ferry knows "
@@ -194,6 +198,23 @@ class GGUFFile:
             raise ModelFileError(f"{self.path}: {len(missing)} tensors are missing, "
                                  f"e.g. {', '.join(shown)}")
 
+    def _split_experts(self, t: Any, key: str, expected: dict[str, tuple[int, ...]]) -> None:
+        """A 3-D tensor of all experts [experts, out, in] as one 2-D view per expert, under
+        the per-expert key (`key` with "{e}"), so that an expert's blocks are read only when
+        it is used."""
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        experts = self.config.moe.experts if self.config.moe else 0
+        want = expected.get(key.format(e=0))
+        if len(shape) != 3 or shape[0] != experts or want is None or shape[1:] != want:
+            raise ModelFileError(f"{self.path}: tensor {t.name} has shape {list(shape)}, "
+                                 f"but the metadata implies {[experts, *(want or ())]}")
+        data = np.asarray(t.data).reshape(experts, -1)
+        size = int(t.n_bytes) // experts
+        for e in range(experts):
+            k = key.format(e=e)
+            self.tensors[k] = GGUFTensor(t.name, k, int(t.tensor_type), shape[1:], data[e],
+                                         int(t.data_offset) + e * size, size)
+
     def read(self, t: GGUFTensor) -> np.ndarray:
         """The tensor's bytes read from the file into fresh memory (not through the map, so
         that pages of tensors that are copied anyway never become resident twice)."""
@@ -221,6 +242,15 @@ class _Names:
 
     def __init__(self, arch: type[CausalLM]) -> None:
         self.top, self.layer = arch.gguf_global_names, arch.gguf_layer_names
+        self.experts = arch.gguf_expert_names
+
+    def expert_key(self, name: str) -> str | None:
+        """blk.N.ffn_gate_exps.weight -> model.layers.N.mlp.experts.{e}.gate_proj.weight"""
+        parts = name.split(".")
+        if len(parts) == 4 and parts[0] == "blk" and parts[2] in self.experts \
+                and parts[3] == "weight":
+            return f"model.layers.{parts[1]}.{self.experts[parts[2]]}.weight"
+        return None
 
     def hf_key(self, name: str) -> str | None:
         base, _, kind = name.rpartition(".")

@@ -20,7 +20,8 @@ K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
 ARCHS = {"llama": ("llama", gguf.MODEL_ARCH.LLAMA), "mistral": ("llama", gguf.MODEL_ARCH.LLAMA),
          "qwen2": ("qwen2", gguf.MODEL_ARCH.QWEN2), "qwen3": ("qwen3", gguf.MODEL_ARCH.QWEN3),
          "gemma3_text": ("gemma3", gguf.MODEL_ARCH.GEMMA3),
-         "phi3": ("phi3", gguf.MODEL_ARCH.PHI3)}
+         "phi3": ("phi3", gguf.MODEL_ARCH.PHI3),
+         "qwen3_moe": ("qwen3moe", gguf.MODEL_ARCH.QWEN3MOE)}
 
 
 def llama_cpp_permute(w: torch.Tensor, heads: int) -> torch.Tensor:
@@ -55,6 +56,10 @@ def _metadata(w: gguf.GGUFWriter, arch: str, cfg: Any) -> None:
     if cfg.model_type == "gemma3_text":
         rope = dict(rope["full_attention"])
         ints["attention.sliding_window"] = cfg.sliding_window
+    elif cfg.model_type == "qwen3_moe":
+        ints.update({"expert_count": cfg.num_experts, "expert_used_count":
+                     cfg.num_experts_per_tok,
+                     "expert_feed_forward_length": cfg.moe_intermediate_size})
     elif getattr(cfg, "sliding_window", None) and cfg.model_type in ("mistral", "phi3"):
         ints["attention.sliding_window"] = cfg.sliding_window
     for key, value in ints.items():
@@ -67,6 +72,39 @@ def _metadata(w: gguf.GGUFWriter, arch: str, cfg: Any) -> None:
     w.add_eos_token_id(2)
 
 
+def _blocks(stored: torch.Tensor, qtype: T, rng: np.random.Generator) -> np.ndarray:
+    """A 2-D or 3-D (experts) float tensor in `qtype`'s blocks."""
+    if qtype in K_QUANTS:
+        rows = stored.reshape(-1, stored.shape[-1])
+        return random_blocks(qtype, *rows.shape, rng).reshape(*stored.shape[:-1], -1)
+    if qtype == T.F32:
+        return stored.numpy()
+    return gguf.quants.quantize(stored.numpy(), qtype)
+
+
+def _dequant(blocks: np.ndarray, qtype: T, shape: torch.Size) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(blocks, qtype),
+                                                 dtype=np.float32)).reshape(shape)
+
+
+def _experts(w: gguf.GGUFWriter, key: str, value: torch.Tensor, qtype: T,
+             rng: np.random.Generator) -> torch.Tensor:
+    """transformers' fused experts (gate_up_proj [E, 2I, H], down_proj [E, H, I]) as
+    llama.cpp's ffn_{gate,up,down}_exps; returns what the file holds, in HF's layout."""
+    layer = key.split(".")[2]
+    if key.endswith("gate_up_proj"):
+        gate, up = value.chunk(2, dim=1)
+        held = []
+        for name, part in (("ffn_gate_exps", gate), ("ffn_up_exps", up)):
+            blocks = _blocks(part.contiguous(), qtype, rng)
+            w.add_tensor(f"blk.{layer}.{name}.weight", blocks, raw_dtype=qtype)
+            held.append(_dequant(blocks, qtype, part.shape))
+        return torch.cat(held, dim=1)
+    blocks = _blocks(value, qtype, rng)
+    w.add_tensor(f"blk.{layer}.ffn_down_exps.weight", blocks, raw_dtype=qtype)
+    return _dequant(blocks, qtype, value.shape)
+
+
 def write_gguf(path: Path, hf: torch.nn.Module, qtype: T = T.F32,
                types: dict[str, T] | None = None) -> dict[str, torch.Tensor]:
     """`hf`'s weights as a GGUF: each matrix in types[GGUF short name] or `qtype`, vectors
@@ -74,6 +112,8 @@ def write_gguf(path: Path, hf: torch.nn.Module, qtype: T = T.F32,
     cfg = hf.config
     arch, model_arch = ARCHS[cfg.model_type]
     names = gguf.get_tensor_name_map(model_arch, cfg.num_hidden_layers)
+    # gguf-py lists no dense MLP for qwen3moe (a config's mlp_only_layers): Qwen3's names
+    dense = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, cfg.num_hidden_layers)
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     gemma = arch == "gemma3"
     w = gguf.GGUFWriter(str(path), arch)
@@ -84,7 +124,11 @@ def write_gguf(path: Path, hf: torch.nn.Module, qtype: T = T.F32,
         base, _, kind = key.rpartition(".")
         if base == "lm_head" and cfg.tie_word_embeddings:
             continue
-        name = names.get_name(base)
+        if ".mlp.experts." in key:
+            held[key] = _experts(w, key, value.detach().float(), (types or {}).get(
+                "ffn_up_exps", qtype), rng)
+            continue
+        name = names.get_name(base) or dense.get_name(base)
         assert name is not None, key
         short = name.rsplit(".", 1)[-1]
         value = value.detach().float()
@@ -101,15 +145,9 @@ def write_gguf(path: Path, hf: torch.nn.Module, qtype: T = T.F32,
             held[key] = value
             continue
         kind_type = (types or {}).get(short, qtype)
-        if kind_type in K_QUANTS:
-            blocks = random_blocks(kind_type, *stored.shape, rng)
-        elif kind_type == T.F32:
-            blocks = stored.numpy()
-        else:
-            blocks = gguf.quants.quantize(stored.numpy(), kind_type)
+        blocks = _blocks(stored, kind_type, rng)
         w.add_tensor(f"{name}.{kind}", blocks, raw_dtype=kind_type)
-        deq = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(blocks, kind_type),
-                                                    dtype=np.float32)).reshape(stored.shape)
+        deq = _dequant(blocks, kind_type, stored.shape)
         if n_heads:  # back to HF's layout
             deq = deq.reshape(n_heads, -1, 2, deq.shape[1]).swapaxes(1, 2).reshape(deq.shape)
         held[key] = deq

@@ -33,10 +33,12 @@ class RopeSpec:
 @dataclass(frozen=True)
 class LayerSpec:
     """What one decoder layer does differently: `window` (attend over the last this many
-    positions; None: all of them) and its rotary embedding."""
+    positions; None: all of them), its rotary embedding, and whether its MLP is the
+    config's mixture of experts."""
 
     rope: RopeSpec
     window: int | None = None
+    moe: bool = False
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,11 @@ from engine.execution.model.llama import LlamaForCausalLM
 from engine.execution.model.phi3 import Phi3ForCausalLM
 from engine.execution.model.qwen2 import Qwen2ForCausalLM
 from engine.execution.model.qwen3 import Qwen3ForCausalLM
+from engine.execution.model.qwen3_moe import Qwen3MoeForCausalLM
 
 ARCHITECTURES: tuple[type[CausalLM], ...] = (
     LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM,
+    Qwen3MoeForCausalLM,
 )
 
 HF_TYPES: dict[str, type[CausalLM]] = {t: a for a in ARCHITECTURES for t in a.hf_model_types}

@@ -43,6 +43,7 @@ def _config(family: str) -> object:
         Phi3Config,
         Qwen2Config,
         Qwen3Config,
+        Qwen3MoeConfig,
     )
 
     if family == "gemma3":
@@ -66,10 +67,15 @@ def _config(family: str) -> object:
                               "long_factor": [2.0 + i / 8 for i in range(32)]})
     if family == "qwen2":
         return Qwen2Config(**COMMON, num_hidden_layers=2, tie_word_embeddings=True)
+    if family == "qwen3_moe":  # 8 experts, 2 per token; the second layer dense
+        return Qwen3MoeConfig(**COMMON, num_hidden_layers=2, head_dim=64, num_experts=8,
+                              num_experts_per_tok=2, moe_intermediate_size=256,
+                              norm_topk_prob=True, mlp_only_layers=[1],
+                              tie_word_embeddings=False)
     return Qwen3Config(**COMMON, num_hidden_layers=2, head_dim=64, tie_word_embeddings=False)
 
 
-FAMILIES = ["gemma3", "mistral", "phi3", "qwen2", "qwen3"]
+FAMILIES = ["gemma3", "mistral", "phi3", "qwen2", "qwen3", "qwen3_moe"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -146,11 +152,17 @@ def test_gguf_matches_transformers_on_its_weights(family, qtype: T, make_harness
     if ref.config.tie_word_embeddings:
         ref.tie_weights()
     h = make_harness(path)  # dtype float32: dequantised in memory
-    assert h.executor.model.config.model_type == ("llama" if name == "mistral" else name)
+    assert h.executor.model.config.model_type == {"mistral": "llama",
+                                                  "qwen3_moe": "qwen3moe"}.get(name, name)
     _compare(h, ref, _run(h))
     if qtype != T.F16:  # the file's own blocks: float32 ones stay float, so exact
         hq = make_harness(path, dtype="auto")
         assert hq.executor.model.quantized == (qtype != T.F32)
+        if name == "qwen3_moe" and qtype != T.F32:  # one weight per expert, views of the map
+            moe = hq.executor.model.model.layers[0].mlp
+            downs = [e.down_proj.weight for e in moe.experts]
+            assert len(downs) == 8 and all(d.data.numpy().base is not None for d in downs)
+            assert len({d.data.data_ptr() for d in downs}) == 8
         _compare(hq, ref, _run(hq), rel=None if qtype == T.F32 else 0.1)
 
 
