@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from engine.execution.executor import ModelExecutor
     from engine.execution.loader import ModelNotFound
     from engine.execution.model.describe import describe_file as describe_model_file
+    from engine.execution.model.describe import model_architecture
     from engine.execution.model.linear_kernels import onednn_works
     from engine.execution.tokenizer import Tokenizer
     from engine.kernels.native import set_build_dir as set_kernel_build_dir
@@ -50,6 +51,7 @@ _LAZY: dict[str, str] = {
     "cpu_has_native_bf16": "engine.execution.cpu:cpu_has_native_bf16",
     "describe_chat_template": "engine.execution.chat_template:describe_chat_template",
     "describe_model_file": "engine.execution.model.describe:describe_file",
+    "model_architecture": "engine.execution.model.describe:model_architecture",
     "onednn_works": "engine.execution.model.linear_kernels:onednn_works",
     "set_kernel_build_dir": "engine.kernels.native:set_build_dir",
     "kernel_status": "engine.kernels.native:status",
@@ -75,5 +77,5 @@ __all__ = [
     "Tokenizer", "Usage",
     "WaitReason", "apply_cpu_cap", "continuation", "cpu_has_native_bf16",
     "describe_chat_template", "describe_cpu_level", "describe_model_file", "kernel_status",
-    "onednn_works", "set_kernel_build_dir", "structured",
+    "model_architecture", "onednn_works", "set_kernel_build_dir", "structured",
 ]

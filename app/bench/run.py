@@ -273,7 +273,7 @@ def main(argv: list[str]) -> int:
         results.append(bench_hf.one_at_a_time(model, torch, subset, work, pad, len(prompts)))
         results.append(bench_hf.static_batches(model, torch, prompts, work, pad))
     kernels = kernel_status().split(" (")[0]  # native / off / unavailable: why
-    if executor.model.fused is not None:
+    if executor.fused is not None:
         kernels += ", fused decode layers"
     kernels += f"; CPU {describe_cpu_level()}"  # every figure says which CPU it came from
     report(results, work, dtype, args.json, kernels, executor.describe())

@@ -46,6 +46,7 @@ def describe(settings: Settings, paths: Paths) -> list[str]:
         lines.append(f"  {folder}" + ("" if entries else ": no models found"))
         for entry in entries:
             lines.append(f"    {entry.name:<32} {human_size(entry.size):>10}  {entry.path}")
+            lines.append(f"      {runs(entry.path)}")
 
     lines.append("Other tools' models (Ollama, LM Studio, the Hugging Face cache)")
     stored = stored_models()
@@ -62,6 +63,16 @@ def describe(settings: Settings, paths: Paths) -> list[str]:
     except ModelError as exc:
         lines.append(f"Selected: {settings.model}: {exc}  [{settings.source('model')}]")
     return lines
+
+
+def runs(path: Path) -> str:
+    """Whether Ferry runs this file or folder: its architecture, or why not."""
+    from engine import ModelNotFound, model_architecture
+
+    try:
+        return f"runs: {model_architecture(path)}"
+    except (ModelNotFound, ValueError, KeyError, OSError) as exc:
+        return f"cannot run: {exc}"
 
 
 def main(settings: Settings, paths: Paths) -> int:

@@ -20,7 +20,8 @@ from engine.execution.cpu import default_threads, on_fresh_thread
 from engine.execution.grammar_masks import MaskWorker, consume
 from engine.execution.kv_pool import KVPool, slot_of
 from engine.execution.loader import load_model, resolve_model, weight_mode
-from engine.execution.model.llama import LlamaForCausalLM
+from engine.execution.model.decoder import CausalLM
+from engine.execution.model.fused_decode import FusedDecode
 from engine.execution.sampler import Sampler
 from engine.execution.tokenizer import gguf_tokenizer_dir, read_eos_ids
 from engine.scheduling.batch import Batch
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 class ModelExecutor:
-    def __init__(self, model: LlamaForCausalLM, config: EngineConfig,
+    def __init__(self, model: CausalLM, config: EngineConfig,
                  device: torch.device | str = "cpu", backend: str | None = None,
                  eos_ids: frozenset[int] = frozenset(), model_path: Path | None = None,
                  threads: int | None = None) -> None:
@@ -42,9 +43,12 @@ class ModelExecutor:
         self.page_size = config.page_size
         self.pool = KVPool(cfg.num_layers, config.num_pages, config.page_size, cfg.num_kv_heads,
                            cfg.head_dim, model.dtype, self.device)
-        name = backend or default_backend(self.device, model.dtype)
+        name = backend or default_backend(self.device, model.dtype, any(cfg.windows))
         self.attn = get_backend(name)(self.pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                      cfg.head_dim ** -0.5)
+                                      cfg.scale, cfg.windows)
+        # decode rounds of a few sequences run each layer in one C call where the model's
+        # layers are the fused recipe's (built from the model's neutral description)
+        self.fused = FusedDecode.build(cfg, model.decode_layers(), model.dtype, model)
         self.sampler = Sampler()
         self.masks = MaskWorker(cfg.vocab_size)
         self.eos_ids = eos_ids
@@ -185,7 +189,7 @@ class ModelExecutor:
         with torch.inference_mode():
             self.attn.prepare(AttentionInputs(query_lens, kv_lens, tables, as_tensor(slots)))
             logits = self.model(as_tensor(ids), as_tensor(positions), self.attn,
-                                as_tensor(score_rows + sample_rows))
+                                as_tensor(score_rows + sample_rows), self.fused)
             if score_rows:
                 self._score_prompts(logits[:len(score_rows)], scored)
                 logits = logits[len(score_rows):]

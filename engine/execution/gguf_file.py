@@ -1,5 +1,9 @@
 """Reading a GGUF file: its metadata as our ModelConfig, its tensors under Hugging Face names.
 
+The architecture (registry: `general.architecture` -> class) reads the metadata and names
+the tensors (its gguf_global_names / gguf_layer_names); the shapes the config implies come
+from the model itself, built on the meta device.
+
 gguf-py's GGUFReader memory-maps the file; each tensor's `data` is a numpy view into that map,
 so nothing is read until used. The checks a bad file needs happen here, before any kernel sees
 a byte: the architecture, every tensor's block type and extent (a truncated file), and every
@@ -21,20 +25,9 @@ import numpy as np
 import torch
 
 from engine.execution.errors import ModelFileError
-from engine.execution.model.llama import ModelConfig
-
-ARCHS = ("llama",)  # GGUF architectures Ferry runs (Mistral and SmolLM2 GGUFs say "llama")
-PERMUTED = ("llama",)  # archs whose attn_q / attn_k rows llama.cpp permutes
-
-# GGUF tensor name (per layer: without "blk.N.") -> Hugging Face key suffix
-GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
-                "output": "lm_head"}
-LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
+from engine.execution.model import registry
+from engine.execution.model.config import GGUFMeta, ModelConfig
+from engine.execution.model.decoder import CausalLM
 
 
 def _open_reader(path: Path) -> Any:
@@ -144,89 +137,40 @@ class GGUFFile:
         self.reader = _open_reader(self.path)
         self.meta = {k: _value(f) for k, f in self.reader.fields.items()}
         self.arch = str(self.meta.get("general.architecture", ""))
-        if self.arch not in ARCHS:
+        arch = registry.for_gguf(self.arch)
+        if arch is None:
             raise ModelFileError(f"{self.path}: architecture {self.arch!r} is not one Ferry "
-                                 f"runs (supported: {', '.join(ARCHS)})")
+                                 f"runs (supported: {', '.join(registry.GGUF_ARCHS)})")
+        self.architecture: type[CausalLM] = arch
         by_name = {t.name: t for t in self.reader.tensors}
-        self.config = self._config(by_name)
+        shapes = {n: tuple(int(d) for d in reversed(t.shape.tolist())) for n, t in by_name.items()}
+        self.config: ModelConfig = arch.config_from_gguf(
+            GGUFMeta(str(self.path), self.arch, self.meta, shapes))
         self.tensors: dict[str, GGUFTensor] = {}
         self.rope_factors: torch.Tensor | None = None
         self._map_tensors(by_name)
         eos = self.meta.get("tokenizer.ggml.eos_token_id")
         self.eos_ids: frozenset[int] = frozenset([int(eos)] if eos is not None else [])
 
-    def _get(self, key: str, default: Any = None) -> Any:
-        value = self.meta.get(f"{self.arch}.{key}", default)
-        if value is None:
-            raise ModelFileError(f"{self.path}: metadata {self.arch}.{key} is missing")
-        if isinstance(value, list):
-            raise ModelFileError(f"{self.path}: per-layer {self.arch}.{key} is not supported")
-        return value
-
-    def _config(self, by_name: dict[str, Any]) -> ModelConfig:
-        hidden = int(self._get("embedding_length"))
-        heads = int(self._get("attention.head_count"))
-        embed = by_name.get("token_embd.weight")
-        if embed is None:
-            raise ModelFileError(f"{self.path}: tensor token_embd.weight is missing")
-        vocab = int(self.meta.get(f"{self.arch}.vocab_size") or embed.shape[-1])
-        rope: dict[str, Any] = {"rope_type": "default"}
-        kind = self.meta.get(f"{self.arch}.rope.scaling.type", "none")
-        if kind == "linear":
-            rope = {"rope_type": "linear",
-                    "factor": float(self._get("rope.scaling.factor"))}
-        elif kind not in ("none", ""):
-            raise ModelFileError(f"{self.path}: rope scaling {kind!r} is not supported")
-        return ModelConfig(
-            model_type=self.arch, vocab_size=vocab, hidden_size=hidden,
-            intermediate_size=int(self._get("feed_forward_length")),
-            num_layers=int(self._get("block_count")), num_heads=heads,
-            num_kv_heads=int(self._get("attention.head_count_kv", heads)),
-            head_dim=int(self._get("attention.key_length", hidden // heads)),
-            rms_norm_eps=float(self._get("attention.layer_norm_rms_epsilon")),
-            max_position_embeddings=int(self._get("context_length")),
-            rope_theta=float(self._get("rope.freq_base", 10000.0)), rope=rope,
-            tie_word_embeddings="output.weight" not in by_name,
-            qkv_bias="blk.0.attn_q.bias" in by_name, o_bias="blk.0.attn_output.bias" in by_name,
-            mlp_bias="blk.0.ffn_up.bias" in by_name)
-
-    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
-        c = self.config
-        q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        shapes: dict[str, tuple[int, ...]] = {
-            "model.embed_tokens.weight": (c.vocab_size, c.hidden_size),
-            "model.norm.weight": (c.hidden_size,)}
-        if not c.tie_word_embeddings:
-            shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
-        per_layer = {"input_layernorm": (c.hidden_size,),
-                     "post_attention_layernorm": (c.hidden_size,),
-                     "self_attn.q_proj": (q, c.hidden_size),
-                     "self_attn.k_proj": (kv, c.hidden_size),
-                     "self_attn.v_proj": (kv, c.hidden_size),
-                     "self_attn.o_proj": (c.hidden_size, q),
-                     "mlp.gate_proj": (c.intermediate_size, c.hidden_size),
-                     "mlp.up_proj": (c.intermediate_size, c.hidden_size),
-                     "mlp.down_proj": (c.hidden_size, c.intermediate_size)}
-        biased = ((["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"] if c.qkv_bias
-                   else []) + (["self_attn.o_proj"] if c.o_bias else [])
-                  + (["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"] if c.mlp_bias else []))
-        for i in range(c.num_layers):
-            for name, shape in per_layer.items():
-                shapes[f"model.layers.{i}.{name}.weight"] = shape
-            for name in biased:
-                shapes[f"model.layers.{i}.{name}.bias"] = per_layer[name][:1]
-        return shapes
+    def skeleton(self) -> CausalLM:
+        """The architecture's model for this config, on the meta device (no storage)."""
+        return self.architecture(self.config, torch.float32, "meta")
 
     def _map_tensors(self, by_name: dict[str, Any]) -> None:
         import gguf
 
-        expected = self.expected_shapes()
+        expected = self.skeleton().checkpoint_shapes()
         c = self.config
+        names = _Names(self.architecture)
         for name, t in by_name.items():
             if name == "rope_freqs.weight":
                 self.rope_factors = torch.from_numpy(np.array(t.data, dtype=np.float32))
                 continue
-            key = _hf_key(name)
+            per_expert = names.expert_key(name)
+            if per_expert is not None:
+                self._split_experts(t, per_expert, expected)
+                continue
+            key = names.hf_key(name)
             if key is None:
                 raise ModelFileError(f"{self.path}: tensor {name} is not one Ferry knows "
                                      f"for architecture {self.arch}")
@@ -242,17 +186,34 @@ class GGUFFile:
                 raise ModelFileError(f"{self.path}: vector {name} is stored as "
                                      f"{t.tensor_type.name}, expected a float type")
             heads = 0
-            if self.arch in PERMUTED and ".q_proj." in key:
+            if self.architecture.gguf_permute_qk and ".q_proj." in key:
                 heads = c.num_heads
-            elif self.arch in PERMUTED and ".k_proj." in key:
+            elif self.architecture.gguf_permute_qk and ".k_proj." in key:
                 heads = c.num_kv_heads
             self.tensors[key] = GGUFTensor(name, key, qtype, shape, t.data, int(t.data_offset),
                                            int(t.n_bytes), heads)
         missing = [k for k in expected if k not in self.tensors]
         if missing:
-            names = [_gguf_name(k) for k in missing[:3]]
+            shown = [names.gguf_name(k) for k in missing[:3]]
             raise ModelFileError(f"{self.path}: {len(missing)} tensors are missing, "
-                                 f"e.g. {', '.join(names)}")
+                                 f"e.g. {', '.join(shown)}")
+
+    def _split_experts(self, t: Any, key: str, expected: dict[str, tuple[int, ...]]) -> None:
+        """A 3-D tensor of all experts [experts, out, in] as one 2-D view per expert, under
+        the per-expert key (`key` with "{e}"), so that an expert's blocks are read only when
+        it is used."""
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        experts = self.config.moe.experts if self.config.moe else 0
+        want = expected.get(key.format(e=0))
+        if len(shape) != 3 or shape[0] != experts or want is None or shape[1:] != want:
+            raise ModelFileError(f"{self.path}: tensor {t.name} has shape {list(shape)}, "
+                                 f"but the metadata implies {[experts, *(want or ())]}")
+        data = np.asarray(t.data).reshape(experts, -1)
+        size = int(t.n_bytes) // experts
+        for e in range(experts):
+            k = key.format(e=e)
+            self.tensors[k] = GGUFTensor(t.name, k, int(t.tensor_type), shape[1:], data[e],
+                                         int(t.data_offset) + e * size, size)
 
     def read(self, t: GGUFTensor) -> np.ndarray:
         """The tensor's bytes read from the file into fresh memory (not through the map, so
@@ -276,23 +237,38 @@ def gguf_eos_ids(path: str | Path) -> frozenset[int]:
     return frozenset([int(value)]) if value is not None else frozenset()
 
 
-def _hf_key(name: str) -> str | None:
-    base, _, kind = name.rpartition(".")
-    if kind not in ("weight", "bias"):
+class _Names:
+    """An architecture's GGUF tensor names <-> Hugging Face keys."""
+
+    def __init__(self, arch: type[CausalLM]) -> None:
+        self.top, self.layer = arch.gguf_global_names, arch.gguf_layer_names
+        self.experts = arch.gguf_expert_names
+
+    def expert_key(self, name: str) -> str | None:
+        """blk.N.ffn_gate_exps.weight -> model.layers.N.mlp.experts.{e}.gate_proj.weight"""
+        parts = name.split(".")
+        if len(parts) == 4 and parts[0] == "blk" and parts[2] in self.experts \
+                and parts[3] == "weight":
+            return f"model.layers.{parts[1]}.{self.experts[parts[2]]}.weight"
         return None
-    if base in GLOBAL_NAMES:
-        return f"{GLOBAL_NAMES[base]}.{kind}"
-    parts = base.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{kind}"
-    return None
 
+    def hf_key(self, name: str) -> str | None:
+        base, _, kind = name.rpartition(".")
+        if kind not in ("weight", "bias"):
+            return None
+        if base in self.top:
+            return f"{self.top[base]}.{kind}"
+        parts = base.split(".")
+        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() \
+                and parts[2] in self.layer:
+            return f"model.layers.{parts[1]}.{self.layer[parts[2]]}.{kind}"
+        return None
 
-def _gguf_name(key: str) -> str:
-    for gg, hf in GLOBAL_NAMES.items():
-        if key.startswith(hf + "."):
-            return gg + key[len(hf):]
-    parts = key.split(".")
-    rest = ".".join(parts[3:-1])
-    short = next((g for g, h in LAYER_NAMES.items() if h == rest), rest)
-    return f"blk.{parts[2]}.{short}.{parts[-1]}"
+    def gguf_name(self, key: str) -> str:
+        for gg, hf in self.top.items():
+            if key.startswith(hf + "."):
+                return gg + key[len(hf):]
+        parts = key.split(".")
+        rest = ".".join(parts[3:-1])
+        short = next((g for g, h in self.layer.items() if h == rest), rest)
+        return f"blk.{parts[2]}.{short}.{parts[-1]}"

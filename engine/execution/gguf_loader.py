@@ -1,49 +1,36 @@
-"""A GGUF file into our LlamaForCausalLM: in its own block format, or dequantised to floats.
+"""A GGUF file into its architecture's model: in its own block format, or dequantised to floats.
 
-`load_quantized` keeps every quantized tensor as a quant.QuantWeight: a view into the file's
-memory map where the bytes are used as stored, fresh memory read from the file where they must
-be reordered (attn_q / attn_k rows, see gguf_file) or stacked (a fused qkv or gate_up whose
-parts share a block type). No float copy of a quantized weight is ever made. Norms and other
-vectors become float32 tensors; a float32 matrix stays a float tensor (packed for oneDNN later).
+Both go through the one weight loop (model/weights.py) with a `GGUFSource`:
 
-`load_dequantized` is the float reference path: every tensor dequantised in memory, in HF
-layout, loaded like a safetensors checkpoint.
+* quantized: every quantized tensor is kept as a quant.QuantWeight, a view into the file's
+  memory map where the bytes are used as stored, fresh memory read from the file where they
+  must be reordered (attn_q / attn_k rows, see gguf_file) or stacked (a fused qkv or gate_up
+  whose parts share a block type; parts of different types become a SplitWeight). No float
+  copy of a quantized weight is ever made. Vectors become float32 tensors; a float32 matrix
+  stays a float tensor (packed for oneDNN later).
+* dequantised, the float reference path: every tensor dequantised in memory, in HF layout.
 """
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from engine.execution.errors import ModelFileError
 from engine.execution.gguf_file import GGUFFile, GGUFTensor
-from engine.execution.model.layers import Linear, RotaryEmbedding, default_weight_loader
+from engine.execution.model.decoder import CausalLM
 from engine.execution.model.linear_kernels import SplitWeight
-from engine.execution.model.llama import DecoderLayer, LlamaForCausalLM
+from engine.execution.model.weights import load_weights
 
 if TYPE_CHECKING:
+    from engine.execution.model.linear_kernels import Weight
     from engine.kernels.quant import QuantWeight
 
 log = logging.getLogger(__name__)
 
 F32, F16, BF16 = 0, 1, 30
-
-
-def _rotary(model: LlamaForCausalLM, file: GGUFFile, device: torch.device | str) -> None:
-    """A fresh rotary module on `device` (the model may have been built on meta), with
-    llama.cpp's per-frequency factors (Llama 3 GGUFs store its rope scaling as rope_freqs)."""
-    cfg = model.config
-    rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
-                             cfg.rope, device)
-    if file.rope_factors is not None:
-        factors = file.rope_factors.to(rotary.inv_freq.device)
-        if factors.shape != rotary.inv_freq.shape:
-            raise ModelFileError(f"{file.path}: tensor rope_freqs.weight has "
-                                 f"{factors.numel()} values, expected {rotary.inv_freq.numel()}")
-        rotary.inv_freq = rotary.inv_freq / factors
-    model.model.rotary = rotary
 
 
 # --- the quantized path ----------------------------------------------------------------------
@@ -102,71 +89,6 @@ def _stacked(file: GGUFFile, parts: list[GGUFTensor]) -> QuantWeight:
     return quant.QuantWeight(qtype, torch.from_numpy(out), n_in, out.shape[0])
 
 
-def _set_linear(file: GGUFFile, module: Linear, keys: list[str]) -> None:
-    parts = [file.tensors[f"{k}.weight"] for k in keys]
-    biases = [b for k in keys if (b := file.tensors.get(f"{k}.bias")) is not None]
-    bias = torch.cat([_float(file, b) for b in biases]) if len(biases) == len(keys) else None
-    kinds = {p.qtype for p in parts}
-    if kinds == {F32}:  # float32 matrices stay float (packed for oneDNN like any other)
-        weight = torch.cat([_float(file, p) for p in parts])
-        module.weight = torch.nn.Parameter(weight, requires_grad=False)
-        if module.bias is not None:
-            if bias is None:  # as set_quantized: never an empty bias parameter
-                raise ValueError("a biased projection needs its bias")
-            module.bias = torch.nn.Parameter(bias, requires_grad=False)
-        return
-    if len(parts) == 1:
-        module.set_quantized(_quant_weight(file, parts[0]), bias)
-    elif len(kinds) == 1:
-        _quant_weight(file, parts[0])  # the type check, with the tensor's name
-        module.set_quantized(_stacked(file, parts), bias)
-    else:
-        module.set_quantized(SplitWeight(tuple(_quant_weight(file, p) for p in parts)), bias)
-
-
-def _set_vector(file: GGUFFile, module: torch.nn.Module, key: str) -> None:
-    module.weight = torch.nn.Parameter(_float(file, file.tensors[key]), requires_grad=False)
-
-
-def load_quantized(file: GGUFFile) -> LlamaForCausalLM:
-    """The model with float32 activations over the file's own blocks (CPU)."""
-    cfg = file.config
-    model = LlamaForCausalLM(cfg, torch.float32, "meta")  # no float storage at all
-    inner = model.model
-    embed = file.tensors["model.embed_tokens.weight"]
-    if embed.qtype == F32:
-        _set_vector(file, inner.embed_tokens, embed.key)
-    else:
-        inner.embed_tokens.set_quantized(_quant_weight(file, embed))
-    for i, layer in enumerate(cast("list[DecoderLayer]", list(inner.layers))):
-        p = f"model.layers.{i}."
-        attn, mlp = layer.self_attn, layer.mlp
-        _set_linear(file, attn.qkv_proj, [p + "self_attn." + n for n in ("q_proj", "k_proj",
-                                                                         "v_proj")])
-        _set_linear(file, attn.o_proj, [p + "self_attn.o_proj"])
-        _set_linear(file, mlp.gate_up_proj, [p + "mlp.gate_proj", p + "mlp.up_proj"])
-        _set_linear(file, mlp.down_proj, [p + "mlp.down_proj"])
-        _set_vector(file, layer.input_layernorm, p + "input_layernorm.weight")
-        _set_vector(file, layer.post_attention_layernorm, p + "post_attention_layernorm.weight")
-    _set_vector(file, inner.norm, "model.norm.weight")
-    if cfg.tie_word_embeddings:
-        weight = inner.embed_tokens.weight
-        if isinstance(weight, torch.Tensor):
-            model.lm_head.weight = weight
-        else:
-            model.lm_head.set_quantized(weight)
-    else:
-        _set_linear(file, model.lm_head, ["lm_head"])
-    _rotary(model, file, "cpu")
-    meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-    if meta:
-        raise ModelFileError(f"{file.path}: nothing loaded for {', '.join(meta[:3])}")
-    model.eos_ids = file.eos_ids
-    return model.eval()
-
-
-# --- the float reference path ----------------------------------------------------------------
-
 def _dequantized(t: GGUFTensor) -> torch.Tensor:
     """float32 in HF layout; quantized blocks through quant.dequantize (exact)."""
     from engine.kernels import quant
@@ -183,24 +105,51 @@ def _dequantized(t: GGUFTensor) -> torch.Tensor:
     return out if rows is None else out.index_select(0, rows)
 
 
-def load_dequantized(file: GGUFFile, dtype: torch.dtype,
-                     device: torch.device | str) -> LlamaForCausalLM:
-    """The model in float `dtype` on the file's weights dequantised in memory."""
-    from engine.execution.loader import map_key
+class GGUFSource:
+    """A GGUFFile's tensors for the weight loop, in their own blocks (`quantized`) or
+    dequantised to floats."""
 
-    model = LlamaForCausalLM(file.config, dtype, device)
-    params = dict(model.named_parameters())
-    for key, t in file.tensors.items():
-        name, shard = map_key(key, model)
-        if name is None:
-            continue
-        if name not in params:
-            raise ModelFileError(f"{file.path}: tensor {t.name} has no place in the model")
-        tensor = _dequantized(t).to(device=device, dtype=dtype)
-        if shard is None:
-            default_weight_loader(params[name], tensor)
-        else:
-            params[name].weight_loader(params[name], tensor, shard)  # type: ignore[attr-defined]
-    _rotary(model, file, device)
+    def __init__(self, file: GGUFFile, quantized: bool) -> None:
+        self.file = file
+        self.where = str(file.path)
+        self.quantized = quantized
+
+    def keys(self) -> list[str]:
+        return list(self.file.tensors)
+
+    def matrix(self, keys: list[str], dtype: torch.dtype, device: torch.device | str) -> Weight:
+        file = self.file
+        parts = [file.tensors[k] for k in keys]
+        kinds = {p.qtype for p in parts}
+        if not self.quantized or kinds == {F32}:  # float32 matrices stay float
+            return torch.cat([_dequantized(p) if not self.quantized else _float(file, p)
+                              for p in parts]).to(device=device, dtype=dtype)
+        if len(parts) == 1:
+            return _quant_weight(file, parts[0])
+        if len(kinds) == 1:
+            _quant_weight(file, parts[0])  # the type check, with the tensor's name
+            return _stacked(file, parts)
+        return SplitWeight(tuple(_quant_weight(file, p) for p in parts))
+
+    def vector(self, keys: list[str], dtype: torch.dtype,
+               device: torch.device | str) -> torch.Tensor:
+        return torch.cat([_float(self.file, self.file.tensors[k]) for k in keys]).to(
+            device=device, dtype=dtype)
+
+
+def _load(file: GGUFFile, quantized: bool, dtype: torch.dtype,
+          device: torch.device | str) -> CausalLM:
+    model = file.architecture(file.config, dtype, "meta")  # no float storage at all
+    load_weights(model, GGUFSource(file, quantized), device, file.rope_factors)
     model.eos_ids = file.eos_ids
-    return model.eval()
+    return model
+
+
+def load_quantized(file: GGUFFile) -> CausalLM:
+    """The model with float32 activations over the file's own blocks (CPU)."""
+    return _load(file, True, torch.float32, "cpu")
+
+
+def load_dequantized(file: GGUFFile, dtype: torch.dtype, device: torch.device | str) -> CausalLM:
+    """The model in float `dtype` on the file's weights dequantised in memory."""
+    return _load(file, False, dtype, device)

@@ -21,8 +21,10 @@ import torch
 
 from engine.execution.cpu import cpu_has_native_bf16
 from engine.execution.errors import ModelFileError, ModelNotFound
-from engine.execution.model.layers import Embedding, Linear, default_weight_loader
-from engine.execution.model.llama import LlamaForCausalLM, ModelConfig
+from engine.execution.model import registry
+from engine.execution.model.decoder import CausalLM
+from engine.execution.model.layers import Embedding, Linear
+from engine.execution.model.weights import SafetensorsSource, load_weights
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +147,7 @@ def weight_mode(path: Path, dtype: str | torch.dtype, device: torch.device | str
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu",
-               quantize: str | None = None) -> LlamaForCausalLM:
+               quantize: str | None = None) -> CausalLM:
     """Build our model from a HF folder or a GGUF file.
 
     quantize None: float weights in `dtype` (a GGUF dequantised in memory: the reference
@@ -170,7 +172,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     return model
 
 
-def quantize_model(model: LlamaForCausalLM, qtype: int) -> None:
+def quantize_model(model: CausalLM, qtype: int) -> None:
     """Quantize every projection and the embedding table in place (a tied LM head shares the
     embedding's blocks); the float tensors are dropped."""
     from engine.kernels import quant
@@ -188,50 +190,17 @@ def quantize_model(model: LlamaForCausalLM, qtype: int) -> None:
             except ValueError as exc:
                 raise ValueError(f"cannot quantize {name}: {exc}") from exc
         if isinstance(module, Linear):
-            module.set_quantized(done[id(w)], None if module.bias is None else module.bias.data)
+            module.set_quantized(done[id(w)])
         else:
             module.set_quantized(done[id(w)])
 
 
-def _load_folder(path: Path, dtype: torch.dtype,
-                 device: torch.device | str) -> LlamaForCausalLM:
-    """Copy a HF folder's safetensors weights into our model (fusing qkv and gate/up)."""
-    from safetensors import safe_open
-
-    cfg = ModelConfig.from_hf(read_config(path))
-    model = LlamaForCausalLM(cfg, dtype, device)
-    params = dict(model.named_parameters())
-    pending = {name: getattr(p, "num_shards", 1) for name, p in params.items()}
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
+def _load_folder(path: Path, dtype: torch.dtype, device: torch.device | str) -> CausalLM:
+    """A HF folder's safetensors weights into its architecture's model (fusing qkv and
+    gate/up), through the one weight loop."""
+    cfg = read_config(path)
+    arch = registry.for_hf(cfg)
+    model = arch(arch.config_from_hf(cfg), dtype, "meta")
+    if not any(path.glob("*.safetensors")):
         raise ModelNotFound(f"no *.safetensors in {path}")
-    for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as st:
-            for key in st.keys():  # noqa: SIM118 (safe_open is not a dict)
-                name, shard = map_key(key, model)
-                if name is None:
-                    continue
-                if name not in params:
-                    log.warning("ignoring unexpected checkpoint tensor %s", key)
-                    continue
-                param, tensor = params[name], st.get_tensor(key).to(device=device, dtype=dtype)
-                if shard is None:
-                    default_weight_loader(param, tensor)
-                else:
-                    # set by PackedLinear on its parameters (a dynamic attribute)
-                    param.weight_loader(param, tensor, shard)  # type: ignore[attr-defined]
-                pending[name] -= 1
-    missing = [n for n, left in pending.items() if left > 0]
-    if missing:
-        raise ValueError(f"checkpoint {path} lacks {len(missing)} tensors, e.g. {missing[:3]}")
-    return model.eval()
-
-
-def map_key(key: str, model: LlamaForCausalLM) -> tuple[str | None, str | None]:
-    """Checkpoint key -> (our parameter name, shard) or (None, None) to skip."""
-    if "rotary_emb" in key or (key == "lm_head.weight" and model.config.tie_word_embeddings):
-        return None, None
-    for src, (dst, shard) in model.packed_modules.items():
-        if f".{src}." in key:
-            return key.replace(f".{src}.", f".{dst}."), shard
-    return key, None
+    return load_weights(model, SafetensorsSource(path, model), device)

@@ -1,9 +1,9 @@
-"""Python entry point to the fused decoder layers (csrc/decode_layer*.c): one C call per layer.
+"""Python entry point to the fused decoder layer (csrc/decode_layer.c): one C call per layer.
 
-Two variants share one call: bf16 weights and activations (`LayerWeights`, ferry_layer), or
-float32 activations over quant.h's `ferry_weight` products, float or block-quantized
-(`QLayerWeights`, ferry_qlayer). The structs hold raw pointers: the tensors they point into
-must outlive them (engine.execution.model.fused_decode keeps the model alive).
+One recipe for two activation types: bf16 activations over bf16 weights, or float32
+activations over quant.h's `ferry_weight` products (float or block-quantized). The structs
+hold raw pointers: the tensors they point into must outlive them
+(engine.execution.model.fused_decode keeps them alive).
 """
 from __future__ import annotations
 
@@ -20,32 +20,42 @@ if TYPE_CHECKING:
     from engine.kernels.quant import QuantWeight
 
 LayerWeights = native.struct("ferry_layer")  # None = absent (no bias, no q/k norm)
-QLayerWeights = native.struct("ferry_qlayer")
 LayerDims = native.struct("ferry_dims")
 Projection = native.struct("ferry_proj")
 MAX_PARTS = len(Projection().part)
+BF16 = 30  # ggml's type id for a bf16 matrix (the bf16 layer's one part)
+DT = {torch.float32: 0, torch.bfloat16: 1}
 
 
 def pointer(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def projection(parts: Sequence[QuantWeight], bias: torch.Tensor | None) -> ctypes.Structure:
-    """A ferry_proj over row-stacked quantized parts (one, or q/k/v, gate/up), float32 bias."""
+def projection(parts: Sequence[QuantWeight | torch.Tensor],
+               bias: torch.Tensor | None) -> ctypes.Structure:
+    """A ferry_proj over row-stacked parts: quantized weights (one, or q/k/v, gate/up) with a
+    float32 bias, or one contiguous bf16 matrix [out, in] with a bf16 bias."""
     if not 0 < len(parts) <= MAX_PARTS:
         raise ValueError(f"a fused projection has 1 to {MAX_PARTS} parts, not {len(parts)}")
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-        raise ValueError("a quantized projection's bias must be contiguous float32")
+    if bias is not None and not bias.is_contiguous():
+        raise ValueError("a fused projection's bias must be contiguous")
     proj = Projection(parts=len(parts), bias=pointer(bias))
     for i, w in enumerate(parts):
-        proj.part[i] = native.struct("ferry_weight")(
-            qtype=w.qtype, data=w.data.data_ptr(), **{"in": w.in_features},
-            out=w.out_features, row_bytes=w.data.shape[1])
+        if isinstance(w, torch.Tensor):
+            if w.dtype != torch.bfloat16 or not w.is_contiguous() or len(parts) != 1:
+                raise ValueError("a float part must be one contiguous bf16 matrix")
+            proj.part[i] = native.struct("ferry_weight")(
+                qtype=BF16, data=w.data_ptr(), **{"in": w.shape[1]}, out=w.shape[0],
+                row_bytes=w.shape[1] * 2)
+        else:
+            proj.part[i] = native.struct("ferry_weight")(
+                qtype=w.qtype, data=w.data.data_ptr(), **{"in": w.in_features},
+                out=w.out_features, row_bytes=w.data.shape[1])
     return proj
 
 
 def layer_scratch(dims: ctypes.Structure, rows: int, dtype: torch.dtype) -> torch.Tensor:
-    """Scratch for one layer call: bf16 for the bf16 layer, float32 for the float32 one."""
+    """Scratch for one layer call, in the activations' dtype."""
     n = rows * (2 * dims.hidden + (dims.heads + 2 * dims.kv_heads) * dims.dim
                 + dims.heads * dims.dim + 3 * dims.inter)
     return torch.empty(n, dtype=dtype)
@@ -57,11 +67,9 @@ def decode_layer(weights: ctypes.Structure, dims: ctypes.Structure, x: torch.Ten
     """One decoder layer for a decode round of x.shape[0] sequences, in place: x (the previous
     layer's output) becomes this layer's output, residual the running sum (`first`: started
     from x). cos/sin: the round's rotary tables; slots/pages: the round's K/V places. x,
-    residual, cos, sin and scratch are bf16 for LayerWeights, float32 for QLayerWeights."""
-    lib = native.loaded()
-    quantized = isinstance(weights, QLayerWeights)
-    fn = lib.ferry_decode_layer_f32 if quantized else lib.ferry_decode_layer
-    check(fn(ctypes.byref(weights), ctypes.byref(dims), x.shape[0], x.data_ptr(),
-             residual.data_ptr(), int(first), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
-             pages.page_ids.data_ptr(), pages.page_starts.data_ptr(), pages.kv_lens.data_ptr(),
-             scratch.data_ptr()), "decode_layer")
+    residual, cos, sin and scratch share one dtype (bf16 or float32), the weights' norms too."""
+    check(native.loaded().ferry_decode_layer(
+        ctypes.byref(weights), ctypes.byref(dims), DT[x.dtype], x.shape[0], x.data_ptr(),
+        residual.data_ptr(), int(first), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
+        pages.page_ids.data_ptr(), pages.page_starts.data_ptr(), pages.kv_lens.data_ptr(),
+        scratch.data_ptr()), "decode_layer")

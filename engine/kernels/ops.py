@@ -103,9 +103,10 @@ class DecodePages:
 
 
 def decode_attention(q: torch.Tensor, paged: torch.Tensor, pages: DecodePages,
-                     scale: float) -> torch.Tensor:
+                     scale: float, window: int | None = None) -> torch.Tensor:
     """q [seqs, heads, dim] (rows may be strided) attends over each sequence's cached K/V in
-    `paged` (one layer of the pool, any of POOL_DT) -> [seqs, heads * dim] in q's dtype."""
+    `paged` (one layer of the pool, any of POOL_DT), its last `window` positions only where
+    given (a sliding-window layer) -> [seqs, heads * dim] in q's dtype."""
     seqs, heads, dim = q.shape
     _, _, kvh, ps, _ = paged.shape
     if q.stride(2) != 1 or q.stride(1) != dim or seqs != pages.num:
@@ -114,7 +115,8 @@ def decode_attention(q: torch.Tensor, paged: torch.Tensor, pages: DecodePages,
     check(native.loaded().ferry_decode_attention(
         q.data_ptr(), q.stride(0), paged.data_ptr(), pages.page_ids.data_ptr(),
         pages.page_starts.data_ptr(), pages.kv_lens.data_ptr(), seqs, heads, kvh, dim, ps,
-        scale, out.data_ptr(), POOL_DT[q.dtype], POOL_DT[paged.dtype]), "decode_attention")
+        scale, out.data_ptr(), POOL_DT[q.dtype], POOL_DT[paged.dtype], window or 0),
+        "decode_attention")
     return out
 
 

@@ -176,6 +176,9 @@ def test_models_lists_default_and_folders(capsys: pytest.CaptureFixture[str],
     (folder / "tiny-llama").mkdir(parents=True)
     (folder / "tiny-llama" / "config.json").write_text("{}")
     (folder / "other.gguf").write_bytes(b"GGUF" + bytes(2044))
+    from engine.execution.loader import default_gguf_path
+
+    (folder / "smol.gguf").symlink_to(default_gguf_path())
     config = get_paths().config_file
     config.parent.mkdir(parents=True)
     config.write_text(f"model_folders = [{json.dumps(str(folder))}, \"/nowhere\"]\n")
@@ -185,6 +188,10 @@ def test_models_lists_default_and_folders(capsys: pytest.CaptureFixture[str],
     assert "converted copy: none yet" in out
     assert "tiny-llama" in out and "other" in out and "2.0 KiB" in out
     assert "/nowhere: missing" in out
+    # which it runs (the architecture) and why not
+    assert "runs: llama" in out
+    assert "cannot run: model_type None is not supported (supported: llama, mistral" in out
+    assert "cannot run: " in out.split("other.gguf")[1].splitlines()[1]
 
 
 def test_models_shows_converted_copy(capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,9 +22,12 @@ def get_backend(name: str) -> type[AttentionBackend]:
     return backend
 
 
-def default_backend(device: torch.device | str, dtype: torch.dtype) -> str:
-    """flashinfer on CUDA in half precision when it is installed, else the torch reference."""
-    if (torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+def default_backend(device: torch.device | str, dtype: torch.dtype,
+                    sliding: bool = False) -> str:
+    """flashinfer on CUDA in half precision when it is installed (and the model has no
+    sliding-window layers), else the torch reference."""
+    if (not sliding and torch.device(device).type == "cuda"
+            and dtype in (torch.float16, torch.bfloat16)
             and importlib.util.find_spec("flashinfer")):
         return "flashinfer"
     return "torch"

@@ -3,7 +3,8 @@
 A round is a packed batch of sequences. Sequence r computes `query_lens[r]` new tokens whose
 positions are [kv_lens[r] - query_lens[r], kv_lens[r]); it attends causally over its whole
 prefix, positions [0, kv_lens[r]), whose older K/V (cached prefix, earlier chunks, earlier
-decodes) are already in the pool. Tokens are packed in sequence order, and sequences with a
+decodes) are already in the pool; a sliding-window layer's queries see only the last `window`
+positions of it (their own included). Tokens are packed in sequence order, and sequences with a
 single query token (decodes, one-token chunks) come first, so backends can split the round
 into a decode part and a prefill part without reordering.
 
@@ -14,6 +15,7 @@ A backend may also offer a decode-only round to a fused native decoder layer
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -69,7 +71,9 @@ class AttentionBackend(ABC):
     name: str = "base"
 
     def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int,
-                 scale: float) -> None:
+                 scale: float, windows: Sequence[int | None] = ()) -> None:
+        """`windows`: per layer, the sliding window its queries attend over (the last this
+        many positions, their own included; None or absent: all)."""
         if num_heads % num_kv_heads:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
         self.pool = pool
@@ -77,6 +81,10 @@ class AttentionBackend(ABC):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.windows = tuple(w or None for w in windows)
+
+    def window(self, layer: int) -> int | None:
+        return self.windows[layer] if layer < len(self.windows) else None
 
     @abstractmethod
     def prepare(self, inputs: AttentionInputs) -> None:

@@ -9,6 +9,7 @@ sequence's end, which is what a chunk after a cached prefix needs).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -29,8 +30,11 @@ class FlashInferAttention(AttentionBackend):
     name = "flashinfer"
 
     def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int,
-                 scale: float) -> None:
-        super().__init__(pool, num_heads, num_kv_heads, head_dim, scale)
+                 scale: float, windows: Sequence[int | None] = ()) -> None:
+        super().__init__(pool, num_heads, num_kv_heads, head_dim, scale, windows)
+        if any(self.windows):
+            raise ValueError("the flashinfer backend does not run sliding-window layers yet; "
+                             "use the torch backend")
         if pool.device.type != "cuda":
             raise ValueError("the flashinfer backend needs the KV pool on a CUDA device")
         if pool.dtype not in (torch.float16, torch.bfloat16):

@@ -2,7 +2,8 @@
 
 No Python loop over sequences per layer. `prepare` builds, once per round, the index tensors
 that gather every sequence's pages out of the pool (padded to the most pages in a group)
-and the masks; each layer then does one gather for K and V together and batched matmuls:
+and the masks (one per distinct sliding window of the model's layers, and the full one);
+each layer then does one gather for K and V together and batched matmuls:
 
 * decode part (one query each): pages gathered as (K/V, page, head) blocks come out
   head-major, [seqs * kv_heads, L, d], so a GQA group of query heads is one `baddbmm` row
@@ -20,6 +21,7 @@ the prefill part keeps SDPA.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +40,7 @@ class _DecodeGroup:
     n: int
     length: int  # padded KV length
     kv_idx: torch.Tensor
-    mask: torch.Tensor  # [n * kv_heads, 1, length] additive
+    masks: dict[int | None, torch.Tensor]  # per window: [n * kv_heads, 1, length] additive
     q_idx: torch.Tensor | None  # rows of the decode part; None = all, in order
 
 
@@ -48,7 +50,7 @@ class _PrefillGroup:
     qmax: int
     length: int  # padded KV length
     kv_idx: torch.Tensor
-    mask: torch.Tensor  # [n, 1, qmax, length] bool
+    masks: dict[int | None, torch.Tensor]  # per window: [n, 1, qmax, length] bool
     q_idx: torch.Tensor | None  # rows of the prefill part, padded; None = take it as is
     out_idx: torch.Tensor | None  # real rows of the padded output; None = all
 
@@ -77,8 +79,9 @@ class TorchAttention(AttentionBackend):
     name = "torch"
 
     def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int,
-                 scale: float) -> None:
-        super().__init__(pool, num_heads, num_kv_heads, head_dim, scale)
+                 scale: float, windows: Sequence[int | None] = ()) -> None:
+        super().__init__(pool, num_heads, num_kv_heads, head_dim, scale, windows)
+        self.kinds: list[int | None] = [None, *sorted({w for w in self.windows if w})]
         # emulated bf16 batched matmuls fall back to one small addmm per matrix (far slower
         # than float32): attend in float32 over the gathered (already copied) K/V
         self.compute_dtype = (torch.float32 if emulated_bf16(pool.dtype, pool.device)
@@ -125,12 +128,16 @@ class TorchAttention(AttentionBackend):
             for g in groups:
                 kv = [kvlens[i] for i in g]
                 idx, length = self._block_index([inputs.page_tables[i] for i in g], kv)
-                pad = torch.arange(length)[None, :] >= torch.tensor(kv)[:, None]
-                mask = torch.zeros(len(g), 1, length, dtype=self.compute_dtype)
-                mask.masked_fill_(pad[:, None, :], float("-inf"))
-                mask = mask.repeat_interleave(kvh, dim=0).to(dev)  # [n*kvh, 1, L]
+                k = torch.arange(length)[None, :]
+                ends = torch.tensor(kv)[:, None]
+                masks = {}
+                for window in self.kinds:
+                    pad = (k >= ends) if window is None else (k >= ends) | (k < ends - window)
+                    mask = torch.zeros(len(g), 1, length, dtype=self.compute_dtype)
+                    mask.masked_fill_(pad[:, None, :], float("-inf"))
+                    masks[window] = mask.repeat_interleave(kvh, dim=0).to(dev)  # [n*kvh, 1, L]
                 q_idx = None if len(groups) == 1 else torch.tensor(g).to(dev)
-                self.dec_groups.append(_DecodeGroup(len(g), length, idx, mask, q_idx))
+                self.dec_groups.append(_DecodeGroup(len(g), length, idx, masks, q_idx))
             order = [i for g in groups for i in g]
             if order != list(range(n_dec)):
                 self.dec_perm = torch.argsort(torch.tensor(order)).to(dev)
@@ -161,12 +168,15 @@ class TorchAttention(AttentionBackend):
         i = torch.arange(qmax, dtype=torch.int64)[None, :]
         i_clamped = torch.minimum(i, ql[:, None] - 1)  # padded query rows copy the last
         qpos = torch.tensor(kvlens)[:, None] - ql[:, None] + i_clamped  # absolute positions
-        mask = (torch.arange(length)[None, None, :] <= qpos[:, :, None]).unsqueeze(1).to(dev)
+        k = torch.arange(length)[None, None, :]
+        causal = k <= qpos[:, :, None]
+        masks = {w: (causal if w is None else causal & (k > qpos[:, :, None] - w))
+                 .unsqueeze(1).to(dev) for w in self.kinds}
         if whole:  # the only prefill sequence: no padding, use views
-            return _PrefillGroup(n, qmax, length, kv_idx, mask, None, None)
+            return _PrefillGroup(n, qmax, length, kv_idx, masks, None, None)
         q_idx = (torch.tensor(firsts)[:, None] + i_clamped).flatten().to(dev)
         out_idx = (torch.arange(n)[:, None] * qmax + i)[i < ql[:, None]].to(dev)
-        return _PrefillGroup(n, qmax, length, kv_idx, mask, q_idx, out_idx)
+        return _PrefillGroup(n, qmax, length, kv_idx, masks, q_idx, out_idx)
 
     def native_decode(self) -> NativeDecode | None:
         if self.dec_pages is None or self.n_pre:
@@ -182,42 +192,42 @@ class TorchAttention(AttentionBackend):
         blocks = self.pool.blocks(layer)
         if self.dec_pages is not None:
             parts.append(ops.decode_attention(q[:self.n_dec], self.pool.paged(layer),
-                                              self.dec_pages, self.scale))
+                                              self.dec_pages, self.scale, self.window(layer)))
         elif self.n_dec:
             qdec = q[:self.n_dec]
-            outs = [self._decode(qdec, blocks, g) for g in self.dec_groups]
+            outs = [self._decode(qdec, blocks, g, self.window(layer)) for g in self.dec_groups]
             out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
             if self.dec_perm is not None:
                 out = out.index_select(0, self.dec_perm)
             parts.append(out)
         if self.n_pre:
             qpre = q[self.n_dec:]
-            outs = [self._prefill(qpre, blocks, g) for g in self.pre_groups]
+            outs = [self._prefill(qpre, blocks, g, self.window(layer)) for g in self.pre_groups]
             out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
             if self.pre_perm is not None:
                 out = out.index_select(0, self.pre_perm)
             parts.append(out)
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
-    def _decode(self, qdec: torch.Tensor, blocks: torch.Tensor,
-                g: _DecodeGroup) -> torch.Tensor:
+    def _decode(self, qdec: torch.Tensor, blocks: torch.Tensor, g: _DecodeGroup,
+                window: int | None) -> torch.Tensor:
         d, kvh, h = self.head_dim, self.num_kv_heads, self.num_heads
         qd = qdec if g.q_idx is None else qdec.index_select(0, g.q_idx)
         qd = qd.reshape(g.n * kvh, h // kvh, d).to(self.compute_dtype)
         kv = blocks.index_select(0, g.kv_idx).to(self.compute_dtype)
         kd, vd = kv.view(2, g.n * kvh, g.length, d)
-        scores = torch.baddbmm(g.mask, qd, kd.transpose(1, 2), alpha=self.scale)
+        scores = torch.baddbmm(g.masks[window], qd, kd.transpose(1, 2), alpha=self.scale)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vd.dtype)
         return torch.bmm(probs, vd).view(g.n, h * d).to(qdec.dtype)
 
-    def _prefill(self, qpre: torch.Tensor, blocks: torch.Tensor,
-                 g: _PrefillGroup) -> torch.Tensor:
+    def _prefill(self, qpre: torch.Tensor, blocks: torch.Tensor, g: _PrefillGroup,
+                 window: int | None) -> torch.Tensor:
         d, kvh, h = self.head_dim, self.num_kv_heads, self.num_heads
         qp = qpre if g.q_idx is None else qpre.index_select(0, g.q_idx)
         qp = qp.reshape(g.n, g.qmax, h, d).transpose(1, 2).to(self.compute_dtype)
         kv = blocks.index_select(0, g.kv_idx).to(self.compute_dtype)
         kp, vp = kv.view(2, g.n, kvh, g.length, d)
-        out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=g.mask, scale=self.scale,
-                                             enable_gqa=kvh != h)
+        out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=g.masks[window],
+                                             scale=self.scale, enable_gqa=kvh != h)
         out = out.transpose(1, 2).reshape(g.n * g.qmax, h * d).to(qpre.dtype)
         return out if g.out_idx is None else out.index_select(0, g.out_idx)

@@ -1,18 +1,23 @@
-"""One line on how a loaded model runs, for `ferry doctor`, the banner and `ferry bench`."""
+"""One line on how a loaded model runs, for `ferry doctor`, the banner and `ferry bench`, led
+by its architecture (registry name); and whether Ferry runs a file at all (`ferry models`)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from engine.execution.model.llama import LlamaForCausalLM
+from engine.execution.model.decoder import CausalLM
 
 KERNELS = {"avx2": "native AVX2 kernels", "avx-vnni": "native AVX-VNNI kernels",
            "avx512-vnni": "native AVX-512 VNNI kernels",
            "plain": "native plain-C kernels", "torch": "torch fallback kernels (slow)"}
 
 
-def describe_weights(model: LlamaForCausalLM, source: str = "") -> str:
-    """e.g. "GGUF Q4_1 + Q8_0 head, native AVX2 kernels, 98 MB" (quantized) or
-    "GGUF dequantised to float32, 538 MB" (float). Sizes are of the weights held, in MB."""
+def describe_weights(model: CausalLM, source: str = "") -> str:
+    """e.g. "llama: GGUF Q4_1 + Q8_0 head, native AVX2 kernels, 98 MB" (quantized) or
+    "llama: GGUF dequantised to float32, 538 MB" (float). Sizes are of the weights held."""
+    return f"{model.config.model_type}: {_weights(model, source)}"
+
+
+def _weights(model: CausalLM, source: str) -> str:
     layers, head, total = model.weight_types()
     size = f"{total / 1e6:.0f} MB"
     kinds = [k for k, _ in sorted(layers.items(), key=lambda kv: -kv[1])]
@@ -34,11 +39,31 @@ def describe_file(path: str | Path, dtype: str = "auto", device: str = "cpu",
                   quantize: str | None = None) -> str:
     """The same line for a model not loaded yet (`ferry doctor`): a GGUF's tensor table is
     read (memory-mapped, no weights touched); a folder is described by its settings."""
+    path = Path(path)
+    return f"{model_architecture(path)}: {_file(path, dtype, device, quantize)}"
+
+
+def model_architecture(path: str | Path) -> str:
+    """The registry name of the architecture a .gguf file or a model folder holds; raises
+    UnsupportedModel / ModelFileError (saying what Ferry runs) where Ferry cannot run it. A
+    GGUF's metadata and tensor table are read and checked (memory-mapped, no weights)."""
+    from engine.execution.loader import read_config
+    from engine.execution.model import registry
+
+    path = Path(path)
+    if path.suffix == ".gguf":
+        from engine.execution.gguf_file import GGUFFile
+
+        return GGUFFile(path).config.model_type
+    cfg = read_config(path)
+    return registry.for_hf(cfg).config_from_hf(cfg).model_type
+
+
+def _file(path: Path, dtype: str, device: str, quantize: str | None) -> str:
     import torch
 
     from engine.execution.loader import GGUF, weight_mode
 
-    path = Path(path)
     torch_dtype, mode = weight_mode(path, dtype, device, quantize)
     name = str(torch_dtype).removeprefix("torch.")
     if path.suffix != ".gguf":

@@ -2,10 +2,15 @@
 
 A decode step calls ~10 kernels per layer; from Python each call costs its own dispatch and
 ctypes overhead. `layer_ops.decode_layer` runs the same kernels in the same order inside one
-call, so its results are those of the layer-by-layer path, bit for bit. Two variants:
+call, so its results are those of the layer-by-layer path, bit for bit.
 
-* bf16 weights and activations, where that path would itself run Ferry's kernels on every
-  operation (bf16 multiplied by Ferry's bf16 product on emulated-bf16 CPUs); the pool is bf16.
+The model describes its layers neutrally (`DecodeLayerSpec`: norms, the four projections,
+the window; CausalLM.decode_layers, None where a layer is not this recipe) and the executor
+builds a FusedDecode from that where one of two variants applies:
+
+* bf16 weights and activations, where the layer path would itself run Ferry's kernels on
+  every operation (bf16 multiplied by Ferry's bf16 product on emulated-bf16 CPUs); the pool
+  bf16.
 * float32 activations over quantized weights (engine.kernels.quant.QuantWeight, or a
   linear_kernels.SplitWeight of them: any GGUF block type, F16, BF16, F32), every product by
   `ferry_qmatmul`, as `quant.quant_matmul` multiplies below `quant.many_rows()` rows (from
@@ -18,107 +23,111 @@ backend offers the round to a native decode layer (AttentionBackend.native_decod
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, cast
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.execution.attention.base import AttentionBackend
 from engine.execution.model import linear_kernels
+from engine.execution.model.config import ModelConfig
 from engine.kernels import layer_ops, ops, quant
 
 if TYPE_CHECKING:
     from engine.execution.kv_pool import KVPool
+    from engine.execution.model.decoder import DecoderLayer
     from engine.execution.model.layers import Linear
-    from engine.execution.model.llama import DecoderLayer, LlamaForCausalLM
-    from engine.kernels.quant import QuantWeight
 
 
-def _projections(layer: DecoderLayer) -> list[Linear]:
-    attn, mlp = layer.self_attn, layer.mlp
-    return [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+@dataclass(frozen=True)
+class DecodeLayerSpec:
+    """One pre-norm layer as the fused recipe runs it: x + attn(norm(x)) with optional
+    per-head q/k norms, then + down(silu(gate) * up)(norm(...)). Projections in order qkv,
+    o, gate_up, down."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    projections: tuple[Linear, Linear, Linear, Linear]
+    window: int | None
 
 
-def _float(weight: linear_kernels.Weight) -> torch.Tensor:
-    if not isinstance(weight, torch.Tensor):
-        raise TypeError("the bf16 decode path needs float weights")
-    return weight
+def describe_layers(layers: Sequence[DecoderLayer]) -> list[DecodeLayerSpec]:
+    """DecoderLayer stacks (decoder.py) with a SiLU gated MLP; [] where one's MLP differs."""
+    from engine.execution.model.layers import GatedMLP
+
+    out = []
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if not isinstance(mlp, GatedMLP) or mlp.act != "silu":
+            return []
+        out.append(DecodeLayerSpec(
+            layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+            attn.q_norm.weight if attn.qk_norm else None,
+            attn.k_norm.weight if attn.qk_norm else None,
+            (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj), attn.spec.window))
+    return out
 
 
-def _bf16_layer(layer: DecoderLayer) -> ctypes.Structure:
-    def p(weight: linear_kernels.Weight | None) -> int | None:
-        return layer_ops.pointer(None if weight is None else _float(weight))
-
-    attn, mlp = layer.self_attn, layer.mlp
-    return layer_ops.LayerWeights(
-        p(layer.input_layernorm.weight), p(layer.post_attention_layernorm.weight),
-        p(attn.q_norm.weight) if attn.qk_norm else None,
-        p(attn.k_norm.weight) if attn.qk_norm else None,
-        p(attn.qkv_proj.weight), p(attn.qkv_proj.bias), p(attn.o_proj.weight),
-        p(attn.o_proj.bias), p(mlp.gate_up_proj.weight), p(mlp.gate_up_proj.bias),
-        p(mlp.down_proj.weight), p(mlp.down_proj.bias), None)
-
-
-def _parts(weight: linear_kernels.Weight) -> tuple[QuantWeight, ...] | None:
-    """The quantized parts of a projection's weight, or None if it is a float tensor."""
-    if isinstance(weight, torch.Tensor):
+def _parts(module: Linear, bf16: bool) -> list[torch.Tensor] | tuple[quant.QuantWeight, ...] | None:
+    """The matrices of a projection as the recipe multiplies them, or None where it cannot."""
+    w = module.weight
+    if bf16:
+        if not isinstance(w, torch.Tensor) or not linear_kernels.native_direct(w):
+            return None
+        return [w]
+    if isinstance(w, torch.Tensor):
         return None
-    if isinstance(weight, linear_kernels.SplitWeight):
-        return weight.parts
-    return (weight,)
+    parts = w.parts if isinstance(w, linear_kernels.SplitWeight) else (w,)
+    if len(parts) > layer_ops.MAX_PARTS or (module.bias is not None
+                                              and module.bias.dtype != torch.float32):
+        return None
+    return parts
 
 
-def _quant_layer(layer: DecoderLayer) -> ctypes.Structure | None:
+def _layer(spec: DecodeLayerSpec, dtype: torch.dtype) -> ctypes.Structure | None:
+    norms = [spec.input_norm, spec.post_norm, spec.q_norm, spec.k_norm]
+    if not all(n is None or (n.dtype == dtype and n.is_contiguous()) for n in norms):
+        return None
     projections = []
-    for module in _projections(layer):
-        parts = _parts(module.weight)
-        if parts is None or len(parts) > layer_ops.MAX_PARTS or (
-                module.bias is not None and module.bias.dtype != torch.float32):
+    for module in spec.projections:
+        parts = _parts(module, dtype == torch.bfloat16)
+        if parts is None:
             return None
         projections.append(layer_ops.projection(parts, module.bias))
-    norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-    attn = layer.self_attn
-    if attn.qk_norm:
-        norms += [attn.q_norm.weight, attn.k_norm.weight]
-    if not all(n.dtype == torch.float32 and n.is_contiguous() for n in norms):
-        return None
     p = layer_ops.pointer
-    return layer_ops.QLayerWeights(
-        p(norms[0]), p(norms[1]), p(norms[2]) if attn.qk_norm else None,
-        p(norms[3]) if attn.qk_norm else None, *projections, None)
+    return layer_ops.LayerWeights(*(p(n) for n in norms), *projections, None,
+                                  spec.window or 0, 0)
 
 
 class FusedDecode:
-    def __init__(self, model: LlamaForCausalLM, layers: list[ctypes.Structure],
-                 dtype: torch.dtype) -> None:
-        cfg = model.config
+    def __init__(self, cfg: ModelConfig, layers: list[ctypes.Structure], dtype: torch.dtype,
+                 keep: object) -> None:
         self.dims = layer_ops.LayerDims(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
                                         cfg.num_kv_heads, cfg.head_dim, 0, cfg.rms_norm_eps,
-                                        cfg.head_dim ** -0.5, 0, 0)
+                                        cfg.scale, 0, 0)
         self.layers = layers
-        self.dtype = dtype  # of the activations: bf16 (ferry_layer) or float32 (ferry_qlayer)
+        self.dtype = dtype  # of the activations: bf16 or float32
         self.max_rows = linear_kernels.NATIVE_DIRECT_ROWS  # the layer path's few-row products
         if dtype == torch.float32:
             self.max_rows = min(self.max_rows, quant.many_rows() - 1)
-        self._model = model  # keeps every tensor the pointers in `layers` point into alive
+        self._keep = keep  # keeps every tensor the pointers in `layers` point into alive
         self._pool: KVPool | None = None
 
     @staticmethod
-    def build(model: LlamaForCausalLM) -> FusedDecode | None:
-        """A fused decoder for `model` where one of the two variants applies; else None."""
-        layers = cast("list[DecoderLayer]", list(model.model.layers))
-        if not layers or not ops.usable(layers[0].input_layernorm.weight):
+    def build(cfg: ModelConfig, specs: list[DecodeLayerSpec] | None, dtype: torch.dtype,
+              keep: object) -> FusedDecode | None:
+        """A fused decoder for these layers (activations in `dtype`) where one of the two
+        variants applies; else None. `keep`: the model owning the tensors."""
+        if not specs or dtype not in (torch.bfloat16, torch.float32) \
+                or not ops.usable(specs[0].input_norm):
             return None
-        if model.dtype == torch.bfloat16:
-            if not all(isinstance(m.weight, torch.Tensor) and linear_kernels.native_direct(m.weight)
-                       for layer in layers for m in _projections(layer)):
-                return None
-            return FusedDecode(model, [_bf16_layer(layer) for layer in layers], torch.bfloat16)
-        if model.dtype == torch.float32:
-            quant = [_quant_layer(layer) for layer in layers]
-            if any(q is None for q in quant):
-                return None
-            return FusedDecode(model, quant, torch.float32)  # type: ignore[arg-type]
-        return None
+        layers = [_layer(spec, dtype) for spec in specs]
+        if any(layer is None for layer in layers):
+            return None
+        return FusedDecode(cfg, layers, dtype, keep)  # type: ignore[arg-type]
 
     def _bind(self, pool: KVPool) -> bool:
         """Point the layers at this pool (once per pool); False if this variant cannot use it."""

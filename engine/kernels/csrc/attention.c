@@ -20,14 +20,16 @@ static inline const float *kv_row(const void *pool, int pool_dt, const int32_t *
 }
 
 /* One new token per sequence over its cached K/V. Sequence s has kv_lens[s] positions on
- * pages page_ids[page_starts[s]...]; its query heads are rows of q (q_stride elements apart),
+ * pages page_ids[page_starts[s]...] and attends over the last `window` of them (window 0:
+ * all; a sliding-window layer's); its query heads are rows of q (q_stride elements apart),
  * head h attends with kv head h / (heads/kv_heads). Scores, softmax and the weighted sum run
  * in float32; q and out ([seqs, heads * dim]) are in dt, the pool in pool_dt.
  * Work is split over (sequence, kv head) pairs across the OpenMP team. */
 int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
                            const int32_t *page_ids, const int64_t *page_starts,
                            const int32_t *kv_lens, int64_t seqs, int heads, int kv_heads,
-                           int dim, int page_size, float scale, void *out, int dt, int pool_dt) {
+                           int dim, int page_size, float scale, void *out, int dt, int pool_dt,
+                           int window) {
     size_t es = ferry_elem(dt), pes = ferry_elem(pool_dt);
     int group = heads / kv_heads, failed = 0;
     int64_t max_len = 0;
@@ -49,7 +51,9 @@ int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
             if (!ok) continue; /* the call fails as a whole; other threads finish their share */
             int64_t s = work / kv_heads;
             int g = (int)(work % kv_heads);
-            int len = kv_lens[s];
+            int all = kv_lens[s];
+            /* positions [lo, all) attend: p below counts from lo */
+            int lo = window > 0 && all > window ? all - window : 0, len = all - lo;
             const int32_t *pages = page_ids + page_starts[s];
             for (int j = 0; j < group; j++)
                 ferry_load_row((const char *)q + ((size_t)s * q_stride + (size_t)(g * group + j) * dim) * es,
@@ -60,7 +64,7 @@ int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
                 for (; p0 + 8 <= len; p0 += 8) {
                     const float *kr[8];
                     for (int k = 0; k < 8; k++)
-                        kr[k] = kv_row(pool, pool_dt, pages, p0 + k, 0, g, kv_heads, page_size,
+                        kr[k] = kv_row(pool, pool_dt, pages, lo + p0 + k, 0, g, kv_heads, page_size,
                                        dim, kf + k * dim);
                     for (int j = 0; j < group; j++) {
                         const float *qj = qf + j * dim;
@@ -78,7 +82,7 @@ int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
                 }
 #endif
             for (int p = p0; p < len; p++) {
-                const float *kr = kv_row(pool, pool_dt, pages, p, 0, g, kv_heads, page_size, dim,
+                const float *kr = kv_row(pool, pool_dt, pages, lo + p, 0, g, kv_heads, page_size, dim,
                                          kf);
                 for (int j = 0; j < group; j++) {
                     const float *qj = qf + j * dim;
@@ -118,7 +122,7 @@ int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
                         for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
                         const float *sc = scores + (size_t)j * len;
                         for (int p = 0; p < len; p++) {
-                            const char *row = kv_at(pool, pool_dt, pages, p, 1, g, kv_heads,
+                            const char *row = kv_at(pool, pool_dt, pages, lo + p, 1, g, kv_heads,
                                                     page_size, dim) + c * pes;
                             __m256 w = _mm256_set1_ps(sc[p]);
                             for (int k = 0; k < 8; k++)
@@ -135,7 +139,7 @@ int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
 #endif
             memset(acc, 0, (size_t)group * dim * sizeof(float));
             for (int p = 0; p < len; p++) {
-                const float *vr = kv_row(pool, pool_dt, pages, p, 1, g, kv_heads, page_size, dim,
+                const float *vr = kv_row(pool, pool_dt, pages, lo + p, 1, g, kv_heads, page_size, dim,
                                          kf);
                 for (int j = 0; j < group; j++) {
                     float w = scores[(size_t)j * len + p], *aj = acc + j * dim;

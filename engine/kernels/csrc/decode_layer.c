@@ -1,47 +1,70 @@
-/* One decoder layer of a decode round in one call (bf16 weights and activations). */
+/* One decoder layer of a decode round in one call: bf16 activations over bf16 weights, or
+ * float32 activations over ferry_weight (quant.h) weights; the KV pool in dims->pool_dt. */
 #include "kernels.h"
 
-/* One new token per sequence, a few sequences: the same kernels, in the same order, as the
- * Python layer (engine/execution/model/llama.py, DecoderLayer.forward) calls them one by one,
- * so the results are identical; one call per layer instead of ~10 saves their Python and
- * ctypes overhead.
+/* y [rows, out] = x [rows, in] @ P.T (+ bias). bf16 (dt): P's one part is a bf16 matrix
+ * (ferry_gemv_bf16); float32: part by part into y's column slices, as
+ * engine.execution.model.linear_kernels multiplies a (split) quantized weight */
+static int product(const ferry_proj *P, const void *x, int64_t rows, int64_t in, void *y,
+                   int64_t out, int dt) {
+    if (dt == FERRY_BF16) {
+        const ferry_weight *w = &P->part[0];
+        if (P->parts != 1 || w->in != in || w->out != out) return FERRY_EQUANT;
+        return ferry_gemv_bf16(x, w->data, P->bias, y, (int)rows, in, out);
+    }
+    const float *bias = (const float *)P->bias;
+    int64_t col = 0;
+    for (int i = 0; i < P->parts; i++) {
+        const ferry_weight *w = &P->part[i];
+        if (w->in != in || col + w->out > out) return FERRY_EQUANT;
+        FERRY_TRY(ferry_qmatmul((const float *)x, rows, in, w, bias ? bias + col : NULL,
+                                (float *)y + col, out));
+        col += w->out;
+    }
+    return col == out ? FERRY_OK : FERRY_EQUANT;
+}
+
+/* One new token per sequence, a few sequences: the kernels in the order the Python layer
+ * (engine/execution/model/decoder.py, DecoderLayer.forward) calls them one by one, so the
+ * results are identical; one call per layer instead of ~10 saves their Python and ctypes
+ * overhead. dt: FERRY_BF16 or FERRY_F32, of x, residual, cos, sin and scratch.
  * x [rows, hidden]: the previous layer's output in, this layer's out; residual [rows, hidden]
  * the running sum (`first`: start it from x). scratch: rows x (2 hidden + (heads + 2 kv_heads)
- * dim + heads dim + 3 inter) bf16 values (ops.layer_scratch sizes it). */
-int ferry_decode_layer(const ferry_layer *L, const ferry_dims *D, int64_t rows, void *x,
-                       void *residual, int first, const void *cos, const void *sin,
+ * dim + heads dim + 3 inter) values (layer_ops.layer_scratch sizes it). */
+int ferry_decode_layer(const ferry_layer *L, const ferry_dims *D, int dt, int64_t rows,
+                       void *x, void *residual, int first, const void *cos, const void *sin,
                        const int64_t *slots, const int32_t *page_ids, const int64_t *page_starts,
                        const int32_t *kv_lens, void *scratch) {
-    const int h = D->heads, kvh = D->kv_heads, d = D->dim, B = FERRY_BF16;
-    const int64_t hidden = D->hidden, qkv_n = (int64_t)(h + 2 * kvh) * d;
-    uint16_t *normed = (uint16_t *)scratch, *qkv = normed + rows * hidden;
-    uint16_t *attn = qkv + rows * qkv_n, *proj = attn + rows * (int64_t)h * d;
-    uint16_t *gate_up = proj + rows * hidden, *act = gate_up + rows * 2 * D->inter;
+    const int h = D->heads, kvh = D->kv_heads, d = D->dim;
+    const int64_t hidden = D->hidden, inter = D->inter, qkv_n = (int64_t)(h + 2 * kvh) * d;
+    const size_t es = ferry_elem(dt);
+    char *normed = (char *)scratch, *qkv = normed + rows * hidden * es;
+    char *attn = qkv + rows * qkv_n * es, *proj = attn + rows * (int64_t)h * d * es;
+    char *gate_up = proj + rows * hidden * es, *act = gate_up + rows * 2 * inter * es;
     if (first) {
-        memcpy(residual, x, (size_t)(rows * hidden) * 2);
-        FERRY_TRY(ferry_rms_norm(x, NULL, L->input_norm, normed, rows, (int)hidden, D->eps,
-                                 B));
+        memcpy(residual, x, (size_t)(rows * hidden) * es);
+        FERRY_TRY(ferry_rms_norm(x, NULL, L->input_norm, normed, rows, (int)hidden, D->eps, dt));
     } else {
-        FERRY_TRY(ferry_rms_norm(x, residual, L->input_norm, normed, rows, (int)hidden, D->eps, B));
+        FERRY_TRY(ferry_rms_norm(x, residual, L->input_norm, normed, rows, (int)hidden, D->eps,
+                                 dt));
     }
-    FERRY_TRY(ferry_gemv_bf16(normed, L->qkv_w, L->qkv_b, qkv, (int)rows, hidden, qkv_n));
+    FERRY_TRY(product(&L->qkv, normed, rows, hidden, qkv, qkv_n, dt));
     if (L->q_norm)
         for (int64_t t = 0; t < rows; t++) {
-            uint16_t *row = qkv + t * qkv_n;
-            FERRY_TRY(ferry_rms_norm(row, NULL, L->q_norm, row, h, d, D->eps, B));
-            FERRY_TRY(ferry_rms_norm(row + (int64_t)h * d, NULL, L->k_norm, row + (int64_t)h * d, kvh,
-                               d, D->eps, B));
+            char *row = qkv + t * qkv_n * es, *k = row + (int64_t)h * d * es;
+            FERRY_TRY(ferry_rms_norm(row, NULL, L->q_norm, row, h, d, D->eps, dt));
+            FERRY_TRY(ferry_rms_norm(k, NULL, L->k_norm, k, kvh, d, D->eps, dt));
         }
-    FERRY_TRY(ferry_rotary(qkv, qkv_n, rows, h + kvh, d, cos, sin, B));
-    ferry_store_kv(qkv + (int64_t)h * d, qkv_n, slots, rows, L->pages, kvh, D->page_size, d, B,
-                   B);
-    FERRY_TRY(ferry_decode_attention(qkv, qkv_n, L->pages, page_ids, page_starts, kv_lens, rows, h,
-                               kvh, d, D->page_size, D->scale, attn, B, B));
-    FERRY_TRY(ferry_gemv_bf16(attn, L->o_w, L->o_b, proj, (int)rows, (int64_t)h * d, hidden));
-    FERRY_TRY(ferry_rms_norm(proj, residual, L->post_norm, normed, rows, (int)hidden, D->eps, B));
-    FERRY_TRY(ferry_gemv_bf16(normed, L->gate_up_w, L->gate_up_b, gate_up, (int)rows, hidden,
-                        2 * D->inter));
-    FERRY_TRY(ferry_silu_mul(gate_up, act, rows, (int)D->inter, B));
-    FERRY_TRY(ferry_gemv_bf16(act, L->down_w, L->down_b, x, (int)rows, D->inter, hidden));
+    FERRY_TRY(ferry_rotary(qkv, qkv_n, rows, h + kvh, d, cos, sin, dt));
+    ferry_store_kv(qkv + (int64_t)h * d * es, qkv_n, slots, rows, L->pages, kvh, D->page_size, d,
+                   dt, D->pool_dt);
+    FERRY_TRY(ferry_decode_attention(qkv, qkv_n, L->pages, page_ids, page_starts, kv_lens, rows,
+                                     h, kvh, d, D->page_size, D->scale, attn, dt, D->pool_dt,
+                                     L->window));
+    FERRY_TRY(product(&L->o, attn, rows, (int64_t)h * d, proj, hidden, dt));
+    FERRY_TRY(ferry_rms_norm(proj, residual, L->post_norm, normed, rows, (int)hidden, D->eps, dt));
+    FERRY_TRY(product(&L->gate_up, normed, rows, hidden, gate_up, 2 * inter, dt));
+    FERRY_TRY(ferry_silu_mul(gate_up, act, rows, (int)inter, dt));
+    FERRY_TRY(product(&L->down, act, rows, inter, x, hidden, dt));
     return FERRY_OK;
 }

@@ -23,12 +23,13 @@ int ferry_silu_mul(const void *gate_up, void *out, int64_t rows, int n, int dt);
 void ferry_store_kv(const void *kv, int64_t row_stride, const int64_t *slots, int64_t tokens,
                     void *pool, int kv_heads, int page_size, int dim, int dt, int pool_dt);
 
-/* attention.c: one new token per sequence attends over its cached K/V in the pool; q and out
- * in dt, the pool in pool_dt */
+/* attention.c: one new token per sequence attends over its cached K/V in the pool (the last
+ * `window` positions; 0: all); q and out in dt, the pool in pool_dt */
 int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
                            const int32_t *page_ids, const int64_t *page_starts,
                            const int32_t *kv_lens, int64_t seqs, int heads, int kv_heads,
-                           int dim, int page_size, float scale, void *out, int dt, int pool_dt);
+                           int dim, int page_size, float scale, void *out, int dt, int pool_dt,
+                           int window);
 
 /* gemv_bf16.c: y = x @ w.T (+ bias) for a few bf16 rows */
 int ferry_gemv_bf16(const void *x, const void *w, const void *bias, void *y, int rows,
@@ -37,42 +38,34 @@ int ferry_gemv_bf16(const void *x, const void *w, const void *bias, void *y, int
 /* argmax.c: out[r] = index of the largest logit of row r (first on ties, first NaN) */
 int ferry_argmax(const void *logits, int64_t rows, int64_t n, int dt, int64_t *out);
 
-/* decode_layer.c: one bf16 decoder layer of a decode round */
+/* decode_layer.c: one decoder layer of a decode round. A projection: row-stacked parts (q, k, v
+ * or gate, up; several only when their types differ); float32 activations multiply any
+ * ferry_weight type, bf16 ones one bf16 part (ferry_gemv_bf16). The bias is in the
+ * activations' dt. */
+typedef struct {
+    ferry_weight part[3];
+    int32_t parts, pad;
+    const void *bias; /* [sum of the parts' out] or NULL */
+} ferry_proj;
+
+/* A layer's weights in the activations' dt (norms) and its slice of the KV pool */
 typedef struct {
     const void *input_norm, *post_norm, *q_norm, *k_norm; /* q/k norms: NULL unless Qwen3 */
-    const void *qkv_w, *qkv_b, *o_w, *o_b, *gate_up_w, *gate_up_b, *down_w, *down_b;
+    ferry_proj qkv, o, gate_up, down;
     void *pages; /* this layer of the KV pool, [pages, 2, kv_heads, page_size, dim] */
+    int32_t window, pad; /* attention over the last `window` positions (0: all) */
 } ferry_layer;
 
 typedef struct {
     int64_t hidden, inter;
     int heads, kv_heads, dim, page_size;
     float eps, scale;
-    int pool_dt, pad; /* the KV pool's dt (decode_layer_f32.c; the bf16 layer's is bf16) */
+    int pool_dt, pad; /* the KV pool's dt */
 } ferry_dims;
 
-int ferry_decode_layer(const ferry_layer *L, const ferry_dims *D, int64_t rows, void *x,
-                       void *residual, int first, const void *cos, const void *sin,
+int ferry_decode_layer(const ferry_layer *L, const ferry_dims *D, int dt, int64_t rows,
+                       void *x, void *residual, int first, const void *cos, const void *sin,
                        const int64_t *slots, const int32_t *page_ids, const int64_t *page_starts,
                        const int32_t *kv_lens, void *scratch);
-
-/* decode_layer_f32.c: the same layer with float32 activations over ferry_weight products
- * (quant.h: float or block-quantized), the pool in dims->pool_dt */
-typedef struct {
-    ferry_weight part[3]; /* row-stacked parts (q, k, v or gate, up) when their types differ */
-    int32_t parts, pad;
-    const float *bias; /* [sum of the parts' out] or NULL */
-} ferry_proj;
-
-typedef struct {
-    const float *input_norm, *post_norm, *q_norm, *k_norm; /* q/k norms: NULL unless Qwen3 */
-    ferry_proj qkv, o, gate_up, down;
-    void *pages; /* this layer of the KV pool, [pages, 2, kv_heads, page_size, dim] */
-} ferry_qlayer;
-
-int ferry_decode_layer_f32(const ferry_qlayer *L, const ferry_dims *D, int64_t rows, float *x,
-                           float *residual, int first, const float *cos, const float *sin,
-                           const int64_t *slots, const int32_t *page_ids,
-                           const int64_t *page_starts, const int32_t *kv_lens, float *scratch);
 
 #endif /* FERRY_KERNELS_H */

@@ -111,7 +111,7 @@ def test_quantized_path_loads_from_the_gguf_and_tracks_the_float_path(
     config = EngineConfig(page_size=16, kv_tokens=1024)
     ex = ModelExecutor.from_pretrained(None, config, dtype="auto", cache_dir=cache, threads=1)
     assert ex.model.quantized and ex.model_path == model_dir and ex.eos_ids == {2}
-    assert ex.describe().startswith("GGUF Q4_1 + Q8_0 head, native ")
+    assert ex.describe().startswith("llama: GGUF Q4_1 + Q8_0 head, native ")
     cached = [p for p in cache.rglob("*") if p.is_file()]
     assert cached and all(p.stat().st_size < 5e6 for p in cached)  # tokenizer files only
     assert not any(p.suffix in (".safetensors", ".bin", ".gguf") for p in cached)

@@ -36,10 +36,10 @@ pytestmark = pytest.mark.usefixtures("native_kernels", "emulated")
 def _run(harness, fused: bool) -> list[dict[int, torch.Tensor]]:
     """Prefill 5 prompts (one round), decode 4 rounds of all 5, then a mixed round and 2 more
     decode rounds of 2; return the logits recorded per request and position."""
-    model = harness.executor.model
-    saved = model.fused
+    ex = harness.executor
+    saved = ex.fused
     if not fused:
-        model.fused = None
+        ex.fused = None
     rng = random.Random(7)
     reqs = [harness.new([rng.randrange(3, 300) for _ in range(n)]) for n in (3, 9, 17, 4, 12)]
     harness.prefill(reqs)
@@ -48,7 +48,7 @@ def _run(harness, fused: bool) -> list[dict[int, torch.Tensor]]:
     harness.round([(r, r.num_tokens - 1, 1, True) for r in reqs[:2]] +
                   [(late, 0, late.prompt_len, True)], "mixed")
     harness.decode(reqs[:2], 2)
-    model.fused = saved
+    ex.fused = saved
     return [dict(harness.logits[r.id]) for r in reqs + [late]]
 
 
@@ -71,7 +71,7 @@ def test_fused_layers_give_the_same_logits(arch: str, tiny_models, make_harness,
     path = tiny_models[arch].path
     fused_h = make_harness(path, dtype=torch.bfloat16)
     plain_h = make_harness(path, dtype=torch.bfloat16)
-    assert fused_h.executor.model.fused is not None
+    assert fused_h.executor.fused is not None
     layers = fused_h.executor.model.config.num_layers
     calls = _count_fused_layers(monkeypatch)
     fused = _run(fused_h, True)
@@ -89,9 +89,9 @@ def test_fused_layers_give_the_same_logits(arch: str, tiny_models, make_harness,
 
 def test_fused_path_only_for_bf16_and_a_few_rows(tiny_models, make_harness) -> None:
     path = tiny_models["llama"].path
-    assert make_harness(path, dtype=torch.float32).executor.model.fused is None
+    assert make_harness(path, dtype=torch.float32).executor.fused is None
     h = make_harness(path, dtype=torch.bfloat16)
-    fused = h.executor.model.fused
+    fused = h.executor.fused
     assert fused is not None
     x = torch.zeros(linear_kernels.NATIVE_DIRECT_ROWS + 1, 64, dtype=torch.bfloat16)
     assert fused.run(x, x, x, h.executor.attn) is None  # too many rows: layer by layer
@@ -147,7 +147,7 @@ def _compare(fused_ex: ModelExecutor, plain_ex: ModelExecutor, harness_cls: type
              monkeypatch: pytest.MonkeyPatch) -> None:
     """The fused harness takes the fused path for exactly the 6 decode rounds; every logit
     equals the layer-by-layer one."""
-    assert fused_ex.model.fused is not None and fused_ex.model.fused.dtype == torch.float32
+    assert fused_ex.fused is not None and fused_ex.fused.dtype == torch.float32
     calls = _count_fused_layers(monkeypatch)
     fused = _run(harness_cls(fused_ex), True)
     assert calls[0] == 6 * fused_ex.model.config.num_layers
@@ -223,9 +223,9 @@ def test_fused_layers_over_f32_blocks(tiny_models, make_harness, monkeypatch) ->
 def test_fused_quantized_path_declines_float_projections(tiny_models, make_harness) -> None:
     # a float32 model's projections are oneDNN-packed tensors, not ferry_weights
     path = tiny_models["llama"].path
-    assert make_harness(path, dtype=torch.float32).executor.model.fused is None
+    assert make_harness(path, dtype=torch.float32).executor.fused is None
     ex = _quant_executor(path, "q8_0")
-    fused = ex.model.fused
+    fused = ex.fused
     assert fused is not None
     x = torch.zeros(linear_kernels.NATIVE_DIRECT_ROWS + 1, 64)
     assert fused.run(x, x, x, ex.attn) is None  # too many rows: layer by layer
@@ -252,7 +252,7 @@ def test_fused_quantized_layers_up_to_their_row_limit(tiny_models, make_harness,
     path = tiny_models["qwen2"].path
     harness_cls = type(make_harness(path))
     calls = _count_fused_layers(monkeypatch)
-    limit = _quant_executor(path, _mixed).model.fused.max_rows
+    limit = _quant_executor(path, _mixed).fused.max_rows
     assert limit == min(linear_kernels.NATIVE_DIRECT_ROWS, quant.many_rows() - 1)
     for n, weights in ((limit, _mixed), (limit, "q8_0"), (limit + 1, "q8_0")):
         runs = []
@@ -260,7 +260,7 @@ def test_fused_quantized_layers_up_to_their_row_limit(tiny_models, make_harness,
             calls[0] = 0
             h = harness_cls(_quant_executor(path, weights))
             if not fused:
-                h.executor.model.fused = None
+                h.executor.fused = None
             rng = random.Random(3)
             reqs = [h.new([rng.randrange(3, 300) for _ in range(2 + i)]) for i in range(n)]
             h.prefill(reqs)

@@ -252,11 +252,11 @@ def test_describe_says_how_it_runs(written) -> None:
     path, _ = written
     ex = ModelExecutor.from_pretrained(path, EngineConfig(kv_tokens=64), dtype="auto", threads=1)
     text = ex.describe()
-    assert text.startswith("GGUF ") and " MB" in text and "kernels" in text
+    assert text.startswith("llama: GGUF ") and " MB" in text and "kernels" in text
     assert "Q4_K" in text and "Q6_K" in text
     flt = ModelExecutor.from_pretrained(path, EngineConfig(kv_tokens=64), dtype="float32",
                                         threads=1)
-    assert flt.describe().startswith("GGUF dequantised to float32, ")
+    assert flt.describe().startswith("llama: GGUF dequantised to float32, ")
 
 
 def test_quantize_a_float_folder_at_load(tiny_models, make_harness) -> None:

@@ -8,6 +8,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from engine.execution import loader
+from engine.execution.errors import ModelFileError
 from engine.execution.loader import ModelNotFound, load_model, resolve_model
 from engine.execution.tokenizer import read_eos_ids
 
@@ -48,5 +49,5 @@ def test_folder_is_used_as_is_and_incomplete_checkpoints_fail(tiny_models,
     tensors = load_file(src / "model.safetensors")
     del tensors["model.layers.1.self_attn.k_proj.bias"]
     save_file(tensors, tmp_path / "model.safetensors")
-    with pytest.raises(ValueError, match="lacks 1 tensors"):
+    with pytest.raises(ModelFileError, match="lacks 1 tensors"):
         load_model(tmp_path)

@@ -1,0 +1,35 @@
+"""Token embeddings: a float table, or quantized blocks whose looked-up rows alone are
+dequantized."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.execution.model.layers.linear import _param
+
+if TYPE_CHECKING:
+    from engine.kernels.quant import QuantWeight
+
+
+class Embedding(nn.Module):
+    """Token embeddings: a float table, or a quant.QuantWeight whose looked-up rows alone are
+    dequantized (`set_quantized`)."""
+
+    def __init__(self, num: int, dim: int, dtype: torch.dtype,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.weight: torch.Tensor | QuantWeight = _param(num, dim, dtype=dtype, device=device)
+
+    def set_quantized(self, weight: QuantWeight) -> None:
+        del self.weight
+        self.weight = weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.weight, torch.Tensor):
+            return F.embedding(ids, self.weight)
+        from engine.kernels import quant
+
+        return quant.dequantize_rows(self.weight, ids)  # [n, dim] float32

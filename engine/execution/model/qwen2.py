@@ -1,0 +1,49 @@
+"""Qwen2 / Qwen2.5: the Llama decoder with biased q/k/v projections (none on o_proj)."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from engine.execution.model.config import (
+    GGUFMeta,
+    LayerSpec,
+    ModelConfig,
+    check_act,
+    gguf_common,
+    gguf_rope,
+    hf_common,
+    hf_rope,
+)
+from engine.execution.model.decoder import CausalLM
+
+
+def qwen_windows(cfg: Mapping[str, Any]) -> list[int | None]:
+    """Per layer: Qwen's sliding window, used only with use_sliding_window, on the layers
+    `layer_types` marks (transformers 5) or from max_window_layers on (4)."""
+    n = cfg["num_hidden_layers"]
+    window = cfg.get("sliding_window")
+    if not cfg.get("use_sliding_window") or not window:
+        return [None] * n
+    types = cfg.get("layer_types")
+    if types:
+        return [window if t == "sliding_attention" else None for t in types]
+    first = cfg.get("max_window_layers", n)
+    return [window if i >= first else None for i in range(n)]
+
+
+class Qwen2ForCausalLM(CausalLM):
+    hf_model_types = ("qwen2",)
+    gguf_archs = ("qwen2",)
+
+    @classmethod
+    def config_from_hf(cls, cfg: Mapping[str, Any]) -> ModelConfig:
+        rope = hf_rope(cfg)
+        return ModelConfig(**hf_common(cfg),
+                           layers=tuple(LayerSpec(rope, w) for w in qwen_windows(cfg)),
+                           qkv_bias=True, hidden_act=check_act(cfg, "hidden_act",
+                                                               {"silu": "silu"}))
+
+    @classmethod
+    def config_from_gguf(cls, meta: GGUFMeta) -> ModelConfig:
+        common = gguf_common(meta)
+        return ModelConfig(**common, layers=(LayerSpec(gguf_rope(meta)),) * common["num_layers"])
