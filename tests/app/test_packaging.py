@@ -162,7 +162,8 @@ def test_pyinstaller_bundle(tmp_path: Path) -> None:
         assert {p.name for p in (REPO / folder).iterdir() if p.is_file()} <= \
             {p.name for p in (internal / folder).iterdir()}, folder
     # and the metadata of every distribution it runs on (importlib.metadata lookups)
-    metadata = {p.name.split("-")[0].lower() for p in internal.glob("*.dist-info")}
+    metadata = {p.name.split("-")[0].split(".")[0].lower() for p in internal.iterdir()
+                if p.suffix in (".dist-info", ".egg-info")}  # a checkout's ferry: egg-info
     assert {"ferry", "gguf", "transformers", "tokenizers", "torch", "litestar", "uvicorn",
             "jinja2", "safetensors", "huggingface_hub", "numpy"} <= metadata, metadata
     done = subprocess.run([str(exe), "doctor"], capture_output=True, text=True, env=env,
