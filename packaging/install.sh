@@ -59,6 +59,18 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
   exit 1
 fi
 
+# From a checkout the wheel carries the checkout's htmx files (pyproject's data-files): fetch
+# them first if `npm ci` has not run, or the pages would load without htmx.
+if [ "$SOURCE" = "$REPO" ] && [ ! -f "$REPO/node_modules/htmx.org/dist/htmx.min.js" ]; then
+  if command -v npm >/dev/null; then
+    run npm ci --prefix "$REPO" --no-audit --no-fund
+  else
+    echo "install.sh: npm is missing and $REPO/node_modules has no htmx: install Node.js" \
+         "(npm) or run \`npm ci\` in $REPO first" >&2
+    exit 1
+  fi
+fi
+
 run mkdir -p "$DATA_DIR"
 if [ ! -x "$VENV/bin/python" ]; then
   run "$PYTHON" -m venv "$VENV"

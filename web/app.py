@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -58,8 +59,13 @@ EVENT_STREAMS = {
 
 
 def asset_files(config: WebConfig) -> list[Path]:
-    """Folders holding htmx.min.js and sse.min.js (installed by `npm ci`, never a CDN)."""
+    """Folders holding htmx.min.js and sse.min.js (installed by `npm ci`, never a CDN): the
+    checkout's node_modules, else the copy a pip-installed Ferry carries in its environment
+    (<prefix>/share/ferry/node_modules, pyproject's data-files)."""
     root = config.assets_dir or REPO / "node_modules"
+    installed = Path(sys.prefix) / "share" / "ferry" / "node_modules"
+    if config.assets_dir is None and not root.is_dir() and installed.is_dir():
+        root = installed
     dirs = [root / "htmx.org" / "dist", root / "htmx-ext-sse" / "dist"]
     for d in dirs:
         if not d.is_dir():

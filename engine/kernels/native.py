@@ -115,7 +115,8 @@ def _build(cc: str, compile_flags: list[str], link: list[str], target: Path) -> 
     try:
         cmd = [cc, *compile_flags, "-shared", f"-I{CSRC}", *map(str, sources()), "-o", tmp,
                *link]
-        done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
+        # once per source version; a first start on a slow or busy machine may need minutes
+        done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
         os.replace(tmp, target)

@@ -7,10 +7,13 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+
+from tests.tools.first_run import first_run, isolated_env
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGING = REPO / "packaging"
@@ -118,37 +121,92 @@ def test_pyinstaller_spec_compiles() -> None:
     for name in ("htmx.org/dist/htmx.min.js", "htmx-ext-sse/dist/sse.min.js", "web/templates",
                  "web/static", "engine/kernels/csrc"):
         assert name in source
+    # package data as whole folders, and metadata computed, not listed by hand
+    assert 'for package in PACKAGES' in source and '.rglob("*")' in source
+    assert 'copy_metadata("ferry", recursive=True)' in source
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_pyinstaller_bundle(tmp_path: Path) -> None:
-    """Build the one-folder bundle and run it (minutes, GBs: run with -m slow)."""
-    try:
-        import PyInstaller  # noqa: F401
-    except ImportError:
-        subprocess.run([sys.executable, "-m", "pip", "install", "pyinstaller"], check=True)
-    subprocess.run(
-        [sys.executable, "-m", "PyInstaller", "--noconfirm", "--distpath", str(tmp_path / "dist"),
-         "--workpath", str(tmp_path / "build"), str(PACKAGING / "ferry.spec")],
-        check=True, cwd=REPO)
-    exe = tmp_path / "dist" / "ferry" / ("ferry.exe" if os.name == "nt" else "ferry")
-    env = dict(os.environ, FERRY_HOME=str(tmp_path / "home"))
+    """Build the one-folder bundle and use it as a desktop user would: `--help`, `models`,
+    `doctor`, then the first run (serve with an empty home, chat, SSE, SIGTERM). Minutes and
+    GBs: run with -m slow; FERRY_TEST_BUNDLE=dist/ferry checks a bundle built already."""
+    started = time.monotonic()
+    prebuilt = os.environ.get("FERRY_TEST_BUNDLE")  # dist/ferry built by the same command
+    if prebuilt:
+        bundle = Path(prebuilt)
+    else:
+        try:
+            import PyInstaller  # noqa: F401
+        except ImportError:
+            subprocess.run([sys.executable, "-m", "pip", "install", "pyinstaller"], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "PyInstaller", "--noconfirm", "--distpath",
+             str(tmp_path / "dist"), "--workpath", str(tmp_path / "build"),
+             str(PACKAGING / "ferry.spec")], check=True, cwd=REPO)
+        bundle = tmp_path / "dist" / "ferry"
+    built = time.monotonic() - started
+    exe = bundle / ("ferry.exe" if os.name == "nt" else "ferry")
+    env = isolated_env(dict(os.environ), tmp_path / "user")  # an empty home
     done = subprocess.run([str(exe), "--help"], capture_output=True, text=True, env=env,
                           check=False)
     assert done.returncode == 0 and "serve" in done.stdout, done.stderr
     done = subprocess.run([str(exe), "models"], capture_output=True, text=True, env=env,
                           check=False)
     assert done.returncode == 0 and "SmolLM2-135M-Instruct.Q4_1.gguf" in done.stdout, done.stderr
-    assert (tmp_path / "dist" / "ferry" / "_internal" / "node_modules" / "htmx.org" / "dist" /
-            "htmx.min.js").is_file()
-    # the fused kernels' source travels, and the bundle builds and loads them
-    csrc = tmp_path / "dist" / "ferry" / "_internal" / "engine" / "kernels" / "csrc"
-    assert (csrc / "ferry.h").is_file() and (csrc / "kernels.h").is_file()
-    assert {p.name for p in csrc.glob("*.c")} == {p.name for p in
-                                                  (REPO / "engine/kernels/csrc").glob("*.c")}
+    internal = bundle / "_internal"
+    assert (internal / "node_modules" / "htmx.org" / "dist" / "htmx.min.js").is_file()
+    # Ferry's package data travels whole (templates, static files, the kernels' sources)
+    for folder in ("web/templates", "web/static", "engine/kernels/csrc"):
+        assert {p.name for p in (REPO / folder).iterdir() if p.is_file()} <= \
+            {p.name for p in (internal / folder).iterdir()}, folder
+    # and the metadata of every distribution it runs on (importlib.metadata lookups)
+    metadata = {p.name.split("-")[0].split(".")[0].lower() for p in internal.iterdir()
+                if p.suffix in (".dist-info", ".egg-info")}  # a checkout's ferry: egg-info
+    assert {"ferry", "gguf", "transformers", "tokenizers", "torch", "litestar", "uvicorn",
+            "jinja2", "safetensors", "huggingface_hub", "numpy"} <= metadata, metadata
     done = subprocess.run([str(exe), "doctor"], capture_output=True, text=True, env=env,
                           check=False)
     assert "fused kernels" in done.stdout, done.stdout + done.stderr
     if shutil.which("cc") or shutil.which("gcc"):
         assert "native (" in done.stdout, done.stdout
+    run = first_run([str(exe)], env, tmp_path / "serve.log")
+    size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
+    print(f"\nbundle: built in {built:.0f} s, {size / 2**20:.0f} MiB; first serve answered "
+          f"/healthz after {run.start_s:.0f} s; answer {run.answer!r}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_install_script_first_run(tmp_path: Path) -> None:
+    """install.sh for real in a fresh home (HOME and XDG folders under tmp_path, no session
+    bus, so no real service is touched), from this checkout; packages come from the
+    configured registries and pip's cache. Then the installed `ferry` serves its first chat."""
+    env = isolated_env(dict(os.environ), tmp_path)
+    home = Path(env["HOME"])
+    # pip's configured index and wheel cache hold the CPU torch; a real user gets it from
+    # download.pytorch.org (the script's default), which the test machine may not reach
+    env.update(PYTHON=sys._base_executable, FERRY_TORCH_INDEX="")  # type: ignore[attr-defined]
+    started = time.monotonic()
+    done = subprocess.run(["bash", str(PACKAGING / "install.sh")], capture_output=True,
+                          text=True, env=env, timeout=1200, check=False)
+    installed = time.monotonic() - started
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    venv = home / ".local" / "share" / "ferry" / "venv"
+    link = home / ".local" / "bin" / "ferry"
+    assert link.resolve() == (venv / "bin" / "ferry").resolve()
+    # installed, not linked to this checkout, with torch still the pinned CPU build
+    check = ("import app, torch; print(app.__file__); print(torch.__version__)")
+    where, torch_version = subprocess.run([str(venv / "bin" / "python"), "-c", check],
+                                          capture_output=True, text=True, env=env,
+                                          cwd=tmp_path, check=True).stdout.split()
+    assert where.startswith(str(venv)) and torch_version == "2.13.0+cpu", (where, torch_version)
+    entry = (home / ".local" / "share" / "applications" / "ferry.desktop").read_text()
+    assert f'Exec="{venv}/bin/ferry" serve --open' in entry
+    assert (home / ".config" / "systemd" / "user" / "ferry.service").is_file()
+    run = first_run([str(link)], env, tmp_path / "serve.log")
+    # the server kept its files in the fresh user's folders
+    assert (home / ".local" / "share" / "ferry" / "ferry.sqlite3").is_file()
+    print(f"\ninstall.sh: {installed:.0f} s; first serve answered /healthz after "
+          f"{run.start_s:.0f} s; answer {run.answer!r}")
