@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from engine.execution.model_files import is_gguf
 from engine.runtime.reasoning import CLOSE, OPEN
 
 FALLBACK_TEMPLATE = (
@@ -68,7 +69,7 @@ def _gguf_template(path: Path) -> tuple[str, str]:
 def describe_chat_template(path: str | Path) -> str:
     """The chat template a model file or folder would chat with, in words."""
     path = Path(path)
-    if path.suffix == ".gguf":
+    if is_gguf(path):
         template, tokens = _gguf_template(path)
     else:
         template, tokens = _folder_template(path)

@@ -22,6 +22,7 @@ from engine.execution.kv_pool import KVPool, slot_of
 from engine.execution.loader import load_model, resolve_model, weight_mode
 from engine.execution.model.decoder import CausalLM
 from engine.execution.model.fused_decode import FusedDecode
+from engine.execution.model_files import is_gguf
 from engine.execution.sampler import Sampler
 from engine.execution.tokenizer import gguf_tokenizer_dir, read_eos_ids
 from engine.scheduling.batch import Batch
@@ -82,7 +83,7 @@ class ModelExecutor:
             net = load_model(path, torch_dtype, device, quant)
             net.pack_weights()
             log.info("loaded %s as %s on %s", path, quant or torch_dtype, device)
-            gguf = path.suffix == ".gguf"
+            gguf = is_gguf(path)
             eos = net.eos_ids if gguf else read_eos_ids(path)
             ex = cls(net, config or EngineConfig(), device, backend, eos, path, threads)
             if gguf and cache_dir is not None:

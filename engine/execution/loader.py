@@ -25,6 +25,7 @@ from engine.execution.model import registry
 from engine.execution.model.decoder import CausalLM
 from engine.execution.model.layers import Embedding, Linear
 from engine.execution.model.weights import SafetensorsSource, load_weights
+from engine.execution.model_files import is_gguf, is_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +68,6 @@ def default_gguf_path() -> Path:
     return path
 
 
-def is_model_dir(path: Path) -> bool:
-    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
-
-
-def is_gguf(path: Path) -> bool:
-    return path.suffix == ".gguf" and path.is_file()
-
-
 def resolve_model(model: str | Path | None, cache_dir: str | Path | None = None,
                   progress: bool = True) -> Path:
     """Return a .gguf file, or a local folder with config.json, *.safetensors and the
@@ -87,7 +80,7 @@ def resolve_model(model: str | Path | None, cache_dir: str | Path | None = None,
     if model is None or str(model) == "default":
         return default_gguf_path()
     path = Path(model).expanduser()
-    if path.suffix == ".gguf":
+    if is_gguf(path):
         if not path.is_file():
             raise ModelNotFound(f"no GGUF file at {path}")
         return path
@@ -154,7 +147,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     path); GGUF: a GGUF's own blocks (CPU, float32 activations); "q8_0" / "q4_0": a float
     folder's projections and embeddings quantized once, here."""
     path = Path(path)
-    if path.suffix == ".gguf":
+    if is_gguf(path):
         from engine.execution.gguf_file import GGUFFile
         from engine.execution.gguf_loader import load_dequantized, load_quantized
 

@@ -26,6 +26,7 @@ from engine.execution.chat_template import (
     FALLBACK_TEMPLATE,
     chat_template_name,
 )
+from engine.execution.model_files import is_gguf
 from engine.runtime.reasoning import CLOSE, OPEN, Reasoning
 
 GGUF_TOKENIZERS = "tokenizers"  # folder under the model cache: one per GGUF file version
@@ -67,7 +68,7 @@ def gguf_tokenizer_dir(gguf: Path, cache_dir: str | Path) -> Path:
 def read_eos_ids(path: Path) -> frozenset[int]:
     """EOS ids from config.json and generation_config.json (int or list in either), or from
     a GGUF file's metadata."""
-    if Path(path).suffix == ".gguf":
+    if is_gguf(path):
         from engine.execution.gguf_file import gguf_eos_ids
 
         return gguf_eos_ids(path)
@@ -97,9 +98,9 @@ class Tokenizer:
         from transformers import AutoTokenizer
 
         self.path = Path(path)
-        if self.path.suffix == ".gguf" and cache_dir is not None:
+        if is_gguf(self.path) and cache_dir is not None:
             self.path = gguf_tokenizer_dir(self.path, cache_dir)
-        if self.path.suffix == ".gguf":
+        if is_gguf(self.path):
             self.hf = AutoTokenizer.from_pretrained(str(self.path.parent),
                                                     gguf_file=self.path.name)
         else:

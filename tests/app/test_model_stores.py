@@ -115,3 +115,38 @@ def test_lm_studio_and_hf_cache_are_found(store: Path, tmp_path: Path) -> None:
                      ("hugging face cache", "abc123"), ("hugging face cache", "tiny.Q8_0.gguf")]
     text = "\n".join(describe(Settings(), get_paths()))
     assert "ollama:gemma3:270m" in text and "gemma-3-270m-Q4_K_M.gguf" in text
+
+
+@pytest.mark.model
+def test_an_ollama_blob_runs_in_place(store: Path) -> None:
+    """The engine reads a GGUF stored without its suffix (Ollama's sha256-<hex> blob): it
+    describes, tokenizes and decodes as the same file under its own name."""
+    from engine import EngineConfig, ModelExecutor, Tokenizer, describe_model_file
+    from engine.execution.loader import default_gguf_path
+    from engine.scheduling.request import Request, SamplingParams
+    from tests.engine.execution.test_default_model import greedy_until_eos
+
+    gguf = default_gguf_path()
+    digest = hashlib.sha256(gguf.read_bytes()).hexdigest()
+    (store / "blobs").mkdir(parents=True)
+    blob = store / "blobs" / f"sha256-{digest}"
+    blob.symlink_to(gguf)  # in place: the test makes no copy either
+    manifest = store / "manifests/registry.ollama.ai/library/smollm2/135m"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"layers": [{"mediaType": "application/vnd.ollama.image.model",
+                                                "digest": f"sha256:{digest}"}]}))
+    ref = resolve_model("ollama:smollm2:135m")
+    assert ref.path == blob and ref.path.suffix == ""
+    assert describe_model_file(blob, "auto", "cpu", "none") == \
+        describe_model_file(gguf, "auto", "cpu", "none")
+    outputs = []
+    for path in (blob, gguf):
+        tok = Tokenizer(path)
+        ex = ModelExecutor.from_pretrained(path, EngineConfig(page_size=16, kv_tokens=256),
+                                           dtype="auto", threads=1)
+        req = Request(tok.apply_chat_template([{"role": "user", "content": "Hi!"}]),
+                      SamplingParams(max_tokens=6))
+        req.pages = list(range(4))
+        greedy_until_eos(ex, req)
+        outputs.append(req.output_ids)
+    assert outputs[0] == outputs[1] and len(outputs[0]) >= 1

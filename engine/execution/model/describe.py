@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.execution.model.decoder import CausalLM
+from engine.execution.model_files import is_gguf
 
 KERNELS = {"avx2": "native AVX2 kernels", "avx-vnni": "native AVX-VNNI kernels",
            "avx512-vnni": "native AVX-512 VNNI kernels",
@@ -51,7 +52,7 @@ def model_architecture(path: str | Path) -> str:
     from engine.execution.model import registry
 
     path = Path(path)
-    if path.suffix == ".gguf":
+    if is_gguf(path):
         from engine.execution.gguf_file import GGUFFile
 
         return GGUFFile(path).config.model_type
@@ -66,7 +67,7 @@ def _file(path: Path, dtype: str, device: str, quantize: str | None) -> str:
 
     torch_dtype, mode = weight_mode(path, dtype, device, quantize)
     name = str(torch_dtype).removeprefix("torch.")
-    if path.suffix != ".gguf":
+    if not is_gguf(path):
         if mode is None:
             return f"safetensors {name}"
         return f"safetensors quantized to {mode.upper()} at load, {_kernels([mode.upper()])}"
