@@ -66,8 +66,10 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
     assert executor.tokenizer_path is not None, "a loaded model has its tokenizer's path"
     tokenizer = Tokenizer(executor.tokenizer_path)
     engine = Engine(config, executor, tokenizer)
-    app = create_app(engine, tokenizer, web_config(settings, paths, model.name))
-    return app, device, executor.describe(), tokenizer.chat_template_name
+    runs = executor.describe()
+    web = dataclasses.replace(web_config(settings, paths, model.name), model_runs=runs)
+    app = create_app(engine, tokenizer, web)
+    return app, device, runs, tokenizer.chat_template_name
 
 
 def build_upstream(settings: Settings, paths: Paths) -> tuple[Litestar, str]:

@@ -12,6 +12,9 @@ USERS_FILE = "users.json"
 class WebConfig:
     data_dir: Path  # SQLite database and users file live here
     model_name: str = "SmolLM2-135M-Instruct"
+    # how the model runs, in one line ("llama: GGUF Q4_1 + Q8_0 head, native AVX2 kernels,
+    # 97 MB"): architecture, block types, kernels; "" where no model is loaded here
+    model_runs: str = ""
     shared: bool = False  # listening beyond loopback: tokens required everywhere
     per_user_limit: int = 8  # waiting + running requests per user (shared mode)
     max_body_bytes: int = 1024 * 1024

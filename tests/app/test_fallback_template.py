@@ -54,6 +54,7 @@ def test_serve_chats_through_the_fallback(base_gguf: Path, in_thread_server: Any
     try:
         card = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]
         assert card["chat_template"] == FALLBACK_NAME and card["reasoning"] is False
+        assert card["architecture"] == "llama" and card["runs"].startswith("llama: GGUF ")
         body = {"model": model.name, "max_tokens": 8, "temperature": 0, "messages": [
             {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}
         r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)

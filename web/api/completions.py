@@ -138,8 +138,10 @@ class OpenAIController(Controller):
 
     def _card(self, s: Services) -> ModelCard:
         thinks = bool(getattr(s.tokenizer, "thinks", False))  # the gateway: the upstream's
+        runs = s.config.model_runs or None
         return ModelCard(s.config.model_name, int(s.started), s.context_limit,
                          chat_template=getattr(s.tokenizer, "chat_template_name", None),
+                         architecture=runs.split(":", 1)[0] if runs else None, runs=runs,
                          reasoning=thinks)
 
     @get("/models", summary="The model this server serves")

@@ -224,6 +224,8 @@ class ModelCard(Struct):
     object: str = "model"
     owned_by: str = "ferry"
     chat_template: str | None = None  # the model's own, or the plain fallback
+    architecture: str | None = None  # the registry's name ("llama", "gemma3", ...)
+    runs: str | None = None  # block types and kernels, as the banner says it
     reasoning: bool = False  # replies carry reasoning_content (a thinking model)
 
 
