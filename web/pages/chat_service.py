@@ -102,7 +102,11 @@ class ChatService:
             ignore_eos=cfg.chat_ignore_eos)
 
     def wanted_tokens(self, conv: Conversation) -> int:
-        return conv.max_tokens if conv.max_tokens is not None else self.s.config.default_max_tokens
+        cfg = self.s.config
+        if conv.max_tokens is None:
+            return cfg.default_max_tokens
+        # within the limit even for a conversation stored before imports were checked
+        return min(conv.max_tokens, cfg.max_tokens_limit)
 
     def prompt(self, conv: Conversation, history: list[Message], tail: str = "") -> Prompt:
         """Prompt ids for the history, leaving out the oldest turns (never the system prompt)

@@ -103,6 +103,19 @@ def test_a_good_import_keeps_every_field(server: Any) -> None:
     server.services.store.delete_conversation(conv.id)
 
 
+def test_a_stored_max_tokens_above_the_limit_is_held_to_it(server: Any) -> None:
+    """A conversation kept before imports were checked (max_tokens 10^9) replies within
+    max_tokens_limit."""
+    from web.pages.chat_service import ChatService
+
+    store = server.services.store
+    conv = store.create_conversation("local", "old import")
+    store.set_settings(conv.id, None, None, None, 10 ** 9)
+    chat = ChatService(server.services)
+    assert chat.wanted_tokens(store.conversation(conv.id)) == 4096
+    store.delete_conversation(conv.id)
+
+
 def test_a_failing_store_write_leaves_nothing_and_is_logged(
         server: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A fault injected into the transaction's last insert: the conversation row goes too,
