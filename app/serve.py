@@ -112,8 +112,11 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
     if settings.open:
         open_browser(local_url(settings))
     with exit_quietly_after_shutdown():
+        # log_config=None: uvicorn's loggers go through Ferry's (console and ferry.log), so an
+        # error it catches (one raised after a response started, in a stream) keeps its
+        # traceback in the log file too
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning",
-                    timeout_graceful_shutdown=5)
+                    log_config=None, timeout_graceful_shutdown=5)
     return 0
 
 

@@ -136,6 +136,9 @@ def create_app(engine: Engine, tokenizer: Tokenizer, config: WebConfig) -> Lites
                     DefineMiddleware(AuthMiddleware,  # type: ignore[arg-type]
                                      auth=Auth.from_config(config))],
         after_exception=[log_unexpected],
+        # Ferry's own logging stays (app.logs: console and ferry.log); Litestar's default
+        # config would replace the root logger's handlers and so drop the log file
+        logging_config=None,
         plugins=[HTMXPlugin()],
         template_config=TemplateConfig(engine=JinjaTemplateEngine.from_environment(env)),
         openapi_config=OpenAPIConfig(title="Ferry", version="0.1.0",

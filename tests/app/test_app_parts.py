@@ -117,6 +117,28 @@ def test_logging_to_rotating_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert not [h for h in root.handlers if getattr(h, "_ferry_handler", False)]
 
 
+def test_the_web_app_keeps_the_log_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        tokenizer: object) -> None:
+    """Building the web app leaves Ferry's handlers on the root logger (Litestar's default
+    logging config would replace them): the host refusals and unexpected errors of a running
+    server reach ferry.log."""
+    from web.app import create_app
+    from web.config import WebConfig
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+    log_file = tmp_path / "ferry.log"
+    configure_logging(log_file, console=False)
+    create_app(object(), tokenizer, WebConfig(data_dir=tmp_path))  # type: ignore[arg-type]
+    assert [h for h in root.handlers if getattr(h, "_ferry_handler", False)]
+    logging.getLogger("ferry.hosts").warning("refused a request for host 'evil.example'")
+    for handler in root.handlers:
+        handler.flush()
+    assert "ferry.hosts: refused a request for host 'evil.example'" in log_file.read_text()
+    configure_logging(None, console=False)
+
+
 @pytest.mark.parametrize(("content", "exists"), [(None, False), ("", False), ("{}", False),
                                                  ('{"version": 1, "users": {}}', False)])
 def test_users_exist(tmp_path: Path, content: str | None, exists: bool) -> None:

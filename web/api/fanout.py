@@ -30,6 +30,11 @@ from web.sse import until_disconnect
 def submit_all(request: Request[Any, Any, Any], s: Services, prompt_ids: list[int],
                params: list[SamplingParams], param: str,
                reasoning: Reasoning | None = None) -> list[RequestHandle]:
+    limit = s.config.per_user_limit if s.config.shared else None
+    if limit is not None and len(params) > limit:
+        # could never fit, however long the client waits: not a retryable 429
+        raise APIError(f"n={len(params)} asks for more choices than per_user_limit "
+                       f"({limit}) lets one user run at once", param="n")
     handles: list[RequestHandle] = []
     try:
         for p in params:

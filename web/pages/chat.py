@@ -203,8 +203,7 @@ class ChatController(Controller):
         try:
             if len(raw) > s.config.max_body_bytes:
                 raise ChatError("the file is too large", 413)
-            conv = transfer.from_json(s.store, current_user(request).name, raw,
-                                      s.config.max_messages)
+            conv = transfer.from_json(s.store, current_user(request).name, raw, s.config)
         except ChatError as exc:
             return refusal(request, exc, None)
         return go(request, f"/c/{conv.id}")

@@ -20,6 +20,29 @@ class ChatError(Exception):
         self.status_code = status_code
 
 
+SETTING_NAMES = {"system_prompt": "system prompt", "temperature": "temperature",
+                 "top_p": "top_p", "max_tokens": "max tokens"}
+Settings = tuple[str | None, float | None, float | None, int | None]
+
+
+def check_settings(max_tokens_limit: int, system_prompt: str | None, temperature: float | None,
+                   top_p: float | None, max_tokens: float | None,
+                   names: dict[str, str]) -> Settings:
+    """A conversation's settings (None: the server's default) by the Settings form's rules,
+    which the import follows too; raises ChatError (400) naming the field as `names` says."""
+    def within(value: float | None, name: str, low: float, high: float) -> None:
+        if value is not None and not low <= value <= high:  # NaN fails too
+            raise ChatError(f"{names[name]} must be between {low:g} and {high:g}", 400)
+    within(temperature, "temperature", 0.0, 2.0)
+    within(top_p, "top_p", 0.0, 1.0)
+    if top_p == 0.0:
+        raise ChatError(f"{names['top_p']} must be above 0", 400)
+    within(max_tokens, "max_tokens", 1, max_tokens_limit)
+    if max_tokens is not None and max_tokens != int(max_tokens):
+        raise ChatError(f"{names['max_tokens']} must be a whole number", 400)
+    return (system_prompt, temperature, top_p, None if max_tokens is None else int(max_tokens))
+
+
 def title_for(content: str, limit: int = 60) -> str:
     line = " ".join(content.split())
     return line if len(line) <= limit else line[:limit - 1].rstrip() + "…"
@@ -80,7 +103,11 @@ class ChatService:
             ignore_eos=cfg.chat_ignore_eos, stop=self.s.tokenizer.chat_stops)
 
     def wanted_tokens(self, conv: Conversation) -> int:
-        return conv.max_tokens if conv.max_tokens is not None else self.s.config.default_max_tokens
+        cfg = self.s.config
+        if conv.max_tokens is None:
+            return cfg.default_max_tokens
+        # within the limit even for a conversation stored before imports were checked
+        return min(conv.max_tokens, cfg.max_tokens_limit)
 
     def prompt(self, conv: Conversation, history: list[Message], tail: str = "") -> Prompt:
         """Prompt ids for the history, leaving out the oldest turns (never the system prompt)
@@ -240,27 +267,20 @@ class ChatService:
                      top_p: str, max_tokens: str, thinking: bool | None = None) -> None:
         """Blank fields mean the server's defaults; out-of-range values are refused;
         `thinking` None: the form had no Thinking switch (the model takes none)."""
-        def number(text: str, name: str, low: float, high: float) -> float | None:
+        def number(text: str, name: str) -> float | None:
             if not text.strip():
                 return None
             try:
-                value = float(text)
+                return float(text)
             except ValueError:
                 raise ChatError(f"{name} must be a number", 400) from None
-            if not low <= value <= high:
-                raise ChatError(f"{name} must be between {low:g} and {high:g}", 400)
-            return value
-        temp = number(temperature, "temperature", 0.0, 2.0)
-        nucleus = number(top_p, "top_p", 0.0, 1.0)
-        if nucleus == 0.0:
-            raise ChatError("top_p must be above 0", 400)
-        limit = number(max_tokens, "max tokens", 1, self.s.config.max_tokens_limit)
-        if limit is not None and limit != int(limit):
-            raise ChatError("max tokens must be a whole number", 400)
+        limit = number(max_tokens, "max tokens")
+        checked = check_settings(self.s.config.max_tokens_limit, system_prompt.strip() or None,
+                                 number(temperature, "temperature"), number(top_p, "top_p"),
+                                 limit, names=SETTING_NAMES)
         if thinking is None:
             thinking = None if conv.enable_thinking is None else conv.thinking
-        self.s.store.set_settings(conv.id, system_prompt.strip() or None, temp, nucleus,
-                                  None if limit is None else int(limit), thinking)
+        self.s.store.set_settings(conv.id, *checked, thinking)
 
     def delete(self, conv: Conversation) -> None:
         for reply in self.s.replies.in_conversation(conv.id):

@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from web.pages.chat_service import ChatError, title_for
+from web.config import WebConfig
+from web.pages.chat_service import ChatError, Settings, check_settings, title_for
 from web.storage.store import Conversation, Message, Store
 
 FORMAT = "ferry-conversation"
 VERSION = 1
 SETTINGS = ("system_prompt", "temperature", "top_p", "max_tokens")
+ROLES = ("user", "assistant")
+REASONS = ("stop", "length", "cancelled", "error")  # engine.FinishReason
 
 
 def _message(m: Message) -> dict[str, Any]:
@@ -45,56 +48,96 @@ def to_markdown(conv: Conversation, messages: list[Message]) -> str:
     return "\n".join(parts)
 
 
-def _field(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
-    value = data.get(name)
-    if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
-        raise ChatError(f"the file's {name!r} has the wrong type", 400)
+def _refuse(field: str, what: str) -> ChatError:
+    return ChatError(f"the file's {field} {what}", 400)
+
+
+def _text(value: object, field: str, required: bool = False) -> str | None:
+    """A string field, which must be text SQLite can keep (no lone surrogates)."""
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        raise _refuse(field, "must be a string")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _refuse(field, "is not valid text (it holds a lone UTF-16 surrogate)") from None
     return value
 
 
-def from_json(store: Store, owner: str, raw: bytes, max_messages: int) -> Conversation:
-    """A new conversation of `owner` from an exported file (raises ChatError, 400)."""
+def _number(value: object, field: str, kinds: tuple[type, ...]) -> Any:
+    if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
+        raise _refuse(field, "must be a whole number" if kinds == (int,) else "must be a number")
+    return value
+
+
+def _settings(data: object, config: WebConfig) -> Settings:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise _refuse("'settings'", "must be an object")
+    names = {name: f"settings.{name}" for name in SETTINGS}
+    system = _text(data.get("system_prompt"), names["system_prompt"])
+    temperature = _number(data.get("temperature"), names["temperature"], (int, float))
+    top_p = _number(data.get("top_p"), names["top_p"], (int, float))
+    max_tokens = _number(data.get("max_tokens"), names["max_tokens"], (int,))
+    return check_settings(config.max_tokens_limit, system, temperature, top_p, max_tokens,
+                          names={k: f"the file's {v}" for k, v in names.items()})
+
+
+def _messages(data: object, config: WebConfig
+              ) -> list[tuple[str, str, str, str | None, str | None]]:
+    if not isinstance(data, list) or not data:
+        raise ChatError("the file has no messages", 400)
+    if len(data) > config.max_messages:
+        raise ChatError(f"the file has {len(data)} messages (at most {config.max_messages})",
+                        400)
+    checked = []
+    for i, m in enumerate(data):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise _refuse(where, "must be an object")
+        if m.get("role") not in ROLES:
+            raise _refuse(f"{where}.role", "must be user or assistant")
+        content = _text(m.get("content"), f"{where}.content", required=True)
+        assert content is not None
+        if len(content.encode()) > config.max_body_bytes:
+            raise _refuse(f"{where}.content", f"is longer than {config.max_body_bytes} bytes")
+        reason = _text(m.get("finish_reason"), f"{where}.finish_reason")
+        if reason is not None and (m["role"] != "assistant" or reason not in REASONS):
+            raise _refuse(f"{where}.finish_reason",
+                          f"must be one of {', '.join(REASONS)} (on a reply)")
+        status = _text(m.get("status"), f"{where}.status")
+        if status is not None and status not in ("complete", "incomplete"):
+            raise _refuse(f"{where}.status", "must be complete or incomplete")
+        _number(m.get("created"), f"{where}.created", (int, float))
+        reasoning = _text(m.get("reasoning"), f"{where}.reasoning")  # a reply's thinking
+        if reason in ("cancelled", "error"):
+            status = "incomplete"
+        checked.append((m["role"], content, status or "complete", reason,
+                        reasoning if m["role"] == "assistant" else None))
+    return checked
+
+
+def from_json(store: Store, owner: str, raw: bytes, config: WebConfig) -> Conversation:
+    """A new conversation of `owner` from an exported file, every field checked by the rules
+    the Settings form and the API use (ChatError 400 naming the field), stored in one
+    transaction: a refused or failed import leaves nothing behind."""
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):
         raise ChatError("the file is not JSON", 400) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ChatError(f"the file is not a Ferry conversation (format {FORMAT!r})", 400)
-    messages = data.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ChatError("the file has no messages", 400)
-    if len(messages) > max_messages:
-        raise ChatError(f"the file has {len(messages)} messages (at most {max_messages})", 400)
-    checked = []
-    for m in messages:
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") or \
-                not isinstance(m.get("content"), str):
-            raise ChatError("each message needs a role (user or assistant) and a content", 400)
-        checked.append((m["role"], m["content"], m.get("finish_reason"),
-                        _field(m, "reasoning", str)))
-    settings = data.get("settings") or {}
-    if not isinstance(settings, dict):
-        raise ChatError("the file's 'settings' has the wrong type", 400)
-    system = _field(settings, "system_prompt", str)
-    temperature = _field(settings, "temperature", (int, float))
-    top_p = _field(settings, "top_p", (int, float))
-    max_tokens = _field(settings, "max_tokens", int)
-    thinking = settings.get("enable_thinking")
+    version = _number(data.get("version", VERSION), "version", (int,))
+    if version != VERSION:
+        raise _refuse("version", f"is {version}; this Ferry reads version {VERSION}")
+    _number(data.get("created"), "created", (int, float))
+    settings = _settings(data.get("settings"), config)
+    thinking = (data.get("settings") or {}).get("enable_thinking")
     if thinking is not None and not isinstance(thinking, bool):
-        raise ChatError("the file's 'enable_thinking' has the wrong type", 400)
-    if (temperature is not None and not 0 <= temperature <= 2) or \
-            (top_p is not None and not 0 < top_p <= 1) or \
-            (max_tokens is not None and max_tokens < 1):
-        raise ChatError("the file's settings are out of range", 400)
-    title = _field(data, "title", str) or title_for(checked[0][1])
-    conv = store.create_conversation(owner, title_for(title, 200))
-    store.set_settings(conv.id, system, temperature, top_p, max_tokens, thinking)
-    for role, content, reason, reasoning in checked:
-        status = "incomplete" if reason in ("cancelled", "error") else "complete"
-        reasoning = reasoning if role == "assistant" else None
-        msg = store.add_message(conv.id, role, content, status, reasoning=reasoning)
-        if role == "assistant" and isinstance(reason, str):
-            store.finish_message(msg.id, content, status, reason, reasoning=reasoning)
-    found = store.conversation(conv.id)
-    assert found is not None
-    return found
+        raise _refuse("settings.enable_thinking", "must be true or false")
+    messages = _messages(data.get("messages"), config)
+    title = _text(data.get("title"), "title") or ""
+    title = title_for(" ".join(title.split()) or title_for(messages[0][1]), 200)
+    return store.import_conversation(owner, title, settings, messages, thinking)

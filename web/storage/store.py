@@ -173,6 +173,38 @@ class Store:
                         "VALUES (?, ?, ?, ?)", (owner, title, now, now))
         return Conversation(int(cur.lastrowid or 0), owner, title, now, now)
 
+    def import_conversation(self, owner: str, title: str,
+                            settings: tuple[str | None, float | None, float | None, int | None],
+                            messages: list[tuple[str, str, str, str | None, str | None]],
+                            enable_thinking: bool | None = None) -> Conversation:
+        """A whole conversation in one transaction (settings: system prompt, temperature,
+        top_p, max_tokens; messages: role, content, status, finish_reason, reasoning): if
+        any row fails, nothing of it is kept."""
+        now = time.time()
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                cur = self._db.execute(
+                    "INSERT INTO conversations (owner, title, created, updated, system_prompt, "
+                    "temperature, top_p, max_tokens, enable_thinking) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (owner, title, now, now, *settings,
+                     None if enable_thinking is None else int(enable_thinking)))
+                conversation_id = int(cur.lastrowid or 0)
+                for role, content, status, reason, reasoning in messages:
+                    self._db.execute(
+                        "INSERT INTO messages (conversation_id, role, content, status, "
+                        "finish_reason, reasoning, created, updated) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (conversation_id, role, content, status, reason, reasoning, now, now))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        found = self.conversation(conversation_id)
+        assert found is not None
+        return found
+
     def conversation(self, conversation_id: int) -> Conversation | None:
         row = self._run("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
         return Conversation(**dict(row)) if row else None

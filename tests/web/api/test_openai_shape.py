@@ -137,7 +137,7 @@ def test_n_counts_against_the_queue_bounds(server: Any, idle_check: Any) -> None
 
 def test_n_counts_against_the_per_user_limit(make_server: Any,
                                              tmp_path_factory: pytest.TempPathFactory,
-                                             idle_check: Any) -> None:
+                                             idle_check: Any, waiter: Any) -> None:
     from web.access.users import UserStore
     data = tmp_path_factory.mktemp("shared")
     token = UserStore(data / "users.json").add("bob")
@@ -146,9 +146,20 @@ def test_n_counts_against_the_per_user_limit(make_server: Any,
     bob = httpx.Client(base_url=shared.url, timeout=60,
                        headers={"Authorization": f"Bearer {token}"})
     body = {"model": MODEL, "prompt": "Hello", "max_tokens": 2}
-    error = error_of(bob.post("/v1/completions", json={**body, "n": 3}), 429)
+    # more choices than the limit could ever hold: a 400 that says so, not a retryable 429
+    error = error_of(bob.post("/v1/completions", json={**body, "n": 3}), 400)
+    assert error["param"] == "n" and "per_user_limit (2)" in error["message"]
+    # with one of bob's requests running, n=2 does not fit now: 429, and the choice that
+    # fitted is withdrawn
+    from engine import SamplingParams
+    held = shared.engine.submit([1, 2, 3], SamplingParams(max_tokens=1000, ignore_eos=True),
+                                owner="bob", owner_limit=2)
+    error = error_of(bob.post("/v1/completions", json={**body, "n": 2}), 429)
     assert "bob" in error["message"]
-    idle_check(shared.engine)  # the two choices that fitted were withdrawn
+    waiter(lambda: shared.engine.live_ids(owner="bob") == [held.id], 10,
+           message="the choice that fitted withdrawn")
+    held.cancel()
+    idle_check(shared.engine)
     done = bob.post("/v1/completions", json={**body, "n": 2})
     assert done.status_code == 200 and len(done.json()["choices"]) == 2
     idle_check(shared.engine)

@@ -32,8 +32,12 @@ def page(browser: Any) -> Iterator[Any]:
                                   permissions=["clipboard-read", "clipboard-write"])
     page = context.new_page()
     page.set_default_timeout(30_000)
+    violations: list[str] = []  # the pages run under Ferry's Content-Security-Policy
+    page.on("console", lambda m: violations.append(m.text)
+            if "Content Security Policy" in m.text else None)
     yield page
     context.close()
+    assert not violations, violations
 
 
 def send(page: Any, text: str) -> None:
