@@ -123,8 +123,15 @@ def test_completions_and_other_field_names(server: Any) -> None:
     for field in ("guided_json", "json_schema"):
         got = httpx.post(url, json={**base, field: schema}, timeout=60).json()
         jsonschema.validate(json.loads(got["choices"][0]["text"]), schema)
-    got = httpx.post(url, json={**base, "grammar": 'root ::= "A" | "B"'}, timeout=60).json()
-    assert got["choices"][0]["text"] in ("A", "B")
+    r = httpx.post(url, json={**base, "grammar": 'root ::= "A" | "B"'}, timeout=60)
+    assert r.json()["choices"][0]["text"] in ("A", "B")
+    info = httpx.get(f"{server.url}/v1/requests/{r.headers['x-request-id']}").json()
+    assert info["constraint"] == "grammar"
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'ferry:structured_requests_total{kind="choice",model_name=' in metrics
+    count = next(line for line in metrics.splitlines()
+                 if line.startswith("ferry:structured_mask_seconds_count"))
+    assert float(count.split()[-1]) > 0
 
 
 def test_max_tokens_still_ends_with_length(client: openai.OpenAI, server: Any) -> None:

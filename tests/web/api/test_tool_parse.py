@@ -77,3 +77,21 @@ def test_call_grammars_name_the_format() -> None:
     assert "{0," not in FORMATS["hermes"].grammar([schema], parallel=False)
     assert FORMATS["mistral"].grammar([schema], False, 9).startswith("start: <[9]>")
     assert FORMATS["llama3"].call_schema("add", {})["required"] == ["name", "parameters"]
+
+
+def test_native_templates_get_openai_calls_as_hf_messages() -> None:
+    from web.api.tools import ToolPlan, template_input
+
+    tools = ({"type": "function", "function": {"name": "add", "parameters": {}}},)
+    plan = ToolPlan(tools, "auto", True, FORMATS["hermes"])
+    messages = [{"role": "user", "content": "1+2"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "call_9", "type": "function",
+                     "function": {"name": "add", "arguments": '{"a": 1}'}}]},
+                {"role": "tool", "tool_call_id": "call_9", "content": "3"}]
+    out, template_tools = template_input(plan, messages)
+    assert template_tools == list(tools)
+    assert out[1] == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_9", "type": "function", "function": {"name": "add",
+                                                          "arguments": {"a": 1}}}]}
+    assert out[2] == {"role": "tool", "tool_call_id": "call_9", "content": "3"}
