@@ -173,3 +173,18 @@ def test_bad_constraints_are_400s_naming_the_field(server: Any, extra: dict[str,
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
     assert server.engine.wait_idle(10)
+
+
+def test_the_dashboard_shows_what_constrains_a_request(server: Any) -> None:
+    body = {"model": MODEL, "prompt": "ab", "guided_regex": "(ab){150}", "max_tokens": 300,
+            "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if '"text":"' in line and '"text":""' not in line)
+        html = httpx.get(server.url + "/dashboard", timeout=30).text
+        rid = r.headers["x-request-id"]
+        listed = httpx.get(server.url + "/v1/requests", timeout=30).json()["data"]
+    assert 'class="phase constrained"' in html and ">regex</span>" in html
+    assert {"id": rid, "constraint": "regex"}.items() <= next(
+        d for d in listed if d["id"] == rid).items()
+    assert server.engine.wait_idle(30)

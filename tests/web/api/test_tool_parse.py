@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from web.api.tool_formats import FORMATS, detect
-from web.api.tool_parse import ParsedCall, ToolStream, loads_lenient, parse_reply
+from web.api.structured.formats import FORMATS, detect
+from web.api.structured.parse import ParsedCall, ToolStream, loads_lenient, parse_reply
 
 NAMES = frozenset({"get_weather", "add"})
 CALL = '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}'
@@ -80,7 +80,7 @@ def test_call_grammars_name_the_format() -> None:
 
 
 def test_native_templates_get_openai_calls_as_hf_messages() -> None:
-    from web.api.tools import ToolPlan, template_input
+    from web.api.structured.tools import ToolPlan, template_input
 
     tools = ({"type": "function", "function": {"name": "add", "parameters": {}}},)
     plan = ToolPlan(tools, "auto", True, FORMATS["hermes"])

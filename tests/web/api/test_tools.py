@@ -11,8 +11,8 @@ import openai
 import pytest
 
 from web.api.errors import APIError
-from web.api.tool_formats import FORMATS
-from web.api.tools import ToolPlan, check_system_prompt, template_input
+from web.api.structured.formats import FORMATS
+from web.api.structured.tools import ToolPlan, check_system_prompt, template_input
 
 pytestmark = pytest.mark.model
 MODEL = "SmolLM2-135M-Instruct"
