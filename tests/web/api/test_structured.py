@@ -84,8 +84,9 @@ def test_json_object_always_loads(client: openai.OpenAI) -> None:
 
     def one(prompt: str) -> Any:
         reply = client.chat.completions.create(
-            model=MODEL, messages=chat(prompt), response_format={"type": "json_object"},
-            max_tokens=200, temperature=0.7, seed=len(prompt))
+            model=MODEL, messages=chat(prompt + " Answer in JSON."), max_tokens=300,
+            response_format={"type": "json_object"}, temperature=0.7, seed=len(prompt))
+        assert reply.choices[0].finish_reason == "stop", reply.choices[0].message.content
         return json.loads(reply.choices[0].message.content or "")
 
     assert all(isinstance(v, dict) for v in parallel(one, prompts))
