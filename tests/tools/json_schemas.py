@@ -51,10 +51,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "type": "object", "properties": {"from": {"$ref": "#/$defs/point"},
                                          "to": {"$ref": "#/$defs/point"}},
         "required": ["from", "to"], "additionalProperties": False},
-    "recursive ref, bounded": {"$defs": {"node": {"type": "object", "properties": {
-        "v": N, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"},
-                                           "maxItems": 1}},
-        "required": ["v", "kids"], "additionalProperties": False}}, "$ref": "#/$defs/node"},
+    "ref chain": {"$defs": {"leaf": {"enum": ["x", "y"]},
+                            "pair": {"type": "object", "properties": {
+                                "left": {"$ref": "#/$defs/leaf"},
+                                "right": {"$ref": "#/$defs/leaf"}},
+                                "required": ["left", "right"], "additionalProperties": False}},
+                  "$ref": "#/$defs/pair"},
     "nested": {"type": "object", "properties": {"user": {"type": "object", "properties": {
         "name": S, "roles": {"type": "array", "items": {"enum": ["admin", "dev"]},
                              "maxItems": 2}}, "required": ["name", "roles"],
