@@ -18,6 +18,7 @@ from app.settings import Settings, engine_config
 if TYPE_CHECKING:
     from litestar import Litestar
 
+    from engine import Engine
     from web.config import WebConfig
 
 log = logging.getLogger(__name__)
@@ -66,10 +67,22 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
     assert executor.tokenizer_path is not None, "a loaded model has its tokenizer's path"
     tokenizer = Tokenizer(executor.tokenizer_path)
     engine = Engine(config, executor, tokenizer)
+    # the grammar compiler (llguidance's view of the vocabulary) takes a second or more to
+    # build: built now, beside the start, rather than by the first structured request
+    threading.Thread(target=prepare_grammars, args=(engine,), name="ferry-grammars",
+                     daemon=True).start()
     runs = executor.describe()
     web = dataclasses.replace(web_config(settings, paths, model.name), model_runs=runs)
     app = create_app(engine, tokenizer, web)
     return app, device, runs, tokenizer.chat_template_name
+
+
+def prepare_grammars(engine: Engine) -> None:
+    """Build the engine's grammar compiler; a model it cannot serve says so per request."""
+    from engine import RequestError
+
+    with contextlib.suppress(RequestError):
+        engine.grammars()
 
 
 def build_upstream(settings: Settings, paths: Paths) -> tuple[Litestar, str]:

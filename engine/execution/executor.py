@@ -114,15 +114,17 @@ class ModelExecutor:
         with torch.inference_mode():
             logits, sample_items = self.compute_logits(batch)
             reqs = [items[i].request for i in sample_items]
+            wanted = [row for row, r in enumerate(reqs) if r.params.logprobs is not None]
+            # a copy: the model's own distribution, before temperature / top-k / top-p / mask
+            raw = logits[wanted] if wanted else None
             if job is not None:
                 row_of = {id(r): row for row, r in enumerate(reqs)}
                 job.apply(logits, [row_of[id(r)] for r in job.requests])
             tokens = self.sampler.sample(logits, [r.params for r in reqs], [r.id for r in reqs])
             if job is not None:
                 consume(reqs, tokens)
-            wanted = [row for row, r in enumerate(reqs) if r.params.logprobs is not None]
-            if wanted:  # from the logits sampled from, before temperature / top-k / top-p
-                scored = token_logprobs(logits[wanted], [tokens[row] for row in wanted],
+            if raw is not None:
+                scored = token_logprobs(raw, [tokens[row] for row in wanted],
                                         max(reqs[row].params.logprobs or 0 for row in wanted))
                 for row, lp in zip(wanted, scored):
                     reqs[row].output_logprobs.append(trim(lp, reqs[row].params.logprobs or 0))

@@ -142,7 +142,11 @@ class Engine:
                 from engine.structured.compiler import GrammarCompiler
 
                 vocab = getattr(self._core.executor, "vocab_size", None)
-                self._grammars = GrammarCompiler(self.tokenizer.hf, vocab)
+                try:
+                    self._grammars = GrammarCompiler(self.tokenizer.hf, vocab)
+                except (ValueError, TypeError, RuntimeError) as exc:  # e.g. a slow tokenizer
+                    raise RequestError("constrained output is unavailable with this model's "
+                                       f"tokenizer: {exc}") from exc
             return self._grammars
 
     def check_constraint(self, constraint: Constraint) -> None:

@@ -80,7 +80,31 @@ def test_bench_table_in_bf16(tiny_llama: Path, tmp_path: Path) -> None:
     (["--requests", "0"], "--requests must be >= 1"),
     (["--concurrency", "-1"], "--concurrency must be >= 1"),
     (["--model", "/no/such/model"], "neither a local path nor a hub id"),
+    (["--structured-fraction", "1.5"], "--structured-fraction must be within [0, 1]"),
 ])
 def test_bench_refuses_bad_arguments(args: list[str], message: str, tmp_path: Path) -> None:
     done = bench(tmp_path, *args)
     assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+def test_structured_share_is_spread_evenly() -> None:
+    from app.bench.structured import constrained_indices
+
+    assert constrained_indices(32, 0.5) == set(range(0, 32, 2))
+    assert constrained_indices(4, 0.0) == set() and constrained_indices(3, 1.0) == {0, 1, 2}
+    assert len(constrained_indices(10, 0.25)) == 2
+
+
+@pytest.mark.model
+def test_bench_with_a_structured_share(tmp_path: Path) -> None:
+    """The default model (grammars need a real tokenizer), a tiny workload: both runs report,
+    with the ratio and the mask times."""
+    done = bench(tmp_path, "--requests", "4", "--concurrency", "4", "--prompt", "8",
+                 "--output", "6", "--structured-fraction", "0.5", "--no-single", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    rows = {r["system"]: r for r in report["results"]}
+    structured = rows["ferry, 2 of 4 under a JSON schema"]
+    assert structured["output_tok_s"] > 0 and "mask per token p50" in structured["note"]
+    assert "None" not in structured["note"]
+    assert report["ratios"]["structured / unconstrained (output tok/s)"] > 0

@@ -15,7 +15,6 @@ from litestar.types import ASGIApp
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from engine import Constraint, FinalEvent, Reasoning, RequestHandle, TextDelta, Tokenizer
-from web.api.chat_input import chat_input, constraint_of, passthrough, upstream
 from web.api.choices import ChatShape, CompletionShape, usage_of
 from web.api.errors import APIError, error_docs
 from web.api.fanout import cancel_all, collect_all, merge, submit_all
@@ -37,7 +36,8 @@ from web.api.schemas import (
     UsageInfo,
     encode,
 )
-from web.api.tool_shape import ToolChatShape, chat_choices
+from web.api.structured.chat_input import chat_input, constraint_of, passthrough, upstream
+from web.api.structured.shape import ToolChatShape, chat_choices
 from web.services import Services, services
 from web.sse import event_stream, on_event
 

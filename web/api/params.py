@@ -68,7 +68,7 @@ def check_chat(body: ChatCompletionRequest, config: WebConfig) -> list[dict[str,
                 texts.append(part.text)
             content = "".join(texts)
         entry: dict[str, Any] = {"role": role, "content": content or ""}
-        if message.tool_calls:  # web/api/tools.py renders them for the template
+        if message.tool_calls:  # web/api/structured/tools.py renders them for the template
             entry["tool_calls"] = message.tool_calls
         if role == "tool" and message.tool_call_id:
             entry["tool_call_id"] = message.tool_call_id

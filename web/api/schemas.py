@@ -47,7 +47,7 @@ class SamplingFields(Struct, kw_only=True):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
-    # structured output (web/api/structured.py): OpenAI's, vLLM's and llama.cpp's names
+    # structured output (web/api/structured/fields.py): OpenAI's, vLLM's and llama.cpp's names
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None

@@ -109,8 +109,6 @@ def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
     ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
     ({"tool_choice": {"type": "function", "function": {"name": "g"}},
       "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
-    ({"response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "array", "uniqueItems": True}}}}, "response_format"),
     ({"max_tokens": "lots"}, "max_tokens"),
     ({"temperature": 7}, "temperature"),
     ({"max_tokens": 1001}, "max_tokens"),

@@ -41,18 +41,17 @@ class Color(enum.StrEnum):
 
 
 class Address(BaseModel):
-    street: str = Field(max_length=40)
-    city: str = Field(max_length=30)
+    city: str = Field(max_length=12)
     zip_code: str = Field(pattern=r"^[0-9]{5}$")
 
 
 class Person(BaseModel):
-    name: str = Field(max_length=30)
+    name: str = Field(max_length=12)
     age: int = Field(ge=0, le=120)
     favourite: Color
     address: Address
-    tags: list[str] = Field(min_length=1, max_length=3)
-    nickname: str | None = Field(default=None, max_length=20)
+    colours: list[Color] = Field(min_length=1, max_length=2)
+    nickname: str | None = Field(default=None, max_length=8)
 
 
 PROMPTS = [f"Describe a person who lives in {city}, as JSON." for city in (
@@ -65,11 +64,12 @@ def parallel(fn: Any, items: list[Any]) -> list[Any]:
         return list(pool.map(fn, items))
 
 
+@pytest.mark.timeout(900)  # 20 replies of ~50 tokens: minutes on a busy 2-core machine
 def test_parse_gives_pydantic_instances(client: openai.OpenAI, server: Any) -> None:
     def one(prompt: str) -> Any:
         reply = client.chat.completions.parse(model=MODEL, messages=chat(prompt),
                                               response_format=Person, temperature=0,
-                                              max_tokens=400)
+                                              max_tokens=160)
         assert reply.choices[0].finish_reason == "stop", reply.choices[0].message.content
         return reply.choices[0].message.parsed
 
@@ -84,22 +84,24 @@ def test_json_object_always_loads(client: openai.OpenAI) -> None:
 
     def one(prompt: str) -> Any:
         reply = client.chat.completions.create(
-            model=MODEL, messages=chat(prompt), response_format={"type": "json_object"},
-            max_tokens=300, temperature=0.7, seed=len(prompt))
+            model=MODEL, messages=chat(prompt + " Answer in JSON."), max_tokens=300,
+            response_format={"type": "json_object"}, temperature=0.7, seed=len(prompt))
+        assert reply.choices[0].finish_reason == "stop", reply.choices[0].message.content
         return json.loads(reply.choices[0].message.content or "")
 
     assert all(isinstance(v, dict) for v in parallel(one, prompts))
 
 
+@pytest.mark.timeout(900)
 def test_schemas_validate(client: openai.OpenAI) -> None:
     assert len(SCHEMAS) >= 30
-    checker = jsonschema.FormatChecker()
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER  # RFC 3339 times, not draft 3
 
     def one(item: tuple[str, dict[str, Any]]) -> tuple[str, Any]:
         name, schema = item
         reply = client.chat.completions.create(
             model=MODEL, messages=chat(f"Answer with JSON for: {name}"), temperature=0,
-            max_tokens=400, response_format={"type": "json_schema", "json_schema": {
+            max_tokens=200, response_format={"type": "json_schema", "json_schema": {
                 "name": name, "schema": schema, "strict": True}})
         assert reply.choices[0].finish_reason == "stop", (name, reply.choices[0])
         return name, json.loads(reply.choices[0].message.content or "")
@@ -122,8 +124,15 @@ def test_completions_and_other_field_names(server: Any) -> None:
     for field in ("guided_json", "json_schema"):
         got = httpx.post(url, json={**base, field: schema}, timeout=60).json()
         jsonschema.validate(json.loads(got["choices"][0]["text"]), schema)
-    got = httpx.post(url, json={**base, "grammar": 'root ::= "A" | "B"'}, timeout=60).json()
-    assert got["choices"][0]["text"] in ("A", "B")
+    r = httpx.post(url, json={**base, "grammar": 'root ::= "A" | "B"'}, timeout=60)
+    assert r.json()["choices"][0]["text"] in ("A", "B")
+    info = httpx.get(f"{server.url}/v1/requests/{r.headers['x-request-id']}").json()
+    assert info["constraint"] == "grammar"
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'ferry:structured_requests_total{kind="choice",model_name=' in metrics
+    count = next(line for line in metrics.splitlines()
+                 if line.startswith("ferry:structured_mask_seconds_count"))
+    assert float(count.split()[-1]) > 0
 
 
 def test_max_tokens_still_ends_with_length(client: openai.OpenAI, server: Any) -> None:
@@ -165,3 +174,18 @@ def test_bad_constraints_are_400s_naming_the_field(server: Any, extra: dict[str,
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
     assert server.engine.wait_idle(10)
+
+
+def test_the_dashboard_shows_what_constrains_a_request(server: Any) -> None:
+    body = {"model": MODEL, "prompt": "ab", "guided_regex": "(ab){150}", "max_tokens": 300,
+            "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if '"text":"' in line and '"text":""' not in line)
+        html = httpx.get(server.url + "/dashboard", timeout=30).text
+        rid = r.headers["x-request-id"]
+        listed = httpx.get(server.url + "/v1/requests", timeout=30).json()["data"]
+    assert 'class="phase constrained"' in html and ">regex</span>" in html
+    assert {"id": rid, "constraint": "regex"}.items() <= next(
+        d for d in listed if d["id"] == rid).items()
+    assert server.engine.wait_idle(30)

@@ -13,16 +13,16 @@ import anyio
 from jinja2 import TemplateError
 
 from engine import Constraint, Reasoning
-from web.api import structured, tools
 from web.api.errors import APIError
 from web.api.params import check_chat
 from web.api.reasoning import enable_thinking
 from web.api.schemas import ChatCompletionRequest, SamplingFields
-from web.api.tool_formats import FORMATS
+from web.api.structured import fields, tools
+from web.api.structured.formats import FORMATS
 from web.services import Services
 
 PASSED_UPSTREAM = ("tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
-                   *structured.FIELDS)
+                   *fields.FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +45,10 @@ def passthrough(body: SamplingFields) -> dict[str, Any]:
 
 async def constraint_of(body: SamplingFields, s: Services) -> Constraint | None:
     """The structured-output constraint of either endpoint, compiled once to check it."""
-    asked = structured.requested(body)
+    asked = fields.requested(body)
     if asked is None or upstream(s):
         return None
-    await anyio.to_thread.run_sync(structured.check, s.engine, *asked)
+    await anyio.to_thread.run_sync(fields.check, s.engine, *asked)
     return asked[0]
 
 
@@ -60,7 +60,7 @@ async def chat_input(data: ChatCompletionRequest, s: Services) -> ChatInput:
                                        FORMATS["generic"])
         prompt: Any = s.tokenizer.apply_chat_template(messages)
         prompt.extra = passthrough(data)
-        structured.requested(data)  # still a 400 for a malformed field
+        fields.requested(data)  # still a 400 for a malformed field
         return ChatInput(prompt, None, plan)
     hf = s.tokenizer.hf
     plan = tools.plan(data, getattr(hf, "chat_template", None))
@@ -68,7 +68,7 @@ async def chat_input(data: ChatCompletionRequest, s: Services) -> ChatInput:
     if plan is not None and plan.parses and not plan.format.native:
         tools.check_system_prompt(lambda ms: s.tokenizer.render_chat(ms))
     forced = tools.constraint(plan, _marker(s, plan)) if plan is not None else None
-    asked = structured.requested(data)
+    asked = fields.requested(data)
     if asked is not None and plan is not None and plan.parses:
         raise APIError(f"{asked[1]} cannot be combined with tools (unless tool_choice is "
                        "none)", param=asked[1])
@@ -81,10 +81,10 @@ async def chat_input(data: ChatCompletionRequest, s: Services) -> ChatInput:
                        param="messages") from exc
     reasoning = s.tokenizer.reasoning_for(ids)
     if forced is not None:
-        await anyio.to_thread.run_sync(structured.check, s.engine, forced, "tools")
+        await anyio.to_thread.run_sync(fields.check, s.engine, forced, "tools")
         return ChatInput(ids, forced, plan, reasoning)
     if asked is not None:
-        await anyio.to_thread.run_sync(structured.check, s.engine, *asked)
+        await anyio.to_thread.run_sync(fields.check, s.engine, *asked)
     return ChatInput(ids, asked[0] if asked else None, plan, reasoning)
 
 

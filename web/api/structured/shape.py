@@ -22,8 +22,8 @@ from web.api.schemas import (
     ToolCall,
     ToolCallDelta,
 )
-from web.api.tool_parse import ParsedCall, Piece, ToolStream, parse_reply
-from web.api.tools import ToolPlan
+from web.api.structured.parse import ParsedCall, Piece, ToolStream, parse_reply
+from web.api.structured.tools import ToolPlan
 
 FRAGMENT = 24  # characters of arguments per streamed delta
 

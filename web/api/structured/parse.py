@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from web.api.tool_formats import CLOSE, OPEN, ToolFormat
+from web.api.structured.formats import CLOSE, OPEN, ToolFormat
 
 PYTHON_TAG, MISTRAL = "<|python_tag|>", "[TOOL_CALLS]"
 

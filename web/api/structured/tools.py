@@ -1,7 +1,7 @@
 """Tool calling on /v1/chat/completions: `tools`, `tool_choice`, `parallel_tool_calls`.
 
 `plan` checks the fields (400s name the field) and picks the model's tool format
-(web/api/tool_formats.py); `template_input` turns the conversation (assistant `tool_calls`,
+(web/api/structured/formats.py); `template_input` turns the conversation (assistant `tool_calls`,
 `role: tool` results) into what the chat template takes; `constraint` is the grammar that
 forces a call when tool_choice is `required` or names a function, so its arguments always
 match the tool's schema. With `auto` the model chooses and the reply is parsed leniently.
@@ -16,7 +16,7 @@ from typing import Any
 from engine import Constraint, RequestError, structured
 from web.api.errors import APIError
 from web.api.schemas import ChatCompletionRequest
-from web.api.tool_formats import (
+from web.api.structured.formats import (
     ToolFormat,
     detect,
     generic_call_text,
