@@ -255,7 +255,10 @@ def _tile_buffer(n: int, dtype: torch.dtype) -> torch.Tensor:
     key = f"buf_{dtype}".replace(".", "_")
     buf = getattr(_tiles, key, None)
     if buf is None or buf.numel() < n:
-        buf = torch.empty(n, dtype=dtype)
+        # a normal tensor even when made under inference mode (the engine thread): a later
+        # call outside it (loading, a test) may then still write into it
+        with torch.inference_mode(False):
+            buf = torch.empty(n, dtype=dtype)
         setattr(_tiles, key, buf)
     return buf
 
