@@ -345,11 +345,12 @@ def test_narrow_screen_code_scrolls_in_its_box_and_drawer_opens(
         sidebar = page.locator("#sidebar")
         assert sidebar.bounding_box()["x"] + sidebar.bounding_box()["width"] <= 0
         page.click("[data-drawer-toggle]")
-        page.wait_for_function("document.getElementById('sidebar').getBoundingClientRect().x >= 0")
+        page.wait_for_function(
+            "() => document.getElementById('sidebar').getBoundingClientRect().x >= 0")
         assert page.locator("#sidebar .conv", has_text="Wide code").is_visible()
         page.keyboard.press("Escape")
         page.wait_for_function(
-            "document.getElementById('sidebar').getBoundingClientRect().right <= 0")
+            "() => document.getElementById('sidebar').getBoundingClientRect().right <= 0")
         # the theme toggle flips dark mode and remembers it
         page.click("[data-theme-toggle]")
         theme = page.evaluate("document.documentElement.dataset.theme")
