@@ -5,6 +5,7 @@ Screenshots go to docs/screenshots/{chat,dashboard}.png when FERRY_UPDATE_SCREEN
 set or the file is missing (so a plain test run leaves the committed images alone)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -203,9 +204,20 @@ def test_dashboard_shows_queue_and_cancel_frees_slot(server: Any, page: Any, wai
         page.screenshot(path=str(screenshot_path("dashboard.png", tmp_path)), full_page=True)
 
         waiting_id = page.get_attribute("#waiting tr[data-id]", "data-id")
-        page.click(f"#waiting button[data-cancel='{waiting_id}']")
-        info = waiter(lambda: (i := httpx.get(f"{server.url}/v1/requests/{waiting_id}").json())[
-            "state"] == "finished" and i, 10, message="waiting request cancelled")
+        def cancelled() -> Any:
+            i = httpx.get(f"{server.url}/v1/requests/{waiting_id}").json()
+            return i["state"] == "finished" and i
+
+        info = None
+        for _ in range(5):  # SSE re-renders the board: a click can land on a row being swapped
+            button = page.locator(f"#waiting button[data-cancel='{waiting_id}']")
+            if button.count():
+                with contextlib.suppress(Exception):
+                    button.click(timeout=2000)
+            with contextlib.suppress(AssertionError):
+                info = waiter(cancelled, 3, message="waiting request cancelled")
+                break
+        assert info, "the waiting request was not cancelled"
         assert info["finish_reason"] == "cancelled" and info["output_tokens"] == 0
         waiter(lambda: page.locator("#waiting tr[data-id]").count() == 0, 10,
                message="queue row gone")
