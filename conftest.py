@@ -228,7 +228,7 @@ def make_harness() -> object:
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
-    from engine.execution.loader import ModelNotFound, resolve_model
+    from engine.execution.loading.loader import ModelNotFound, resolve_model
     cache = os.environ.get("FERRY_TEST_MODEL_CACHE") or \
         Path(tempfile.gettempdir()) / "ferry-test-model-cache"
     try:
@@ -241,13 +241,13 @@ def model_dir() -> Path:
 def weights(model_dir: Path) -> Any:
     import torch
 
-    from engine.execution.loader import load_model
+    from engine.execution.loading.loader import load_model
     return load_model(model_dir, torch.float32, "cpu")
 
 
 @pytest.fixture(scope="session")
 def tokenizer(model_dir: Path) -> Any:
-    from engine.execution.tokenizer import Tokenizer
+    from engine.execution.text.tokenizer import Tokenizer
     return Tokenizer(model_dir)
 
 
@@ -328,7 +328,7 @@ def make_server(model_dir: Path, tokenizer: Any, tmp_path_factory: pytest.TempPa
 
     from engine.config import EngineConfig
     from engine.execution.executor import ModelExecutor
-    from engine.execution.tokenizer import read_eos_ids
+    from engine.execution.text.tokenizer import read_eos_ids
     from engine.runtime.engine import Engine
     from web.app import create_app
     from web.config import WebConfig

@@ -32,24 +32,24 @@ from engine.scheduling.request import (
 )
 
 if TYPE_CHECKING:
-    from engine.execution.chat_template import describe_chat_template
     from engine.execution.cpu import cpu_has_native_bf16
     from engine.execution.executor import ModelExecutor
-    from engine.execution.loader import ModelNotFound
+    from engine.execution.loading.loader import ModelNotFound
     from engine.execution.model.describe import describe_file as describe_model_file
     from engine.execution.model.describe import model_architecture
     from engine.execution.model.linear_kernels import onednn_works
-    from engine.execution.tokenizer import Tokenizer
+    from engine.execution.text.chat_template import describe_chat_template
+    from engine.execution.text.tokenizer import Tokenizer
     from engine.kernels.native import set_build_dir as set_kernel_build_dir
     from engine.kernels.native import status as kernel_status
 
 # name -> "module:attribute", imported on first access (PEP 562)
 _LAZY: dict[str, str] = {
     "ModelExecutor": "engine.execution.executor:ModelExecutor",
-    "ModelNotFound": "engine.execution.loader:ModelNotFound",
-    "Tokenizer": "engine.execution.tokenizer:Tokenizer",
+    "ModelNotFound": "engine.execution.loading.loader:ModelNotFound",
+    "Tokenizer": "engine.execution.text.tokenizer:Tokenizer",
     "cpu_has_native_bf16": "engine.execution.cpu:cpu_has_native_bf16",
-    "describe_chat_template": "engine.execution.chat_template:describe_chat_template",
+    "describe_chat_template": "engine.execution.text.chat_template:describe_chat_template",
     "describe_model_file": "engine.execution.model.describe:describe_file",
     "model_architecture": "engine.execution.model.describe:model_architecture",
     "onednn_works": "engine.execution.model.linear_kernels:onednn_works",

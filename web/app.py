@@ -33,10 +33,10 @@ from web.api.schemas import ChatCompletionChunk, Completion, ErrorResponse
 from web.config import WebConfig
 from web.headers import SecurityHeaders
 from web.pages.chat import ChatController
+from web.pages.chat.replies import Replies
 from web.pages.dashboard import DashboardController
 from web.pages.login import login_router
 from web.pages.markdown import render as markdown
-from web.pages.replies import Replies
 from web.services import Services
 from web.sse import EventDoc, document_event_streams
 from web.storage.store import Store

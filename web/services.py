@@ -14,7 +14,7 @@ from web.storage.store import Store
 from web.tracker import RequestTracker
 
 if TYPE_CHECKING:
-    from web.pages.replies import Replies
+    from web.pages.chat.replies import Replies
 
 
 class EngineUnavailable(RuntimeError):

@@ -17,14 +17,14 @@ from engine.config import EngineConfig
 from engine.execution.attention import default_backend, get_backend
 from engine.execution.attention.base import AttentionInputs
 from engine.execution.cpu import default_threads, on_fresh_thread
-from engine.execution.grammar_masks import MaskWorker, consume
 from engine.execution.kv_pool import KVPool, slot_of
-from engine.execution.loader import load_model, resolve_model, weight_mode
+from engine.execution.loading.loader import load_model, resolve_model, weight_mode
+from engine.execution.loading.model_files import is_gguf
 from engine.execution.model.decoder import CausalLM
 from engine.execution.model.fused_decode import FusedDecode
-from engine.execution.model_files import is_gguf
-from engine.execution.sampler import Sampler
-from engine.execution.tokenizer import gguf_tokenizer_dir, read_eos_ids
+from engine.execution.sampling.grammar_masks import MaskWorker, consume
+from engine.execution.sampling.sampler import Sampler
+from engine.execution.text.tokenizer import gguf_tokenizer_dir, read_eos_ids
 from engine.scheduling.batch import Batch
 from engine.scheduling.request import Request, TokenLogprob
 

@@ -42,7 +42,7 @@ from engine.scheduling.request import (
 )
 
 if TYPE_CHECKING:
-    from engine.execution.tokenizer import Tokenizer
+    from engine.execution.text.tokenizer import Tokenizer
     from engine.structured.compiler import GrammarCompiler
 
 log = logging.getLogger(__name__)

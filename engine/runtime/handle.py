@@ -19,7 +19,7 @@ from engine.runtime.reasoning import Reasoning
 from engine.scheduling.request import TokenLogprob
 
 if TYPE_CHECKING:
-    from engine.execution.tokenizer import Tokenizer
+    from engine.execution.text.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +54,7 @@ class RequestHandle:
         self._detok = tokenizer.detokenizer(prompt_ids) if tokenizer is not None else None
         self._split = reasoning.splitter() if reasoning is not None else None
         if stop:
-            from engine.execution.tokenizer import StopMatcher
+            from engine.execution.text.tokenizer import StopMatcher
             self._stop: StopMatcher | None = StopMatcher(stop)
         else:
             self._stop = None

@@ -1,6 +1,6 @@
 """Speculative decoding's bookkeeping (torch-free): drafting from the sequence itself
 (prompt lookup) and the adaptive draft length. Verification (the rejection rule) is torch
-work and lives in engine.execution.verify."""
+work and lives in engine.execution.sampling.verify."""
 from engine.speculative.adaptive import DraftLength, DraftPolicy
 from engine.speculative.ngram import NgramIndex
 

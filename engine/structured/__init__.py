@@ -1,6 +1,6 @@
 """Grammar-constrained decoding with llguidance: constraints from the API's fields
 (`grammars`) and per-request matchers (`compiler`). Imports llguidance lazily, never torch;
-the masks are applied in engine.execution.grammar_masks."""
+the masks are applied in engine.execution.sampling.grammar_masks."""
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.grammars import (
     choice,

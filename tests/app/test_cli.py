@@ -176,7 +176,7 @@ def test_models_lists_default_and_folders(capsys: pytest.CaptureFixture[str],
     (folder / "tiny-llama").mkdir(parents=True)
     (folder / "tiny-llama" / "config.json").write_text("{}")
     (folder / "other.gguf").write_bytes(b"GGUF" + bytes(2044))
-    from engine.execution.loader import default_gguf_path
+    from engine.execution.loading.loader import default_gguf_path
 
     (folder / "smol.gguf").symlink_to(default_gguf_path())
     config = get_paths().config_file

@@ -18,7 +18,7 @@ from app.models import resolve_model
 from app.paths import get_paths
 from app.serve import build
 from app.settings import Settings
-from engine.execution.chat_template import FALLBACK_NAME
+from engine.execution.text.chat_template import FALLBACK_NAME
 from tests.tools import synthetic_gguf
 
 pytestmark = pytest.mark.usefixtures("ferry_home")

@@ -122,7 +122,7 @@ def test_an_ollama_blob_runs_in_place(store: Path) -> None:
     """The engine reads a GGUF stored without its suffix (Ollama's sha256-<hex> blob): it
     describes, tokenizes and decodes as the same file under its own name."""
     from engine import EngineConfig, ModelExecutor, Tokenizer, describe_model_file
-    from engine.execution.loader import default_gguf_path
+    from engine.execution.loading.loader import default_gguf_path
     from engine.scheduling.request import Request, SamplingParams
     from tests.engine.execution.test_default_model import greedy_until_eos
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine.execution.tokenizer import Tokenizer
+from engine.execution.text.tokenizer import Tokenizer
 
 THINKING_TEMPLATE = (
     "{% for m in messages %}"

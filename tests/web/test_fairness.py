@@ -29,7 +29,7 @@ LONG_PROMPT = 400  # about seven chunks of BUDGET
 
 def run_rounds(policy: str, weights: Any, model_dir: Path) -> tuple[list[RoundView], str, str]:
     from engine.execution.executor import ModelExecutor
-    from engine.execution.tokenizer import read_eos_ids
+    from engine.execution.text.tokenizer import read_eos_ids
     config = EngineConfig(max_running=4, max_prefill_tokens=BUDGET, kv_tokens=4096,
                           page_size=16, max_context=2048, policy=policy,  # type: ignore[arg-type]
                           admission="fair", prefix_cache=False, rounds_kept=1000)

@@ -49,7 +49,7 @@ class FaultyExecutor:
 def faulty(weights: Any, model_dir: Path) -> FaultyExecutor:
     from engine.config import EngineConfig
     from engine.execution.executor import ModelExecutor
-    from engine.execution.tokenizer import read_eos_ids
+    from engine.execution.text.tokenizer import read_eos_ids
     inner = ModelExecutor(weights, EngineConfig(**ENGINE), "cpu", None, read_eos_ids(model_dir),
                           model_dir)
     return FaultyExecutor(inner)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.execution.loading.model_files import is_gguf
 from engine.execution.model.decoder import CausalLM
-from engine.execution.model_files import is_gguf
 
 KERNELS = {"avx2": "native AVX2 kernels", "avx-vnni": "native AVX-VNNI kernels",
            "avx512-vnni": "native AVX-512 VNNI kernels",
@@ -48,12 +48,12 @@ def model_architecture(path: str | Path) -> str:
     """The registry name of the architecture a .gguf file or a model folder holds; raises
     UnsupportedModel / ModelFileError (saying what Ferry runs) where Ferry cannot run it. A
     GGUF's metadata and tensor table are read and checked (memory-mapped, no weights)."""
-    from engine.execution.loader import read_config
+    from engine.execution.loading.loader import read_config
     from engine.execution.model import registry
 
     path = Path(path)
     if is_gguf(path):
-        from engine.execution.gguf_file import GGUFFile
+        from engine.execution.loading.gguf_file import GGUFFile
 
         return GGUFFile(path).config.model_type
     cfg = read_config(path)
@@ -63,7 +63,7 @@ def model_architecture(path: str | Path) -> str:
 def _file(path: Path, dtype: str, device: str, quantize: str | None) -> str:
     import torch
 
-    from engine.execution.loader import GGUF, weight_mode
+    from engine.execution.loading.loader import GGUF, weight_mode
 
     torch_dtype, mode = weight_mode(path, dtype, device, quantize)
     name = str(torch_dtype).removeprefix("torch.")
@@ -71,7 +71,7 @@ def _file(path: Path, dtype: str, device: str, quantize: str | None) -> str:
         if mode is None:
             return f"safetensors {name}"
         return f"safetensors quantized to {mode.upper()} at load, {_kernels([mode.upper()])}"
-    from engine.execution.gguf_file import GGUFFile
+    from engine.execution.loading.gguf_file import GGUFFile
 
     file = GGUFFile(path)
     if mode != GGUF:

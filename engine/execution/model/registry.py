@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from engine.execution.model.architectures.gemma3 import Gemma3ForCausalLM
+from engine.execution.model.architectures.llama import LlamaForCausalLM
+from engine.execution.model.architectures.phi3 import Phi3ForCausalLM
+from engine.execution.model.architectures.qwen2 import Qwen2ForCausalLM
+from engine.execution.model.architectures.qwen3 import Qwen3ForCausalLM
+from engine.execution.model.architectures.qwen3_moe import Qwen3MoeForCausalLM
 from engine.execution.model.config import ModelConfig, UnsupportedModel
 from engine.execution.model.decoder import CausalLM
-from engine.execution.model.gemma3 import Gemma3ForCausalLM
-from engine.execution.model.llama import LlamaForCausalLM
-from engine.execution.model.phi3 import Phi3ForCausalLM
-from engine.execution.model.qwen2 import Qwen2ForCausalLM
-from engine.execution.model.qwen3 import Qwen3ForCausalLM
-from engine.execution.model.qwen3_moe import Qwen3MoeForCausalLM
 
 ARCHITECTURES: tuple[type[CausalLM], ...] = (
     LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM,

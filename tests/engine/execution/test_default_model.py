@@ -13,8 +13,8 @@ import torch
 
 from engine.config import EngineConfig
 from engine.execution.executor import ModelExecutor
-from engine.execution.loader import ModelNotFound, resolve_model
-from engine.execution.tokenizer import Tokenizer, gguf_tokenizer_dir
+from engine.execution.loading.loader import ModelNotFound, resolve_model
+from engine.execution.text.tokenizer import Tokenizer, gguf_tokenizer_dir
 from engine.scheduling.batch import Batch, BatchItem
 from engine.scheduling.request import Request, SamplingParams
 

@@ -21,7 +21,7 @@ from engine.config import EngineConfig
 from engine.execution.attention.torch_backend import TorchAttention
 from engine.execution.executor import ModelExecutor
 from engine.execution.kv_pool import KVPool
-from engine.execution.loader import load_model
+from engine.execution.loading.loader import load_model
 from engine.execution.model import linear_kernels
 from engine.execution.model.layers import Linear, PackedLinear
 from engine.kernels import layer_ops, quant

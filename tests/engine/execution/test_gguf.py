@@ -28,7 +28,7 @@ from gguf import GGMLQuantizationType as T
 from engine.config import EngineConfig
 from engine.execution.errors import ModelFileError
 from engine.execution.executor import ModelExecutor
-from engine.execution.loader import load_model
+from engine.execution.loading.loader import load_model
 from engine.execution.model.linear_kernels import SplitWeight
 from engine.kernels import quant
 from engine.runtime.engine import Engine

@@ -14,7 +14,7 @@ import torch
 
 from engine import Engine, EngineConfig, SamplingParams, structured
 from engine.execution.executor import ModelExecutor
-from engine.execution.grammar_masks import unpack
+from engine.execution.sampling.grammar_masks import unpack
 
 pytestmark = pytest.mark.model
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},

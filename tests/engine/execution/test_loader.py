@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from engine.execution import loader
 from engine.execution.errors import ModelFileError
-from engine.execution.loader import ModelNotFound, load_model, resolve_model
-from engine.execution.tokenizer import read_eos_ids
+from engine.execution.loading import loader
+from engine.execution.loading.loader import ModelNotFound, load_model, resolve_model
+from engine.execution.text.tokenizer import read_eos_ids
 
 
 def test_missing_default_model_says_how_to_install(monkeypatch: pytest.MonkeyPatch,

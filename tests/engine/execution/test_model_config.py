@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.execution.loader import choose_dtype
+from engine.execution.loading.loader import choose_dtype
 from engine.execution.model.config import UnsupportedModel
 from engine.execution.model.layers import rope_inv_freq
 from engine.execution.model.registry import config_from_hf

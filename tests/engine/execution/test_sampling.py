@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.execution.sampler import Sampler
+from engine.execution.sampling.sampler import Sampler
 from engine.scheduling.request import SamplingParams
 
 VOCAB = 50

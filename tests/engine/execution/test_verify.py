@@ -1,4 +1,4 @@
-"""Verification of drafts (engine/execution/verify.py): greedy keeps exactly what plain
+"""Verification of drafts (engine/execution/sampling/verify.py): greedy keeps exactly what plain
 greedy decoding writes; sampled verification leaves every emitted token distributed as plain
 sampling's (chi-square over a small vocabulary, fixed seeds)."""
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.execution.sampler import Sampler
-from engine.execution.verify import target_probs, verify
+from engine.execution.sampling.sampler import Sampler
+from engine.execution.sampling.verify import target_probs, verify
 from engine.scheduling.request import SamplingParams
 
 VOCAB = 6

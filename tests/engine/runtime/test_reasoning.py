@@ -92,8 +92,8 @@ def test_handle_splits_single_token_tags_and_stops_on_the_answer_only(
     the reasoning ending only the answer."""
     from tokenizers import AddedToken
 
-    from engine.execution.chat_template import describe_chat_template
-    from engine.execution.tokenizer import Tokenizer
+    from engine.execution.text.chat_template import describe_chat_template
+    from engine.execution.text.tokenizer import Tokenizer
     from engine.runtime.events import FinalEvent, Timings, TokenEvent, Usage
     from engine.runtime.handle import RequestHandle, TextDelta
     from tests.tools.thinking import with_template

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.tools.waiting import wait_for
 from web.access.users import UserStore
-from web.pages import reply_status
+from web.pages.chat import reply_status
 
 # the upstreams' start (the model's load, twice) counts against the first test's time
 pytestmark = [pytest.mark.model, pytest.mark.timeout(600)]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from web.config import WebConfig
-from web.pages.chat_service import ChatError, ChatService
+from web.pages.chat.service import ChatError, ChatService
 from web.storage.store import Conversation, Message
 
 

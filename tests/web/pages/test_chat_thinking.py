@@ -65,7 +65,7 @@ def test_reasoning_is_stored_apart_and_never_fed_back(server: Any, idle_check: A
     block = re.search(r'<details class="thinking">(.*?)</details>', page, re.S)
     assert block and REASONING in block.group(1) and "<summary>Thinking</summary>" in page
     # the next turn's prompt holds the answer, not the reasoning
-    from web.pages.chat_service import ChatService
+    from web.pages.chat.service import ChatService
 
     chat = ChatService(server.services)
     conv = server.services.store.conversation(conv_id)

@@ -106,7 +106,7 @@ def test_a_good_import_keeps_every_field(server: Any) -> None:
 def test_a_stored_max_tokens_above_the_limit_is_held_to_it(server: Any) -> None:
     """A conversation kept before imports were checked (max_tokens 10^9) replies within
     max_tokens_limit."""
-    from web.pages.chat_service import ChatService
+    from web.pages.chat.service import ChatService
 
     store = server.services.store
     conv = store.create_conversation("local", "old import")

@@ -11,7 +11,7 @@ import pytest
 
 from engine.runtime.events import FinalEvent, Timings, Usage
 from engine.runtime.handle import TextDelta
-from web.pages.replies import Note, Replies, Reply
+from web.pages.chat.replies import Note, Replies, Reply
 from web.storage.store import RESTARTED, SCHEMA_VERSION, Conversation, Message, ReplyFigures, Store
 
 

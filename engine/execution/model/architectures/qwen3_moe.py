@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from engine.execution.model.architectures.qwen3 import QK_NORM_NAMES
 from engine.execution.model.config import (
     GGUFMeta,
     LayerSpec,
@@ -22,7 +23,6 @@ from engine.execution.model.config import (
 )
 from engine.execution.model.decoder import GGUF_LAYER, CausalLM, DecoderLayer
 from engine.execution.model.layers.moe import MoEMLP
-from engine.execution.model.qwen3 import QK_NORM_NAMES
 
 # GGUF's 3-D expert tensors (per layer) -> the per-expert HF module name, "{e}" the expert
 EXPERT_NAMES = {"ffn_gate_exps": "mlp.experts.{e}.gate_proj",

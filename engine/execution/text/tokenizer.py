@@ -21,12 +21,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.execution.chat_template import (
+from engine.execution.loading.model_files import is_gguf
+from engine.execution.text.chat_template import (
     FALLBACK_STOPS,
     FALLBACK_TEMPLATE,
     chat_template_name,
 )
-from engine.execution.model_files import is_gguf
 from engine.runtime.reasoning import CLOSE, OPEN, Reasoning
 
 GGUF_TOKENIZERS = "tokenizers"  # folder under the model cache: one per GGUF file version
@@ -69,7 +69,7 @@ def read_eos_ids(path: Path) -> frozenset[int]:
     """EOS ids from config.json and generation_config.json (int or list in either), or from
     a GGUF file's metadata."""
     if is_gguf(path):
-        from engine.execution.gguf_file import gguf_eos_ids
+        from engine.execution.loading.gguf_file import gguf_eos_ids
 
         return gguf_eos_ids(path)
     ids: set[int] = set()

@@ -20,7 +20,7 @@ from engine import ADMISSIONS, POLICIES
 from web.access.identity import User, admin_guard, current_user
 from web.api.controls import apply_policy
 from web.api.errors import APIError
-from web.pages.board import board_context
+from web.pages.dashboard.board import board_context
 from web.services import Services, services
 from web.sse import event_stream, html_event
 

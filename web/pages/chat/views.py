@@ -14,7 +14,7 @@ from litestar.response import Redirect, Template
 
 from engine import QueueFull, RequestError
 from web.access.identity import User, current_user
-from web.pages.chat_service import ChatError, version_nav
+from web.pages.chat.service import ChatError, version_nav
 from web.services import EngineUnavailable, services
 from web.storage.store import Conversation, Message
 

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from web.config import WebConfig
-from web.pages.chat_service import ChatError, Settings, check_settings, title_for
+from web.pages.chat.service import ChatError, Settings, check_settings, title_for
 from web.storage.store import Conversation, Message, Store
 
 FORMAT = "ferry-conversation"

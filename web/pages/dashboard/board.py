@@ -10,7 +10,7 @@ from typing import Any
 
 from engine import Engine, EngineSnapshot, RequestView, RoundView
 from web.access.identity import User
-from web.pages.charts import sparkline
+from web.pages.dashboard.charts import sparkline
 from web.tracker import RequestTracker
 
 # the dashboard's short tag before a wait reason's text (the text reads on its own in the chat)

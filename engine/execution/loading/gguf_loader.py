@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from engine.execution.errors import ModelFileError
-from engine.execution.gguf_file import GGUFFile, GGUFTensor
+from engine.execution.loading.gguf_file import GGUFFile, GGUFTensor
 from engine.execution.model.decoder import CausalLM
 from engine.execution.model.linear_kernels import SplitWeight
 from engine.execution.model.weights import load_weights

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from engine.execution.model.architectures.qwen2 import qwen_windows
 from engine.execution.model.config import (
     GGUFMeta,
     LayerSpec,
@@ -15,7 +16,6 @@ from engine.execution.model.config import (
     hf_rope,
 )
 from engine.execution.model.decoder import GGUF_LAYER, CausalLM
-from engine.execution.model.qwen2 import qwen_windows
 
 QK_NORM_NAMES = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 

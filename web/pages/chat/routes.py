@@ -14,9 +14,10 @@ from litestar.response import Redirect, Template
 from sse_starlette import EventSourceResponse
 
 from web.access.identity import current_user
-from web.pages import transfer
-from web.pages.chat_service import ChatError, ChatService
-from web.pages.chat_views import (
+from web.pages.chat import transfer
+from web.pages.chat.replies import reply_events
+from web.pages.chat.service import ChatError, ChatService
+from web.pages.chat.views import (
     REFUSED,
     Form,
     ImportForm,
@@ -29,7 +30,6 @@ from web.pages.chat_views import (
     refusal,
     sidebar,
 )
-from web.pages.replies import reply_events
 from web.services import services
 from web.sse import event_stream
 from web.storage.store import Conversation, Message

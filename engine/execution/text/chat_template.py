@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.execution.model_files import is_gguf
+from engine.execution.loading.model_files import is_gguf
 from engine.runtime.reasoning import CLOSE, OPEN
 
 FALLBACK_TEMPLATE = (
@@ -56,7 +56,7 @@ def _gguf_template(path: Path) -> tuple[str, str]:
     """(template, the think tags found among its tokens) of a GGUF file, from its metadata
     (the token strings are found as GGUF writes them: a little-endian uint64 length, then
     the bytes; they lie in the metadata, before the tensors)."""
-    from engine.execution.gguf_file import _open_reader, _value
+    from engine.execution.loading.gguf_file import _open_reader, _value
 
     reader = _open_reader(path)
     field = reader.fields.get("tokenizer.chat_template")

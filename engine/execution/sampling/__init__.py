@@ -1,0 +1,1 @@
+"""Choosing tokens: the sampler, grammar masks for constrained requests, draft verification."""
