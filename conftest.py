@@ -434,6 +434,28 @@ def sign_in() -> Any:
     return browser_sign_in
 
 
+@contextmanager
+def page_under_csp(browser: Any, **context_options: Any) -> Iterator[Any]:
+    """A page in a new browser context; the test fails on any Content-Security-Policy
+    violation its console reports (Ferry's pages run under a strict CSP)."""
+    context = browser.new_context(**{"viewport": {"width": 1280, "height": 800},
+                                     **context_options})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    violations: list[str] = []
+    page.on("console", lambda m: violations.append(m.text)
+            if "Content Security Policy" in m.text else None)
+    yield page
+    context.close()
+    assert not violations, violations
+
+
+@pytest.fixture(scope="session")
+def csp_page() -> Any:
+    """page_under_csp for the browser tests."""
+    return page_under_csp
+
+
 def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05,
              message: str = "condition") -> Any:
     deadline = time.monotonic() + timeout

@@ -34,32 +34,12 @@ from engine.kernels import quant
 from engine.runtime.engine import Engine
 from engine.runtime.handle import TextDelta
 from engine.scheduling.request import SamplingParams
+from tests.tools.hf_gguf import K_QUANTS, llama_cpp_permute, random_blocks
 from tests.tools.random_hf import random_hf
 
-K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
 MIXED = {"attn_q": T.Q4_K, "attn_k": T.Q4_K, "attn_v": T.Q6_K, "attn_output": T.Q5_K,
          "ffn_gate": T.Q4_0, "ffn_up": T.Q4_1, "ffn_down": T.Q5_0, "token_embd": T.Q8_0,
          "output": T.Q6_K}
-
-
-def llama_cpp_permute(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """convert_hf_to_gguf's permutation of attn_q / attn_k rows (HF -> GGUF)."""
-    return (w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2)
-            .reshape(w.shape))
-
-
-def random_blocks(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """Valid K-quant blocks: random bytes with sane fp16 scales (d, dmin)."""
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-    low = 0.5e-4 if qtype == T.Q6_K else 0.5e-3  # Q6_K's int8 scales are larger
-    n = 1 if qtype == T.Q6_K else 2
-    d = rng.uniform(low, 3 * low, size=(rows, cols // block, n)).astype(np.float16)
-    if qtype == T.Q6_K:
-        raw[..., -2:] = d.view(np.uint8).reshape(rows, cols // block, 2)
-    else:
-        raw[..., :4] = d.view(np.uint8).reshape(rows, cols // block, 4)
-    return raw.reshape(rows, -1)
 
 
 def write_gguf(path: Path, hf: torch.nn.Module, types: dict[str, T], default: T = T.Q8_0,

@@ -27,17 +27,9 @@ def server(make_server: Any) -> Any:
 
 
 @pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 800},
-                                  permissions=["clipboard-read", "clipboard-write"])
-    page = context.new_page()
-    page.set_default_timeout(30_000)
-    violations: list[str] = []  # the pages run under Ferry's Content-Security-Policy
-    page.on("console", lambda m: violations.append(m.text)
-            if "Content Security Policy" in m.text else None)
-    yield page
-    context.close()
-    assert not violations, violations
+def page(browser: Any, csp_page: Any) -> Iterator[Any]:
+    with csp_page(browser, permissions=["clipboard-read", "clipboard-write"]) as page:
+        yield page
 
 
 def send(page: Any, text: str) -> None:
