@@ -1,0 +1,176 @@
+"""Opt-in (`-m slow`, FERRY_LLAMA_CPP=<a llama.cpp source checkout with build/bin>): the files
+people have come from llama.cpp's own converter, not from Ferry's test writer. Each family's
+tiny seeded model (test_families' configs, with the default model's 49,152-token vocabulary so
+the converter has a real tokenizer to write) is saved by transformers and converted by the
+checkout's `convert_hf_to_gguf.py`, run in a venv of its own (its pinned transformers 4 and
+sentencepiece never enter Ferry's). On llama.cpp's file:
+
+* F32: Ferry's logits equal transformers float32 on the same weights (prefill, a chunked
+  prefill past the window, decode);
+* F32 and Q8_0: Ferry's perplexity through the API (echo + logprobs, max_tokens 0) is within
+  1% of `llama-perplexity` on the same file, over the very tokens llama.cpp scored (read back
+  from its `--kl-divergence-base` dump) and by its method: chunks of N_CTX, BOS in front where
+  the file asks for one, the second half of each chunk scored.
+
+The converter venv is built once under FERRY_CONVERT_VENV (default: a folder in the temp dir).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from test_families import FAMILIES, _compare, _config, _run
+
+from tests.tools.random_hf import random_hf
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+TEXT = Path(__file__).parents[2] / "data" / "gpl-3.0.txt"
+N_CTX = 128
+CHUNKS = 6
+CONVERTER_PACKAGES = ["torch==2.13.0", "transformers==4.57.6", "sentencepiece", "protobuf<5",
+                      "safetensors", "numpy"]
+
+
+@pytest.fixture(scope="session")
+def llama_cpp() -> Path:
+    root = os.environ.get("FERRY_LLAMA_CPP")
+    if not root:
+        pytest.skip("FERRY_LLAMA_CPP (a llama.cpp checkout with build/bin) is not set")
+    path = Path(root)
+    for need in ("convert_hf_to_gguf.py", "build/bin/llama-perplexity"):
+        if not (path / need).exists():
+            pytest.fail(f"{path / need} is missing (tools/build-llama-server.sh builds it)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def converter_python() -> Path:
+    venv = Path(os.environ.get("FERRY_CONVERT_VENV")
+                or Path(tempfile.gettempdir()) / "ferry-convert-venv")
+    python = venv / "bin" / "python"
+    if not (venv / ".ready").exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *CONVERTER_PACKAGES],
+                       check=True)
+        (venv / ".ready").touch()
+    return python
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+    gguf = next(model_dir.glob("*.gguf")) if model_dir.is_dir() else model_dir
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def converted(request: pytest.FixtureRequest, hf_tokenizer: Any, llama_cpp: Path,
+              converter_python: Path, tmp_path_factory: pytest.TempPathFactory
+              ) -> tuple[str, Any, dict[str, Path]]:
+    """The family's model (vocabulary 49,152) and llama.cpp's F32 and Q8_0 files of it."""
+    cfg = _config(request.param)
+    cfg.vocab_size = len(hf_tokenizer)  # type: ignore[attr-defined]
+    cfg.bos_token_id, cfg.eos_token_id = (  # type: ignore[attr-defined]
+        hf_tokenizer.bos_token_id, hf_tokenizer.eos_token_id)
+    hf = random_hf(cfg)
+    folder = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(folder)
+    hf_tokenizer.save_pretrained(folder)
+    # as SmolLM2 ships it: transformers 5 names its own backend, which the converter's
+    # transformers 4 does not know
+    config_file = folder / "tokenizer_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()),
+                                       "tokenizer_class": "GPT2Tokenizer"}))
+    files = {}
+    for outtype in ("f32", "q8_0"):
+        out = folder / f"{request.param}-{outtype}.gguf"
+        done = subprocess.run(
+            [str(converter_python), str(llama_cpp / "convert_hf_to_gguf.py"), str(folder),
+             "--outtype", outtype, "--outfile", str(out)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        files[outtype] = out
+    return request.param, hf, files
+
+
+def llama_perplexity(llama_cpp: Path, gguf: Path, dump: Path) -> tuple[float, list[int]]:
+    """llama-perplexity's final estimate and the tokens it read (from its logits dump)."""
+    done = subprocess.run(
+        [str(llama_cpp / "build/bin/llama-perplexity"), "-m", str(gguf), "-f", str(TEXT),
+         "-c", str(N_CTX), "-b", str(N_CTX), "--chunks", str(CHUNKS), "-t", "2",
+         "--kl-divergence-base", str(dump)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = re.search(r"Final estimate: PPL = ([0-9.]+)", done.stdout + done.stderr)
+    assert found, done.stderr[-3000:]
+    with dump.open("rb") as f:
+        assert f.read(8) == b"_logits_"
+        n_ctx, _n_vocab, n_chunk = struct.unpack("<iii", f.read(12))
+        assert (n_ctx, n_chunk) == (N_CTX, CHUNKS)
+        tokens = list(struct.unpack(f"<{n_ctx * n_chunk}i", f.read(4 * n_ctx * n_chunk)))
+    return float(found.group(1)), tokens
+
+
+def bos_in_front(gguf: Path) -> int | None:
+    """The BOS id llama.cpp puts at each chunk's start, or None where the file adds none."""
+    from gguf import GGUFReader
+    reader = GGUFReader(str(gguf))
+
+    def value(key: str) -> Any:
+        field = reader.fields.get(key)
+        return None if field is None else field.contents()
+
+    add = value("tokenizer.ggml.add_bos_token")
+    if add is None:  # llama.cpp's default: SentencePiece vocabularies add one, BPE ones do not
+        add = value("tokenizer.ggml.model") == "llama"
+    return int(value("tokenizer.ggml.bos_token_id")) if add else None
+
+
+def ferry_perplexity(url: str, tokens: list[int], bos: int | None) -> float:
+    first, nll, count = N_CTX // 2, 0.0, 0
+    for c in range(CHUNKS):
+        chunk = tokens[c * N_CTX:(c + 1) * N_CTX]
+        if bos is not None:
+            chunk[0] = bos
+        r = httpx.post(url + "/v1/completions", timeout=600, json={
+            "prompt": chunk, "echo": True, "logprobs": 0, "max_tokens": 0})
+        assert r.status_code == 200, r.text
+        scores = r.json()["choices"][0]["logprobs"]["token_logprobs"]
+        # the logits at positions first .. N_CTX-2 score the tokens after them
+        nll -= sum(scores[first + 1:])
+        count += N_CTX - 1 - first
+    return math.exp(nll / count)
+
+
+def test_llama_cpp_converted_file_matches(converted: tuple[str, Any, dict[str, Path]],
+                                          llama_cpp: Path, make_harness: Any, make_server: Any,
+                                          idle_check: Any, tmp_path: Path) -> None:
+    from engine import EngineConfig, ModelExecutor
+    name, hf, files = converted
+
+    h = make_harness(files["f32"])  # float32: llama.cpp's layout read back exactly
+    _compare(h, copy.deepcopy(hf), _run(h))
+
+    report = []
+    for outtype, gguf in files.items():
+        ppl_llama, tokens = llama_perplexity(llama_cpp, gguf, tmp_path / f"{outtype}.bin")
+        config = EngineConfig(kv_tokens=4096, max_context=256, max_running=2)
+        executor = ModelExecutor.from_pretrained(gguf, config, dtype="auto", progress=False)
+        server = make_server(executor=executor, kv_tokens=4096, max_context=256,
+                             max_running=2)
+        ppl_ferry = ferry_perplexity(server.url, tokens, bos_in_front(gguf))
+        idle_check(server.engine)
+        server.stop()
+        report.append(f"{name} {outtype}: llama-perplexity {ppl_llama:.4f}, Ferry "
+                      f"{ppl_ferry:.4f} ({ppl_ferry / ppl_llama - 1:+.3%})")
+        assert abs(ppl_ferry / ppl_llama - 1) < 0.01, report[-1]
+    print("\n" + "\n".join(report))
