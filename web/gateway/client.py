@@ -41,6 +41,7 @@ class Chunk:
     cached_tokens: int = 0
     # (index, name piece, arguments piece) of streamed tool-call deltas
     tool_calls: tuple[tuple[int, str, str], ...] = ()
+    reasoning: str = ""  # a thinking model's reasoning_content (vLLM, llama.cpp, Ferry)
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -64,7 +65,9 @@ def request_body(prompt: list[int], params: SamplingParams, model: str, kind: st
         body["ignore_eos"] = True
     if kind == "sglang":
         body["rid"] = request_id  # so /abort_request can name it
-    body.update(getattr(prompt, "extra", None) or {})  # tools, response_format...: as sent
+    # tools, response_format...: as sent; the model is the gateway's to name (the route)
+    body.update({k: v for k, v in (getattr(prompt, "extra", None) or {}).items()
+                 if k != "model"})
     if isinstance(prompt, UpstreamPrompt) and prompt.messages is not None:
         messages = list(prompt.messages)
         if prompt.continued:
@@ -115,7 +118,7 @@ def parse_event(data: str, name: str) -> Chunk | None:
         err = obj["error"]
         message = err.get("message") if isinstance(err, dict) else err
         raise UpstreamError(f"{name} failed: {message}")
-    text, finish = "", None
+    text, reasoning, finish = "", "", None
     calls: list[tuple[int, str, str]] = []
     choices = obj.get("choices") or []
     if not isinstance(choices, list):
@@ -126,6 +129,8 @@ def parse_event(data: str, name: str) -> Chunk | None:
         delta = choice.get("delta")
         if isinstance(delta, dict):
             text += delta.get("content") or ""
+            # vLLM, llama.cpp and Ferry say reasoning_content; some servers `reasoning`
+            reasoning += delta.get("reasoning_content") or delta.get("reasoning") or ""
             calls.extend(tool_call_pieces(delta.get("tool_calls")))
         elif isinstance(choice.get("text"), str):
             text += choice["text"]
@@ -135,8 +140,9 @@ def parse_event(data: str, name: str) -> Chunk | None:
         details = usage.get("prompt_tokens_details") or {}
         cached = details.get("cached_tokens") if isinstance(details, dict) else 0
         return Chunk(text, finish, int(usage.get("prompt_tokens") or 0),
-                     int(usage.get("completion_tokens") or 0), int(cached or 0), tuple(calls))
-    return Chunk(text, finish, tool_calls=tuple(calls))
+                     int(usage.get("completion_tokens") or 0), int(cached or 0), tuple(calls),
+                     reasoning)
+    return Chunk(text, finish, tool_calls=tuple(calls), reasoning=reasoning)
 
 
 def tool_call_pieces(deltas: Any) -> list[tuple[int, str, str]]:
@@ -214,7 +220,7 @@ async def stream_chunks(client: httpx.AsyncClient, base: str, name: str, api_key
                 if chunk is None:
                     finished = True
                     break
-                produced = produced or bool(chunk.text)
+                produced = produced or bool(chunk.text or chunk.reasoning)
                 yield chunk
             if not finished:
                 raise UpstreamError(f"{name} closed the stream before the end")

@@ -21,8 +21,9 @@ from web.api.structured import fields, tools
 from web.api.structured.formats import FORMATS
 from web.services import Services
 
-PASSED_UPSTREAM = ("tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
-                   *fields.FIELDS)
+# the model too: the gateway routes by it (web/gateway/queue.py)
+PASSED_UPSTREAM = ("model", "tools", "tool_choice", "parallel_tool_calls",
+                   "chat_template_kwargs", *fields.FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
