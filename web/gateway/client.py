@@ -157,30 +157,37 @@ def tool_call_pieces(deltas: Any) -> list[tuple[int, str, str]]:
 
 
 class ToolCalls:
-    """An upstream's streamed tool calls, gathered, then handed on as the generic format's
-    text (`<tool_call>{"name", "arguments"}</tool_call>`), which the API reads back into
-    tool calls like a local reply's."""
+    """An upstream's streamed tool calls handed on as they come, as the generic format's text
+    (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`), which the API reads back into
+    tool calls like a local reply's: the arguments stream on as the upstream sends them."""
 
     def __init__(self) -> None:
-        self.calls: dict[int, list[str]] = {}
+        self.index: int | None = None  # the call being written
+        self.name = ""
+        self.started = False  # its block's head and arguments have begun
 
-    def add(self, pieces: tuple[tuple[int, str, str], ...]) -> None:
+    def _head(self) -> str:
+        self.started = True
+        return f'<tool_call>\n{{"name": {json.dumps(self.name)}, "arguments": '
+
+    def add(self, pieces: tuple[tuple[int, str, str], ...]) -> str:
+        out = []
         for index, name, arguments in pieces:
-            call = self.calls.setdefault(index, ["", ""])
-            call[0] += name
-            call[1] += arguments
+            if index != self.index:
+                out.append(self.close())
+                self.index, self.name, self.started = index, "", False
+            self.name += name  # whole by the first arguments piece (OpenAI sends it first)
+            if arguments:
+                out.append((self._head() if not self.started else "") + arguments)
+        return "".join(out)
 
-    def text(self) -> str:
-        blocks = []
-        for name, arguments in (self.calls[i] for i in sorted(self.calls)):
-            try:
-                args = json.loads(arguments or "{}")
-            except ValueError:
-                args = arguments
-            blocks.append("<tool_call>\n" + json.dumps({"name": name, "arguments": args})
-                          + "\n</tool_call>")
-        self.calls = {}
-        return "\n".join(blocks)
+    def close(self) -> str:
+        """The open call's end (arguments `{}` when the upstream sent none)."""
+        if self.index is None:
+            return ""
+        text = "" if self.started else self._head() + "{}"
+        self.index = None
+        return text + "}\n</tool_call>"
 
 
 async def stream_chunks(client: httpx.AsyncClient, base: str, name: str, api_key: str | None,
@@ -212,11 +219,12 @@ async def stream_chunks(client: httpx.AsyncClient, base: str, name: str, api_key
                 if not line.startswith("data:"):
                     continue  # comments, event names, blank lines
                 chunk = parse_event(line[5:].strip(), name)
-                if chunk is not None and chunk.tool_calls:
-                    calls.add(chunk.tool_calls)
+                text = calls.add(chunk.tool_calls) if chunk is not None else ""
+                if chunk is None or chunk.finish_reason:
+                    text += calls.close()
+                if text:
                     produced = True
-                if calls.calls and (chunk is None or chunk.finish_reason):
-                    yield Chunk(calls.text())
+                    yield Chunk(text)
                 if chunk is None:
                     finished = True
                     break

@@ -10,9 +10,11 @@ import pytest
 from app.config_sources import format_config, load_settings
 from app.settings import Settings, SettingsError
 from engine import SamplingParams
+from web.api.structured.formats import FORMATS
+from web.api.structured.parse import CallStart, ToolStream, parse_reply
 from web.gateway import probe
 from web.gateway import queue as rules
-from web.gateway.client import UpstreamError, error_message, parse_event, request_body
+from web.gateway.client import ToolCalls, UpstreamError, error_message, parse_event, request_body
 from web.gateway.config import GatewayConfig, UpstreamConfig, base_url
 from web.gateway.handle import GatewayHandle
 from web.gateway.prompt import GatewayTokenizer, UpstreamPrompt
@@ -269,3 +271,21 @@ def test_print_config_shows_the_upstreams(tmp_path: Path, monkeypatch: pytest.Mo
     assert 'upstreams = [{url = "http://gpu1:8000/v1"}]' in capsys.readouterr().out
     assert main(["serve", "--upstream", "gpu1:8000", "--print-config"]) == 2
     assert "upstreams[0]" in capsys.readouterr().err
+
+
+def test_an_upstreams_tool_calls_are_handed_on_as_they_stream() -> None:
+    """The front writes an upstream's call deltas as generic-format text at once, so its own
+    reader streams the arguments on (and ends each call valid)."""
+    calls, names = ToolCalls(), frozenset({"add", "get_weather"})
+    reader = ToolStream(FORMATS["generic"], names)
+    text = calls.add(((0, "add", ""),))
+    assert text == ""  # the name alone: the block waits for the arguments
+    text += calls.add(((0, "", '{"a": 1'),))
+    assert reader.push(text)[0] == CallStart("add")  # the call starts before the upstream ends
+    text += calls.add(((0, "", ', "b": 2}'), (1, "get_weather", "")))
+    text += calls.close()
+    assert parse_reply(text, FORMATS["generic"], names)[1] == [
+        parse_reply('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>',
+                    FORMATS["generic"], names)[1][0],
+        parse_reply('<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>',
+                    FORMATS["generic"], names)[1][0]]
