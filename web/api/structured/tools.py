@@ -170,8 +170,10 @@ def check_system_prompt(render: Any) -> None:
                        code="unsupported_parameter")
 
 
-def constraint(p: ToolPlan, marker_id: int | None = None) -> Constraint | None:
-    """The grammar of a forced call (tool_choice required or named), else None."""
+def constraint(p: ToolPlan, marker_id: int | None = None, think: str | None = None
+               ) -> Constraint | None:
+    """The grammar of a forced call (tool_choice required or named), else None; `think`: the
+    prompt opened a think block this tag closes (the reasoning goes first)."""
     if p.choice in ("auto", "none"):
         return None
     names = sorted(p.names) if p.choice == "required" else [p.choice]
@@ -183,5 +185,6 @@ def constraint(p: ToolPlan, marker_id: int | None = None) -> Constraint | None:
         except RequestError as exc:
             raise APIError(f"tools: {name}: {exc}", param="tools") from exc
         schemas.append(p.format.call_schema(name, params))
-    grammar = p.format.grammar(schemas, p.parallel and p.choice == "required", marker_id)
+    grammar = p.format.grammar(schemas, p.parallel and p.choice == "required", marker_id,
+                               think)
     return structured.lark(grammar, "tool_call")
