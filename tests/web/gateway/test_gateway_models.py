@@ -70,7 +70,7 @@ def test_the_union_is_listed_and_each_request_goes_to_its_model(two_models: list
     assert made.status_code in (200, 303), made.text
     store = front.services.store
     conv = store.conversations("local")[0]
-    wait_for(lambda: any(m.role == "assistant" and m.status == "done"
+    wait_for(lambda: any(m.role == "assistant" and m.status != "streaming"
                          for m in store.messages(conv.id)), 120, "the chat's reply")
     assert generated(a) > before
     assert front.gateway.wait_idle(10)
