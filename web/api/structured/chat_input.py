@@ -81,8 +81,6 @@ async def chat_input(data: ChatCompletionRequest, s: Services) -> ChatInput:
         raise APIError(f"the chat template refused these messages: {exc}",
                        param="messages") from exc
     reasoning = s.tokenizer.reasoning_for(ids)
-    if forced is not None and plan is not None and reasoning is not None and reasoning.started:
-        forced = tools.constraint(plan, _marker(s, plan), reasoning.close)
     if forced is not None:
         await anyio.to_thread.run_sync(fields.check, s.engine, forced, "tools")
         return ChatInput(ids, forced, plan, reasoning)

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,29 +32,21 @@ class ToolFormat:
                 "required": ["name", self.args_key], "additionalProperties": False}
 
     def grammar(self, schemas: list[dict[str, Any]], parallel: bool,
-                marker_id: int | None = None, think: str | None = None) -> str:
+                marker_id: int | None = None) -> str:
         """llguidance Lark text: one call (or up to MAX_PARALLEL) in this format, each
-        matching one of `schemas` (the call schemas of the tools allowed). `think`: the tag
-        that closes a think block the prompt opened; the model's reasoning, free text up to
-        it, comes first, then the calls (a thinking model would not think otherwise)."""
+        matching one of `schemas` (the call schemas of the tools allowed)."""
         one = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
         call = "call: %json " + json.dumps(one)
         more = MAX_PARALLEL - 1 if parallel else 0
         if self.name == "llama3":
-            rules = f"calls: call\n{call}\n"
-        elif self.name == "mistral":
+            return f"start: call\n{call}\n"
+        if self.name == "mistral":
             marker = f"<[{marker_id}]>" if marker_id is not None else '"[TOOL_CALLS]"'
             tail = f' (", " call){{0,{more}}}' if more else ""
-            rules = f'calls: {marker} "[" call{tail} "]"\n{call}\n'
-        else:
-            block = f'block: "{OPEN}\\n" call "\\n{CLOSE}"\n'
-            tail = f' ("\\n" block){{0,{more}}}' if more else ""
-            rules = f"calls: block{tail}\n{block}{call}\n"
-        if think is None:
-            return "start: calls\n" + rules
-        # lazy: the reasoning ends at the first closing tag
-        tag = re.escape(think).replace("/", "\\/")
-        return f'start: think "\\n" calls\nthink[lazy]: /(.|\\n)*{tag}/\n' + rules
+            return f'start: {marker} "[" call{tail} "]"\n{call}\n'
+        block = f'block: "{OPEN}\\n" call "\\n{CLOSE}"\n'
+        tail = f' ("\\n" block){{0,{more}}}' if more else ""
+        return f"start: block{tail}\n{block}{call}\n"
 
 
 FORMATS = {

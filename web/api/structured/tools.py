@@ -170,10 +170,8 @@ def check_system_prompt(render: Any) -> None:
                        code="unsupported_parameter")
 
 
-def constraint(p: ToolPlan, marker_id: int | None = None, think: str | None = None
-               ) -> Constraint | None:
-    """The grammar of a forced call (tool_choice required or named), else None; `think`: the
-    prompt opened a think block this tag closes (the reasoning goes first)."""
+def constraint(p: ToolPlan, marker_id: int | None = None) -> Constraint | None:
+    """The grammar of a forced call (tool_choice required or named), else None."""
     if p.choice in ("auto", "none"):
         return None
     names = sorted(p.names) if p.choice == "required" else [p.choice]
@@ -185,6 +183,5 @@ def constraint(p: ToolPlan, marker_id: int | None = None, think: str | None = No
         except RequestError as exc:
             raise APIError(f"tools: {name}: {exc}", param="tools") from exc
         schemas.append(p.format.call_schema(name, params))
-    grammar = p.format.grammar(schemas, p.parallel and p.choice == "required", marker_id,
-                               think)
+    grammar = p.format.grammar(schemas, p.parallel and p.choice == "required", marker_id)
     return structured.lark(grammar, "tool_call")
