@@ -84,3 +84,17 @@ def test_streamed_reasoning_then_the_call(server: Any) -> None:
     arguments = "".join(tc["function"].get("arguments") or "" for tc in calls)
     assert arguments == whole["tool_calls"][0]["function"]["arguments"]
     assert choices[-1]["finish_reason"] == "tool_calls"
+
+
+def test_a_json_schema_lets_the_model_think_first(server: Any) -> None:
+    """response_format after a prompt that opened a think block: the reasoning is free, the
+    answer after it validates."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": WEATHER}}
+    body = {**BODY, "response_format": fmt}
+    del body["tools"], body["parallel_tool_calls"]
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["message"]["reasoning_content"] == REASONING
+    jsonschema.validate(json.loads(choice["message"]["content"]), WEATHER)
+    assert choice["finish_reason"] == "stop"
