@@ -51,6 +51,10 @@ def test_the_union_is_listed_and_each_request_goes_to_its_model(two_models: list
     assert [(m["id"], m["upstreams"]) for m in listed] == [(ma, [a.name]), (mb, [b.name])]
     one = httpx.get(f"{front.url}/v1/models/{mb}", timeout=10)
     assert one.status_code == 200 and one.json()["upstreams"] == [b.name]
+    page = httpx.get(front.url + "/dashboard", timeout=10).text  # each upstream's models
+    for up, model in ((a, ma), (b, mb)):
+        row = page.split(f'data-upstream="{up.name}"', 1)[1].split("</tr>", 1)[0]
+        assert f'class="upstream-models">{model}<' in row
     for model, up, other in ((ma, a, b), (mb, b, a)):
         before, before_other = generated(up), generated(other)
         r = httpx.post(front.url + "/v1/chat/completions", timeout=120, json={
