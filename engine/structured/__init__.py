@@ -3,6 +3,7 @@
 the masks are applied in engine.execution.sampling.grammar_masks."""
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.grammars import (
+    after_thinking,
     choice,
     gbnf,
     json_object,
@@ -12,5 +13,5 @@ from engine.structured.grammars import (
     regex,
 )
 
-__all__ = ["GrammarCompiler", "choice", "gbnf", "json_object", "json_schema",
+__all__ = ["GrammarCompiler", "after_thinking", "choice", "gbnf", "json_object", "json_schema",
            "json_schema_grammar", "lark", "regex"]

@@ -8,6 +8,7 @@ the output is still plain JSON.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -76,3 +77,20 @@ def gbnf(grammar: str) -> Constraint:
         return lark(gbnf_to_lark(grammar))
     except Exception as exc:  # the converter raises plain exceptions on bad input
         raise RequestError(f"the grammar could not be read as GBNF: {exc}") from exc
+
+
+def after_thinking(constraint: Constraint, close: str) -> Constraint:
+    """The same constraint for a prompt that opened a think block: the model's reasoning
+    first, free text up to `close` (the tag that ends the block; lazy: the first one ends
+    it), a newline, then the constrained answer. Without it a thinking model could not think,
+    and its whole reply would be read as reasoning."""
+    try:
+        inner = json.loads(constraint.grammar)["grammars"]  # llguidance's grammar JSON
+    except (ValueError, TypeError, KeyError):
+        inner = [{"name": "answer", "lark_grammar": constraint.grammar}]  # Lark text
+    inner = [dict(g) for g in inner]
+    inner[0]["name"] = name = inner[0].get("name") or "answer"
+    tag = re.escape(close).replace("/", "\\/")
+    think = {"name": "thinking",
+             "lark_grammar": f'start: think "\\n" @{name}\nthink[lazy]: /(.|\\n)*{tag}/\n'}
+    return Constraint(constraint.kind, json.dumps({"grammars": [think, *inner]}))

@@ -132,39 +132,55 @@ def _event_stream(data: ChatCompletionRequest | CompletionRequest,
                         _headers(handles))
 
 
+def _served(s: Services) -> tuple[Any, ...]:
+    """Upstream mode: the union of the upstreams' models (web/gateway's ServedModel, each with
+    the upstreams that serve it); else, or before any upstream answered, ()."""
+    served = getattr(s.engine, "served_models", None)
+    return tuple(served()) if served is not None else ()
+
+
+def _known(s: Services) -> list[str]:
+    return [m.id for m in _served(s)]
+
+
 class OpenAIController(Controller):
     path = "/v1"
     tags = ("OpenAI-compatible API",)
 
-    def _card(self, s: Services) -> ModelCard:
+    def _card(self, s: Services, served: Any = None) -> ModelCard:
         thinks = bool(getattr(s.tokenizer, "thinks", False))  # the gateway: the upstream's
         runs = s.config.model_runs or None
-        return ModelCard(s.config.model_name, int(s.started), s.context_limit,
+        return ModelCard(served.id if served else s.config.model_name, int(s.started),
+                         (served and served.max_context) or s.context_limit,
                          chat_template=getattr(s.tokenizer, "chat_template_name", None),
                          architecture=runs.split(":", 1)[0] if runs else None, runs=runs,
-                         reasoning=thinks)
+                         reasoning=thinks,
+                         upstreams=list(served.upstreams) if served else None)
 
-    @get("/models", summary="The model this server serves")
+    @get("/models", summary="The models this server serves")
     async def models(self, request: Request[Any, Any, Any]) -> ModelList:
-        return ModelList([self._card(services(request))])
+        s = services(request)
+        return ModelList([self._card(s, m) for m in _served(s)] or [self._card(s)])
 
     @get("/models/{model_id:path}", summary="One model, by id",
          responses=error_docs(404))
     async def model(self, request: Request[Any, Any, Any], model_id: str) -> ModelCard:
         s = services(request)
         model_id = model_id.lstrip("/")
-        if model_id != s.config.model_name:
+        served = {m.id: m for m in _served(s)}
+        names = list(served) or [s.config.model_name]
+        if model_id not in names:
             raise APIError(f"the model {model_id!r} does not exist; this server serves "
-                           f"{s.config.model_name!r}", 404, param="model",
+                           f"{', '.join(map(repr, names))}", 404, param="model",
                            code="model_not_found")
-        return self._card(s)
+        return self._card(s, served.get(model_id))
 
     @post("/chat/completions", status_code=200, summary="Chat completion (streaming or not)",
           **_route_docs(ChatCompletion, "ChatCompletionChunk"))
     async def chat_completions(self, request: Request[Any, Any, Any],
                                data: JSONBody[ChatCompletionRequest]) -> ASGIApp:
         s = services(request)
-        check_model(data, s.config.model_name)
+        check_model(data, s.config.model_name, _known(s))
         chat = await chat_input(data, s)
         ids = chat.ids
         max_tokens = data.max_tokens if data.max_tokens is not None else \
@@ -198,7 +214,7 @@ class OpenAIController(Controller):
     async def completions(self, request: Request[Any, Any, Any],
                           data: JSONBody[CompletionRequest]) -> ASGIApp:
         s = services(request)
-        check_model(data, s.config.model_name)
+        check_model(data, s.config.model_name, _known(s))
         ids = await anyio.to_thread.run_sync(check_completion, data, s.tokenizer)
         constraint = await constraint_of(data, s)
         if upstream(s):

@@ -1,6 +1,7 @@
 """Turning OpenAI-style request bodies into prompt ids and SamplingParams, with clear 400s."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from engine import MAX_LOGPROBS, SEED_MAX, SEED_MIN, RequestError, SamplingParams, Tokenizer
@@ -13,10 +14,14 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 MAX_N = 16  # choices per request; each is one engine request, counted by per-user limits
 
 
-def check_model(body: SamplingFields, model_name: str) -> None:
-    if body.model != model_name:
+def check_model(body: SamplingFields, model_name: str, known: Sequence[str] = ()) -> None:
+    """A 404 unless the body names a model served here: `model_name`, or in upstream mode
+    any of `known` (the models the upstreams list)."""
+    names = list(known) or [model_name]
+    if body.model not in names:
         raise APIError(f"the model {body.model!r} does not exist; this server serves "
-                       f"{model_name!r}", 404, param="model", code="model_not_found")
+                       f"{', '.join(map(repr, names))}", 404, param="model",
+                       code="model_not_found")
 
 
 def _check_common(body: SamplingFields) -> None:

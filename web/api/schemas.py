@@ -227,6 +227,7 @@ class ModelCard(Struct):
     architecture: str | None = None  # the registry's name ("llama", "gemma3", ...)
     runs: str | None = None  # block types and kernels, as the banner says it
     reasoning: bool = False  # replies carry reasoning_content (a thinking model)
+    upstreams: list[str] | None = None  # upstream mode: the upstreams that serve it
 
 
 class ModelList(Struct):

@@ -41,6 +41,7 @@ class Chunk:
     cached_tokens: int = 0
     # (index, name piece, arguments piece) of streamed tool-call deltas
     tool_calls: tuple[tuple[int, str, str], ...] = ()
+    reasoning: str = ""  # a thinking model's reasoning_content (vLLM, llama.cpp, Ferry)
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -64,7 +65,9 @@ def request_body(prompt: list[int], params: SamplingParams, model: str, kind: st
         body["ignore_eos"] = True
     if kind == "sglang":
         body["rid"] = request_id  # so /abort_request can name it
-    body.update(getattr(prompt, "extra", None) or {})  # tools, response_format...: as sent
+    # tools, response_format...: as sent; the model is the gateway's to name (the route)
+    body.update({k: v for k, v in (getattr(prompt, "extra", None) or {}).items()
+                 if k != "model"})
     if isinstance(prompt, UpstreamPrompt) and prompt.messages is not None:
         messages = list(prompt.messages)
         if prompt.continued:
@@ -115,7 +118,7 @@ def parse_event(data: str, name: str) -> Chunk | None:
         err = obj["error"]
         message = err.get("message") if isinstance(err, dict) else err
         raise UpstreamError(f"{name} failed: {message}")
-    text, finish = "", None
+    text, reasoning, finish = "", "", None
     calls: list[tuple[int, str, str]] = []
     choices = obj.get("choices") or []
     if not isinstance(choices, list):
@@ -126,6 +129,8 @@ def parse_event(data: str, name: str) -> Chunk | None:
         delta = choice.get("delta")
         if isinstance(delta, dict):
             text += delta.get("content") or ""
+            # vLLM, llama.cpp and Ferry say reasoning_content; some servers `reasoning`
+            reasoning += delta.get("reasoning_content") or delta.get("reasoning") or ""
             calls.extend(tool_call_pieces(delta.get("tool_calls")))
         elif isinstance(choice.get("text"), str):
             text += choice["text"]
@@ -135,8 +140,9 @@ def parse_event(data: str, name: str) -> Chunk | None:
         details = usage.get("prompt_tokens_details") or {}
         cached = details.get("cached_tokens") if isinstance(details, dict) else 0
         return Chunk(text, finish, int(usage.get("prompt_tokens") or 0),
-                     int(usage.get("completion_tokens") or 0), int(cached or 0), tuple(calls))
-    return Chunk(text, finish, tool_calls=tuple(calls))
+                     int(usage.get("completion_tokens") or 0), int(cached or 0), tuple(calls),
+                     reasoning)
+    return Chunk(text, finish, tool_calls=tuple(calls), reasoning=reasoning)
 
 
 def tool_call_pieces(deltas: Any) -> list[tuple[int, str, str]]:
@@ -151,30 +157,37 @@ def tool_call_pieces(deltas: Any) -> list[tuple[int, str, str]]:
 
 
 class ToolCalls:
-    """An upstream's streamed tool calls, gathered, then handed on as the generic format's
-    text (`<tool_call>{"name", "arguments"}</tool_call>`), which the API reads back into
-    tool calls like a local reply's."""
+    """An upstream's streamed tool calls handed on as they come, as the generic format's text
+    (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`), which the API reads back into
+    tool calls like a local reply's: the arguments stream on as the upstream sends them."""
 
     def __init__(self) -> None:
-        self.calls: dict[int, list[str]] = {}
+        self.index: int | None = None  # the call being written
+        self.name = ""
+        self.started = False  # its block's head and arguments have begun
 
-    def add(self, pieces: tuple[tuple[int, str, str], ...]) -> None:
+    def _head(self) -> str:
+        self.started = True
+        return f'<tool_call>\n{{"name": {json.dumps(self.name)}, "arguments": '
+
+    def add(self, pieces: tuple[tuple[int, str, str], ...]) -> str:
+        out = []
         for index, name, arguments in pieces:
-            call = self.calls.setdefault(index, ["", ""])
-            call[0] += name
-            call[1] += arguments
+            if index != self.index:
+                out.append(self.close())
+                self.index, self.name, self.started = index, "", False
+            self.name += name  # whole by the first arguments piece (OpenAI sends it first)
+            if arguments:
+                out.append((self._head() if not self.started else "") + arguments)
+        return "".join(out)
 
-    def text(self) -> str:
-        blocks = []
-        for name, arguments in (self.calls[i] for i in sorted(self.calls)):
-            try:
-                args = json.loads(arguments or "{}")
-            except ValueError:
-                args = arguments
-            blocks.append("<tool_call>\n" + json.dumps({"name": name, "arguments": args})
-                          + "\n</tool_call>")
-        self.calls = {}
-        return "\n".join(blocks)
+    def close(self) -> str:
+        """The open call's end (arguments `{}` when the upstream sent none)."""
+        if self.index is None:
+            return ""
+        text = "" if self.started else self._head() + "{}"
+        self.index = None
+        return text + "}\n</tool_call>"
 
 
 async def stream_chunks(client: httpx.AsyncClient, base: str, name: str, api_key: str | None,
@@ -206,15 +219,16 @@ async def stream_chunks(client: httpx.AsyncClient, base: str, name: str, api_key
                 if not line.startswith("data:"):
                     continue  # comments, event names, blank lines
                 chunk = parse_event(line[5:].strip(), name)
-                if chunk is not None and chunk.tool_calls:
-                    calls.add(chunk.tool_calls)
+                text = calls.add(chunk.tool_calls) if chunk is not None else ""
+                if chunk is None or chunk.finish_reason:
+                    text += calls.close()
+                if text:
                     produced = True
-                if calls.calls and (chunk is None or chunk.finish_reason):
-                    yield Chunk(calls.text())
+                    yield Chunk(text)
                 if chunk is None:
                     finished = True
                     break
-                produced = produced or bool(chunk.text)
+                produced = produced or bool(chunk.text or chunk.reasoning)
                 yield chunk
             if not finished:
                 raise UpstreamError(f"{name} closed the stream before the end")

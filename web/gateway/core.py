@@ -55,12 +55,23 @@ class GatewayCore:
         self.last_error: str | None = None
         self.dispatch_log: deque[tuple[str, str, str]] = deque(maxlen=256)  # (id, owner, up)
 
-    def down_message(self) -> str:
+    def down_message(self, upstreams: list[Upstream] | None = None, model: str = "") -> str:
+        """Why nothing can take a request: every upstream (or every one serving `model`)
+        is down, or none serves the model now."""
+        ups = self.upstreams if upstreams is None else upstreams
+        if not ups:
+            return f"no upstream serves the model {model!r} now. Try again in a few seconds."
         parts = [f"{u.name} down since {time.strftime('%H:%M:%S', time.localtime(u.since))}"
-                 + (f" ({u.error})" if u.error else "") for u in self.upstreams]
-        n = len(self.upstreams)
+                 + (f" ({u.error})" if u.error else "") for u in ups]
+        n = len(ups)
         head = "the upstream is down" if n == 1 else f"all {n} upstreams are down"
+        if upstreams is not None and len(rules.served(self.upstreams)) > 1:
+            head += f" for {model}"
         return f"{head}: {'; '.join(parts)}. Try again in a few seconds."
+
+    def routes(self, model: str) -> list[Upstream]:
+        """The upstreams that serve `model`."""
+        return rules.routes(self.upstreams, model, self.model_name)
 
     # -- on the loop ---------------------------------------------------------------------------
     def _changed(self) -> None:
@@ -83,16 +94,23 @@ class GatewayCore:
 
     def _pump(self) -> None:
         """Send waiting requests to upstreams while any has room."""
-        while self.waiting:
-            order = self._plan().order
-            if not order:
-                break
-            req = order[0]
-            up = rules.choose_upstream(self.upstreams, req.tried)
-            if up is None:
-                break
-            self._dispatch(req, up)
+        while self.waiting and (found := self._next()) is not None:
+            self._dispatch(*found)
         self._changed()
+
+    def _next(self) -> tuple[GatewayRequest, Upstream] | None:
+        """The first request in the plan's order that an upstream serving its model can take
+        now. Head of line per model: a model whose upstreams are all busy holds back its own
+        later requests (their order stays), never another model's."""
+        blocked: set[str] = set()
+        for req in self._plan().order:
+            if req.model in blocked:
+                continue
+            up = rules.choose_upstream(self.routes(req.model), req.tried)
+            if up is not None:
+                return req, up
+            blocked.add(req.model)
+        return None
 
     def _dispatch(self, req: GatewayRequest, up: Upstream) -> None:
         assert self._loop is not None
@@ -109,8 +127,10 @@ class GatewayCore:
 
     async def _run(self, req: GatewayRequest, up: Upstream) -> None:
         assert self._client is not None
-        path, body = request_body(req.prompt, req.params, up.model or self.model_name, up.kind,
-                                  req.id)
+        # the model asked for; the upstream's own where the default went to one that does not
+        # list it (lists not read yet)
+        model = req.model if req.model in up.models or not up.model else up.model
+        path, body = request_body(req.prompt, req.params, model, up.kind, req.id)
 
         def opened(response: httpx.Response) -> None:
             req.upstream_id = response.headers.get("x-request-id")
@@ -138,7 +158,7 @@ class GatewayCore:
 
     def _on_chunk(self, req: GatewayRequest, chunk: Chunk) -> None:
         now = time.monotonic()
-        if chunk.text:
+        if chunk.text or chunk.reasoning:
             ttft = itl = None
             if req.first_token_at is None:
                 req.first_token_at = now
@@ -149,7 +169,7 @@ class GatewayCore:
             req.last_token_at = now
             req.output_tokens += 1
             self._stats.on_token(now, ttft, itl)
-            req.handle.put(TextDelta(chunk.text, ()))
+            req.handle.put(TextDelta(chunk.text, (), reasoning=chunk.reasoning))
         if chunk.finish_reason:
             req.finish_reason = chunk.finish_reason
         if chunk.completion_tokens is not None:
@@ -222,7 +242,8 @@ class GatewayCore:
 
     def _publish(self) -> None:
         plan = self._plan()
-        reasons = rules.reasons(plan, self.upstreams, self.gateway_config.user_in_flight)
+        reasons = rules.reasons(plan, self.routes, len(rules.served(self.upstreams)) > 1,
+                                self.gateway_config.user_in_flight)
         running = [r for r in self.live.values() if r.state == "running"]
         self._snapshot, self._view = views.build(
             self.upstreams, plan.order + plan.user_limited, reasons, running,
@@ -245,21 +266,22 @@ class GatewayCore:
             await asyncio.sleep(interval)
 
     async def _ticker(self) -> None:
-        """Fail requests that waited `down_wait` seconds with every upstream down."""
+        """Fail requests that waited `down_wait` seconds with every upstream that serves
+        their model down (or none serving it)."""
         while True:
             if not self.waiting:  # nothing to look at: sleep until a request waits
                 self._queued.clear()
                 await self._queued.wait()
             await asyncio.sleep(TICK)
             now = time.monotonic()
-            all_down = all(not u.usable for u in self.upstreams)
             for req in list(self.waiting):
-                if not all_down:
+                ups = self.routes(req.model)
+                if any(u.usable for u in ups):
                     req.down_since = None
                     continue
                 req.down_since = req.down_since or now
                 if now - req.down_since >= self.gateway_config.down_wait:
                     self.waiting.remove(req)
-                    self._finish(req, "error", self.down_message())
+                    self._finish(req, "error", self.down_message(ups, req.model))
             if self.waiting:
                 self._changed()  # waited times and reasons move on

@@ -107,12 +107,16 @@ class Gateway(GatewayCore):
             raise RequestError("logprobs are not available in upstream mode")
         if params.max_tokens < 1:
             raise RequestError("max_tokens must be >= 1 in upstream mode")
-        down = [u for u in self.upstreams if u.health == "down"]
-        if len(down) == len(self.upstreams):
-            raise UpstreamsDown(self.down_message(), self.gateway_config.retry_after)
+        # the model the client named travels with the fields passed upstream as they came
+        asked = (getattr(prompt_ids, "extra", None) or {}).get("model")
+        model = str(asked or self.model_name)
+        ups = self.routes(model)
+        if all(u.health == "down" for u in ups):
+            raise UpstreamsDown(self.down_message(ups, model),
+                                self.gateway_config.retry_after)
         rid = request_id or uuid.uuid4().hex[:12]
         handle = GatewayHandle(rid, owner, len(prompt_ids), self.cancel)
-        req = GatewayRequest(rid, owner, prompt_ids, params, handle,
+        req = GatewayRequest(rid, owner, prompt_ids, params, handle, model,
                              prompt_tokens=len(prompt_ids))
         with self._lock:
             queued = sum(1 for r in self.live.values() if r.state == "waiting")
@@ -137,6 +141,11 @@ class Gateway(GatewayCore):
             return False
         self._on_loop(lambda: self._cancel_now(request_id, reason, None))
         return True
+
+    def served_models(self) -> tuple[views.ServedModel, ...]:
+        """The union of the upstreams' models (what the front's /v1/models lists), each with
+        the upstreams that serve it; empty until an upstream's list is read."""
+        return views.served_models(self.upstreams)
 
     def handle(self, request_id: str) -> GatewayHandle | None:
         with self._lock:

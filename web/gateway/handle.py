@@ -21,7 +21,7 @@ class GatewayHandle:
         self.prompt_tokens = prompt_tokens  # an estimate until the upstream's usage arrives
         self.created = time.time()
         self.text = ""
-        self.reasoning = ""  # upstreams' reasoning_content is not passed on (yet)
+        self.reasoning = ""  # the upstream's reasoning_content, as it came
         self.token_ids: list[int] = []  # upstreams send text; ids stay empty
         self.logprobs: list[TokenLogprob] = []
         self.prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
@@ -61,6 +61,7 @@ class GatewayHandle:
             self.final = event
         else:
             self.text += event.text
+            self.reasoning += event.reasoning
         return event
 
     async def __aiter__(self) -> AsyncIterator[Event]:

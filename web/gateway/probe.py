@@ -108,13 +108,14 @@ def figures(kind: str, samples: dict[str, float]) -> Figures:
 
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
-    name: str | None
-    max_context: int | None
+    name: str | None  # the first model's id
+    max_context: int | None  # the first model's context length
+    ids: tuple[str, ...] = ()  # every model it lists, in its order
 
 
 def model_info(data: Any) -> ModelInfo:
-    """/v1/models -> the first model's id and context length (vLLM's max_model_len,
-    llama.cpp's meta.n_ctx_train)."""
+    """/v1/models -> the models' ids, and the first one's context length (vLLM's
+    max_model_len, llama.cpp's meta.n_ctx_train)."""
     models = data.get("data") if isinstance(data, dict) else None
     if not isinstance(models, list) or not models or not isinstance(models[0], dict):
         raise ValueError("/v1/models did not list a model")
@@ -123,8 +124,10 @@ def model_info(data: Any) -> ModelInfo:
     meta = first.get("meta")
     if context is None and isinstance(meta, dict):
         context = meta.get("n_ctx") or meta.get("n_ctx_train")
+    ids = tuple(dict.fromkeys(str(m["id"]) for m in models if isinstance(m, dict) and m.get("id")))
     return ModelInfo(str(first.get("id")) if first.get("id") else None,
-                     int(context) if isinstance(context, (int, float)) and context > 0 else None)
+                     int(context) if isinstance(context, (int, float)) and context > 0 else None,
+                     ids)
 
 
 async def slots(client: httpx.AsyncClient, base: str, headers: dict[str, str]

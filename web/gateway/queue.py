@@ -1,10 +1,13 @@
-"""The gateway's queue rules, pure: which waiting request goes next (fair round-robin across
-users, or FIFO), which upstream takes it (least loaded, below its in-flight cap), and why
-each of the others waits (`upstream-busy`, `user-limit`, `behind`, `upstream-down`)."""
+"""The gateway's queue rules, pure: which upstreams serve a request's model, which waiting
+request goes next (fair round-robin across users, or FIFO; a model whose upstreams are all
+busy holds back only its own requests), which upstream takes it (least loaded, below its
+in-flight cap), and why each of the others waits (`upstream-busy`, `user-limit`, `behind`,
+`upstream-down`)."""
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine import SamplingParams, WaitReason
@@ -19,6 +22,7 @@ class GatewayRequest:
     prompt: list[int]  # an UpstreamPrompt, or token ids
     params: SamplingParams
     handle: GatewayHandle
+    model: str = ""  # the model it asked for (the default's name when it named none)
     arrival: float = field(default_factory=time.monotonic)
     state: str = "waiting"  # waiting | running | finished
     upstream: Upstream | None = None
@@ -76,6 +80,25 @@ def plan(waiting: list[GatewayRequest], admission: str, last_served: dict[str, i
     return Plan(order, limited)
 
 
+def served(upstreams: list[Upstream]) -> dict[str, list[Upstream]]:
+    """Every model the upstreams list (the union, in the upstreams' order), with the
+    upstreams that serve it."""
+    out: dict[str, list[Upstream]] = {}
+    for up in upstreams:
+        for model in up.models:
+            out.setdefault(model, []).append(up)
+    return out
+
+
+def routes(upstreams: list[Upstream], model: str, default: str) -> list[Upstream]:
+    """The upstreams that serve `model` (their /v1/models lists it). The default model may go
+    to any upstream while none lists it (lists not read yet), as with one model."""
+    listed = [u for u in upstreams if model in u.models]
+    if listed or model != default:
+        return listed
+    return list(upstreams)
+
+
 def choose_upstream(upstreams: list[Upstream], tried: set[str]) -> Upstream | None:
     """The least-loaded usable upstream below its cap (ones that refused this request last)."""
     ready = [u for u in upstreams if u.usable and not u.full]
@@ -85,8 +108,14 @@ def choose_upstream(upstreams: list[Upstream], tried: set[str]) -> Upstream | No
     return min(fresh, key=lambda u: (u.load(), len(u.in_flight), u.served))
 
 
-def head_reason(upstreams: list[Upstream]) -> WaitReason:
-    """Why the first request in line cannot go now."""
+def head_reason(upstreams: list[Upstream], model: str | None = None) -> WaitReason:
+    """Why the first request in line (for `model`, when the front serves several) cannot go
+    now; `upstreams`: those that serve it."""
+    if model is not None:
+        if not upstreams:
+            return WaitReason("upstream-down", f"no upstream serves {model} now")
+        why = head_reason(upstreams)
+        return WaitReason(why.code, f"{why.text} (for {model})")
     n = len(upstreams)
     usable = [u for u in upstreams if u.usable]
     if not usable:
@@ -106,14 +135,21 @@ def head_reason(upstreams: list[Upstream]) -> WaitReason:
     return WaitReason("upstream-busy", f"all {len(usable)} upstreams at their {cap}{tail}")
 
 
-def reasons(p: Plan, upstreams: list[Upstream], user_cap: int | None
-            ) -> dict[str, WaitReason]:
+def reasons(p: Plan, route: Callable[[str], list[Upstream]], several: bool,
+            user_cap: int | None) -> dict[str, WaitReason]:
+    """Each model's first request in line waits on its upstreams, the rest of that model's
+    behind it; `several`: the front serves more than one model (the reasons name it)."""
     out: dict[str, WaitReason] = {}
-    if p.order:
-        out[p.order[0].id] = head_reason(upstreams)
-    for i, req in enumerate(p.order[1:], start=1):
+    heads: dict[str, tuple[str, int]] = {}  # model -> (its first request's id, requests behind)
+    for req in p.order:
+        if req.model not in heads:
+            heads[req.model] = (req.id, 0)
+            out[req.id] = head_reason(route(req.model), req.model if several else None)
+            continue
+        head, i = heads[req.model]
+        heads[req.model] = (head, i := i + 1)
         out[req.id] = WaitReason("behind", f"behind {i} earlier request{'s' if i > 1 else ''}"
-                                 f" ({p.order[0].id} first)")
+                                 f" ({head} first)")
     for req in p.user_limited:
         out[req.id] = WaitReason("user-limit", f"{req.owner} already has {user_cap} "
                                  "requests in flight (the per-user cap)")

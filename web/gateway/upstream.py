@@ -28,6 +28,7 @@ class UpstreamView:
     since: float  # wall-clock time the health last changed
     error: str | None
     model: str | None
+    models: tuple[str, ...]  # every model it lists (model is the first)
     in_flight: int  # Ferry's requests on it now
     max_in_flight: int
     served: int  # requests Ferry sent it in all
@@ -55,6 +56,7 @@ class Upstream:
         self.since = time.time()
         self.error: str | None = None
         self.model: str | None = None
+        self.models: tuple[str, ...] = ()  # what its /v1/models lists: what it is sent
         self.max_context: int | None = None
         self.in_flight: set[str] = set()
         self.served = 0
@@ -123,6 +125,7 @@ class Upstream:
                     return self.mark("down", f"/v1/models answered {r.status_code}")
                 info = probe.model_info(r.json())
                 self.model = info.name or self.model
+                self.models = info.ids or self.models
                 self.max_context = info.max_context or self.max_context
         except httpx.HTTPError as exc:
             return self.mark("down", f"cannot be reached ({type(exc).__name__})")
@@ -182,7 +185,7 @@ class Upstream:
         slots = (f.slots_busy, f.slots_total) if f.slots_total is not None and \
             f.slots_busy is not None else None
         return UpstreamView(
-            self.name, self.kind, self.health, self.since, self.error, self.model,
+            self.name, self.kind, self.health, self.since, self.error, self.model, self.models,
             len(self.in_flight), self.cap(), self.served, f.running, f.waiting,
             f.kv_usage, self.tokens_per_s, self.ttft, self.itl, slots, self.upstream_requests)
 

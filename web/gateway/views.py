@@ -12,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from engine import EngineSnapshot, KVView, MetricsView, RequestView, WaitReason
-from web.gateway.queue import GatewayRequest
+from web.gateway.queue import GatewayRequest, served
 from web.gateway.upstream import Upstream, UpstreamView
 
 
@@ -26,6 +26,25 @@ class InFlightView:
     output_tokens: int
     max_tokens: int
     elapsed: float
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """One model of the front's /v1/models: the upstreams that serve it."""
+
+    id: str
+    upstreams: tuple[str, ...]  # their names (host:port)
+    max_context: int | None  # the least its upstreams say, where they say
+
+
+def served_models(upstreams: list[Upstream]) -> tuple[ServedModel, ...]:
+    out = []
+    for model, ups in served(upstreams).items():
+        # an upstream's context length is its first model's (what /v1/models says of it)
+        contexts = [u.max_context for u in ups if u.max_context and u.model == model]
+        out.append(ServedModel(model, tuple(u.name for u in ups),
+                               min(contexts) if contexts else None))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,3 +94,24 @@ def test_a_grammar_that_does_not_compile_is_refused(engine: Any, tokenizer: Any)
     bad = SamplingParams(constraint=structured.json_schema({"type": "nope"}))
     with pytest.raises(RequestError, match="Invalid type"):
         run(engine, tokenizer, "x", bad)
+
+
+@pytest.mark.parametrize(("constraint", "answer"), [
+    (structured.json_schema(SCHEMA), '{"name": "Ann", "age": 7}'),
+    (structured.regex("[0-9]{2}"), "42"),
+    (structured.choice(["yes", "no"]), "no"),
+    (structured.lark('start: "A: " /[0-9]/'), "A: 8")])
+def test_after_thinking_the_reasoning_comes_first(tokenizer: Any, constraint: Any,
+                                                   answer: str) -> None:
+    """A prompt that opened a think block: free reasoning up to `</think>`, then the grammar."""
+    compiler = structured.GrammarCompiler(tokenizer.hf)
+    thinking = structured.after_thinking(constraint, "</think>")
+
+    def accepts(text: str) -> bool:
+        matcher = compiler.matcher(thinking)
+        ids = tokenizer.hf.encode(text, add_special_tokens=False)
+        return all(matcher.consume_token(t) for t in ids) and matcher.is_accepting()
+
+    assert accepts("Let me see: <b>{not json}</b>.\n</think>\n" + answer)
+    assert not accepts("Hmm.\n</think>\nmaybe " + answer)  # the answer is still constrained
+    assert not accepts(answer)  # no reasoning closed: not done yet

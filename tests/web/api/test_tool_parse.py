@@ -6,7 +6,15 @@ import json
 import pytest
 
 from web.api.structured.formats import FORMATS, detect
-from web.api.structured.parse import ParsedCall, ToolStream, loads_lenient, parse_reply
+from web.api.structured.parse import (
+    ArgsPiece,
+    CallStart,
+    ParsedCall,
+    ToolStream,
+    assemble,
+    loads_lenient,
+    parse_reply,
+)
 
 NAMES = frozenset({"get_weather", "add"})
 CALL = '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}'
@@ -43,8 +51,7 @@ def test_whole_and_streamed_replies(fmt: str, text: str, content: str,
         for i in range(0, len(text), size):
             pieces.extend(stream.push(text[i:i + size]))
         pieces.extend(stream.flush())
-        assert "".join(p for p in pieces if isinstance(p, str)) == content
-        assert [p for p in pieces if isinstance(p, ParsedCall)] == calls
+        assert assemble(pieces) == (content, calls)
 
 
 def test_content_before_a_call_streams_before_it_ends() -> None:
@@ -95,3 +102,40 @@ def test_native_templates_get_openai_calls_as_hf_messages() -> None:
         {"id": "call_9", "type": "function", "function": {"name": "add",
                                                           "arguments": {"a": 1}}}]}
     assert out[2] == {"role": "tool", "tool_call_id": "call_9", "content": "3"}
+
+
+def test_arguments_stream_as_the_model_writes_them() -> None:
+    stream = ToolStream(FORMATS["generic"], NAMES)
+    assert stream.push('<tool_call>\n{"name": "get_wea') == []  # the name is not whole yet
+    assert stream.push('ther", "arguments": {"ci') == [CallStart("get_weather"),
+                                                        ArgsPiece("{")]
+    assert stream.push('ty": "Os') == [ArgsPiece('"city": "Os')]  # a string value: as it comes
+    assert stream.push('lo", "days": 2') == [ArgsPiece('lo"')]  # 2 may go on: 23
+    assert stream.push("}}\n</tool_call>") == [ArgsPiece(', "days": 2}')]
+    assert stream.flush() == []
+
+
+@pytest.mark.parametrize("text", [
+    '<tool_call>{"name": "add", "arguments": {"a": 1, "b": [2, {"c": "x\\u00e9y"}], "d": tr',
+    '<tool_call>{"name": "add", "arguments": {"a": 1,, "b": 2}}</tool_call>',
+    '<tool_call>{"name": "add", "arguments": {"a": "cut in a str',
+    '<tool_call>{"name": "add", "arguments": {"a": "esc \\',
+    '<tool_call>{"name": "add", "arguments": {"a": -1.5e',
+])
+def test_a_call_cut_or_broken_midway_still_has_valid_arguments(text: str) -> None:
+    """Once a call has started streaming it is a call: its arguments end where the JSON
+    stopped being valid, closed, in every split alike."""
+    _, (call,) = parse_reply(text, FORMATS["generic"], NAMES)
+    assert isinstance(json.loads(call.arguments), dict)
+    for size in (1, 3, 7):
+        stream = ToolStream(FORMATS["generic"], NAMES)
+        pieces = [p for i in range(0, len(text), size) for p in stream.push(text[i:i + size])]
+        assert assemble(pieces + stream.flush())[1] == [call]
+
+
+def test_a_name_after_the_arguments_is_read_whole() -> None:
+    text = '<tool_call>{"arguments": {"a": 1}, "name": "add"}</tool_call>'
+    stream = ToolStream(FORMATS["generic"], NAMES)
+    cut = text.index('"name"')
+    assert stream.push(text[:cut]) == []  # no name yet when the arguments came: held
+    assert stream.push(text[cut:]) == [CallStart("add"), ArgsPiece('{"a": 1}')]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -95,6 +96,39 @@ def test_a_streamed_call_reassembles_into_the_same_call(client: openai.OpenAI) -
     assert [(c["name"], c["arguments"]) for c in calls.values()] == \
         [(c.function.name, c.function.arguments) for c in whole]
     assert all(c["id"].startswith("call_") for c in calls.values())
+
+
+NOTE: Any = {"type": "function", "function": {"name": "note", "description": "Save a note",
+                                             "parameters": {"type": "object", "properties": {
+                                                 "text": {"type": "string", "minLength": 40,
+                                                          "maxLength": 80}},
+                                                 "required": ["text"],
+                                                 "additionalProperties": False}}}
+
+
+def test_long_arguments_stream_in_fragments_as_they_are_written(server: Any) -> None:
+    """Each argument fragment goes out with the tokens that wrote it (the chunk carries their
+    logprobs), not once the call is complete; joined, they are the whole reply's call."""
+    body = {"model": MODEL, "messages": ask("Save a note about the weather in Oslo."),
+            "tools": [NOTE], "tool_choice": {"type": "function", "function": {"name": "note"}},
+            "temperature": 0, "max_tokens": 120}
+    whole = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).json()
+    (call,) = whole["choices"][0]["message"]["tool_calls"]
+    fragments: list[tuple[str, bool]] = []  # (arguments piece, its chunk carries logprobs)
+    with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=120,
+                      json={**body, "stream": True, "logprobs": True}) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[6:])["choices"]:
+                for d in choice["delta"].get("tool_calls") or []:
+                    if d.get("function", {}).get("arguments"):
+                        fragments.append((d["function"]["arguments"],
+                                          bool(choice.get("logprobs"))))
+    assert "".join(f for f, _ in fragments) == call["function"]["arguments"]
+    assert len(json.loads(call["function"]["arguments"])["text"]) >= 40
+    assert sum(1 for _, scored in fragments if scored) >= 5  # sent as the tokens came
+    assert server.engine.wait_idle(30)
 
 
 def test_a_whole_tool_loop(client: openai.OpenAI, server: Any) -> None:

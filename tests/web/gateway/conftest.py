@@ -89,13 +89,8 @@ class UpstreamProcess:
         return data
 
 
-@pytest.fixture(scope="module")
-def upstreams(model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
-              port_picker: Any) -> Iterator[list[UpstreamProcess]]:
-    """Two real Ferry upstreams (restarted by tests that kill one; killed at the end)."""
-    base = tmp_path_factory.mktemp("upstreams")
-    a = UpstreamProcess(base / "a", port_picker(), model_dir)
-    b = UpstreamProcess(base / "b", port_picker(), model_dir)
+def pair(a: UpstreamProcess, b: UpstreamProcess) -> Iterator[list[UpstreamProcess]]:
+    """Start both, yield them, kill both at the end (also when one failed to start)."""
     try:
         a.start()
         b.start()
@@ -106,6 +101,27 @@ def upstreams(model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
         for up in (a, b):
             up.kill()
             up.http.close()
+
+
+@pytest.fixture(scope="module")
+def upstreams(model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+              port_picker: Any) -> Iterator[list[UpstreamProcess]]:
+    """Two real Ferry upstreams (restarted by tests that kill one; killed at the end)."""
+    base = tmp_path_factory.mktemp("upstreams")
+    yield from pair(UpstreamProcess(base / "a", port_picker(), model_dir),
+                    UpstreamProcess(base / "b", port_picker(), model_dir))
+
+
+@pytest.fixture(scope="module")
+def two_models(model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+               port_picker: Any) -> Iterator[list[UpstreamProcess]]:
+    """Two real Ferry upstreams serving different models: the default GGUF, and the same file
+    under another name (a link), which Ferry serves as another model id."""
+    base = tmp_path_factory.mktemp("models")
+    second = base / "ferry-second-model.gguf"
+    second.symlink_to(model_dir)
+    yield from pair(UpstreamProcess(base / "a", port_picker(), model_dir),
+                    UpstreamProcess(base / "b", port_picker(), second))
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,11 @@ import pytest
 from app.config_sources import format_config, load_settings
 from app.settings import Settings, SettingsError
 from engine import SamplingParams
+from web.api.structured.formats import FORMATS
+from web.api.structured.parse import CallStart, ToolStream, parse_reply
 from web.gateway import probe
 from web.gateway import queue as rules
-from web.gateway.client import UpstreamError, error_message, parse_event, request_body
+from web.gateway.client import ToolCalls, UpstreamError, error_message, parse_event, request_body
 from web.gateway.config import GatewayConfig, UpstreamConfig, base_url
 from web.gateway.handle import GatewayHandle
 from web.gateway.prompt import GatewayTokenizer, UpstreamPrompt
@@ -102,9 +104,11 @@ def test_metrics_lines_with_odd_labels_timestamps_and_nan() -> None:
 
 def test_model_info_from_each_shape() -> None:
     assert probe.model_info({"data": [{"id": "m", "max_model_len": 8192}]}) == \
-        probe.ModelInfo("m", 8192)
+        probe.ModelInfo("m", 8192, ("m",))
     assert probe.model_info({"data": [{"id": "g", "meta": {"n_ctx_train": 4096}}]}) == \
-        probe.ModelInfo("g", 4096)
+        probe.ModelInfo("g", 4096, ("g",))
+    several = {"data": [{"id": "a"}, {"id": "b"}, {"object": "model"}, {"id": "a"}]}
+    assert probe.model_info(several) == probe.ModelInfo("a", None, ("a", "b"))
     with pytest.raises(ValueError):
         probe.model_info({"object": "list"})
 
@@ -121,9 +125,10 @@ def test_upstream_urls() -> None:
         GatewayConfig((UpstreamConfig("http://a:1"), UpstreamConfig("http://a:1/v1")))
 
 
-def _req(rid: str, owner: str, arrival: float) -> GatewayRequest:
+def _req(rid: str, owner: str, arrival: float, model: str = "m") -> GatewayRequest:
     return GatewayRequest(rid, owner, [1], SamplingParams(max_tokens=1),
-                          GatewayHandle(rid, owner, 1, lambda _i, _r: False), arrival=arrival)
+                          GatewayHandle(rid, owner, 1, lambda _i, _r: False), model,
+                          arrival=arrival)
 
 
 def test_fair_order_takes_turns_and_the_user_cap_waits_apart() -> None:
@@ -140,7 +145,7 @@ def test_fair_order_takes_turns_and_the_user_cap_waits_apart() -> None:
            Upstream(UpstreamConfig("http://b:1", max_in_flight=64))]
     for up in ups:
         up.in_flight = {f"x{i}" for i in range(64)}
-    reasons = rules.reasons(plan, ups, 2)
+    reasons = rules.reasons(plan, lambda _m: ups, False, 2)
     assert reasons["a1"].code == "upstream-busy"
     assert reasons["a1"].text == "all 2 upstreams at their 64-request cap"
     assert reasons["b1"].code == "behind" and reasons["a2"].code == "user-limit"
@@ -150,6 +155,36 @@ def test_fair_order_takes_turns_and_the_user_cap_waits_apart() -> None:
     ups[0].mark("down", "refused")
     ups[1].mark("down", "refused")
     assert rules.head_reason(ups).code == "upstream-down"
+
+
+def test_routes_by_model_and_each_model_waits_on_its_own_upstreams() -> None:
+    a, b, c = (Upstream(UpstreamConfig(f"http://{n}:1", max_in_flight=1)) for n in "abc")
+    a.models, b.models, c.models = ("small",), ("big", "big-lora"), ("big",)
+    assert {m: [u.name for u in ups] for m, ups in rules.served([a, b, c]).items()} == \
+        {"small": ["a:1"], "big": ["b:1", "c:1"], "big-lora": ["b:1"]}
+    assert rules.routes([a, b, c], "big", "small") == [b, c]
+    assert rules.routes([a, b, c], "nope", "small") == []
+    fresh = Upstream(UpstreamConfig("http://d:1"))  # its list not read yet
+    assert rules.routes([fresh], "small", "small") == [fresh]  # the default goes anywhere
+    assert rules.routes([fresh], "big", "small") == []
+    b.in_flight, c.in_flight = {"x"}, {"y"}  # big's upstreams are full, small's is free
+    waiting = [_req("b1", "ann", 1, "big"), _req("b2", "bob", 2, "big"),
+               _req("s1", "cy", 3, "small"), _req("n1", "dee", 4, "nope")]
+    plan = rules.plan(waiting, "fifo", {}, {}, None)
+
+    def route(model: str) -> list[Upstream]:
+        return rules.routes([a, b, c], model, "small")
+
+    reasons = rules.reasons(plan, route, True, None)
+    assert (reasons["b1"].code, reasons["b1"].text) == \
+        ("upstream-busy", "all 2 upstreams at their 1-request cap (for big)")
+    assert (reasons["b2"].code, reasons["b2"].text) == ("behind", "behind 1 earlier request "
+                                                        "(b1 first)")
+    assert reasons["s1"].text.endswith("(for small)")
+    assert (reasons["n1"].code, reasons["n1"].text) == ("upstream-down",
+                                                        "no upstream serves nope now")
+    assert rules.choose_upstream(route("small"), set()) is a
+    assert rules.choose_upstream(route("big"), set()) is None
 
 
 def test_least_loaded_uses_the_upstreams_own_figures() -> None:
@@ -171,6 +206,9 @@ def test_prompts_without_a_tokenizer() -> None:
                               "r1")
     assert path == "/v1/chat/completions" and body["continue_final_message"] is True
     assert body["messages"][-1] == {"role": "assistant", "content": "Once"}
+    cont.extra = {"model": "asked", "tools": []}  # type: ignore[attr-defined]
+    path, body = request_body(cont, SamplingParams(max_tokens=5), "routed", "ferry", "r1")
+    assert body["model"] == "routed" and body["tools"] == []  # the route names the model
     path, body = request_body([5, 6], SamplingParams(max_tokens=2), "m", "sglang", "r2")
     assert path == "/v1/completions" and body["prompt"] == [5, 6] and body["rid"] == "r2"
     assert tok.decode(tok.encode("echo me")) == "echo me"
@@ -179,6 +217,8 @@ def test_prompts_without_a_tokenizer() -> None:
 def test_stream_events_and_errors() -> None:
     chunk = parse_event('{"choices":[{"delta":{"content":"Hi"},"finish_reason":null}]}', "u")
     assert chunk is not None and chunk.text == "Hi"
+    thought = parse_event('{"choices":[{"delta":{"reasoning_content":"Hm."}}]}', "u")
+    assert thought is not None and (thought.text, thought.reasoning) == ("", "Hm.")
     usage = parse_event('{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":3}}',
                         "u")
     assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (9, 3)
@@ -231,3 +271,21 @@ def test_print_config_shows_the_upstreams(tmp_path: Path, monkeypatch: pytest.Mo
     assert 'upstreams = [{url = "http://gpu1:8000/v1"}]' in capsys.readouterr().out
     assert main(["serve", "--upstream", "gpu1:8000", "--print-config"]) == 2
     assert "upstreams[0]" in capsys.readouterr().err
+
+
+def test_an_upstreams_tool_calls_are_handed_on_as_they_stream() -> None:
+    """The front writes an upstream's call deltas as generic-format text at once, so its own
+    reader streams the arguments on (and ends each call valid)."""
+    calls, names = ToolCalls(), frozenset({"add", "get_weather"})
+    reader = ToolStream(FORMATS["generic"], names)
+    text = calls.add(((0, "add", ""),))
+    assert text == ""  # the name alone: the block waits for the arguments
+    text += calls.add(((0, "", '{"a": 1'),))
+    assert reader.push(text)[0] == CallStart("add")  # the call starts before the upstream ends
+    text += calls.add(((0, "", ', "b": 2}'), (1, "get_weather", "")))
+    text += calls.close()
+    assert parse_reply(text, FORMATS["generic"], names)[1] == [
+        parse_reply('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>',
+                    FORMATS["generic"], names)[1][0],
+        parse_reply('<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>',
+                    FORMATS["generic"], names)[1][0]]

@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 from jinja2 import TemplateError
 
-from engine import Constraint, Reasoning
+from engine import Constraint, Reasoning, structured
 from web.api.errors import APIError
 from web.api.params import check_chat
 from web.api.reasoning import enable_thinking
@@ -21,8 +21,9 @@ from web.api.structured import fields, tools
 from web.api.structured.formats import FORMATS
 from web.services import Services
 
-PASSED_UPSTREAM = ("tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
-                   *fields.FIELDS)
+# the model too: the gateway routes by it (web/gateway/queue.py)
+PASSED_UPSTREAM = ("model", "tools", "tool_choice", "parallel_tool_calls",
+                   "chat_template_kwargs", *fields.FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +82,20 @@ async def chat_input(data: ChatCompletionRequest, s: Services) -> ChatInput:
                        param="messages") from exc
     reasoning = s.tokenizer.reasoning_for(ids)
     if forced is not None:
+        forced = _after_thinking(forced, reasoning)
         await anyio.to_thread.run_sync(fields.check, s.engine, forced, "tools")
         return ChatInput(ids, forced, plan, reasoning)
     if asked is not None:
+        asked = _after_thinking(asked[0], reasoning), asked[1]
         await anyio.to_thread.run_sync(fields.check, s.engine, *asked)
     return ChatInput(ids, asked[0] if asked else None, plan, reasoning)
+
+
+def _after_thinking(constraint: Constraint, reasoning: Reasoning | None) -> Constraint:
+    """A prompt that opened a think block: the grammar lets the model think first."""
+    if reasoning is None or not reasoning.started:
+        return constraint
+    return structured.after_thinking(constraint, reasoning.close)
 
 
 def _marker(s: Services, plan: tools.ToolPlan) -> int | None:

@@ -1,10 +1,14 @@
 """Reading tool calls out of a reply, whole or as it streams.
 
-`ToolStream.push(text)` returns the pieces that are settled: content text, or whole calls
-(`ParsedCall`, its arguments as JSON text). Text that may still become a call is held back.
-Parsing is lenient (a missing closing brace, text after the JSON), but a call is only ever
-returned with arguments that are valid JSON and a name among the request's tools;
-anything else stays content, as the model wrote it.
+`ToolStream.push(text)` returns the pieces that are settled: content text; in `<tool_call>`
+blocks, a call's start (`CallStart`, once its name is read and is one of the request's tools)
+then its arguments as the model writes them (`ArgsPiece`s, cut where the JSON so far can be
+closed: web/api/structured/call_scan.py); or whole calls (`ParsedCall`: the prefix formats,
+and blocks whose name comes after the arguments or that only parse leniently). Text that may
+still become a call is held back. Parsing is lenient (a missing closing brace, text after the
+JSON), but a call is only ever returned with arguments that are valid JSON and a name among
+the request's tools; anything else stays content, as the model wrote it. A whole reply reads
+through the same stream (`parse_reply`), so a streamed call joins into exactly the whole one.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from web.api.structured.call_scan import CallScanner
 from web.api.structured.formats import CLOSE, OPEN, ToolFormat
 
 PYTHON_TAG, MISTRAL = "<|python_tag|>", "[TOOL_CALLS]"
@@ -23,7 +28,17 @@ class ParsedCall:
     arguments: str  # JSON text of an object
 
 
-Piece = str | ParsedCall
+@dataclass(frozen=True, slots=True)
+class CallStart:
+    name: str  # a call begins: its arguments follow as ArgsPieces
+
+
+@dataclass(frozen=True, slots=True)
+class ArgsPiece:
+    text: str  # the next piece of the current call's arguments
+
+
+Piece = str | ParsedCall | CallStart | ArgsPiece
 
 
 def loads_lenient(text: str) -> Any | None:
@@ -104,6 +119,8 @@ class ToolStream:
         self.names = names
         self._buf = ""
         self._inside = False  # marker formats: inside a <tool_call> block
+        self._scan = CallScanner(fmt.args_key)  # the open block's JSON
+        self._sent: int | None = None  # its arguments' end sent so far (None: no CallStart)
         self._mode = "undecided"  # prefix formats: undecided | content | calls
 
     def push(self, text: str) -> list[Piece]:
@@ -125,12 +142,41 @@ class ToolStream:
                 out.append(self._buf[:i])
                 self._buf, self._inside = self._buf[i + len(OPEN):], True
             j = self._buf.find(CLOSE)
-            if j < 0:
+            if j < 0:  # the block goes on: read what cannot be the closing tag
+                keep = _held_prefix(self._buf, CLOSE)
+                self._scan.push(self._buf[:len(self._buf) - keep])
+                self._buf = self._buf[len(self._buf) - keep:]
+                out.extend(self._args())
                 break
-            body, self._buf, self._inside = self._buf[:j], self._buf[j + len(CLOSE):], False
-            calls = parse_calls(body, self.fmt, self.names)
-            out.extend(calls if calls is not None else [OPEN + body + CLOSE])
+            self._scan.push(self._buf[:j])
+            self._buf, self._inside = self._buf[j + len(CLOSE):], False
+            out.extend(self._end_block(CLOSE))
         return [p for p in out if p != ""]
+
+    def _args(self) -> list[Piece]:
+        """The open block's call start and arguments up to the scanner's frontier."""
+        scan = self._scan
+        out: list[Piece] = []
+        if self._sent is None:
+            if scan.name not in self.names or scan.args_start is None:
+                return []
+            out.append(CallStart(scan.name))
+            self._sent = scan.args_start
+        if scan.frontier > self._sent:
+            out.append(ArgsPiece(scan.text[self._sent:scan.frontier]))
+            self._sent = scan.frontier
+        return out
+
+    def _end_block(self, close: str) -> list[Piece]:
+        """A block ends (its closing tag, or the reply): the streamed call's last piece (the
+        closers its arguments still need), else the block read whole, leniently."""
+        out = self._args()
+        scan, sent = self._scan, self._sent
+        self._scan, self._sent = CallScanner(self.fmt.args_key), None
+        if sent is not None:
+            return out + ([ArgsPiece(scan.closers)] if scan.closers else [])
+        calls = parse_calls(scan.text, self.fmt, self.names)
+        return list(calls) if calls is not None else [OPEN + scan.text + close]
 
     def _markers(self) -> tuple[str, ...]:
         return (PYTHON_TAG, "{") if self.fmt.name == "llama3" else (MISTRAL,)
@@ -164,15 +210,28 @@ class ToolStream:
             return list(calls) if calls is not None else [rest]
         if self._inside:
             self._inside = False
-            calls = parse_calls(rest.removesuffix(CLOSE[:_held_prefix(rest, CLOSE)]),
-                                self.fmt, self.names)
-            return list(calls) if calls is not None else [OPEN + rest]
+            held = _held_prefix(rest, CLOSE)
+            self._scan.push(rest[:len(rest) - held])
+            return [p for p in self._end_block(rest[len(rest) - held:]) if p != ""]
         return [rest] if rest else []
+
+
+def assemble(pieces: list[Piece]) -> tuple[str, list[ParsedCall]]:
+    """Pieces -> (the content text, the calls), as a client joins a stream's deltas."""
+    content, calls = [], []
+    for p in pieces:
+        if isinstance(p, str):
+            content.append(p)
+        elif isinstance(p, ParsedCall):
+            calls.append(p)
+        elif isinstance(p, CallStart):
+            calls.append(ParsedCall(p.name, ""))
+        else:
+            calls[-1] = ParsedCall(calls[-1].name, calls[-1].arguments + p.text)
+    return "".join(content), calls
 
 
 def parse_reply(text: str, fmt: ToolFormat, names: frozenset[str]) -> tuple[str, list[ParsedCall]]:
     """A whole reply -> (its content text, its calls)."""
     stream = ToolStream(fmt, names)
-    pieces = stream.push(text) + stream.flush()
-    content = "".join(p for p in pieces if isinstance(p, str))
-    return content, [p for p in pieces if isinstance(p, ParsedCall)]
+    return assemble(stream.push(text) + stream.flush())

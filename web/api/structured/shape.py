@@ -2,7 +2,8 @@
 
 Whole replies carry `message.tool_calls` (ids `call_...`) and `finish_reason: "tool_calls"`;
 streams send content deltas as usual and each call as OpenAI does: a first delta with the
-call's index, id, type and name (arguments ""), then its arguments in fragments.
+call's index, id, type and name (arguments ""), then its arguments in fragments as the model
+writes them (web/api/structured/parse.py); calls read whole go out in FRAGMENT-sized pieces.
 """
 from __future__ import annotations
 
@@ -22,7 +23,14 @@ from web.api.schemas import (
     ToolCall,
     ToolCallDelta,
 )
-from web.api.structured.parse import ParsedCall, Piece, ToolStream, parse_reply
+from web.api.structured.parse import (
+    ArgsPiece,
+    CallStart,
+    ParsedCall,
+    Piece,
+    ToolStream,
+    parse_reply,
+)
 from web.api.structured.tools import ToolPlan
 
 FRAGMENT = 24  # characters of arguments per streamed delta
@@ -81,19 +89,31 @@ class ToolChatShape(ChatShape):
                 text = self._clean(piece)
                 if text:
                     out.append(ChatChunkChoice(index, ChatDelta(content=text)))
-                continue
-            out.extend(self._call_chunks(index, piece))
+            elif isinstance(piece, CallStart):
+                out.append(self._head(index, piece.name))
+            elif isinstance(piece, ArgsPiece):
+                out.append(self._fragment(index, piece.text))
+            else:
+                out.extend(self._call_chunks(index, piece))
         return out
 
-    def _call_chunks(self, index: int, call: ParsedCall) -> list[ChatChunkChoice]:
+    def _head(self, index: int, name: str) -> ChatChunkChoice:
+        """A call's first delta: its index, id, type and name."""
         n = self.calls.get(index, 0)
         self.calls[index] = n + 1
-        head = ToolCallDelta(n, call_id(), "function", FunctionCallDelta(call.name, ""))
-        out = [ChatChunkChoice(index, ChatDelta(tool_calls=[head]))]
+        head = ToolCallDelta(n, call_id(), "function", FunctionCallDelta(name, ""))
+        return ChatChunkChoice(index, ChatDelta(tool_calls=[head]))
+
+    def _fragment(self, index: int, arguments: str) -> ChatChunkChoice:
+        """The next piece of the current call's arguments."""
+        delta = ToolCallDelta(self.calls[index] - 1, function=FunctionCallDelta(
+            arguments=arguments))
+        return ChatChunkChoice(index, ChatDelta(tool_calls=[delta]))
+
+    def _call_chunks(self, index: int, call: ParsedCall) -> list[ChatChunkChoice]:
+        out = [self._head(index, call.name)]
         for i in range(0, len(call.arguments), FRAGMENT):
-            part = FunctionCallDelta(arguments=call.arguments[i:i + FRAGMENT])
-            out.append(ChatChunkChoice(index, ChatDelta(tool_calls=[ToolCallDelta(n,
-                                                                                  function=part)])))
+            out.append(self._fragment(index, call.arguments[i:i + FRAGMENT]))
         return out
 
     def deltas(self, index: int, event: TextDelta) -> list[ChatChunkChoice]:
