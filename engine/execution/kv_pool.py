@@ -1,4 +1,9 @@
-"""The paged KV pool: every layer's keys and values for every KV position the engine holds.
+"""The paged KV pool: a group of layers' keys and values for every KV position it holds.
+
+A model with local (sliding-window) layers has two: the global layers' pool, indexed by
+`request.pages`, and the local layers' pool, which holds each request's window only, indexed
+by `request.local_pages` from logical page `request.local_first` (`LocalTables` turns those
+into a round's trimmed page tables; engine.scheduling.sliding_kv keeps the books).
 
 One allocation; layer l is `data[l]`, shape [num_pages, 2, kv_heads, page_size, head_dim]
 (K then V in each page; FlashInfer's single-tensor "HND" paged layout). A request owns pages,
