@@ -109,7 +109,7 @@ def test_long_chat_holds_the_window_and_shows_it(
     """A 1,200-position chat (prompt 200 in chunks of 16, 1,000 tokens out): while it runs the
     snapshot and /metrics show the local layers holding at most CAP pages, the global ones the
     whole sequence; the dashboard draws both bars; then a cancelled one returns all pages."""
-    name, path, _ = model
+    _, path, _ = model
     fields: dict[str, Any] = {"page_size": PAGE, "max_prefill_tokens": CHUNK,
                               "kv_tokens": 4096, "max_context": 2048, "max_running": 4}
     executor = _executor(path, EngineConfig(**fields))
