@@ -64,9 +64,9 @@ def _executor(path: Path, config: EngineConfig) -> ModelExecutor:
 
 def test_long_sequence_matches_transformers_holding_the_window(
         model: tuple[str, Path, torch.nn.Module], kernels: str, make_harness: Any) -> None:
-    """70 prompt tokens in chunks of 16, then 150 decodes (220 positions, 27 windows), beside
-    a short request: every logits row equals HF's, and no request holds more local pages
-    than its window plus one round's tokens."""
+    """70 prompt tokens in chunks of 16 (beside a short request's decodes: mixed rounds), then
+    150 decodes (220 positions, 27 windows): every logits row equals HF's, and no request
+    holds more local pages than its window plus one round's tokens."""
     from tests.engine.execution.test_families import _compare
 
     name, path, hf = model
@@ -77,9 +77,10 @@ def test_long_sequence_matches_transformers_holding_the_window(
     assert ex.local_pool.num_layers == (5 if name == "gemma3" else 2)
     long, short = h.new(_prompt(1, 70)), h.new(_prompt(2, 5))
     h.round([(short, 0, 5, True), (long, 0, CHUNK, False)])
-    for start in range(CHUNK, 70, CHUNK):
+    for start in range(CHUNK, 70, CHUNK):  # the short one decodes beside the chunks
         n = min(CHUNK, 70 - start)
-        h.round([(long, start, n, start + n == 70)])
+        h.round([(long, start, n, start + n == 70),
+                 (short, short.num_tokens - 1, 1, True)], "mixed")
         assert len(long.local_pages) <= CAP
     for _ in range(150):
         h.round([(r, r.num_tokens - 1, 1, True) for r in (long, short)], "decode")
