@@ -17,76 +17,26 @@ Padded pages repeat a sequence's first page, so they hold finite values, and are
 
 On CPU with Ferry's kernels loaded (engine.kernels), K/V are stored and the decode part is
 attended by C kernels that read the pages in place (no gather copy, one call per layer);
-the prefill part keeps SDPA.
+the prefill part keeps SDPA. With a local layers' pool, all of this is planned once per pool
+(`Plan`), over that pool's trimmed page tables, with the masks of that pool's layers.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from engine.execution.attention.base import AttentionBackend, AttentionInputs, NativeDecode
+from engine.execution.attention.torch_plan import (
+    DecodeGroup,
+    Plan,
+    PrefillGroup,
+    group_by_size,
+)
 from engine.execution.cpu import emulated_bf16
 from engine.execution.kv_pool import KVPool
 from engine.kernels import ops
-
-PAD_WASTE = 1.5  # a prefill group's padded attention work may be at most this x the real work
-
-
-@dataclass(slots=True)
-class _DecodeGroup:
-    n: int
-    length: int  # padded KV length
-    kv_idx: torch.Tensor
-    masks: dict[int | None, torch.Tensor]  # per window: [n * kv_heads, 1, length] additive
-    q_idx: torch.Tensor | None  # rows of the decode part; None = all, in order
-
-
-@dataclass(slots=True)
-class _PrefillGroup:
-    n: int
-    qmax: int
-    length: int  # padded KV length
-    kv_idx: torch.Tensor
-    masks: dict[int | None, torch.Tensor]  # per window: [n, 1, qmax, length] bool
-    q_idx: torch.Tensor | None  # rows of the prefill part, padded; None = take it as is
-    out_idx: torch.Tensor | None  # real rows of the padded output; None = all
-
-
-def group_by_size(qlens: list[int], kvlens: list[int]) -> list[list[int]]:
-    """Split sequences (indices) into groups whose padded work n * Qmax * Lmax stays within
-    PAD_WASTE x their real work sum(q * kv); biggest first, greedy."""
-    order = sorted(range(len(qlens)), key=lambda i: (-qlens[i] * kvlens[i], i))
-    groups: list[list[int]] = []
-    real = qmax = lmax = 0
-    for i in order:
-        q, kv = qlens[i], kvlens[i]
-        if groups:
-            n = len(groups[-1]) + 1
-            padded = n * max(qmax, q) * max(lmax, kv)
-            if padded <= PAD_WASTE * (real + q * kv):
-                groups[-1].append(i)
-                real, qmax, lmax = real + q * kv, max(qmax, q), max(lmax, kv)
-                continue
-        groups.append([i])
-        real, qmax, lmax = q * kv, q, kv
-    return [sorted(g) for g in groups]
-
-
-@dataclass(slots=True)
-class _Plan:
-    """One round's index tensors over one pool (the global or the local layers')."""
-
-    n_dec: int
-    slots: torch.Tensor | None = None  # native: checked slot_mapping
-    where: tuple[torch.Tensor, torch.Tensor] | None = None  # torch: locate(slot_mapping)
-    dec_pages: ops.DecodePages | None = None
-    dec_groups: list[_DecodeGroup] = field(default_factory=list)
-    dec_perm: torch.Tensor | None = None
-    pre_groups: list[_PrefillGroup] = field(default_factory=list)
-    pre_perm: torch.Tensor | None = None
 
 
 class TorchAttention(AttentionBackend):
@@ -96,7 +46,10 @@ class TorchAttention(AttentionBackend):
                  scale: float, windows: Sequence[int | None] = (),
                  local_pool: KVPool | None = None) -> None:
         super().__init__(pool, num_heads, num_kv_heads, head_dim, scale, windows, local_pool)
-        self.kinds: list[int | None] = [None, *sorted({w for w in self.windows if w})]
+        # the masks each pool's layers need: per distinct window, and the full one
+        self.kinds: tuple[list[int | None], ...] = tuple(
+            [None, *sorted({w for i, w in enumerate(self.windows)
+                            if w and self.place(i)[2] == local})] for local in (False, True))
         # emulated bf16 batched matmuls fall back to one small addmm per matrix (far slower
         # than float32): attend in float32 over the gathered (already copied) K/V
         self.compute_dtype = (torch.float32 if emulated_bf16(pool.dtype, pool.device)
@@ -105,7 +58,7 @@ class TorchAttention(AttentionBackend):
         # straight from the pages: no gather copy, one call per layer
         self.native = ops.usable_pool(pool.data) and (local_pool is None
                                                       or ops.usable_pool(local_pool.data))
-        self.plans: tuple[_Plan, ...] = ()
+        self.plans: tuple[Plan, ...] = ()
 
     def _block_index(self, pool: KVPool, page_tables: list[list[int]],
                      kv_lens: list[int]) -> tuple[torch.Tensor, int]:
@@ -126,10 +79,10 @@ class TorchAttention(AttentionBackend):
         pools = [self.pool] if self.local_pool is None else [self.pool, self.local_pool]
         self.plans = tuple(self._plan(inputs, pool, i == 1) for i, pool in enumerate(pools))
 
-    def _plan(self, inputs: AttentionInputs, pool: KVPool, local: bool) -> _Plan:
+    def _plan(self, inputs: AttentionInputs, pool: KVPool, local: bool) -> Plan:
         dev, kvh, n_dec = pool.device, self.num_kv_heads, self.n_dec
         kv_lens, page_tables, slot_mapping = inputs.part(local)
-        plan = _Plan(n_dec)
+        plan = Plan(n_dec)
         if self.native:
             # the kernels trust their indices: check them once per round, not per layer
             plan.slots = slot_mapping
@@ -150,13 +103,13 @@ class TorchAttention(AttentionBackend):
                 k = torch.arange(length)[None, :]
                 ends = torch.tensor(kv)[:, None]
                 masks = {}
-                for window in self.kinds:
+                for window in self.kinds[local]:
                     pad = (k >= ends) if window is None else (k >= ends) | (k < ends - window)
                     mask = torch.zeros(len(g), 1, length, dtype=self.compute_dtype)
                     mask.masked_fill_(pad[:, None, :], float("-inf"))
                     masks[window] = mask.repeat_interleave(kvh, dim=0).to(dev)  # [n*kvh, 1, L]
                 q_idx = None if len(groups) == 1 else torch.tensor(g).to(dev)
-                plan.dec_groups.append(_DecodeGroup(len(g), length, idx, masks, q_idx))
+                plan.dec_groups.append(DecodeGroup(len(g), length, idx, masks, q_idx))
             order = [i for g in groups for i in g]
             if order != list(range(n_dec)):
                 plan.dec_perm = torch.argsort(torch.tensor(order)).to(dev)
@@ -170,15 +123,17 @@ class TorchAttention(AttentionBackend):
             rows: list[int] = []  # prefill-part rows in the order the groups output them
             for g in groups:
                 plan.pre_groups.append(self._prefill_group(
-                    pool, [qlens[i] for i in g], [kvlens[i] for i in g], [tables[i] for i in g],
-                    [firsts[i] for i in g], whole=len(groups) == 1 and len(g) == 1))
+                    pool, self.kinds[local], [qlens[i] for i in g], [kvlens[i] for i in g],
+                    [tables[i] for i in g], [firsts[i] for i in g],
+                    whole=len(groups) == 1 and len(g) == 1))
                 rows.extend(r for i in g for r in range(firsts[i], firsts[i] + qlens[i]))
             if rows != list(range(len(rows))):
                 plan.pre_perm = torch.argsort(torch.tensor(rows)).to(dev)
         return plan
 
-    def _prefill_group(self, pool: KVPool, qlens: list[int], kvlens: list[int],
-                       tables: list[list[int]], firsts: list[int], whole: bool) -> _PrefillGroup:
+    def _prefill_group(self, pool: KVPool, kinds: list[int | None], qlens: list[int],
+                       kvlens: list[int], tables: list[list[int]], firsts: list[int],
+                       whole: bool) -> PrefillGroup:
         dev = pool.device
         n, qmax = len(qlens), max(qlens)
         kv_idx, length = self._block_index(pool, tables, kvlens)
@@ -189,12 +144,12 @@ class TorchAttention(AttentionBackend):
         k = torch.arange(length)[None, None, :]
         causal = k <= qpos[:, :, None]
         masks = {w: (causal if w is None else causal & (k > qpos[:, :, None] - w))
-                 .unsqueeze(1).to(dev) for w in self.kinds}
+                 .unsqueeze(1).to(dev) for w in kinds}
         if whole:  # the only prefill sequence: no padding, use views
-            return _PrefillGroup(n, qmax, length, kv_idx, masks, None, None)
+            return PrefillGroup(n, qmax, length, kv_idx, masks, None, None)
         q_idx = (torch.tensor(firsts)[:, None] + i_clamped).flatten().to(dev)
         out_idx = (torch.arange(n)[:, None] * qmax + i)[i < ql[:, None]].to(dev)
-        return _PrefillGroup(n, qmax, length, kv_idx, masks, q_idx, out_idx)
+        return PrefillGroup(n, qmax, length, kv_idx, masks, q_idx, out_idx)
 
     def native_decode(self) -> NativeDecode | None:
         if not self.plans or self.plans[0].dec_pages is None or self.n_pre:
@@ -236,7 +191,7 @@ class TorchAttention(AttentionBackend):
             parts.append(out)
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
-    def _decode(self, qdec: torch.Tensor, blocks: torch.Tensor, g: _DecodeGroup,
+    def _decode(self, qdec: torch.Tensor, blocks: torch.Tensor, g: DecodeGroup,
                 window: int | None) -> torch.Tensor:
         d, kvh, h = self.head_dim, self.num_kv_heads, self.num_heads
         qd = qdec if g.q_idx is None else qdec.index_select(0, g.q_idx)
@@ -247,7 +202,7 @@ class TorchAttention(AttentionBackend):
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vd.dtype)
         return torch.bmm(probs, vd).view(g.n, h * d).to(qdec.dtype)
 
-    def _prefill(self, qpre: torch.Tensor, blocks: torch.Tensor, g: _PrefillGroup,
+    def _prefill(self, qpre: torch.Tensor, blocks: torch.Tensor, g: PrefillGroup,
                  window: int | None) -> torch.Tensor:
         d, kvh, h = self.head_dim, self.num_kv_heads, self.num_heads
         qp = qpre if g.q_idx is None else qpre.index_select(0, g.q_idx)
