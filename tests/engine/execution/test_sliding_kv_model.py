@@ -150,6 +150,7 @@ def test_long_chat_holds_the_window_and_shows_it(
         assert 0 < _local_used(metrics) <= CAP * PAGE
         assert _global_used(metrics) >= total - 400
         assert 'id="kvbar-local"' in board and f"window {WINDOW}" in board
+        assert 'class="stat-sub muted">local layers' in board
         idle_check(engine)
         done = engine.snapshot()
         assert done.local_kv is not None and done.local_kv.used == 0
