@@ -49,10 +49,6 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name} must be 0 or a positive integer, got {value!r}")
-        if self.sliding_window and self.local_kv_tokens and \
-                self.local_kv_tokens < self.local_pages_per_request * self.page_size:
-            raise ConfigError(f"local_kv_tokens must hold one request's window plus a round "
-                              f"({self.local_pages_per_request * self.page_size} positions)")
 
     @property
     def num_pages(self) -> int:
@@ -66,13 +62,15 @@ class EngineConfig:
 
     @property
     def num_local_pages(self) -> int:
-        """Pages in the local layers' pool: `local_kv_tokens`, else every slot's most;
+        """Pages in the local layers' pool: every slot's most, or `local_kv_tokens` when
+        set (but at least one request's most: the window is not known until a model loads);
         never more than the global pool (0 when the model has no local layers)."""
         if not self.sliding_window:
             return 0
         most = self.max_running * self.local_pages_per_request
         if self.local_kv_tokens:
-            most = min(most, self.local_kv_tokens // self.page_size)
+            most = min(most, max(self.local_pages_per_request,
+                                 self.local_kv_tokens // self.page_size))
         return min(self.num_pages, most)
 
     @classmethod

@@ -61,6 +61,9 @@ def test_admission_checks_the_local_pool() -> None:
     reason local, though the global pool has room; it enters once one is cancelled."""
     cfg = config(max_running=3, max_prefill_tokens=4, local_kv_tokens=32)
     assert cfg.local_pages_per_request == 4 and cfg.num_local_pages == 8  # ceil(11/4) + 1
+    # never below one request's most, never above the global pool
+    assert config(max_running=3, max_prefill_tokens=4, local_kv_tokens=4).num_local_pages == 4
+    assert config(kv_tokens=16, local_kv_tokens=400).num_local_pages == 4
     sched = Scheduler(cfg)
     local = sched.local
     assert local is not None
