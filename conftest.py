@@ -137,9 +137,14 @@ class Harness:
     free: list[int] = field(default_factory=list)
     logits: dict[str, dict[int, torch.Tensor]] = field(default_factory=dict)
 
+    local_free: list[int] = field(default_factory=list)
+
     def __post_init__(self) -> None:
         self.free = list(range(self.executor.pool.num_pages))
         self.rng.shuffle(self.free)  # non-contiguous page tables
+        local = self.executor.local_pool
+        self.local_free = list(range(local.num_pages)) if local is not None else []
+        self.rng.shuffle(self.local_free)
 
     @property
     def page_size(self) -> int:
@@ -152,15 +157,26 @@ class Harness:
         self.logits[req.id] = {}
         return req
 
-    def cover(self, req: Request, end: int) -> None:
+    def cover(self, req: Request, end: int, start: int = 0) -> None:
         while len(req.pages) * self.page_size < end:
             req.pages.append(self.free.pop())
+        window = self.executor.sliding_window
+        if self.executor.local_pool is not None:
+            # as the scheduler does: local pages before the window of `start` go back first
+            first = max(0, start - window + 1) // self.page_size
+            while req.local_first < first and req.local_pages:
+                self.local_free.append(req.local_pages.pop(0))
+                req.local_first += 1
+            req.local_first = max(req.local_first, first) if not req.local_pages \
+                else req.local_first
+            while (req.local_first + len(req.local_pages)) * self.page_size < end:
+                req.local_pages.append(self.local_free.pop())
 
     def round(self, work: list[tuple[Request, int, int, bool]], phase: str = "prefill",
               use_run: bool = False) -> list[int | None]:
         """work: (request, start, num_tokens, sample). Appends sampled tokens (greedy)."""
         for req, start, n, _ in work:
-            self.cover(req, start + n)
+            self.cover(req, start + n, start)
         items = tuple(BatchItem(r, s, n, smp) for r, s, n, smp in work)
         batch = Batch(phase, items)  # type: ignore[arg-type]
         if use_run:

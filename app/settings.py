@@ -30,6 +30,7 @@ INT_RANGES: dict[str, tuple[int, int | None]] = {
     "max_prefill_tokens": (1, None),
     "kv_tokens": (1, None),
     "page_size": (1, None),
+    "local_kv_tokens": (0, None),
     "max_waiting": (1, None),
     "per_user_limit": (1, None),
     "max_body_bytes": (1024, None),
@@ -78,6 +79,9 @@ class Settings:
     max_prefill_tokens: int = 512
     kv_tokens: int = 16384  # 0.75 GB of KV for SmolLM2 in float32, allocated at start
     page_size: int = 16
+    # positions in the sliding-window layers' own pool (models with local layers); 0: enough
+    # for every slot's window plus one round
+    local_kv_tokens: int = 0
     prefix_cache: bool = True
     max_waiting: int = 256
     per_user_limit: int = 8  # waiting + running requests per user
@@ -200,6 +204,7 @@ def engine_config(settings: Settings, *, max_context: int | None = None) -> Engi
             max_prefill_tokens=settings.max_prefill_tokens,
             kv_tokens=settings.kv_tokens,
             page_size=settings.page_size,
+            local_kv_tokens=settings.local_kv_tokens,
             policy=settings.policy,  # type: ignore[arg-type]  # validated against POLICIES
             admission=settings.admission,  # type: ignore[arg-type]
             prefix_cache=settings.prefix_cache,

@@ -26,6 +26,11 @@ class EngineConfig:
     max_context: int = 8192  # prompt + output limit per request (the model's context)
     max_waiting: int = 256  # global queue bound; submit beyond it is refused
     rounds_kept: int = 64  # recent rounds kept for the dashboard timeline
+    # the local (sliding-window) layers' widest window, 0 when the model has none; set by the
+    # Engine from its executor. Local layers keep KV for that window only, in a pool of
+    # their own (`num_local_pages`)
+    sliding_window: int = 0
+    local_kv_tokens: int = 0  # positions in the local layers' pool; 0: every slot's most
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_prefill_tokens", "kv_tokens", "page_size",
@@ -40,10 +45,33 @@ class EngineConfig:
                 f"admission must be one of {', '.join(ADMISSIONS)}, got {self.admission!r}")
         if self.kv_tokens < self.page_size:
             raise ConfigError("kv_tokens must hold at least one page")
+        for name in ("sliding_window", "local_kv_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{name} must be 0 or a positive integer, got {value!r}")
 
     @property
     def num_pages(self) -> int:
         return self.kv_tokens // self.page_size
+
+    @property
+    def local_pages_per_request(self) -> int:
+        """The most local-layer pages one request holds at once: its window plus one round's
+        new tokens (at most `max_prefill_tokens`), unaligned to pages."""
+        return -(-(self.sliding_window - 1 + self.max_prefill_tokens) // self.page_size) + 1
+
+    @property
+    def num_local_pages(self) -> int:
+        """Pages in the local layers' pool: every slot's most, or `local_kv_tokens` when
+        set (but at least one request's most: the window is not known until a model loads);
+        never more than the global pool (0 when the model has no local layers)."""
+        if not self.sliding_window:
+            return 0
+        most = self.max_running * self.local_pages_per_request
+        if self.local_kv_tokens:
+            most = min(most, max(self.local_pages_per_request,
+                                 self.local_kv_tokens // self.page_size))
+        return min(self.num_pages, most)
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from engine.config import EngineConfig
 from engine.execution.attention import default_backend, get_backend
-from engine.execution.attention.base import AttentionInputs
+from engine.execution.attention.base import AttentionInputs, LocalInputs
 from engine.execution.cpu import default_threads, on_fresh_thread
-from engine.execution.kv_pool import KVPool, slot_of
+from engine.execution.kv_pool import KVPool, LocalTables, slot_of
 from engine.execution.loading.loader import load_model, resolve_model, weight_mode
 from engine.execution.loading.model_files import is_gguf
 from engine.execution.model.decoder import CausalLM
@@ -42,11 +43,19 @@ class ModelExecutor:
         self.device = torch.device(device)
         self.dtype = model.dtype
         self.page_size = config.page_size
-        self.pool = KVPool(cfg.num_layers, config.num_pages, config.page_size, cfg.num_kv_heads,
-                           cfg.head_dim, model.dtype, self.device)
-        name = backend or default_backend(self.device, model.dtype, any(cfg.windows))
+        # local layers: those whose window is shorter than the context. They keep K/V for
+        # the widest such window only, in a pool of their own (engine.scheduling.sliding_kv)
+        windows = tuple(w if w and w < config.max_context else None for w in cfg.windows)
+        self.sliding_window = max((w for w in windows if w), default=0)
+        num_local = sum(1 for w in windows if w)
+        self.pool = KVPool(cfg.num_layers - num_local, config.num_pages, config.page_size,
+                           cfg.num_kv_heads, cfg.head_dim, model.dtype, self.device)
+        self.local_pool = None if not num_local else KVPool(
+            num_local, replace(config, sliding_window=self.sliding_window).num_local_pages,
+            config.page_size, cfg.num_kv_heads, cfg.head_dim, model.dtype, self.device)
+        name = backend or default_backend(self.device, model.dtype, bool(num_local))
         self.attn = get_backend(name)(self.pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                      cfg.scale, cfg.windows)
+                                      cfg.scale, windows, self.local_pool)
         # decode rounds of a few sequences run each layer in one C call where the model's
         # layers are the fused recipe's (built from the model's neutral description)
         self.fused = FusedDecode.build(cfg, model.decode_layers(), model.dtype, model)
@@ -151,6 +160,7 @@ class ModelExecutor:
         positions: list[int] = []
         slots: list[int] = []
         query_lens, kv_lens, tables, sample_rows, sample_items = [], [], [], [], []
+        local = LocalTables(ps, self.sliding_window) if self.local_pool is not None else None
         score_rows: list[int] = []  # rows whose logits score the next prompt token
         scored: list[tuple[Request, int, int]] = []  # (request, first target, count)
         for i in order:
@@ -175,6 +185,8 @@ class ModelExecutor:
             query_lens.append(n)
             kv_lens.append(end)
             tables.append(pages)
+            if local is not None:
+                local.add(req, start, end)
             if req.params.prompt_logprobs is not None and start < req.prompt_len - 1:
                 # row of position p predicts prompt token p + 1 (the last prompt row samples)
                 last = min(end, req.prompt_len - 1)
@@ -190,7 +202,10 @@ class ModelExecutor:
             return torch.tensor(xs, dtype=torch.int64, device=dev)
 
         with torch.inference_mode():
-            self.attn.prepare(AttentionInputs(query_lens, kv_lens, tables, as_tensor(slots)))
+            self.attn.prepare(AttentionInputs(
+                query_lens, kv_lens, tables, as_tensor(slots),
+                None if local is None else LocalInputs(local.kv_lens, local.tables,
+                                                       as_tensor(local.slots))))
             logits = self.model(as_tensor(ids), as_tensor(positions), self.attn,
                                 as_tensor(score_rows + sample_rows), self.fused)
             if score_rows:
@@ -216,8 +231,11 @@ class ModelExecutor:
     # --- sizing ----------------------------------------------------------------
 
     def kv_bytes_per_token(self) -> int:
+        """Memory one position of the global pool costs (every layer but the local ones,
+        whose pool is sized by their window, not by kv_tokens)."""
         cfg = self.model.config
-        return KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype)
+        return KVPool.bytes_per_token(self.pool.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                                      self.dtype)
 
 
 SCORE_BLOCK = 128  # prompt rows turned into float32 log-probabilities at a time

@@ -1,4 +1,9 @@
-"""The paged KV pool: every layer's keys and values for every KV position the engine holds.
+"""The paged KV pool: a group of layers' keys and values for every KV position it holds.
+
+A model with local (sliding-window) layers has two: the global layers' pool, indexed by
+`request.pages`, and the local layers' pool, which holds each request's window only, indexed
+by `request.local_pages` from logical page `request.local_first` (`LocalTables` turns those
+into a round's trimmed page tables; engine.scheduling.sliding_kv keeps the books).
 
 One allocation; layer l is `data[l]`, shape [num_pages, 2, kv_heads, page_size, head_dim]
 (K then V in each page; FlashInfer's single-tensor "HND" paged layout). A request owns pages,
@@ -16,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+from engine.scheduling.request import Request
 
 
 def slot_of(pages: Sequence[int], pos: int, page_size: int) -> int:
@@ -81,3 +88,27 @@ class KVPool:
         """K/V at `slots` as [T, 2, kv_heads, head_dim] (for tests and tools)."""
         pages, offsets = self.locate(slots)
         return self._layers[layer][pages, :, :, offsets]
+
+
+class LocalTables:
+    """A round's local-pool inputs: per sequence, the pages from the first one its first
+    query can see (request.local_pages hold logical pages local_first on), the KV length
+    counted from there, and the local slot of each new token."""
+
+    def __init__(self, page_size: int, window: int) -> None:
+        self.page_size, self.window = page_size, window
+        self.kv_lens: list[int] = []
+        self.tables: list[list[int]] = []
+        self.slots: list[int] = []
+
+    def add(self, req: Request, start: int, end: int) -> None:
+        ps, pages, held_from = self.page_size, req.local_pages, req.local_first
+        first = max(0, start - self.window + 1) // ps
+        if first < held_from or end > (held_from + len(pages)) * ps:
+            raise ValueError(f"{req.id}: positions {start}..{end} need local pages "
+                             f"{first}..{-(-end // ps) - 1}, it holds {held_from}.."
+                             f"{held_from + len(pages) - 1}")
+        self.tables.append(pages[first - held_from:])
+        self.kv_lens.append(end - first * ps)
+        self.slots.extend(pages[p // ps - held_from] * ps + p % ps for p in range(start, end))
+

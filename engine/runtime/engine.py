@@ -61,6 +61,11 @@ class Engine:
     def __init__(self, config: EngineConfig, executor: Executor,
                  tokenizer: Tokenizer | None = None, eos_ids: frozenset[int] = frozenset(),
                  clock: Callable[[], float] = time.monotonic) -> None:
+        # a model executor tells the widest window of the model's local (sliding-window)
+        # layers; those keep KV for it only and run without the prefix cache (sliding_kv.py)
+        window = int(getattr(executor, "sliding_window", 0) or 0)
+        if window:
+            config = dataclasses.replace(config, sliding_window=window, prefix_cache=False)
         self.config = config
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids or (tokenizer.eos_ids if tokenizer is not None else frozenset())

@@ -109,6 +109,10 @@ class EngineSnapshot:
     rounds: tuple[RoundView, ...]  # most recent last
     metrics: MetricsView
     recent_finished: tuple[RequestView, ...] = field(default=())
+    # the local (sliding-window) layers' pool, None when the model has none; `kv` is then
+    # the global layers' pool
+    local_kv: KVView | None = None
+    sliding_window: int = 0
 
     @property
     def free_slots(self) -> int:

@@ -58,4 +58,15 @@ def build_snapshot(scheduler: Scheduler, metrics: MetricsRecorder,
                   cached=kv.evictable - max(0, reserved - kv.free),
                   free=max(0, kv.free - reserved)),
         rounds=rounds,
-        metrics=metrics.view(now), recent_finished=finished)
+        metrics=metrics.view(now), recent_finished=finished,
+        local_kv=local_view(scheduler), sliding_window=cfg.sliding_window)
+
+
+def local_view(scheduler: Scheduler) -> KVView | None:
+    """The local layers' pool: used | reserved | free (it caches nothing)."""
+    local = scheduler.local
+    if local is None:
+        return None
+    reserved = min(scheduler.local_reservations(), local.free)
+    return KVView(total=local.total, used=local.held, reserved=reserved, cached=0,
+                  free=local.free - reserved)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from engine.config import EngineConfig
 from engine.scheduling.kv_accounting import KVAccounting, PrefixMatch
 from engine.scheduling.request import Request, RequestState
+from engine.scheduling.sliding_kv import SlidingKV
 from engine.scheduling.slots import SlotTable
 
 
@@ -32,11 +33,14 @@ class Admission:
     """The checks of one round. `reserved` grows as requests are admitted in the round."""
 
     def __init__(self, config: EngineConfig, kv: KVAccounting, slots: SlotTable,
-                 admitted: list[Request]) -> None:
+                 admitted: list[Request], local: SlidingKV | None = None) -> None:
         self.config = config
         self.kv = kv
+        self.local = local
         self.free_slots = slots.num_free
         self.reserved = sum(reservation(r, config.page_size) for r in admitted)
+        # the local layers' pool, in pages: each admitted request's cap minus what it holds
+        self.local_reserved = sum(local.reservation(r) for r in admitted) if local else 0
         self.held_back = 0  # dry runs: positions a would-be-admitted request would take
 
     def refuse(self, req: Request, match: PrefixMatch, budget: int) -> WaitReason | None:
@@ -54,11 +58,21 @@ class Admission:
             return WaitReason("kv", f"needs {own} KV positions, {free} free ({available} "
                                     f"available, {self.reserved} of them reserved for admitted "
                                     f"requests: {own + self.reserved} asked in all)")
+        if self.local is not None:
+            ps = cfg.page_size
+            own, free, held = self.local.cap(req), self.local.free_pages, self.local_reserved
+            if own + held > free:
+                return WaitReason("kv", f"needs {own * ps} local-layer KV positions (window "
+                                        f"{self.local.window}), {max(0, free - held) * ps} "
+                                        f"free ({free * ps} free, {held * ps} of them "
+                                        "reserved for admitted requests)")
         return None
 
     def admitted(self, req: Request) -> None:
         self.free_slots -= 1
         self.reserved += reservation(req, self.config.page_size)
+        if self.local is not None:
+            self.local_reserved += self.local.reservation(req)
 
     def explain(self, order: Iterable[Request], budget: int,
                 decode_turn: bool) -> dict[str, WaitReason]:

@@ -95,6 +95,10 @@ class Request:
     # KV bookkeeping, set by the scheduler
     slot: int | None = None
     pages: list[int] = field(default_factory=list)  # page table: logical page -> pool page
+    # the local (sliding-window) layers' pages: local_pages[i] holds logical page
+    # local_first + i; pages before local_first lie outside the window and are released
+    local_pages: list[int] = field(default_factory=list)
+    local_first: int = 0
     num_cached: int = 0  # prompt positions reused from the prefix cache
     num_computed: int = 0  # positions whose KV is in the pool
     cache_node: object | None = None  # deepest locked prefix-cache node

@@ -12,14 +12,18 @@ from engine.scheduling.admission import Admission, WaitReason, reservation
 from engine.scheduling.batch import Batch, BatchItem, Phase
 from engine.scheduling.kv_accounting import KVAccounting
 from engine.scheduling.request import FinishReason, Request, RequestError, RequestState
+from engine.scheduling.sliding_kv import SlidingKV
 from engine.scheduling.slots import SlotTable
 
 
 class Scheduler:
     def __init__(self, config: EngineConfig, cache_outputs: bool = True) -> None:
         self.config = config
-        self.kv = KVAccounting(config.num_pages, config.page_size, config.prefix_cache,
-                               cache_outputs)
+        # A prefix hit would need the local layers' KV of the window before it, which those
+        # layers do not keep: models with local layers run without the prefix cache.
+        self.kv = KVAccounting(config.num_pages, config.page_size,
+                               config.prefix_cache and not config.sliding_window, cache_outputs)
+        self.local = SlidingKV(config) if config.sliding_window else None
         self.slots = SlotTable(config.max_running)
         self.waiting: list[Request] = []  # arrival order; mid-chunk requests kept in front
         self.running: list[Request] = []  # prefill done, decoding; by admission
@@ -86,7 +90,7 @@ class Scheduler:
 
     def _admit(self, budget: int, now: float) -> list[BatchItem]:
         """Walk the waiting queue from its head; stop at the first request that fails a check."""
-        check = Admission(self.config, self.kv, self.slots, self._admitted())
+        check = Admission(self.config, self.kv, self.slots, self._admitted(), self.local)
         items: list[BatchItem] = []
         for req in self._ordered_waiting():
             if budget <= 0:
@@ -114,6 +118,8 @@ class Scheduler:
         # Pages are allocated once selection is done, so admission sees one consistent state.
         for item in batch.items:
             self.kv.grow(item.request, item.start + item.num_tokens)
+            if self.local is not None:
+                self.local.grow(item.request, item.start + item.num_tokens)
         return batch
 
     # -- process ---------------------------------------------------------------------------
@@ -123,6 +129,8 @@ class Scheduler:
         for item, token in zip(batch.items, tokens, strict=True):
             req = item.request
             req.num_computed = item.start + item.num_tokens
+            if self.local is not None:
+                self.local.trim(req)
             if req.state is RequestState.CHUNKED:
                 req.num_chunks += 1
                 if req.num_computed >= req.prompt_len:
@@ -186,6 +194,8 @@ class Scheduler:
             self.slots.free(req.slot)
             req.slot = None
             self.kv.release(req, keep=reason != "error")
+            if self.local is not None:
+                self.local.release(req)
         req.state = RequestState.FINISHED
         req.finish_reason = reason
         req.finished_at = now
@@ -227,7 +237,7 @@ class Scheduler:
     def wait_reasons(self) -> dict[str, WaitReason]:
         """Why each waiting request waits now: a dry run of the next round's admission."""
         cfg = self.config
-        check = Admission(cfg, self.kv, self.slots, self._admitted())
+        check = Admission(cfg, self.kv, self.slots, self._admitted(), self.local)
         decode_turn = (cfg.policy == "interleave" and self.last_phase == "prefill"
                        and bool(self.running))
         budget = cfg.max_prefill_tokens - (len(self.running) if cfg.policy == "mixed" else 0)
@@ -238,6 +248,14 @@ class Scheduler:
         assert len(admitted) + self.slots.num_free == self.config.max_running, "slot leak"
         assert all(not r.is_finished for r in admitted), "a finished request holds a slot"
         self.kv.check(admitted)
+        if self.local is not None:
+            self.local.check(admitted)
 
     def reservations(self) -> int:
         return sum(reservation(r, self.config.page_size) for r in self._admitted())
+
+    def local_reservations(self) -> int:
+        """Local-layer positions promised to admitted requests (0 without local layers)."""
+        if self.local is None:
+            return 0
+        return sum(self.local.reservation(r) for r in self._admitted()) * self.config.page_size

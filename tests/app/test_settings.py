@@ -172,6 +172,11 @@ def test_engine_config_mapping(home: dict[str, str]) -> None:
         32, 512, 16, 256)
     assert cfg.max_context == 4096
     assert engine_config(s).max_context == EngineConfig().max_context
+    assert cfg.local_kv_tokens == 0 and cfg.sliding_window == 0  # the model sets the window
+    s = load_settings({}, env=dict(home, FERRY_LOCAL_KV_TOKENS="4096"))
+    assert engine_config(s).local_kv_tokens == 4096
+    with pytest.raises(SettingsError, match="local_kv_tokens"):
+        load_settings({}, env=dict(home, FERRY_LOCAL_KV_TOKENS="-1"))
 
 
 def test_kv_must_hold_a_page(home: dict[str, str]) -> None:

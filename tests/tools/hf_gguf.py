@@ -7,6 +7,7 @@ HF model's own conventions), so that the reference model can run on exactly thos
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,17 @@ def _metadata(w: gguf.GGUFWriter, arch: str, cfg: Any) -> None:
     if rope.get("rope_type", "default") == "linear":
         w.add_string(f"{arch}.rope.scaling.type", "linear")
         w.add_float32(f"{arch}.rope.scaling.factor", float(rope["factor"]))
+    if rope.get("rope_type") == "longrope":  # as llama.cpp's convert_hf_to_gguf.py (Phi-3)
+        original = cfg.original_max_position_embeddings
+        scale = cfg.max_position_embeddings / original
+        w.add_rope_dimension_count(head_dim)
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_rope_scaling_attn_factors(
+            math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0)
+        for tensor, key in ((gguf.MODEL_TENSOR.ROPE_FACTORS_LONG, "long_factor"),
+                            (gguf.MODEL_TENSOR.ROPE_FACTORS_SHORT, "short_factor")):
+            w.add_tensor(f"{gguf.TENSOR_NAMES[tensor]}.weight",
+                         np.array(rope[key], dtype=np.float32))
     w.add_eos_token_id(2)
 
 

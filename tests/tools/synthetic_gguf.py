@@ -67,7 +67,8 @@ def tensor(rng: np.random.Generator, shape: tuple[int, ...], qtype: GGMLQuantiza
 
 def write(out: Path, hidden: int, layers: int, ff: int, heads: int, kv_heads: int,
           qtype: GGMLQuantizationType, untied: bool, seed: int = 0,
-          chat_template: bool = True) -> None:
+          chat_template: bool = True, window: int = 0) -> None:
+    """`window`: a sliding window for every layer (Mistral's, as its GGUFs say it)."""
     rng = np.random.default_rng(seed)
     writer = GGUFWriter(str(out), "llama")
     vocab = copy_tokenizer(writer, default_gguf(), chat_template)
@@ -82,6 +83,8 @@ def write(out: Path, hidden: int, layers: int, ff: int, heads: int, kv_heads: in
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(vocab)
     writer.add_rope_dimension_count(hidden // heads)
+    if window:
+        writer.add_sliding_window(window)
     head_dim = hidden // heads
 
     def add(name: str, shape: tuple[int, ...], ones: bool = False) -> None:

@@ -54,6 +54,17 @@ class EngineCollector(Collector):
         for kind in ("used", "reserved", "cached", "free"):
             positions.add_metric([*model, kind], getattr(kv, kind))
         yield positions
+        if snap.local_kv is not None:  # the local (sliding-window) layers' own pool
+            local = snap.local_kv
+            yield gauge("kv_cache_local_usage_perc", "Fraction of the local (sliding-window) "
+                        "layers' KV positions held by live requests (1 = full).", local.usage)
+            local_positions = GaugeMetricFamily(
+                "ferry:kv_cache_local_positions", "Local (sliding-window) layers' KV pool "
+                f"positions by use (they keep a window of {snap.sliding_window}).",
+                labels=[*labels, "kind"])
+            for kind in ("used", "reserved", "free"):
+                local_positions.add_metric([*model, kind], getattr(local, kind))
+            yield local_positions
         yield gauge("generation_tokens_per_second", "Output tokens per second, recent window.",
                     m.output_tokens_per_s)
         yield counter("generation_tokens", "Output tokens generated.", m.output_tokens_total)

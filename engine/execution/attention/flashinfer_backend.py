@@ -30,9 +30,10 @@ class FlashInferAttention(AttentionBackend):
     name = "flashinfer"
 
     def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int,
-                 scale: float, windows: Sequence[int | None] = ()) -> None:
-        super().__init__(pool, num_heads, num_kv_heads, head_dim, scale, windows)
-        if any(self.windows):
+                 scale: float, windows: Sequence[int | None] = (),
+                 local_pool: KVPool | None = None) -> None:
+        super().__init__(pool, num_heads, num_kv_heads, head_dim, scale, windows, local_pool)
+        if any(self.windows) or local_pool is not None:
             raise ValueError("the flashinfer backend does not run sliding-window layers yet; "
                              "use the torch backend")
         if pool.device.type != "cuda":

@@ -17,199 +17,181 @@ Padded pages repeat a sequence's first page, so they hold finite values, and are
 
 On CPU with Ferry's kernels loaded (engine.kernels), K/V are stored and the decode part is
 attended by C kernels that read the pages in place (no gather copy, one call per layer);
-the prefill part keeps SDPA.
+the prefill part keeps SDPA. With a local layers' pool, all of this is planned once per pool
+(`Plan`), over that pool's trimmed page tables, with the masks of that pool's layers.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from engine.execution.attention.base import AttentionBackend, AttentionInputs, NativeDecode
+from engine.execution.attention.torch_plan import (
+    DecodeGroup,
+    Plan,
+    PrefillGroup,
+    group_by_size,
+)
 from engine.execution.cpu import emulated_bf16
 from engine.execution.kv_pool import KVPool
 from engine.kernels import ops
-
-PAD_WASTE = 1.5  # a prefill group's padded attention work may be at most this x the real work
-
-
-@dataclass(slots=True)
-class _DecodeGroup:
-    n: int
-    length: int  # padded KV length
-    kv_idx: torch.Tensor
-    masks: dict[int | None, torch.Tensor]  # per window: [n * kv_heads, 1, length] additive
-    q_idx: torch.Tensor | None  # rows of the decode part; None = all, in order
-
-
-@dataclass(slots=True)
-class _PrefillGroup:
-    n: int
-    qmax: int
-    length: int  # padded KV length
-    kv_idx: torch.Tensor
-    masks: dict[int | None, torch.Tensor]  # per window: [n, 1, qmax, length] bool
-    q_idx: torch.Tensor | None  # rows of the prefill part, padded; None = take it as is
-    out_idx: torch.Tensor | None  # real rows of the padded output; None = all
-
-
-def group_by_size(qlens: list[int], kvlens: list[int]) -> list[list[int]]:
-    """Split sequences (indices) into groups whose padded work n * Qmax * Lmax stays within
-    PAD_WASTE x their real work sum(q * kv); biggest first, greedy."""
-    order = sorted(range(len(qlens)), key=lambda i: (-qlens[i] * kvlens[i], i))
-    groups: list[list[int]] = []
-    real = qmax = lmax = 0
-    for i in order:
-        q, kv = qlens[i], kvlens[i]
-        if groups:
-            n = len(groups[-1]) + 1
-            padded = n * max(qmax, q) * max(lmax, kv)
-            if padded <= PAD_WASTE * (real + q * kv):
-                groups[-1].append(i)
-                real, qmax, lmax = real + q * kv, max(qmax, q), max(lmax, kv)
-                continue
-        groups.append([i])
-        real, qmax, lmax = q * kv, q, kv
-    return [sorted(g) for g in groups]
 
 
 class TorchAttention(AttentionBackend):
     name = "torch"
 
     def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int,
-                 scale: float, windows: Sequence[int | None] = ()) -> None:
-        super().__init__(pool, num_heads, num_kv_heads, head_dim, scale, windows)
-        self.kinds: list[int | None] = [None, *sorted({w for w in self.windows if w})]
+                 scale: float, windows: Sequence[int | None] = (),
+                 local_pool: KVPool | None = None) -> None:
+        super().__init__(pool, num_heads, num_kv_heads, head_dim, scale, windows, local_pool)
+        # the masks each pool's layers need: per distinct window, and the full one
+        self.kinds: tuple[list[int | None], ...] = tuple(
+            [None, *sorted({w for i, w in enumerate(self.windows)
+                            if w and self.place(i)[2] == local})] for local in (False, True))
         # emulated bf16 batched matmuls fall back to one small addmm per matrix (far slower
         # than float32): attend in float32 over the gathered (already copied) K/V
         self.compute_dtype = (torch.float32 if emulated_bf16(pool.dtype, pool.device)
                               else pool.dtype)
         # Ferry's CPU kernels (engine.kernels) store K/V and attend single-token sequences
         # straight from the pages: no gather copy, one call per layer
-        self.native = ops.usable_pool(pool.data)
+        self.native = ops.usable_pool(pool.data) and (local_pool is None
+                                                      or ops.usable_pool(local_pool.data))
+        self.plans: tuple[Plan, ...] = ()
 
-    def _block_index(self, page_tables: list[list[int]],
+    def _block_index(self, pool: KVPool, page_tables: list[list[int]],
                      kv_lens: list[int]) -> tuple[torch.Tensor, int]:
         """Rows of the pool's block view holding each sequence's pages, ordered (K/V,
         sequence, head, page), padded with the first page -> (index, padded length)."""
-        ps, kvh = self.pool.page_size, self.num_kv_heads
+        ps, kvh = pool.page_size, self.num_kv_heads
         num = max(-(-kv // ps) for kv in kv_lens)
         table = torch.tensor([pt[:num] + [pt[0]] * (num - len(pt[:num])) for pt in page_tables],
                              dtype=torch.int64)
         c = torch.arange(2, dtype=torch.int64)[:, None, None, None]
         heads = torch.arange(kvh, dtype=torch.int64)[None, None, :, None]
         index = (table[None, :, None, :] * 2 + c) * kvh + heads  # [2, n, kv_heads, pages]
-        return index.flatten().to(self.pool.device), num * ps
+        return index.flatten().to(pool.device), num * ps
 
     def prepare(self, inputs: AttentionInputs) -> None:
-        dev, kvh = self.pool.device, self.num_kv_heads
         n_dec = inputs.num_single
         self.n_dec, self.n_pre = n_dec, len(inputs.query_lens) - n_dec
-        self.dec_groups: list[_DecodeGroup] = []
-        self.dec_perm: torch.Tensor | None = None
-        self.dec_pages: ops.DecodePages | None = None
+        pools = [self.pool] if self.local_pool is None else [self.pool, self.local_pool]
+        self.plans = tuple(self._plan(inputs, pool, i == 1) for i, pool in enumerate(pools))
+
+    def _plan(self, inputs: AttentionInputs, pool: KVPool, local: bool) -> Plan:
+        dev, kvh, n_dec = pool.device, self.num_kv_heads, self.n_dec
+        kv_lens, page_tables, slot_mapping = inputs.part(local)
+        plan = Plan(n_dec)
         if self.native:
             # the kernels trust their indices: check them once per round, not per layer
-            self.slots = inputs.slot_mapping
-            if self.slots.numel() and not (int(self.slots.min()) >= 0
-                                           and int(self.slots.max()) < self.pool.num_slots):
+            plan.slots = slot_mapping
+            if slot_mapping.numel() and not (int(slot_mapping.min()) >= 0
+                                             and int(slot_mapping.max()) < pool.num_slots):
                 raise ValueError("slot_mapping points outside the KV pool")
             if n_dec:
-                self.dec_pages = ops.DecodePages(inputs.page_tables[:n_dec],
-                                                 inputs.kv_lens[:n_dec], self.pool.page_size,
-                                                 self.pool.num_pages)
+                plan.dec_pages = ops.DecodePages(page_tables[:n_dec], kv_lens[:n_dec],
+                                                 pool.page_size, pool.num_pages)
         else:
-            self.where = self.pool.locate(inputs.slot_mapping)
+            plan.where = pool.locate(slot_mapping)
         if n_dec and not self.native:
-            kvlens = inputs.kv_lens[:n_dec]
+            kvlens = kv_lens[:n_dec]
             groups = group_by_size([1] * n_dec, kvlens)
             for g in groups:
                 kv = [kvlens[i] for i in g]
-                idx, length = self._block_index([inputs.page_tables[i] for i in g], kv)
+                idx, length = self._block_index(pool, [page_tables[i] for i in g], kv)
                 k = torch.arange(length)[None, :]
                 ends = torch.tensor(kv)[:, None]
                 masks = {}
-                for window in self.kinds:
+                for window in self.kinds[local]:
                     pad = (k >= ends) if window is None else (k >= ends) | (k < ends - window)
                     mask = torch.zeros(len(g), 1, length, dtype=self.compute_dtype)
                     mask.masked_fill_(pad[:, None, :], float("-inf"))
                     masks[window] = mask.repeat_interleave(kvh, dim=0).to(dev)  # [n*kvh, 1, L]
                 q_idx = None if len(groups) == 1 else torch.tensor(g).to(dev)
-                self.dec_groups.append(_DecodeGroup(len(g), length, idx, masks, q_idx))
+                plan.dec_groups.append(DecodeGroup(len(g), length, idx, masks, q_idx))
             order = [i for g in groups for i in g]
             if order != list(range(n_dec)):
-                self.dec_perm = torch.argsort(torch.tensor(order)).to(dev)
-        self.pre_groups: list[_PrefillGroup] = []
-        self.pre_perm: torch.Tensor | None = None
+                plan.dec_perm = torch.argsort(torch.tensor(order)).to(dev)
         if self.n_pre:
-            qlens, kvlens = inputs.query_lens[n_dec:], inputs.kv_lens[n_dec:]
-            tables = inputs.page_tables[n_dec:]
+            qlens, kvlens = inputs.query_lens[n_dec:], kv_lens[n_dec:]
+            tables = page_tables[n_dec:]
             firsts = [0]
             for q in qlens[:-1]:
                 firsts.append(firsts[-1] + q)
             groups = group_by_size(qlens, kvlens)
             rows: list[int] = []  # prefill-part rows in the order the groups output them
             for g in groups:
-                self.pre_groups.append(self._prefill_group(
-                    [qlens[i] for i in g], [kvlens[i] for i in g], [tables[i] for i in g],
-                    [firsts[i] for i in g], whole=len(groups) == 1 and len(g) == 1))
+                plan.pre_groups.append(self._prefill_group(
+                    pool, self.kinds[local], [qlens[i] for i in g], [kvlens[i] for i in g],
+                    [tables[i] for i in g], [firsts[i] for i in g],
+                    whole=len(groups) == 1 and len(g) == 1))
                 rows.extend(r for i in g for r in range(firsts[i], firsts[i] + qlens[i]))
             if rows != list(range(len(rows))):
-                self.pre_perm = torch.argsort(torch.tensor(rows)).to(dev)
+                plan.pre_perm = torch.argsort(torch.tensor(rows)).to(dev)
+        return plan
 
-    def _prefill_group(self, qlens: list[int], kvlens: list[int], tables: list[list[int]],
-                       firsts: list[int], whole: bool) -> _PrefillGroup:
-        dev = self.pool.device
+    def _prefill_group(self, pool: KVPool, kinds: list[int | None], qlens: list[int],
+                       kvlens: list[int], tables: list[list[int]], firsts: list[int],
+                       whole: bool) -> PrefillGroup:
+        dev = pool.device
         n, qmax = len(qlens), max(qlens)
-        kv_idx, length = self._block_index(tables, kvlens)
+        kv_idx, length = self._block_index(pool, tables, kvlens)
         ql = torch.tensor(qlens, dtype=torch.int64)
         i = torch.arange(qmax, dtype=torch.int64)[None, :]
         i_clamped = torch.minimum(i, ql[:, None] - 1)  # padded query rows copy the last
-        qpos = torch.tensor(kvlens)[:, None] - ql[:, None] + i_clamped  # absolute positions
+        qpos = torch.tensor(kvlens)[:, None] - ql[:, None] + i_clamped  # positions in the view
         k = torch.arange(length)[None, None, :]
         causal = k <= qpos[:, :, None]
         masks = {w: (causal if w is None else causal & (k > qpos[:, :, None] - w))
-                 .unsqueeze(1).to(dev) for w in self.kinds}
+                 .unsqueeze(1).to(dev) for w in kinds}
         if whole:  # the only prefill sequence: no padding, use views
-            return _PrefillGroup(n, qmax, length, kv_idx, masks, None, None)
+            return PrefillGroup(n, qmax, length, kv_idx, masks, None, None)
         q_idx = (torch.tensor(firsts)[:, None] + i_clamped).flatten().to(dev)
         out_idx = (torch.arange(n)[:, None] * qmax + i)[i < ql[:, None]].to(dev)
-        return _PrefillGroup(n, qmax, length, kv_idx, masks, q_idx, out_idx)
+        return PrefillGroup(n, qmax, length, kv_idx, masks, q_idx, out_idx)
 
     def native_decode(self) -> NativeDecode | None:
-        if self.dec_pages is None or self.n_pre:
+        if not self.plans or self.plans[0].dec_pages is None or self.n_pre:
             return None
-        return NativeDecode(self.slots, self.dec_pages)
+        glob = self.plans[0]
+        assert glob.slots is not None and glob.dec_pages is not None
+        if len(self.plans) == 1:
+            return NativeDecode(glob.slots, glob.dec_pages)
+        loc = self.plans[1]
+        return NativeDecode(glob.slots, glob.dec_pages, loc.slots, loc.dec_pages)
 
     def forward(self, q: torch.Tensor, kv: torch.Tensor, layer: int) -> torch.Tensor:
+        pool, index, local = self.place(layer)
+        plan = self.plans[local]
+        window = self.window(layer)
         parts = []
-        if self.native:
-            ops.store_kv(kv, self.slots, self.pool.paged(layer))
+        if plan.slots is not None:
+            ops.store_kv(kv, plan.slots, pool.paged(index))
         else:
-            self.pool.write(layer, self.where, kv)
-        blocks = self.pool.blocks(layer)
-        if self.dec_pages is not None:
-            parts.append(ops.decode_attention(q[:self.n_dec], self.pool.paged(layer),
-                                              self.dec_pages, self.scale, self.window(layer)))
+            assert plan.where is not None
+            pool.write(index, plan.where, kv)
+        blocks = pool.blocks(index)
+        if plan.dec_pages is not None:
+            parts.append(ops.decode_attention(q[:self.n_dec], pool.paged(index),
+                                              plan.dec_pages, self.scale, window))
         elif self.n_dec:
             qdec = q[:self.n_dec]
-            outs = [self._decode(qdec, blocks, g, self.window(layer)) for g in self.dec_groups]
+            outs = [self._decode(qdec, blocks, g, window) for g in plan.dec_groups]
             out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
-            if self.dec_perm is not None:
-                out = out.index_select(0, self.dec_perm)
+            if plan.dec_perm is not None:
+                out = out.index_select(0, plan.dec_perm)
             parts.append(out)
         if self.n_pre:
             qpre = q[self.n_dec:]
-            outs = [self._prefill(qpre, blocks, g, self.window(layer)) for g in self.pre_groups]
+            outs = [self._prefill(qpre, blocks, g, window) for g in plan.pre_groups]
             out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
-            if self.pre_perm is not None:
-                out = out.index_select(0, self.pre_perm)
+            if plan.pre_perm is not None:
+                out = out.index_select(0, plan.pre_perm)
             parts.append(out)
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
-    def _decode(self, qdec: torch.Tensor, blocks: torch.Tensor, g: _DecodeGroup,
+    def _decode(self, qdec: torch.Tensor, blocks: torch.Tensor, g: DecodeGroup,
                 window: int | None) -> torch.Tensor:
         d, kvh, h = self.head_dim, self.num_kv_heads, self.num_heads
         qd = qdec if g.q_idx is None else qdec.index_select(0, g.q_idx)
@@ -220,7 +202,7 @@ class TorchAttention(AttentionBackend):
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vd.dtype)
         return torch.bmm(probs, vd).view(g.n, h * d).to(qdec.dtype)
 
-    def _prefill(self, qpre: torch.Tensor, blocks: torch.Tensor, g: _PrefillGroup,
+    def _prefill(self, qpre: torch.Tensor, blocks: torch.Tensor, g: PrefillGroup,
                  window: int | None) -> torch.Tensor:
         d, kvh, h = self.head_dim, self.num_kv_heads, self.num_heads
         qp = qpre if g.q_idx is None else qpre.index_select(0, g.q_idx)

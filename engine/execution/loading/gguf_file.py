@@ -144,8 +144,9 @@ class GGUFFile:
         self.architecture: type[CausalLM] = arch
         by_name = {t.name: t for t in self.reader.tensors}
         shapes = {n: tuple(int(d) for d in reversed(t.shape.tolist())) for n, t in by_name.items()}
-        self.config: ModelConfig = arch.config_from_gguf(
-            GGUFMeta(str(self.path), self.arch, self.meta, shapes))
+        self.config: ModelConfig = arch.config_from_gguf(GGUFMeta(
+            str(self.path), self.arch, self.meta, shapes,
+            lambda name: np.array(by_name[name].data, dtype=np.float32).ravel().tolist()))
         self.tensors: dict[str, GGUFTensor] = {}
         self.rope_factors: torch.Tensor | None = None
         self._map_tensors(by_name)
@@ -165,6 +166,8 @@ class GGUFFile:
         for name, t in by_name.items():
             if name == "rope_freqs.weight":
                 self.rope_factors = torch.from_numpy(np.array(t.data, dtype=np.float32))
+                continue
+            if name in self.architecture.gguf_config_tensors:  # read into the config
                 continue
             per_expert = names.expert_key(name)
             if per_expert is not None:

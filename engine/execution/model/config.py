@@ -6,7 +6,7 @@ the shared layers read only these.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,13 +154,21 @@ def check_act(cfg: Mapping[str, Any], key: str, allowed: Mapping[str, str]) -> s
 class GGUFMeta:
     """A GGUF file's metadata for an architecture's `config_from_gguf`: `get` reads
     `<arch>.<key>` (a missing key without default, or a per-layer array, is an error naming
-    the file), `tensors` the file's tensor names -> shapes (torch order)."""
+    the file), `tensors` the file's tensor names -> shapes (torch order), `floats` a small
+    float tensor's values (e.g. Phi-3's LongRoPE factors)."""
 
     _MISSING: Any = object()
 
     def __init__(self, where: str, arch: str, values: Mapping[str, Any],
-                 tensors: Mapping[str, tuple[int, ...]]) -> None:
+                 tensors: Mapping[str, tuple[int, ...]],
+                 read: Callable[[str], list[float]] | None = None) -> None:
         self.where, self.arch, self.values, self.tensors = where, arch, values, tensors
+        self._read = read
+
+    def floats(self, name: str) -> list[float]:
+        if self._read is None or name not in self.tensors:
+            raise self.error(f"tensor {name} is missing")
+        return self._read(name)
 
     def get(self, key: str, default: Any = _MISSING) -> Any:
         from engine.execution.errors import ModelFileError

@@ -98,6 +98,8 @@ class CausalLM(nn.Module):
     gguf_permute_qk: ClassVar[bool] = False  # llama.cpp permutes attn_q / attn_k rows
     # 3-D per-layer GGUF tensors of all experts -> per-expert HF module name ("{e}")
     gguf_expert_names: ClassVar[Mapping[str, str]] = {}
+    # GGUF tensors that config_from_gguf reads (GGUFMeta.floats), not weights
+    gguf_config_tensors: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:

@@ -35,7 +35,6 @@ from engine.execution.model.config import ModelConfig
 from engine.kernels import layer_ops, ops, quant
 
 if TYPE_CHECKING:
-    from engine.execution.kv_pool import KVPool
     from engine.execution.model.decoder import DecoderLayer
     from engine.execution.model.layers import Linear
 
@@ -114,7 +113,8 @@ class FusedDecode:
         if dtype == torch.float32:
             self.max_rows = min(self.max_rows, quant.many_rows() - 1)
         self._keep = keep  # keeps every tensor the pointers in `layers` point into alive
-        self._pool: KVPool | None = None
+        self._bound: AttentionBackend | None = None
+        self._local: list[bool] = []  # per layer: its K/V live in the local layers' pool
 
     @staticmethod
     def build(cfg: ModelConfig, specs: list[DecodeLayerSpec] | None, dtype: torch.dtype,
@@ -129,18 +129,24 @@ class FusedDecode:
             return None
         return FusedDecode(cfg, layers, dtype, keep)  # type: ignore[arg-type]
 
-    def _bind(self, pool: KVPool) -> bool:
-        """Point the layers at this pool (once per pool); False if this variant cannot use it."""
-        if pool is self._pool:
+    def _bind(self, attn: AttentionBackend) -> bool:
+        """Point the layers at this backend's pools (once per backend); False if this variant
+        cannot use them. A local (sliding-window) layer reads the local layers' pool."""
+        if attn is self._bound:
             return True
-        if pool.dtype not in ops.POOL_DT or (self.dtype == torch.bfloat16
-                                             and pool.dtype != torch.bfloat16):
-            return False
+        pools = [attn.pool] if attn.local_pool is None else [attn.pool, attn.local_pool]
+        for pool in pools:
+            if pool.dtype not in ops.POOL_DT or (self.dtype == torch.bfloat16
+                                                 and pool.dtype != torch.bfloat16):
+                return False
+        self._local = []
         for i, weights in enumerate(self.layers):
-            weights.pages = pool.paged(i).data_ptr()
-        self.dims.page_size = pool.page_size
-        self.dims.pool_dt = ops.POOL_DT[pool.dtype]
-        self._pool = pool
+            pool, index, local = attn.place(i)
+            weights.pages = pool.paged(index).data_ptr()
+            self._local.append(local)
+        self.dims.page_size = attn.pool.page_size
+        self.dims.pool_dt = ops.POOL_DT[attn.pool.dtype]
+        self._bound = attn
         return True
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -151,13 +157,14 @@ class FusedDecode:
         if not 0 < rows <= self.max_rows or x.dtype != self.dtype:
             return None
         decode = attn.native_decode()
-        if decode is None or not self._bind(attn.pool):
+        if decode is None or not self._bind(attn):
             return None
         x = x.contiguous()
         residual = torch.empty_like(x)
         scratch = layer_ops.layer_scratch(self.dims, rows, self.dtype)
         cos, sin = cos.contiguous(), sin.contiguous()
         for i, weights in enumerate(self.layers):
+            slots, pages = decode.at(self._local[i])
             layer_ops.decode_layer(weights, self.dims, x, residual, i == 0, cos, sin,
-                                   decode.slots, decode.pages, scratch)
+                                   slots, pages, scratch)
         return x, residual

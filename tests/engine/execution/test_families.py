@@ -17,6 +17,7 @@ biases; Qwen3's q/k norms. Widths hold whole K-quant blocks (256 values).
 from __future__ import annotations
 
 import copy
+import math
 import random
 from pathlib import Path
 
@@ -175,6 +176,46 @@ def test_phi3_longrope_safetensors_match_transformers(make_harness, tmp_path: Pa
     rotary = h.executor.model.model.rotary[0]
     assert rotary.switch == 64 and rotary.attention_factor > 1.1
     _compare(h, hf, _run(h))
+
+
+@pytest.mark.parametrize("qtype", [T.F32, T.Q8_0])
+def test_phi3_longrope_gguf_matches_transformers(make_harness, tmp_path: Path,
+                                                 qtype: T) -> None:
+    """LongRoPE from a GGUF: the factors from rope_factors_long / rope_factors_short and the
+    scale from rope.scaling.attn_factor, as llama.cpp's converter writes them (names from
+    gguf-py), equal to the config's; logits equal HF's on the weights the file holds."""
+    hf = random_hf(_config("phi3-longrope"))
+    path = tmp_path / f"phi3-longrope-{qtype.name}.gguf"
+    ref = copy.deepcopy(hf)
+    ref.load_state_dict(write_gguf(path, hf, qtype), strict=False)
+    h = make_harness(path)
+    rope = h.executor.model.config.layers[0].rope
+    params = hf.config.rope_parameters
+    assert rope.kind == "longrope" and rope.params["original_max_position_embeddings"] == 64
+    assert rope.params["long_factor"] == pytest.approx(params["long_factor"])
+    assert rope.params["short_factor"] == pytest.approx(params["short_factor"])
+    rotary = h.executor.model.model.rotary[0]
+    assert rotary.switch == 64 and rotary.attention_factor == pytest.approx(
+        (1 + math.log(256 / 64) / math.log(64)) ** 0.5, rel=1e-6)
+    base = 1.0 / (10000.0 ** (torch.arange(0, 64, 2).float() / 64))
+    torch.testing.assert_close(rotary.long_inv_freq,
+                               base / torch.tensor(params["long_factor"]))
+    _compare(h, ref, _run(h))
+
+
+def test_phi3_longrope_gguf_with_wrong_factors_is_refused(tmp_path: Path) -> None:
+    import gguf
+
+    from engine.execution.errors import ModelFileError
+    from engine.execution.loading.gguf_file import GGUFFile
+
+    hf = random_hf(_config("phi3-longrope"))
+    hf.config.rope_parameters["long_factor"] = [1.0] * 8  # not one per frequency
+    path = tmp_path / "bad.gguf"
+    write_gguf(path, hf, T.F32)
+    with pytest.raises(ModelFileError, match=r"rope_factors_long\.weight holds 8 factors"):
+        GGUFFile(path)
+    assert gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FACTORS_LONG] == "rope_factors_long"
 
 
 @pytest.mark.usefixtures("native_kernels")

@@ -36,7 +36,7 @@ def test_attention_inputs_validation() -> None:
 
 
 def test_prefill_groups_limit_padding() -> None:
-    from engine.execution.attention.torch_backend import group_by_size
+    from engine.execution.attention.torch_plan import group_by_size
 
     assert group_by_size([400, 30, 30, 30, 22], [400, 30, 30, 30, 22]) == [[0], [1, 2, 3, 4]]
     assert group_by_size([112, 112, 64], [112, 112, 64]) == [[0, 1, 2]]

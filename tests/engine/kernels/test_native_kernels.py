@@ -157,8 +157,11 @@ def _attention_case(dtype: torch.dtype, kv_lens: list[int], heads: int, kv_heads
     rng.shuffle(free)
     tables = [[free.pop() for _ in range(-(-n // ps) + rng.randrange(2))] for n in kv_lens]
     slots = torch.tensor([t[(n - 1) // ps] * ps + (n - 1) % ps for t, n in zip(tables, kv_lens)])
-    q = torch.randn(len(kv_lens), heads, d).to(dtype)
-    kv = torch.randn(len(kv_lens), 2, kv_heads, d).to(dtype)
+    # seeded: drawn from the global generator, the inputs (and whether bf16 stays within
+    # the tolerance; about 1 draw in 400 did not) depended on the tests run before
+    gen = torch.Generator().manual_seed(seed + 1)
+    q = torch.randn(len(kv_lens), heads, d, generator=gen).to(dtype)
+    kv = torch.randn(len(kv_lens), 2, kv_heads, d, generator=gen).to(dtype)
     outs = []
     for use_native in (True, False):
         attn = TorchAttention(pool, heads, kv_heads, d, d ** -0.5)

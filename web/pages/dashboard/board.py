@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine import Engine, EngineSnapshot, RequestView, RoundView
+from engine import Engine, EngineSnapshot, KVView, RequestView, RoundView
 from web.access.identity import User
 from web.pages.dashboard.charts import sparkline
 from web.tracker import RequestTracker
@@ -90,12 +90,24 @@ def charts(snap: EngineSnapshot) -> list[Any]:
     ]
 
 
-def kv_segments(snap: EngineSnapshot) -> list[dict[str, Any]]:
-    kv = snap.kv
+def kv_segments(kv: KVView, cached: bool = True) -> list[dict[str, Any]]:
     total = max(1, kv.total)
-    return [{"name": name, "value": value, "pct": 100 * value / total}
-            for name, value in (("used", kv.used), ("reserved", kv.reserved),
-                                ("cached", kv.cached), ("free", kv.free))]
+    parts = [("used", kv.used), ("reserved", kv.reserved)] + \
+        ([("cached", kv.cached)] if cached else []) + [("free", kv.free)]
+    return [{"name": name, "value": value, "pct": 100 * value / total} for name, value in parts]
+
+
+def kv_bars(snap: EngineSnapshot) -> list[dict[str, Any]]:
+    """The KV bar; for a model with local (sliding-window) layers, a second one for their
+    pool, which keeps the window only (and caches nothing)."""
+    bars: list[dict[str, Any]] = [{"id": "kvbar", "label": "KV cache usage", "caption": "",
+                                   "total": snap.kv.total, "segments": kv_segments(snap.kv)}]
+    if snap.local_kv is not None:
+        bars.append({"id": "kvbar-local", "label": "Local layers' KV usage",
+                     "caption": f"Local layers (window {snap.sliding_window:,})",
+                     "total": snap.local_kv.total,
+                     "segments": kv_segments(snap.local_kv, cached=False)})
+    return bars
 
 
 def board_context(snap: EngineSnapshot, engine: Engine, user: User,
@@ -109,7 +121,7 @@ def board_context(snap: EngineSnapshot, engine: Engine, user: User,
     cfg = engine.config
     return {
         "snap": snap, "running": running, "waiting": waiting, "slots": slots,
-        "kv": kv_segments(snap), "timeline": timeline(snap.rounds), "charts": charts(snap),
+        "kv_bars": kv_bars(snap), "timeline": timeline(snap.rounds), "charts": charts(snap),
         "gateway": engine.gateway_view() if hasattr(engine, "gateway_view") else None,
         "metrics": snap.metrics, "alive": engine.alive, "user": user, "reason_tags": REASON_TAGS,
         "settings": [("Policy", snap.policy), ("Admission", snap.admission),
