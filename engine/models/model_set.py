@@ -1,0 +1,343 @@
+"""Several models in one process: an Engine per loaded model, loading on demand on a thread of
+its own, a memory budget (LRU idle model unloaded first) and keep_alive (design: see
+docs/layout.md, engine.models).
+
+Callers use it like one Engine (submit, cancel, snapshot, handle) plus the model's name. A
+request for a model not loaded is accepted at once: it waits, with the reason `loading`
+(or `memory` while the budget is held by busy models), and is handed to the model's engine
+when the load is done. A monitor thread ("ferry-models") starts loads and unloads; engines
+share the CPU through FairTurns.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from engine.config import EngineConfig
+from engine.models.budget import Budget, Resident
+from engine.models.entry import ModelEntry, ModelEvent, ModelInfo
+from engine.models.keep_alive import DEFAULT_KEEP_ALIVE
+from engine.models.memory import release_memory
+from engine.models.pending import Pending, empty_snapshot, merge
+from engine.models.source import LoadedModel, ModelSource
+from engine.models.turns import FairTurns
+from engine.models.views import ModelView, SetViews
+from engine.runtime.engine import Engine, QueueFull
+from engine.runtime.handle import RequestHandle
+from engine.runtime.reasoning import Reasoning
+from engine.runtime.snapshot import EngineSnapshot
+from engine.scheduling.request import RequestError, SamplingParams, new_request_id
+
+if TYPE_CHECKING:
+    from engine.execution.tokenizer import Tokenizer
+    from engine.structured.compiler import GrammarCompiler
+
+log = logging.getLogger(__name__)
+KEEP = object()  # submit's keep_alive when the request names none
+
+
+class UnknownModel(LookupError):
+    def __init__(self, name: str, known: Sequence[str]) -> None:
+        super().__init__(f"the model {name!r} is not served here; known: {', '.join(known)}")
+        self.name, self.known = name, tuple(known)
+
+
+class ModelSet(SetViews):
+    def __init__(self, sources: Sequence[ModelSource], config: EngineConfig, budget: Budget,
+                 keep_alive: float | None = DEFAULT_KEEP_ALIVE,
+                 preloaded: Mapping[str, tuple[LoadedModel, Tokenizer]] | None = None,
+                 clock: Callable[[], float] = time.monotonic, poll: float = 0.2) -> None:
+        if not sources:
+            raise ValueError("a model set needs at least one model")
+        self.config = config  # the default model's (policy and limits for all)
+        self.budget = budget
+        self.clock = clock
+        self.turns = FairTurns()
+        self._poll = poll
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._grammar_lock = threading.Lock()
+        self._compilers: dict[str, GrammarCompiler] = {}
+        self.events: collections.deque[ModelEvent] = collections.deque(maxlen=40)
+        # the default model (first) stays loaded unless a request's keep_alive says otherwise
+        self._entries = {s.name: ModelEntry(s, None if i == 0 else keep_alive)
+                         for i, s in enumerate(sources)}
+        for name, (loaded, tokenizer) in (preloaded or {}).items():
+            entry = self._entries[name]
+            entry.tokenizer = tokenizer
+            self._install(entry, loaded)
+
+    @property
+    def default(self) -> str:
+        return next(iter(self._entries))
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def resolve(self, model: str | None) -> str:
+        """The served model's name for a request's `model` (missing or empty: the default);
+        raises UnknownModel."""
+        if not model:
+            return self.default
+        if model not in self._entries:
+            raise UnknownModel(model, self.names)
+        return model
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> ModelSet:
+        for entry in self._entries.values():
+            if entry.engine is not None and not entry.engine.alive:
+                entry.engine.start()
+        self._thread = threading.Thread(target=self._run, name="ferry-models", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            self._stopping = True
+            pending = [p for e in self._entries.values() for p in e.pending]
+            for e in self._entries.values():
+                e.pending = []
+            engines = [e.engine for e in self._entries.values() if e.engine is not None]
+        for p in pending:
+            p.end(self.clock(), "cancelled", "the server is shutting down")
+        for engine in engines:
+            engine.stop(timeout)
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- requests ----------------------------------------------------------------------------
+    def tokenizer(self, model: str | None = None) -> Tokenizer:
+        """The model's tokenizer, opened on first use and kept (loaded or not)."""
+        entry = self._entries[self.resolve(model)]
+        with entry.tokenizer_lock:
+            if entry.tokenizer is None:
+                entry.tokenizer = entry.source.open_tokenizer()
+            return entry.tokenizer
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, owner: str = "local",
+               request_id: str | None = None, owner_limit: int | None = None,
+               reasoning: Reasoning | None = None, model: str | None = None,
+               keep_alive: object = KEEP) -> RequestHandle:
+        """Queue a request for `model` (None: the default); `keep_alive`: seconds the model
+        stays loaded once idle (None: always), from this request on."""
+        if not self.alive:
+            raise RuntimeError("the model set is not running")
+        entry = self._entries[self.resolve(model)]
+        tokenizer = self.tokenizer(entry.name)
+        with self._lock:
+            if keep_alive is not KEEP:
+                entry.keep_alive = keep_alive  # type: ignore[assignment]
+            entry.last_used = self.clock()
+            if entry.state == "loaded" and entry.engine is not None:
+                return entry.engine.submit(prompt_ids, params, owner, request_id, owner_limit,
+                                           reasoning)
+            if len(entry.pending) >= self.config.max_waiting:
+                raise QueueFull(f"{len(entry.pending)} requests already wait for "
+                                f"{entry.name} to load")
+            handle = RequestHandle(request_id or new_request_id(), owner, list(prompt_ids),
+                                   tokenizer, params.stop, self.cancel, reasoning)
+            entry.pending.append(Pending(handle, list(prompt_ids), params, owner, owner_limit,
+                                         reasoning, self.clock()))
+        self._wake.set()
+        return handle
+
+    def cancel(self, request_id: str, reason: str = "cancelled") -> bool:
+        with self._lock:
+            for entry in self._entries.values():
+                for p in entry.pending:
+                    if p.handle.id == request_id:
+                        entry.pending.remove(p)
+                        break
+                else:
+                    if entry.engine is not None and entry.engine.cancel(request_id, reason):
+                        return True
+                    continue
+                break
+            else:
+                return False
+        p.end(self.clock(), "stop" if reason == "stop" else "cancelled", None)
+        return True
+
+    def handle(self, request_id: str) -> RequestHandle | None:
+        with self._lock:
+            for entry in self._entries.values():
+                for p in entry.pending:
+                    if p.handle.id == request_id:
+                        return p.handle
+                found = entry.engine.handle(request_id) if entry.engine else None
+                if found is not None:
+                    return found
+        return None
+
+    def snapshot(self) -> EngineSnapshot:
+        now = self.clock()
+        with self._lock:
+            engines = [(e.name, e.engine) for e in self._entries.values() if e.engine]
+            pending = [v for e in self._entries.values() for v in self._pending_views(e, now)]
+        snaps = [(name, engine.snapshot()) for name, engine in engines]
+        base = next((s for n, s in snaps if n == self.default), None) or \
+            (snaps[0][1] if snaps else empty_snapshot(self.config, now))
+        return merge(base, snaps, pending, now)
+
+    def serving(self, model: str | None, keep_alive: object = KEEP) -> ModelView:
+        """`model` (None: the default) shaped like one Engine, for one request's handling."""
+        return ModelView(self, self.resolve(model), keep_alive)
+
+    def grammars(self, model: str) -> GrammarCompiler:
+        """A grammar compiler from the model's tokenizer (checks before it is loaded)."""
+        from engine.structured.compiler import GrammarCompiler
+
+        with self._grammar_lock:
+            if model not in self._compilers:
+                try:
+                    self._compilers[model] = GrammarCompiler(self.tokenizer(model).hf, None)
+                except (ValueError, TypeError, RuntimeError) as exc:
+                    raise RequestError("constrained output is unavailable with this model's "
+                                       f"tokenizer: {exc}") from exc
+            return self._compilers[model]
+
+    # -- admin -------------------------------------------------------------------------------
+    def load(self, model: str) -> None:
+        """Load `model` now (unloading idle ones if the budget needs room)."""
+        with self._lock:
+            self._entries[self.resolve(model)].wanted = True
+        self._wake.set()
+
+    def unload(self, model: str) -> bool:
+        """Unload `model` now; False when it has requests (or is loading) or is not loaded."""
+        with self._lock:
+            entry = self._entries[self.resolve(model)]
+            if entry.state != "loaded" or entry.busy:
+                return False
+            entry.state = "unloading"
+        self._unload(entry, "unloaded by an admin")
+        return True
+
+    def models(self) -> list[ModelInfo]:
+        with self._lock:
+            return [ModelInfo(e.name, e.name == self.default, e.state, e.size or e.source.size,
+                              e.runs, e.keep_alive, e.live, e.source.details, e.error,
+                              e.memory_wait) for e in self._entries.values()]
+
+    # -- the monitor thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wake.wait(self._poll)
+            self._wake.clear()
+            if not self._stopping:
+                try:
+                    self._tick()
+                except Exception:  # never let the monitor die: loads would stop
+                    log.exception("model set tick failed")
+
+    def _tick(self) -> None:
+        now = self.clock()
+        unload: list[tuple[ModelEntry, str]] = []
+        load: list[ModelEntry] = []
+        with self._lock:
+            for e in self._entries.values():
+                if e.state != "loaded":
+                    continue
+                if e.busy:
+                    e.last_used = now
+                elif e.keep_alive is not None and now - e.last_used >= e.keep_alive:
+                    e.state = "unloading"
+                    unload.append((e, f"idle for {e.keep_alive:g} s (keep_alive)"))
+            waiting = sorted((e for e in self._entries.values()
+                              if e.state == "unloaded" and (e.pending or e.wanted)),
+                             key=lambda e: e.pending[0].arrival if e.pending else now)
+            for e in waiting:
+                resident = [Resident(r.name, r.size, r.busy or r in load, r.last_used)
+                            for r in self._entries.values() if r.state in ("loaded", "loading")]
+                victims = self.budget.make_room(resident, e.source.size)
+                if victims is None:
+                    busy = ", ".join(r.name for r in resident if r.busy)
+                    e.memory_wait = f"memory: {len(resident)} models loaded, " \
+                        f"busy: {busy or 'none'}"
+                    continue
+                for name in victims:
+                    self._entries[name].state = "unloading"
+                    unload.append((self._entries[name], f"making room for {e.name} (least "
+                                   "recently used)"))
+                e.state, e.loading_since, e.memory_wait = "loading", now, None
+                load.append(e)
+        for entry, why in unload:
+            self._unload(entry, why)
+        for entry in load:
+            self._event(entry.name, "loading", f"loading {entry.name}")
+            threading.Thread(target=self._load, args=(entry,), daemon=True,
+                             name=f"ferry-load-{entry.name}").start()
+
+    def _load(self, entry: ModelEntry) -> None:
+        started = self.clock()
+        try:
+            tokenizer = self.tokenizer(entry.name)
+            loaded = entry.source.load()
+        except Exception as exc:  # a bad file: its requests fail, the others go on
+            log.exception("loading %s failed", entry.name)
+            with self._lock:
+                entry.state, entry.wanted = "unloaded", False
+                entry.error = f"{type(exc).__name__}: {exc}"
+                pending, entry.pending = entry.pending, []
+            for p in pending:
+                p.end(self.clock(), "error", f"loading {entry.name} failed: {entry.error}")
+            self._event(entry.name, "failed", f"loading {entry.name} failed: {entry.error}")
+            return
+        with self._lock:
+            if self._stopping:
+                return
+            entry.tokenizer = tokenizer
+            self._install(entry, loaded)
+            assert entry.engine is not None
+            entry.engine.start()
+            pending, entry.pending = entry.pending, []
+            for p in pending:
+                try:
+                    entry.engine.submit(p.prompt_ids, p.params, p.owner, p.handle.id,
+                                        p.owner_limit, p.reasoning, handle=p.handle)
+                except (RequestError, QueueFull) as exc:
+                    p.end(self.clock(), "error", str(exc))
+        self._event(entry.name, "loaded",
+                    f"loaded {entry.name} in {self.clock() - started:.1f} s")
+
+    def _install(self, entry: ModelEntry, loaded: LoadedModel) -> None:
+        # the policy and admission order are the set's (an admin may have changed them)
+        config = dataclasses.replace(loaded.config, policy=self.config.policy,
+                                     admission=self.config.admission)
+        entry.engine = Engine(config, loaded.executor, entry.tokenizer, turns=self.turns)
+        entry.state, entry.error, entry.wanted = "loaded", None, False
+        entry.size = loaded.size or entry.source.size
+        entry.runs = loaded.runs
+        entry.last_used = self.clock()
+
+    def _unload(self, entry: ModelEntry, why: str) -> None:
+        engine = entry.engine
+        if engine is not None:
+            engine.stop()
+        with self._lock:
+            entry.engine = None
+        del engine
+        release_memory()  # the weights and KV pool go back to the system
+        self._event(entry.name, "unloaded", f"unloaded {entry.name}: {why}")
+        with self._lock:  # after the event: whoever sees "unloaded" finds the event too
+            entry.state, entry.size = "unloaded", 0
+        self._wake.set()
+
+    def _event(self, model: str, kind: str, text: str) -> None:
+        log.info("%s", text)
+        self.events.append(ModelEvent(time.time(), model, kind, text))  # type: ignore[arg-type]
