@@ -50,10 +50,11 @@ if TYPE_CHECKING:
     from engine.execution.cpu import cpu_has_native_bf16
     from engine.execution.executor import ModelExecutor
     from engine.execution.loader import ModelNotFound
+    from engine.execution.loader import resolve_model as resolve_model_files
     from engine.execution.model.describe import describe_file as describe_model_file
     from engine.execution.model.describe import model_architecture
     from engine.execution.model.linear_kernels import onednn_works
-    from engine.execution.tokenizer import Tokenizer
+    from engine.execution.tokenizer import Tokenizer, gguf_tokenizer_dir
     from engine.kernels.native import set_build_dir as set_kernel_build_dir
     from engine.kernels.native import status as kernel_status
 
@@ -62,6 +63,8 @@ _LAZY: dict[str, str] = {
     "ModelExecutor": "engine.execution.executor:ModelExecutor",
     "ModelNotFound": "engine.execution.loader:ModelNotFound",
     "Tokenizer": "engine.execution.tokenizer:Tokenizer",
+    "gguf_tokenizer_dir": "engine.execution.tokenizer:gguf_tokenizer_dir",
+    "resolve_model_files": "engine.execution.loader:resolve_model",
     "cpu_has_native_bf16": "engine.execution.cpu:cpu_has_native_bf16",
     "describe_chat_template": "engine.execution.chat_template:describe_chat_template",
     "describe_model_file": "engine.execution.model.describe:describe_file",
@@ -133,10 +136,12 @@ __all__ = [
     "describe_chat_template",
     "describe_cpu_level",
     "describe_model_file",
+    "gguf_tokenizer_dir",
     "kernel_status",
     "model_architecture",
     "onednn_works",
     "parse_keep_alive",
+    "resolve_model_files",
     "rss_bytes",
     "set_kernel_build_dir",
     "structured",

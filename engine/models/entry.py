@@ -20,6 +20,7 @@ ModelState = Literal["unloaded", "loading", "loaded", "unloading"]
 class ModelEntry:
     source: ModelSource
     keep_alive: float | None  # seconds idle before unloading; None = stays
+    configured_keep_alive: float | None  # what a request that names none gets (Ollama's rule)
     state: ModelState = "unloaded"
     engine: Engine | None = None
     tokenizer: Tokenizer | None = None

@@ -67,8 +67,10 @@ class ModelSet(SetViews):
         self._compilers: dict[str, GrammarCompiler] = {}
         self.events: collections.deque[ModelEvent] = collections.deque(maxlen=40)
         # the default model (first) stays loaded unless a request's keep_alive says otherwise
-        self._entries = {s.name: ModelEntry(s, None if i == 0 else keep_alive)
-                         for i, s in enumerate(sources)}
+        self._entries = {s.name: ModelEntry(s, keep_alive=None, configured_keep_alive=None)
+                         for s in sources}
+        for entry in list(self._entries.values())[1:]:
+            entry.keep_alive = entry.configured_keep_alive = keep_alive
         for name, (loaded, tokenizer) in (preloaded or {}).items():
             entry = self._entries[name]
             entry.tokenizer = tokenizer
@@ -134,14 +136,15 @@ class ModelSet(SetViews):
                reasoning: Reasoning | None = None, model: str | None = None,
                keep_alive: object = KEEP) -> RequestHandle:
         """Queue a request for `model` (None: the default); `keep_alive`: seconds the model
-        stays loaded once idle (None: always), from this request on."""
+        stays loaded once idle after it (None: always); a request naming none restores the
+        configured keep_alive (as Ollama does)."""
         if not self.alive:
             raise RuntimeError("the model set is not running")
         entry = self._entries[self.resolve(model)]
         tokenizer = self.tokenizer(entry.name)
         with self._lock:
-            if keep_alive is not KEEP:
-                entry.keep_alive = keep_alive  # type: ignore[assignment]
+            entry.keep_alive = entry.configured_keep_alive if keep_alive is KEEP \
+                else keep_alive  # type: ignore[assignment]
             entry.last_used = self.clock()
             if entry.state == "loaded" and entry.engine is not None:
                 return entry.engine.submit(prompt_ids, params, owner, request_id, owner_limit,

@@ -8,9 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine import Engine, EngineSnapshot, RequestView, RoundView
+from engine import EngineSnapshot, RequestView, RoundView
 from web.access.identity import User
 from web.pages.charts import sparkline
+from web.serving import Serving
 from web.tracker import RequestTracker
 
 # the dashboard's short tag before a wait reason's text (the text reads on its own in the chat)
@@ -98,7 +99,7 @@ def kv_segments(snap: EngineSnapshot) -> list[dict[str, Any]]:
                                 ("cached", kv.cached), ("free", kv.free))]
 
 
-def board_context(snap: EngineSnapshot, engine: Engine, user: User,
+def board_context(snap: EngineSnapshot, engine: Serving, user: User,
                   tracker: RequestTracker) -> dict[str, Any]:
     running = [_row(v, user, tracker) for v in snap.running]
     # the queue is what is not admitted yet; a chunked prompt holds a slot and shows in

@@ -28,7 +28,7 @@ from web.sse import event_stream, html_event
 def owner_of(s: Services, request_id: str) -> str | None:
     handle = s.engine.handle(request_id)
     if handle is not None:
-        return handle.owner
+        return str(handle.owner)
     view = s.engine.snapshot().find(request_id)
     return view.owner if view is not None else None
 
