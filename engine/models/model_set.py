@@ -64,6 +64,7 @@ class ModelSet(SetViews):
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._grammar_lock = threading.Lock()
+        self._merged: tuple[object, EngineSnapshot, object] | None = None
         self._compilers: dict[str, GrammarCompiler] = {}
         self.events: collections.deque[ModelEvent] = collections.deque(maxlen=40)
         # the default model (first) stays loaded unless a request's keep_alive says otherwise
@@ -188,14 +189,24 @@ class ModelSet(SetViews):
         return None
 
     def snapshot(self) -> EngineSnapshot:
+        """Every model's requests in one snapshot; the same object while nothing changed
+        (the dashboard pushes only on a new one)."""
         now = self.clock()
         with self._lock:
             engines = [(e.name, e.engine) for e in self._entries.values() if e.engine]
             pending = [v for e in self._entries.values() for v in self._pending_views(e, now)]
+            states = tuple((e.state, e.error, e.memory_wait) for e in self._entries.values())
         snaps = [(name, engine.snapshot()) for name, engine in engines]
+        # ids of the models' snapshots: the cache keeps them alive, so an id is not reused
+        key = (tuple(id(s) for _, s in snaps), states,
+               tuple((v.id, v.reason.text if v.reason else "") for v in pending))
+        if self._merged is not None and self._merged[0] == key:
+            return self._merged[1]
         base = next((s for n, s in snaps if n == self.default), None) or \
             (snaps[0][1] if snaps else empty_snapshot(self.config, now))
-        return merge(base, snaps, pending, now)
+        merged = merge(base, snaps, pending, now)
+        self._merged = (key, merged, snaps)
+        return merged
 
     def serving(self, model: str | None, keep_alive: object = KEEP) -> ModelView:
         """`model` (None: the default) shaped like one Engine, for one request's handling."""
