@@ -108,7 +108,16 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
         return LoadedModel(executor, clipped, executor.describe(),
                            size + executor.pool.nbytes)
 
-    details = {"kind": model.kind, "path": str(model.path) if model.path else None}
+    details: dict[str, object] = {"kind": model.kind,
+                                  "path": str(model.path) if model.path else None}
+    if model.path is not None:  # listed before it loads: architecture, blocks, kernels
+        from engine import describe_model_file
+
+        quant = None if settings.quantize == "none" else settings.quantize
+        try:
+            details["runs"] = describe_model_file(model.path, settings.dtype, device, quant)
+        except Exception as exc:  # a file Ferry cannot run: listed with the reason
+            details["runs"] = f"cannot run: {exc}"
     return ModelSource(model.name, open_tokenizer, load, size, details)
 
 
