@@ -17,6 +17,7 @@ from engine.runtime.handle import TextDelta
 from engine.scheduling.request import SamplingParams
 from tests.tools.model_sources import copy_model, gguf_source
 
+pytestmark = pytest.mark.model
 CONFIG = EngineConfig(kv_tokens=2048, max_context=1024, max_running=4)
 GB = 1 << 30
 
