@@ -523,3 +523,39 @@ def browser(request: pytest.FixtureRequest) -> Iterator[Any]:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS + extra)
         yield browser
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def make_models_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+                       ) -> Iterator[Any]:
+    """A factory: make_models_server(names, web=..., budget=..., **engine fields) -> a running
+    Server over an engine.ModelSet of real models: the first name is the default SmolLM2 GGUF
+    (loaded at start), the others copies of it under their own names (loaded on demand)."""
+    from engine.config import EngineConfig
+    from engine.models import Budget, ModelSet
+    from tests.tools.model_sources import copy_model, gguf_source
+    from web.app import create_app
+    from web.config import WebConfig
+
+    servers: list[Server] = []
+    cache = tmp_path_factory.mktemp("models-cache")
+    folder = tmp_path_factory.mktemp("models")
+
+    def make(names: tuple[str, ...] = ("alpha", "beta"), web: dict[str, Any] | None = None,
+             budget: Any = None, **engine_fields: Any) -> Server:
+        config = EngineConfig(**{"kv_tokens": 4096, "max_context": 2048, **engine_fields})
+        files = [model_dir] + [copy_model(model_dir, folder, n) for n in names[1:]]
+        sources = [gguf_source(n, f, config, cache) for n, f in zip(names, files, strict=True)]
+        loaded, tokenizer = sources[0].load(), sources[0].open_tokenizer()
+        models = ModelSet(sources, loaded.config, budget or Budget(2, 8 << 30),
+                          preloaded={names[0]: (loaded, tokenizer)}, poll=0.05)
+        web_config = WebConfig(data_dir=tmp_path_factory.mktemp("data"), model_name=names[0],
+                               model_runs=loaded.runs, **(web or {}))
+        running = serve_in_thread(create_app(models, tokenizer, web_config), models,
+                                  "uvicorn-models", 60)
+        servers.append(running)
+        return running
+
+    yield make
+    for server in servers:
+        server.stop()

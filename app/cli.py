@@ -76,9 +76,20 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
                     "ferry.toml, then defaults.")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1; 0.0.0.0 = LAN)")
     serve.add_argument("--port", type=int, help="TCP port (default 8000)")
-    serve.add_argument("--model", metavar="PATH|HF_ID|GGUF",
+    serve.add_argument("--model", metavar="PATH|HF_ID|GGUF", action="append",
                        help="'default' (embedded SmolLM2-135M-Instruct), a Hugging Face "
-                            "folder, an HF id (org/name) or a .gguf file")
+                            "folder, an HF id (org/name), a .gguf file or ollama:NAME[:TAG]; "
+                            "repeat it to serve several models (the first is the chat's "
+                            "default; the others load when a request names them)")
+    serve.add_argument("--max-loaded", type=int, metavar="N",
+                       help="several models: how many stay loaded at once (default: from "
+                            "the machine's memory)")
+    serve.add_argument("--max-memory", metavar="SIZE",
+                       help="several models: memory the loaded models may hold, e.g. 8G "
+                            "(default 3/4 of RAM); the least recently used idle one unloads")
+    serve.add_argument("--keep-alive", metavar="DURATION",
+                       help="several models: idle time before a model (not the default) "
+                            "unloads, e.g. 5m, 30s, 0 (default 5m)")
     serve.add_argument("--dtype", metavar="|".join(DTYPES),
                        help="weight dtype (default auto: a GGUF runs in its own quantization "
                             "on CPU; float32|bfloat16 dequantise it)")
@@ -132,10 +143,15 @@ def passthrough(command: str, argv: list[str]) -> int:
 
 
 def serve_flags(args: argparse.Namespace) -> dict[str, object]:
-    return {name: getattr(args, name) for name in
-            ("host", "port", "model", "dtype", "quantize", "device", "policy", "admission",
-             "max_running", "kv_tokens", "max_prefill_tokens", "open", "upstreams",
-             "allowed_hosts")}
+    flags: dict[str, object] = {name: getattr(args, name) for name in
+                                ("host", "port", "dtype", "quantize", "device", "policy",
+                                 "admission", "max_running", "kv_tokens", "max_prefill_tokens",
+                                 "open", "upstreams", "allowed_hosts", "max_loaded",
+                                 "max_memory", "keep_alive")}
+    named: list[str] = args.model or []
+    flags["model"] = named[0] if named else None  # one --model: exactly as before
+    flags["models"] = named if len(named) > 1 else None
+    return flags
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -65,6 +65,8 @@ def parse_text(name: str, kind: str, text: str) -> object:
         if word in FALSE_WORDS:
             return False
         return text
+    if name == "models":  # FERRY_MODELS: comma separated (ollama:NAME:TAG holds colons)
+        return [part.strip() for part in text.split(",") if part.strip()]
     if name == "allowed_hosts":  # FERRY_ALLOWED_HOSTS: names, comma or space separated
         return [part for part in text.replace(",", " ").split() if part]
     if kind == "list[str]":

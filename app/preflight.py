@@ -41,6 +41,17 @@ def port_problem(host: str, port: int) -> str | None:
     return None
 
 
+def served_models(settings: Settings) -> list[ModelRef]:
+    """Every model to serve, resolved (the default first); raises ModelError."""
+    refs = [resolve_model(spec) for spec in settings.served_models]
+    names = [r.name for r in refs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ModelError(f"two models would both be served as {', '.join(twice)}: name "
+                         "each once")
+    return refs
+
+
 def check_serve(settings: Settings, paths: Paths) -> ModelRef:
     """Raise PreflightError for the first problem; returns the resolved model."""
     try:
@@ -55,9 +66,10 @@ def check_serve(settings: Settings, paths: Paths) -> ModelRef:
     try:
         # upstream mode loads no model: the upstreams serve theirs
         model = ModelRef("upstream", "upstream", None) if settings.upstreams else \
-            resolve_model(settings.model)
+            served_models(settings)[0]
     except ModelError as exc:
-        raise PreflightError(f"{exc} (model from {settings.source('model')})") from None
+        key = "models" if settings.models else "model"
+        raise PreflightError(f"{exc} (model from {settings.source(key)})") from None
     problem = port_problem(settings.host, settings.port)
     if problem:
         raise PreflightError(problem)

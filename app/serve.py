@@ -18,7 +18,7 @@ from app.settings import Settings, engine_config
 if TYPE_CHECKING:
     from litestar import Litestar
 
-    from engine import Engine
+    from engine import Engine, EngineConfig, ModelSource
     from web.config import WebConfig
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,75 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
     return app, device, runs, tokenizer.chat_template_name
 
 
+def model_source(settings: Settings, paths: Paths, model: ModelRef, config: EngineConfig,
+                 device: str) -> ModelSource:
+    """How the model set opens `model`'s tokenizer and loads it (on its loader thread)."""
+    from app.models import folder_size
+    from engine import (
+        LoadedModel,
+        ModelExecutor,
+        ModelSource,
+        Tokenizer,
+        gguf_tokenizer_dir,
+        resolve_model_files,
+    )
+
+    spec = None if model.kind == "default" else (str(model.path) if model.path else model.name)
+    size = folder_size(model.path) if model.path is not None else 0
+
+    def open_tokenizer() -> Tokenizer:
+        path = resolve_model_files(spec, paths.models_cache, False)
+        if path.is_file():  # a GGUF: its tokenizer as a folder, built once and cached
+            path = gguf_tokenizer_dir(path, paths.models_cache)
+        return Tokenizer(path)
+
+    def load() -> LoadedModel:
+        executor = ModelExecutor.from_pretrained(spec, config, dtype=settings.dtype,
+                                                 device=device, cache_dir=paths.models_cache,
+                                                 progress=False, quantize=settings.quantize)
+        clipped = dataclasses.replace(config, max_context=min(config.max_context,
+                                                              executor.max_context))
+        return LoadedModel(executor, clipped, executor.describe(),
+                           size + executor.pool.nbytes)
+
+    details: dict[str, object] = {"kind": model.kind,
+                                  "path": str(model.path) if model.path else None}
+    if model.path is not None:  # listed before it loads: architecture, blocks, kernels
+        from engine import describe_model_file
+
+        quant = None if settings.quantize == "none" else settings.quantize
+        try:
+            details["runs"] = describe_model_file(model.path, settings.dtype, device, quant)
+        except Exception as exc:  # a file Ferry cannot run: listed with the reason
+            details["runs"] = f"cannot run: {exc}"
+    return ModelSource(model.name, open_tokenizer, load, size, details)
+
+
+def build_several(settings: Settings, paths: Paths, models: list[ModelRef],
+                  progress: bool = True) -> tuple[Litestar, str, str, str]:
+    """Several models: the default loads now (the banner, and a bad file fails at start),
+    the others when a request names them (engine.ModelSet)."""
+    from app.settings import parse_bytes
+    from engine import Budget, ModelSet, parse_keep_alive, set_kernel_build_dir
+    from web.app import create_app
+
+    config = engine_config(settings)
+    device = pick_device(settings.device)
+    set_kernel_build_dir(paths.kernels_cache)
+    sources = [model_source(settings, paths, m, config, device) for m in models]
+    first = sources[0]
+    loaded, tokenizer = first.load(), first.open_tokenizer()
+    budget = Budget.for_machine(settings.max_loaded or None,
+                                parse_bytes(settings.max_memory) if settings.max_memory
+                                else None)
+    model_set = ModelSet(sources, loaded.config, budget,
+                         keep_alive=parse_keep_alive(settings.keep_alive),
+                         preloaded={first.name: (loaded, tokenizer)})
+    web = dataclasses.replace(web_config(settings, paths, first.name), model_runs=loaded.runs)
+    app = create_app(model_set, tokenizer, web)
+    return app, device, loaded.runs, tokenizer.chat_template_name
+
+
 def prepare_grammars(engine: Engine) -> None:
     """Build the engine's grammar compiler; a model it cannot serve says so per request."""
     from engine import RequestError
@@ -121,7 +190,13 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
     else:
         print(f"Loading {model.name} ...", file=sys.stderr)
         try:
-            app, device, dtype, template = build(settings, paths, model)
+            if len(settings.served_models) > 1:
+                from app.preflight import served_models
+
+                app, device, dtype, template = build_several(settings, paths,
+                                                             served_models(settings))
+            else:
+                app, device, dtype, template = build(settings, paths, model)
         except ModelNotFound as exc:
             print(f"ferry serve: {exc}", file=sys.stderr)
             return 2

@@ -9,7 +9,14 @@ import ipaddress
 import re
 from dataclasses import dataclass, field, fields
 
-from engine import ADMISSIONS, POLICIES, ConfigError, EngineConfig
+from engine import (
+    ADMISSIONS,
+    POLICIES,
+    ConfigError,
+    EngineConfig,
+    RequestError,
+    parse_keep_alive,
+)
 
 DTYPES = ("auto", "bfloat16", "float32")
 QUANTIZE = ("none", "q8_0", "q4_0")  # a float folder's weights quantized once at load
@@ -26,6 +33,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 # Inclusive lower (and optional upper) bounds for integer settings.
 INT_RANGES: dict[str, tuple[int, int | None]] = {
     "port": (1, 65535),
+    "max_loaded": (0, None),
     "max_running": (1, None),
     "max_prefill_tokens": (1, None),
     "kv_tokens": (1, None),
@@ -70,6 +78,11 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     model: str = "default"  # "default" | folder | HF id | .gguf file
+    # several models in one process (first = the chat's default); when set, `model` is unused
+    models: list[str] = field(default_factory=list)
+    max_loaded: int = 0  # models loaded at once; 0: from the machine's memory
+    max_memory: str = ""  # bytes the loaded models may hold ("8G", "512M"); "": 3/4 of RAM
+    keep_alive: str = "5m"  # idle time before a model other than the default unloads
     dtype: str = "auto"  # auto on CPU: a GGUF in its own quantization, a folder as float
     quantize: str = "none"
     device: str = "auto"
@@ -123,6 +136,15 @@ class Settings:
             raise SettingsError("host", "host must not be empty")
         if not self.model.strip():
             raise SettingsError("model", "model must not be empty")
+        if any(not m.strip() for m in self.models) or len(set(self.models)) < len(self.models):
+            raise SettingsError("models", "models must be distinct and not empty")
+        try:
+            parse_keep_alive(self.keep_alive)
+        except RequestError as exc:
+            raise SettingsError("keep_alive", str(exc)) from None
+        if self.max_memory and parse_bytes(self.max_memory) is None:
+            raise SettingsError("max_memory", "max_memory must be bytes or a size like 8G or "
+                                              f"512M, got {self.max_memory!r}")
         if not DEVICE_RE.match(self.device):
             raise SettingsError(
                 "device", f"device must be auto, cpu or cuda[:N], got {self.device!r}")
@@ -154,6 +176,11 @@ class Settings:
             raise SettingsError("allowed_hosts", str(exc)) from None
         if self.kv_tokens < self.page_size:
             raise SettingsError("kv_tokens", "kv_tokens must hold at least one page (page_size)")
+
+    @property
+    def served_models(self) -> list[str]:
+        """The models to serve, the default first: `models`, else the one `model`."""
+        return list(self.models) or [self.model]
 
     @property
     def shared(self) -> bool:
@@ -213,3 +240,13 @@ def engine_config(settings: Settings, *, max_context: int | None = None) -> Engi
         )
     except ConfigError as exc:
         raise SettingsError(None, f"engine settings: {exc}") from exc
+
+
+def parse_bytes(text: str) -> int | None:
+    """"8G", "512M", "1.5GB", "1000000" -> bytes (binary units); None when unreadable."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if match is None:
+        return None
+    power = " KMGT".index(match.group(2).upper() or " ")
+    value = int(float(match.group(1)) * (1024 ** power))
+    return value if value > 0 else None

@@ -14,6 +14,20 @@ from engine.config import ADMISSIONS, POLICIES, AdmissionOrder, ConfigError, Eng
 from engine.kernels.cpu_level import CpuLevelError
 from engine.kernels.cpu_level import apply_torch_env as apply_cpu_cap
 from engine.kernels.cpu_level import describe as describe_cpu_level
+from engine.models import (
+    DEFAULT_KEEP_ALIVE,
+    KEEP,
+    Budget,
+    LoadedModel,
+    ModelEvent,
+    ModelInfo,
+    ModelSet,
+    ModelSource,
+    ModelView,
+    UnknownModel,
+    parse_keep_alive,
+    rss_bytes,
+)
 from engine.runtime.engine import Engine, QueueFull
 from engine.runtime.events import FinalEvent, Timings, TokenEvent, Usage
 from engine.runtime.handle import RequestHandle, TextDelta
@@ -35,11 +49,12 @@ if TYPE_CHECKING:
     from engine.execution.cpu import cpu_has_native_bf16
     from engine.execution.executor import ModelExecutor
     from engine.execution.loading.loader import ModelNotFound
+    from engine.execution.loading.loader import resolve_model as resolve_model_files
     from engine.execution.model.describe import describe_file as describe_model_file
     from engine.execution.model.describe import model_architecture
     from engine.execution.model.linear_kernels import onednn_works
     from engine.execution.text.chat_template import describe_chat_template
-    from engine.execution.text.tokenizer import Tokenizer
+    from engine.execution.text.tokenizer import Tokenizer, gguf_tokenizer_dir
     from engine.kernels.native import set_build_dir as set_kernel_build_dir
     from engine.kernels.native import status as kernel_status
 
@@ -48,6 +63,8 @@ _LAZY: dict[str, str] = {
     "ModelExecutor": "engine.execution.executor:ModelExecutor",
     "ModelNotFound": "engine.execution.loading.loader:ModelNotFound",
     "Tokenizer": "engine.execution.text.tokenizer:Tokenizer",
+    "gguf_tokenizer_dir": "engine.execution.text.tokenizer:gguf_tokenizer_dir",
+    "resolve_model_files": "engine.execution.loading.loader:resolve_model",
     "cpu_has_native_bf16": "engine.execution.cpu:cpu_has_native_bf16",
     "describe_chat_template": "engine.execution.text.chat_template:describe_chat_template",
     "describe_model_file": "engine.execution.model.describe:describe_file",
@@ -68,14 +85,64 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "ADMISSIONS", "MAX_LOGPROBS", "POLICIES", "SEED_MAX", "SEED_MIN", "AdmissionOrder",
-    "ConfigError", "Constraint", "ConstraintKind", "CpuLevelError", "Engine", "EngineConfig",
-    "EngineSnapshot", "FinalEvent", "FinishReason", "KVView", "MetricsView", "ModelExecutor",
-    "ModelNotFound", "Policy", "QueueFull", "Reasoning", "ReasoningSplitter", "RequestError",
-    "RequestHandle", "RequestView",
-    "RoundView", "SamplingParams", "TextDelta", "Timings", "TokenEvent", "TokenLogprob",
-    "Tokenizer", "Usage",
-    "WaitReason", "apply_cpu_cap", "continuation", "cpu_has_native_bf16",
-    "describe_chat_template", "describe_cpu_level", "describe_model_file", "kernel_status",
-    "model_architecture", "onednn_works", "set_kernel_build_dir", "structured",
+    "ADMISSIONS",
+    "DEFAULT_KEEP_ALIVE",
+    "KEEP",
+    "MAX_LOGPROBS",
+    "POLICIES",
+    "SEED_MAX",
+    "SEED_MIN",
+    "AdmissionOrder",
+    "Budget",
+    "ConfigError",
+    "Constraint",
+    "ConstraintKind",
+    "CpuLevelError",
+    "Engine",
+    "EngineConfig",
+    "EngineSnapshot",
+    "FinalEvent",
+    "FinishReason",
+    "KVView",
+    "LoadedModel",
+    "MetricsView",
+    "ModelEvent",
+    "ModelExecutor",
+    "ModelInfo",
+    "ModelNotFound",
+    "ModelSet",
+    "ModelSource",
+    "ModelView",
+    "Policy",
+    "QueueFull",
+    "Reasoning",
+    "ReasoningSplitter",
+    "RequestError",
+    "RequestHandle",
+    "RequestView",
+    "RoundView",
+    "SamplingParams",
+    "TextDelta",
+    "Timings",
+    "TokenEvent",
+    "TokenLogprob",
+    "Tokenizer",
+    "UnknownModel",
+    "Usage",
+    "WaitReason",
+    "apply_cpu_cap",
+    "continuation",
+    "cpu_has_native_bf16",
+    "describe_chat_template",
+    "describe_cpu_level",
+    "describe_model_file",
+    "gguf_tokenizer_dir",
+    "kernel_status",
+    "model_architecture",
+    "onednn_works",
+    "parse_keep_alive",
+    "resolve_model_files",
+    "rss_bytes",
+    "set_kernel_build_dir",
+    "structured",
 ]

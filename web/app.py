@@ -20,7 +20,7 @@ from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
-from engine import Engine, Tokenizer
+from engine import Tokenizer
 from web.access.auth import Auth, AuthMiddleware, csrf_token
 from web.access.hosts import HostGuard, HostPolicy
 from web.api.completions import OpenAIController
@@ -38,6 +38,7 @@ from web.pages.dashboard import DashboardController
 from web.pages.login import login_router
 from web.pages.markdown import render as markdown
 from web.services import Services
+from web.serving import ModelCatalog, Serving
 from web.sse import EventDoc, document_event_streams
 from web.storage.store import Store
 from web.tracker import RequestTracker
@@ -89,8 +90,9 @@ async def log_unexpected(exc: Exception, scope: Any) -> None:
                   exc_info=exc)
 
 
-def create_app(engine: Engine, tokenizer: Tokenizer, config: WebConfig) -> Litestar:
-    """The whole web app. Its lifespan starts `engine` (unless already running) and on
+def create_app(engine: Serving, tokenizer: Tokenizer, config: WebConfig) -> Litestar:
+    """The whole web app over `engine`: one Engine, a ModelSet (several models) or the gateway.
+    Its lifespan starts `engine` (unless already running) and on
     shutdown cancels live replies (their text is saved), stops the engine, closes the store.
 
     Access goes through web.access.auth's middleware: local mode makes everyone the local admin
@@ -103,8 +105,9 @@ def create_app(engine: Engine, tokenizer: Tokenizer, config: WebConfig) -> Lites
         store = Store(config.db_path)
         tracker = RequestTracker()
         replies = Replies(store, config.save_interval, tracker)
+        catalog = engine if isinstance(engine, ModelCatalog) else None  # several models
         app.state.services = Services(engine, tokenizer, config, store, tracker,
-                                      replies, env, time.time())
+                                      replies, env, time.time(), catalog)
         started_here = not engine.alive
         if started_here:
             engine.start()

@@ -1,15 +1,17 @@
 """The objects every handler shares, kept on `app.state.services` by create_app."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jinja2
 from litestar.connection import ASGIConnection
 
-from engine import Engine, Reasoning, RequestHandle, SamplingParams, Tokenizer
+from engine import KEEP, Reasoning, RequestHandle, SamplingParams, Tokenizer
 from web.access.identity import User
 from web.config import WebConfig
+from web.serving import ModelCatalog, Serving
 from web.storage.store import Store
 from web.tracker import RequestTracker
 
@@ -25,7 +27,7 @@ class EngineUnavailable(RuntimeError):
 
 @dataclass(slots=True)
 class Services:
-    engine: Engine
+    engine: Serving
     tokenizer: Tokenizer
     config: WebConfig
     store: Store
@@ -33,12 +35,30 @@ class Services:
     replies: Replies
     templates: jinja2.Environment
     started: float = 0.0  # wall-clock time the app started
+    # several models (engine.ModelSet): the catalog, and the model one request was routed to
+    catalog: ModelCatalog | None = None
+    model: str | None = None
+
+    @property
+    def model_name(self) -> str:
+        """The model this request's services serve (the default one's name when not routed)."""
+        return self.model or self.config.model_name
+
+    def for_model(self, model: str | None, keep_alive: object = KEEP) -> Services:
+        """These services as a request for `model` sees them: its engine (one model of the
+        set), its tokenizer and chat template. Raises engine.UnknownModel; opening a model's
+        tokenizer the first time takes seconds (call it off the event loop)."""
+        if self.catalog is None:
+            return self
+        name = self.catalog.resolve(model)
+        return dataclasses.replace(self, engine=self.catalog.serving(name, keep_alive),
+                                   tokenizer=self.catalog.tokenizer(name), model=name)
 
     @property
     def context_limit(self) -> int:
         """Most prompt + output tokens one request may ask for (context and KV pool)."""
         cfg = self.engine.config
-        return min(cfg.max_context, cfg.kv_tokens - cfg.page_size + 1)
+        return int(min(cfg.max_context, cfg.kv_tokens - cfg.page_size + 1))
 
     def submit(self, user: User, prompt_ids: list[int], params: SamplingParams, kind: str,
                label: str | None = None, link: str | None = None,
@@ -49,8 +69,8 @@ class Services:
             raise EngineUnavailable("the engine is not running")
         limit = self.config.per_user_limit if self.config.shared else None
         extra: dict[str, Any] = {"reasoning": reasoning} if reasoning else {}  # gateway: none
-        handle = self.engine.submit(prompt_ids, params, owner=user.name, owner_limit=limit,
-                                    **extra)
+        handle: RequestHandle = self.engine.submit(prompt_ids, params, owner=user.name,
+                                                   owner_limit=limit, **extra)
         item = self.tracker.add(handle, kind, label, link)
         item.constraint = params.constraint.kind if params.constraint else None
         return handle

@@ -12,6 +12,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from engine.config import ADMISSIONS, POLICIES, EngineConfig
@@ -60,13 +61,17 @@ class QueueFull(RuntimeError):
 class Engine:
     def __init__(self, config: EngineConfig, executor: Executor,
                  tokenizer: Tokenizer | None = None, eos_ids: frozenset[int] = frozenset(),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 turns: Callable[[], AbstractContextManager[object]] | None = None) -> None:
         # a model executor tells the widest window of the model's local (sliding-window)
         # layers; those keep KV for it only and run without the prefix cache (sliding_kv.py)
         window = int(getattr(executor, "sliding_window", 0) or 0)
         if window:
             config = dataclasses.replace(config, sliding_window=window, prefix_cache=False)
         self.config = config
+        # several models on one CPU: each round is taken inside a turn that engines share
+        # (engine.models.FairTurns); one model alone runs its rounds back to back
+        self._turns = turns
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids or (tokenizer.eos_ids if tokenizer is not None else frozenset())
         self.clock = clock
@@ -111,9 +116,11 @@ class Engine:
     # -- caller API (any thread) -------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams, owner: str = "local",
                request_id: str | None = None, owner_limit: int | None = None,
-               reasoning: Reasoning | None = None) -> RequestHandle:
+               reasoning: Reasoning | None = None,
+               handle: RequestHandle | None = None) -> RequestHandle:
         """Queue a request. Raises RequestError (bad input, never fits) or QueueFull.
-        `reasoning`: split a thinking model's reasoning from its answer (chat requests)."""
+        `reasoning`: split a thinking model's reasoning from its answer (chat requests);
+        `handle`: one made earlier (a request that waited for its model to load)."""
         if not self.alive:
             raise RuntimeError("the engine is not running")
         req = Request(list(prompt_ids), params, id=request_id or new_request_id(), owner=owner,
@@ -121,8 +128,9 @@ class Engine:
         self._core.scheduler.validate(req)  # read-only: config and pool size
         if params.constraint is not None:  # compiled here, off the engine thread
             req.matcher = self.grammars().matcher(params.constraint)
-        handle = RequestHandle(req.id, owner, req.prompt_ids, self.tokenizer, params.stop,
-                               self.cancel, reasoning)
+        if handle is None:
+            handle = RequestHandle(req.id, owner, req.prompt_ids, self.tokenizer, params.stop,
+                                   self.cancel, reasoning)
         with self._lock:
             if len(self._handles) >= self.config.max_waiting + self.config.max_running:
                 self._metrics.rejected += 1
@@ -199,7 +207,10 @@ class Engine:
                 return
             for message in messages:
                 self._apply(message)
-            record = self._core.step()
+            turn = self._turns() if self._turns is not None and scheduler.has_work \
+                else nullcontext()
+            with turn:
+                record = self._core.step()
             if record is not None:
                 self._after_round(record)
             if not scheduler.has_work:

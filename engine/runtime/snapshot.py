@@ -28,6 +28,7 @@ class RequestView:
     finish_reason: str | None = None
     total: float | None = None  # seconds from arrival to the end, once finished
     constraint: str | None = None  # grammar kind of a constrained request (json_schema, ...)
+    model: str | None = None  # the model serving it, where one process serves several
 
     @property
     def phase(self) -> str:

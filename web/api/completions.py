@@ -8,6 +8,7 @@ from functools import lru_cache
 from typing import Any, Literal
 
 import anyio
+import msgspec
 from litestar import Controller, Request, Response, get, post
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody
@@ -19,7 +20,7 @@ from web.api.choices import ChatShape, CompletionShape, usage_of
 from web.api.errors import APIError, error_docs
 from web.api.fanout import cancel_all, collect_all, merge, submit_all
 from web.api.logprobs import TokenTexts
-from web.api.params import check_completion, check_model, sampling_params
+from web.api.params import check_completion, route_model, sampling_params
 from web.api.reasoning import with_chat_stops
 from web.api.schemas import (
     ChatChunkChoice,
@@ -157,30 +158,48 @@ class OpenAIController(Controller):
                          reasoning=thinks,
                          upstreams=list(served.upstreams) if served else None)
 
-    @get("/models", summary="The models this server serves")
+    def _cards(self, s: Services) -> list[ModelCard]:
+        """Every model served; with several, each says whether it is loaded, and its size."""
+        served = _served(s)
+        if served:  # upstream mode: the union of the upstreams' models
+            return [self._card(s, m) for m in served]
+        if s.catalog is None:
+            return [self._card(s)]
+        cards = []
+        for m in s.catalog.models():
+            runs = m.runs or str(m.details.get("runs") or "") or None
+            one = dataclasses.replace(s, engine=s.catalog.serving(m.name))
+            card = self._card(s) if m.default else ModelCard(
+                m.name, int(s.started), one.context_limit,
+                architecture=runs.split(":", 1)[0] if runs else None, runs=runs)
+            cards.append(msgspec.structs.replace(card, runs=runs, loaded=m.loaded, state=m.state,
+                                                 default=m.default, size=m.size,
+                                                 keep_alive=m.keep_alive, error=m.error))
+        return cards
+
+    @get("/models", summary="The models this server serves (loaded or not)")
     async def models(self, request: Request[Any, Any, Any]) -> ModelList:
-        s = services(request)
-        return ModelList([self._card(s, m) for m in _served(s)] or [self._card(s)])
+        return ModelList(self._cards(services(request)))
 
     @get("/models/{model_id:path}", summary="One model, by id",
          responses=error_docs(404))
     async def model(self, request: Request[Any, Any, Any], model_id: str) -> ModelCard:
         s = services(request)
         model_id = model_id.lstrip("/")
-        served = {m.id: m for m in _served(s)}
-        names = list(served) or [s.config.model_name]
-        if model_id not in names:
-            raise APIError(f"the model {model_id!r} does not exist; this server serves "
-                           f"{', '.join(map(repr, names))}", 404, param="model",
-                           code="model_not_found")
-        return self._card(s, served.get(model_id))
+        cards = self._cards(s)
+        for card in cards:
+            if card.id == model_id:
+                return card
+        known = ", ".join(repr(c.id) for c in cards)
+        raise APIError(f"the model {model_id!r} does not exist; this server serves {known}",
+                       404, param="model", code="model_not_found")
 
     @post("/chat/completions", status_code=200, summary="Chat completion (streaming or not)",
           **_route_docs(ChatCompletion, "ChatCompletionChunk"))
     async def chat_completions(self, request: Request[Any, Any, Any],
                                data: JSONBody[ChatCompletionRequest]) -> ASGIApp:
         s = services(request)
-        check_model(data, s.config.model_name, _known(s))
+        s = await route_model(s, data, _known(s))
         chat = await chat_input(data, s)
         ids = chat.ids
         max_tokens = data.max_tokens if data.max_tokens is not None else \
@@ -191,7 +210,8 @@ class OpenAIController(Controller):
         shape = ToolChatShape(top, token_texts(s.tokenizer), chat.tools, s.tokenizer) \
             if chat.tools is not None and chat.tools.parses else \
             ChatShape(top, token_texts(s.tokenizer))
-        cid, created, model = f"chatcmpl-{handles[0].id}", int(time.time()), data.model
+        cid, created = f"chatcmpl-{handles[0].id}", int(time.time())
+        model = data.model or s.model_name
         if data.stream:
             def render(index: int, event: Any) -> list[Any]:
                 if isinstance(event, UsageInfo):
@@ -214,7 +234,7 @@ class OpenAIController(Controller):
     async def completions(self, request: Request[Any, Any, Any],
                           data: JSONBody[CompletionRequest]) -> ASGIApp:
         s = services(request)
-        check_model(data, s.config.model_name, _known(s))
+        s = await route_model(s, data, _known(s))
         ids = await anyio.to_thread.run_sync(check_completion, data, s.tokenizer)
         constraint = await constraint_of(data, s)
         if upstream(s):
@@ -222,7 +242,7 @@ class OpenAIController(Controller):
         handles = _submit(request, s, ids, data, 16, data.max_tokens, constraint)
         shape = CompletionShape(ids, _prompt_text(data, ids, s.tokenizer) if data.echo else "",
                                 data.echo, data.logprobs, token_texts(s.tokenizer))
-        cid, created, model = f"cmpl-{handles[0].id}", int(time.time()), data.model
+        cid, created, model = f"cmpl-{handles[0].id}", int(time.time()), data.model or s.model_name
         if data.stream:
             def render(index: int, event: Any) -> list[Any]:
                 if isinstance(event, UsageInfo):

@@ -15,13 +15,14 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from engine import Engine, MetricsView
+from engine import MetricsView
+from web.serving import Serving
 
 
 class EngineCollector(Collector):
     """Reads the latest snapshot at scrape time; nothing is recorded twice."""
 
-    def __init__(self, engine: Engine, model_name: str) -> None:
+    def __init__(self, engine: Serving, model_name: str) -> None:
         self.engine = engine
         self.model_name = model_name
 
@@ -101,7 +102,7 @@ class EngineCollector(Collector):
             yield h
 
 
-def make_registry(engine: Engine, model_name: str) -> CollectorRegistry:
+def make_registry(engine: Serving, model_name: str) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(engine, model_name))
     extra = getattr(engine, "metrics_collector", None)  # upstream mode: the gateway's gauges

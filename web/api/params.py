@@ -4,10 +4,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from engine import MAX_LOGPROBS, SEED_MAX, SEED_MIN, RequestError, SamplingParams, Tokenizer
+import anyio
+
+from engine import (
+    KEEP,
+    MAX_LOGPROBS,
+    SEED_MAX,
+    SEED_MIN,
+    RequestError,
+    SamplingParams,
+    Tokenizer,
+    UnknownModel,
+    parse_keep_alive,
+)
 from web.api.errors import APIError, unsupported
 from web.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from web.config import WebConfig
+from web.services import Services
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
          "tool": "tool"}
@@ -15,10 +28,10 @@ MAX_N = 16  # choices per request; each is one engine request, counted by per-us
 
 
 def check_model(body: SamplingFields, model_name: str, known: Sequence[str] = ()) -> None:
-    """A 404 unless the body names a model served here: `model_name`, or in upstream mode
-    any of `known` (the models the upstreams list)."""
+    """A 404 unless the body names a model served here (missing or empty: the default):
+    `model_name`, or in upstream mode any of `known` (the models the upstreams list)."""
     names = list(known) or [model_name]
-    if body.model not in names:
+    if body.model and body.model not in names:
         raise APIError(f"the model {body.model!r} does not exist; this server serves "
                        f"{', '.join(map(repr, names))}", 404, param="model",
                        code="model_not_found")
@@ -159,3 +172,25 @@ def sampling_params(body: SamplingFields, config: WebConfig, prompt_len: int,
         param = next((p for p in ("max_tokens", "temperature", "top_p", "top_k", "stop",
                                   "seed", "logprobs") if message.startswith(p)), None)
         raise APIError(message, param=param) from exc
+
+
+async def route_model(s: Services, body: SamplingFields, known: Sequence[str] = ()
+                      ) -> Services:
+    """The services of the model `body` names (several models: its engine, tokenizer and
+    chat template; missing or empty: the default); 404 listing the known ones otherwise.
+    `known`: upstream mode's models, which the gateway routes itself."""
+    if s.catalog is None:
+        check_model(body, s.config.model_name, known)
+        return s
+    keep: object = KEEP
+    if body.keep_alive is not None:
+        try:
+            keep = parse_keep_alive(body.keep_alive)
+        except RequestError as exc:
+            raise APIError(str(exc), param="keep_alive") from None
+    try:
+        return await anyio.to_thread.run_sync(s.for_model, body.model or None, keep)
+    except UnknownModel as exc:
+        known = ", ".join(repr(n) for n in exc.known)
+        raise APIError(f"the model {body.model!r} does not exist; this server serves {known}",
+                       404, param="model", code="model_not_found") from None

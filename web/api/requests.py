@@ -54,6 +54,7 @@ class RequestInfo(Struct):
     finish_reason: str | None = None
     kind: str | None = None
     constraint: str | None = None  # json_schema, json_object, regex, choice, grammar, tool_call
+    model: str | None = None  # the model serving it, where the server has several
 
 
 class RequestList(Struct):
@@ -74,7 +75,7 @@ def live_info(view: RequestView, item: Tracked | None) -> RequestInfo:
         view.prompt_tokens, view.cached_tokens, view.prefill_done, view.output_tokens,
         view.max_tokens, RequestTimings(waited=view.waited, ttft=view.ttft, itl=view.itl,
                                         total=view.total),
-        view.finish_reason, item.kind if item else None, view.constraint)
+        view.finish_reason, item.kind if item else None, view.constraint, view.model)
 
 
 def finished_info(item: Tracked, view: RequestView | None) -> RequestInfo:

@@ -32,7 +32,7 @@ class StreamOptions(Struct, kw_only=True):
 class SamplingFields(Struct, kw_only=True):
     """Fields shared by both endpoints (Ferry accepts vLLM's ignore_eos and top_k too)."""
 
-    model: str
+    model: str = ""  # "" or missing: the default model
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -55,6 +55,9 @@ class SamplingFields(Struct, kw_only=True):
     guided_grammar: str | None = None
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
+    # Ollama's: how long the model stays loaded after this request (seconds, or "5m"; 0:
+    # unload when done; negative: stay); with several models only
+    keep_alive: float | str | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
@@ -228,6 +231,13 @@ class ModelCard(Struct):
     runs: str | None = None  # block types and kernels, as the banner says it
     reasoning: bool = False  # replies carry reasoning_content (a thinking model)
     upstreams: list[str] | None = None  # upstream mode: the upstreams that serve it
+    # several models in one server: loaded or not (loading, unloading), the default, bytes
+    loaded: bool = True
+    state: str = "loaded"
+    default: bool = True
+    size: int | None = None
+    keep_alive: float | None = None  # seconds idle before it unloads; None: stays
+    error: str | None = None  # why its last load failed
 
 
 class ModelList(Struct):

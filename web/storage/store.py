@@ -9,7 +9,8 @@ hidden versions of one `version_group`.
 Schema versions (PRAGMA user_version): 0 the first release; 1 adds per-conversation
 settings, reply figures (tokens, TTFT, tokens/s), `ended`, `note` and reply versions; 2 adds
 a thinking model's `reasoning` beside each reply's content (it is shown collapsed and never
-sent back to the model) and the conversation's `enable_thinking` (NULL: on).
+sent back to the model) and the conversation's `enable_thinking` (NULL: on); 3 adds the
+conversation's `model` (NULL: the server's default) and the model that wrote each reply.
 Opening an older database adds the columns in place (existing rows keep their values).
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY,
@@ -44,20 +45,20 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 CREATE INDEX IF NOT EXISTS messages_conversation ON messages (conversation_id, id);
 """
-# versions 1 and 2: the columns they add to each table, as ALTER TABLE ... ADD COLUMN takes
+# versions 1 to 3: the columns they add to each table, as ALTER TABLE ... ADD COLUMN takes
 # them; NULL settings mean "the server's default"
 ADDED_COLUMNS = {
     "conversations": ("system_prompt TEXT", "temperature REAL", "top_p REAL",
-                      "max_tokens INTEGER", "enable_thinking INTEGER"),
+                      "max_tokens INTEGER", "enable_thinking INTEGER", "model TEXT"),
     "messages": ("prompt_tokens INTEGER", "completion_tokens INTEGER", "ttft REAL",
                  "tokens_per_s REAL", "max_tokens INTEGER", "ended TEXT", "note TEXT",
                  "version_group INTEGER", "hidden INTEGER NOT NULL DEFAULT 0",
-                 "reasoning TEXT"),
+                 "reasoning TEXT", "model TEXT"),
 }
 RESTARTED = "the server restarted"
 MESSAGE_COLUMNS = ("id, conversation_id, role, content, status, finish_reason, error, "
                    "request_id, created, prompt_tokens, completion_tokens, ttft, tokens_per_s, "
-                   "max_tokens, ended, note, version_group, hidden, reasoning")
+                   "max_tokens, ended, note, version_group, hidden, reasoning, model")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +73,7 @@ class Conversation:
     top_p: float | None = None
     max_tokens: int | None = None
     enable_thinking: int | None = None  # 0: off; None or 1: on (templates that take it)
+    model: str | None = None  # the model it chats with (None: the server's default)
 
     @property
     def thinking(self) -> bool:
@@ -99,6 +101,7 @@ class Message:
     version_group: int | None = None  # replies to the same question share one (None: own id)
     hidden: int = 0  # 1: an earlier version, not shown
     reasoning: str | None = None  # a thinking model's reasoning, apart from its answer
+    model: str | None = None  # the model that wrote a reply (servers of several models)
 
     @property
     def is_streaming(self) -> bool:
@@ -242,21 +245,25 @@ class Store:
                   "max_tokens = ?, enable_thinking = ? WHERE id = ?",
                   (system_prompt, temperature, top_p, max_tokens, thinking, conversation_id))
 
+    def set_model(self, conversation_id: int, model: str | None) -> None:
+        self._run("UPDATE conversations SET model = ? WHERE id = ?", (model, conversation_id))
+
     # -- messages ----------------------------------------------------------------------
     def add_message(self, conversation_id: int, role: str, content: str,
                     status: str = "complete", request_id: str | None = None,
                     version_group: int | None = None, note: str | None = None,
-                    max_tokens: int | None = None, reasoning: str | None = None) -> Message:
+                    max_tokens: int | None = None, reasoning: str | None = None,
+                    model: str | None = None) -> Message:
         now = time.time()
         cur = self._run("INSERT INTO messages (conversation_id, role, content, status, "
                         "request_id, created, updated, version_group, note, max_tokens, "
-                        "reasoning) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "reasoning, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (conversation_id, role, content, status, request_id, now, now,
-                         version_group, note, max_tokens, reasoning or None))
+                         version_group, note, max_tokens, reasoning or None, model))
         self.touch(conversation_id)
         return Message(int(cur.lastrowid or 0), conversation_id, role, content, status, None,
                        None, request_id, now, max_tokens=max_tokens, note=note,
-                       version_group=version_group, reasoning=reasoning or None)
+                       version_group=version_group, reasoning=reasoning or None, model=model)
 
     def message(self, message_id: int) -> Message | None:
         row = self._run(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ?",

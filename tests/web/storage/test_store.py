@@ -220,7 +220,7 @@ def test_a_version_1_database_gains_reasoning_and_the_thinking_setting(tmp_path:
     old.commit()
     old.close()
     store = Store(path)
-    assert store.schema_version == SCHEMA_VERSION == 2
+    assert store.schema_version == SCHEMA_VERSION == 3
     conv = store.conversation(1)
     assert conv is not None and conv.enable_thinking is None and conv.thinking
     reply = store.message(2)
@@ -262,3 +262,31 @@ def test_search_versions_rename_and_edit(tmp_path: Path) -> None:
     store.delete_after(a.id, store.messages(a.id)[0].id)
     assert [m.role for m in store.messages(a.id, hidden=True)] == ["user"]
     store.close()
+
+
+def test_a_version_2_database_gains_the_conversation_and_reply_models(tmp_path: Path) -> None:
+    path = tmp_path / "ferry.sqlite3"
+    old = sqlite3.connect(path)
+    old.executescript(OLD_SCHEMA)
+    columns = {"conversations": (*V1_COLUMNS["conversations"], "enable_thinking INTEGER"),
+               "messages": (*V1_COLUMNS["messages"], "reasoning TEXT")}
+    for table, added in columns.items():
+        for column in added:
+            old.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+    old.execute("PRAGMA user_version = 2")
+    old.commit()
+    old.close()
+    store = Store(path)
+    assert store.schema_version == SCHEMA_VERSION == 3
+    conv = store.conversation(1)
+    assert conv is not None and conv.model is None  # the server's default
+    assert [m.model for m in store.messages(1)] == [None, None, None]
+    store.set_model(1, "beta")
+    reply = store.add_message(1, "assistant", "Hi", model="beta")
+    store.close()
+    again = Store(path)
+    conv = again.conversation(1)
+    assert conv is not None and conv.model == "beta"
+    m = again.message(reply.id)
+    assert m is not None and m.model == "beta"
+    again.close()

@@ -21,6 +21,7 @@ from web.pages.chat.views import (
     REFUSED,
     Form,
     ImportForm,
+    ModelForm,
     SettingsForm,
     TitleForm,
     fragment,
@@ -89,7 +90,7 @@ class ChatController(Controller):
     async def create(self, request: HTMXRequest, data: Form) -> Response[Any]:
         chat = ChatService(services(request))
         try:
-            conv, _, _ = await chat.create(current_user(request), data.content)
+            conv, _, _ = await chat.create(current_user(request), data.content, data.model)
         except REFUSED as exc:
             return refusal(request, exc, None, data.content)
         return go(request, f"/c/{conv.id}")
@@ -160,6 +161,17 @@ class ChatController(Controller):
         chat, conv, _ = self._find(request, conversation_id)
         try:
             chat.rename(conv, data.title)
+        except REFUSED as exc:
+            return refusal(request, exc, conv)
+        return go(request, f"/c/{conv.id}")
+
+    @post("/c/{conversation_id:int}/model", name="chat:model")
+    async def model(self, request: HTMXRequest, conversation_id: FromPath[int],
+                    data: URLEncodedBody[ModelForm]) -> Response[Any]:
+        """The conversation's model (several models): the next replies are written by it."""
+        chat, conv, _ = self._find(request, conversation_id)
+        try:
+            chat.set_model(conv, data.model)
         except REFUSED as exc:
             return refusal(request, exc, conv)
         return go(request, f"/c/{conv.id}")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from engine import Reasoning, SamplingParams, continuation
+from engine import Reasoning, SamplingParams, UnknownModel, continuation
 from web.access.identity import User
 from web.services import Services
 from web.storage.store import Conversation, Message
@@ -89,6 +89,32 @@ class ChatService:
         conv = self.s.store.conversation(conversation_id)
         return conv if conv is not None and user.can_read(conv.owner) else None
 
+    # -- the model -----------------------------------------------------------------------
+    def for_conversation(self, conv: Conversation) -> ChatService:
+        """The service for the conversation's model (several models: its engine, tokenizer
+        and template; a model no longer served falls back to the default). Opening a model's
+        tokenizer the first time takes seconds: call it off the event loop."""
+        if self.s.catalog is None:
+            return self
+        try:
+            return ChatService(self.s.for_model(conv.model))
+        except UnknownModel:
+            return ChatService(self.s.for_model(None))
+
+    def model_name(self, model: str) -> str | None:
+        """The stored name for a picked model ("" or the default: None); ChatError if
+        unknown."""
+        if self.s.catalog is None or not model:
+            return None
+        try:
+            name = self.s.catalog.resolve(model)
+        except UnknownModel as exc:
+            raise ChatError(str(exc), 400) from None
+        return None if name == self.s.catalog.default else name
+
+    def set_model(self, conv: Conversation, model: str) -> None:
+        self.s.store.set_model(conv.id, self.model_name(model))
+
     def message(self, conv: Conversation, message_id: int) -> Message | None:
         msg = self.s.store.message(message_id)
         return msg if msg is not None and msg.conversation_id == conv.id else None
@@ -159,11 +185,13 @@ class ChatService:
     async def start_reply(self, user: User, conv: Conversation, history: list[Message],
                           version_group: int | None = None) -> Message:
         """Submit a reply to `history` and start streaming it (raises RequestError, QueueFull)."""
-        p = await anyio.to_thread.run_sync(self.prompt, conv, history)
-        handle = self.s.submit(user, p.ids, self._params(conv, p.max_tokens), "chat",
+        chat = await anyio.to_thread.run_sync(self.for_conversation, conv)
+        p = await anyio.to_thread.run_sync(chat.prompt, conv, history)
+        handle = chat.s.submit(user, p.ids, chat._params(conv, p.max_tokens), "chat",
                                label=conv.title, link=f"/c/{conv.id}", reasoning=p.reasoning)
         msg = self.s.store.add_message(conv.id, "assistant", "", "streaming", handle.id,
-                                       version_group, p.note, p.max_tokens)
+                                       version_group, p.note, p.max_tokens,
+                                       model=chat.s.model if chat.s.catalog else None)
         self.s.replies.start(handle, msg.id, conv.id, p.max_tokens)
         return msg
 
@@ -187,9 +215,14 @@ class ChatService:
         return history
 
     # -- actions -------------------------------------------------------------------------
-    async def create(self, user: User, content: str) -> tuple[Conversation, Message, Message]:
+    async def create(self, user: User, content: str,
+                     model: str = "") -> tuple[Conversation, Message, Message]:
         content = self._check_content(content)
+        picked = self.model_name(model)
         conv = self.s.store.create_conversation(user.name, title_for(content))
+        if picked is not None:
+            self.s.store.set_model(conv.id, picked)
+            conv = self.s.store.conversation(conv.id) or conv
         try:
             mine, reply = await self.send(user, conv, content)
         except Exception:
@@ -241,9 +274,10 @@ class ChatService:
         self._check_idle(conv)
         if msg.id != history[-1].id or msg.finish_reason not in ("length", "cancelled"):
             raise ChatError("only a reply that was cut short can be continued")
-        p, reasoning = await anyio.to_thread.run_sync(self.continued_prompt, conv,
+        chat = await anyio.to_thread.run_sync(self.for_conversation, conv)
+        p, reasoning = await anyio.to_thread.run_sync(chat.continued_prompt, conv,
                                                       history[:-1], msg)
-        handle = self.s.submit(user, p.ids, self._params(conv, p.max_tokens), "chat",
+        handle = chat.s.submit(user, p.ids, chat._params(conv, p.max_tokens), "chat",
                                label=conv.title, link=f"/c/{conv.id}", reasoning=reasoning)
         self.s.store.restart_message(msg.id, p.max_tokens)
         self.s.replies.start(handle, msg.id, conv.id, p.max_tokens, prefix=msg.content,

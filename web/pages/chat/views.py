@@ -23,6 +23,13 @@ from web.storage.store import Conversation, Message
 class ChatForm:
     content: str
     csrf_token: str = ""  # checked by web.access.auth's middleware (shared mode)
+    model: str = ""  # a new chat's model (several models; "" = the default)
+
+
+@dataclass
+class ModelForm:
+    model: str = ""
+    csrf_token: str = ""
 
 
 @dataclass
@@ -71,6 +78,8 @@ def page(request: HTMXRequest, user: User, conv: Conversation | None,
     return Template("chat.html", status_code=status_code, context={
         "page": "chat", "user": user, "model_name": cfg.model_name, "notice": notice,
         "thinking_switch": s.tokenizer.takes_enable_thinking,
+        "models": s.catalog.models() if s.catalog else [],
+        "conversation_model": (conv.model if conv else None) or cfg.model_name,
         "messages": messages, "versions": version_nav(s, messages), "draft": draft,
         "defaults": {"system_prompt": cfg.chat_system_prompt or "", "temperature":
                      cfg.chat_temperature, "top_p": cfg.chat_top_p,

@@ -5,12 +5,14 @@ requests (the conversation title), and others' requests show id and owner only.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from engine import Engine, EngineSnapshot, KVView, RequestView, RoundView
+from engine import EngineSnapshot, KVView, RequestView, RoundView
 from web.access.identity import User
 from web.pages.dashboard.charts import sparkline
+from web.serving import ModelCatalog, Serving
 from web.tracker import RequestTracker
 
 # the dashboard's short tag before a wait reason's text (the text reads on its own in the chat)
@@ -110,7 +112,28 @@ def kv_bars(snap: EngineSnapshot) -> list[dict[str, Any]]:
     return bars
 
 
-def board_context(snap: EngineSnapshot, engine: Engine, user: User,
+def model_rows(snap: EngineSnapshot, catalog: ModelCatalog) -> list[dict[str, Any]]:
+    """The Models panel: each model's queue, running set, slots and KV, from its own
+    snapshot (its waiting requests, those waiting for its load included, from the whole)."""
+    own = dict(catalog.model_snapshots())
+    rows = []
+    for m in catalog.models():
+        mine = own.get(m.name)
+        rows.append({
+            "name": m.name, "default": m.default, "state": m.state, "loaded": m.loaded,
+            "runs": m.runs or m.details.get("runs") or "", "error": m.error,
+            "memory_wait": m.memory_wait,
+            "waiting": sum(1 for v in snap.waiting if v.model == m.name),
+            "running": sum(1 for v in snap.running if v.model == m.name),
+            "slots": f"{mine.max_running - mine.free_slots} / {mine.max_running}"
+            if mine else None,
+            "kv": mine.kv.usage if mine else None,
+            "size": f"{m.size / 1e6:,.0f} MB" if m.size else "–",
+            "keep_alive": "stays" if m.keep_alive is None else f"{m.keep_alive:g} s"})
+    return rows
+
+
+def board_context(snap: EngineSnapshot, engine: Serving, user: User,
                   tracker: RequestTracker) -> dict[str, Any]:
     running = [_row(v, user, tracker) for v in snap.running]
     # the queue is what is not admitted yet; a chunked prompt holds a slot and shows in
@@ -119,7 +142,12 @@ def board_context(snap: EngineSnapshot, engine: Engine, user: User,
     by_id = {r.view.id: r for r in running}
     slots = [(i, by_id.get(rid) if rid else None, rid) for i, rid in enumerate(snap.slots)]
     cfg = engine.config
+    catalog = engine if isinstance(engine, ModelCatalog) else None
+    events = [{"kind": e.kind, "text": e.text, "clock": time.strftime("%H:%M:%S",
+                                                                     time.localtime(e.time))}
+              for e in reversed(list(catalog.events)[-8:])] if catalog else []
     return {
+        "models": model_rows(snap, catalog) if catalog else [], "model_events": events,
         "snap": snap, "running": running, "waiting": waiting, "slots": slots,
         "kv_bars": kv_bars(snap), "timeline": timeline(snap.rounds), "charts": charts(snap),
         "gateway": engine.gateway_view() if hasattr(engine, "gateway_view") else None,

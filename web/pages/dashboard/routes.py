@@ -28,7 +28,7 @@ from web.sse import event_stream, html_event
 def owner_of(s: Services, request_id: str) -> str | None:
     handle = s.engine.handle(request_id)
     if handle is not None:
-        return handle.owner
+        return str(handle.owner)
     view = s.engine.snapshot().find(request_id)
     return view.owner if view is not None else None
 
@@ -64,6 +64,13 @@ class PolicyForm:
     csrf_token: str = ""  # checked by web.access.auth's middleware (shared mode)
 
 
+@dataclass
+class ModelActionForm:
+    model: str = ""
+    action: str = ""  # load | unload
+    csrf_token: str = ""
+
+
 class DashboardController(Controller):
     path = "/dashboard"
     tags = ("Dashboard",)
@@ -74,6 +81,7 @@ class DashboardController(Controller):
         context = board_context(s.engine.snapshot(), s.engine, user, s.tracker)
         return Template("dashboard.html", context={
             **context, "page": "dashboard", "model_name": s.config.model_name,
+            "model_names": s.catalog.names if s.catalog else [],
             "policies": POLICIES, "admissions": ADMISSIONS})
 
     @post("/policy", status_code=200, guards=[admin_guard], name="dashboard:policy",
@@ -89,6 +97,26 @@ class DashboardController(Controller):
             return Redirect("/dashboard", status_code=303)
         return Response(str(escape(f"Policy {info.policy}, admission {info.admission}: "
                                    "applies from the next round.")), media_type="text/html")
+
+    @post("/models", status_code=200, guards=[admin_guard], name="dashboard:models",
+          include_in_schema=False)
+    async def models(self, request: HTMXRequest,
+                     data: URLEncodedBody[ModelActionForm]) -> Response[Any]:
+        """The admin's Load and Unload (several models): a status line for htmx."""
+        s = services(request)
+        if s.catalog is None or data.model not in s.catalog.names or \
+                data.action not in ("load", "unload"):
+            return Response("no such model or action", status_code=400, media_type="text/html")
+        if data.action == "load":
+            s.catalog.load(data.model)
+            text, status = f"Loading {data.model}…", 200
+        elif await anyio.to_thread.run_sync(s.catalog.unload, data.model):
+            text, status = f"Unloaded {data.model}.", 200
+        else:
+            text, status = f"{data.model} is not loaded, or has requests: not unloaded.", 409
+        if not request.htmx:
+            return Redirect("/dashboard", status_code=303)
+        return Response(str(escape(text)), status_code=status, media_type="text/html")
 
     @get("/stream", media_type="text/event-stream", name="dashboard:stream",
          summary="The dashboard board as HTML fragments (event `board`), while it changes")

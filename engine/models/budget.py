@@ -1,0 +1,51 @@
+"""The memory budget: how many models and how many bytes may be loaded at once, and which
+idle model gives way (least recently used first)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine.models.memory import total_memory
+
+
+@dataclass(frozen=True, slots=True)
+class Resident:
+    name: str
+    size: int  # bytes
+    busy: bool  # running or waiting requests: never unloaded under them
+    last_used: float
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    max_loaded: int
+    max_memory: int  # bytes
+
+    @classmethod
+    def for_machine(cls, max_loaded: int | None = None,
+                    max_memory: int | None = None) -> Budget:
+        """Defaults that fit the machine: up to 3/4 of its memory, and as many models as
+        there are 4 GB in that (at least 1, at most 4)."""
+        total = total_memory() or 8 << 30
+        memory = max_memory if max_memory is not None else total * 3 // 4
+        loaded = max_loaded if max_loaded is not None else max(1, min(4, memory // (4 << 30)))
+        if loaded < 1 or memory < 1:
+            raise ValueError("max_loaded and max_memory must be >= 1")
+        return cls(loaded, memory)
+
+    def make_room(self, resident: Sequence[Resident], need: int) -> list[str] | None:
+        """The models to unload (idle ones, least recently used first) so that one of `need`
+        bytes fits; None when it cannot fit until a busy model goes idle. A model larger
+        than the whole budget still loads when nothing else is resident."""
+        count = len(resident)
+        used = sum(r.size for r in resident)
+        victims: list[str] = []
+        for r in sorted((r for r in resident if not r.busy), key=lambda r: r.last_used):
+            if count + 1 <= self.max_loaded and (used + need <= self.max_memory or count == 0):
+                break
+            victims.append(r.name)
+            count -= 1
+            used -= r.size
+        if count + 1 <= self.max_loaded and (used + need <= self.max_memory or count == 0):
+            return victims
+        return None

@@ -1,0 +1,152 @@
+"""The model set's monitor thread ("ferry-models"): it starts loads (each on a thread of its
+own, so a load never stalls the engines already running) and unloads (idle past keep_alive,
+or the least recently used idle model when the budget needs room), and records the events."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from engine.config import EngineConfig
+from engine.models.budget import Budget, Resident
+from engine.models.entry import ModelEntry, ModelEvent
+from engine.models.memory import release_memory
+from engine.models.source import LoadedModel
+from engine.models.turns import FairTurns
+from engine.runtime.engine import Engine, QueueFull
+from engine.scheduling.request import RequestError
+
+if TYPE_CHECKING:
+    from engine.execution.text.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class Monitor:
+    """Loading and unloading for ModelSet (split out to keep one concern per file)."""
+
+    config: EngineConfig
+    budget: Budget
+    clock: Callable[[], float]
+    turns: FairTurns
+    events: collections.deque[ModelEvent]
+    _entries: dict[str, ModelEntry]
+    _lock: threading.RLock
+    _wake: threading.Event
+    _stopping: bool
+    _poll: float
+
+    def tokenizer(self, model: str | None = None) -> Tokenizer:
+        raise NotImplementedError
+
+    # -- the monitor thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wake.wait(self._poll)
+            self._wake.clear()
+            if not self._stopping:
+                try:
+                    self._tick()
+                except Exception:  # never let the monitor die: loads would stop
+                    log.exception("model set tick failed")
+
+    def _tick(self) -> None:
+        now = self.clock()
+        unload: list[tuple[ModelEntry, str]] = []
+        load: list[ModelEntry] = []
+        with self._lock:
+            for e in self._entries.values():
+                if e.state != "loaded":
+                    continue
+                if e.busy:
+                    e.last_used = now
+                elif e.keep_alive is not None and now - e.last_used >= e.keep_alive:
+                    e.state = "unloading"
+                    unload.append((e, f"idle for {e.keep_alive:g} s (keep_alive)"))
+            waiting = sorted((e for e in self._entries.values()
+                              if e.state == "unloaded" and (e.pending or e.wanted)),
+                             key=lambda e: e.pending[0].arrival if e.pending else now)
+            for e in waiting:
+                resident = [Resident(r.name, r.size, r.busy or r in load, r.last_used)
+                            for r in self._entries.values() if r.state in ("loaded", "loading")]
+                victims = self.budget.make_room(resident, e.source.size)
+                if victims is None:
+                    busy = ", ".join(r.name for r in resident if r.busy)
+                    e.memory_wait = f"memory: {len(resident)} models loaded, " \
+                        f"busy: {busy or 'none'}"
+                    continue
+                for name in victims:
+                    self._entries[name].state = "unloading"
+                    unload.append((self._entries[name], f"making room for {e.name} (least "
+                                   "recently used)"))
+                e.state, e.loading_since, e.memory_wait = "loading", now, None
+                load.append(e)
+        for entry, why in unload:
+            self._unload(entry, why)
+        for entry in load:
+            self._event(entry.name, "loading", f"loading {entry.name}")
+            threading.Thread(target=self._load, args=(entry,), daemon=True,
+                             name=f"ferry-load-{entry.name}").start()
+
+    def _load(self, entry: ModelEntry) -> None:
+        started = self.clock()
+        try:
+            tokenizer = self.tokenizer(entry.name)
+            loaded = entry.source.load()
+        except Exception as exc:  # a bad file: its requests fail, the others go on
+            log.exception("loading %s failed", entry.name)
+            with self._lock:
+                entry.state, entry.wanted = "unloaded", False
+                entry.error = f"{type(exc).__name__}: {exc}"
+                pending, entry.pending = entry.pending, []
+            for p in pending:
+                p.end(self.clock(), "error", f"loading {entry.name} failed: {entry.error}")
+            self._event(entry.name, "failed", f"loading {entry.name} failed: {entry.error}")
+            return
+        with self._lock:
+            if self._stopping:
+                return
+            entry.tokenizer = tokenizer
+            self._install(entry, loaded)
+            assert entry.engine is not None
+            entry.engine.start()
+            pending, entry.pending = entry.pending, []
+            for p in pending:
+                try:
+                    entry.engine.submit(p.prompt_ids, p.params, p.owner, p.handle.id,
+                                        p.owner_limit, p.reasoning, handle=p.handle)
+                except (RequestError, QueueFull) as exc:
+                    p.end(self.clock(), "error", str(exc))
+        self._event(entry.name, "loaded",
+                    f"loaded {entry.name} in {self.clock() - started:.1f} s")
+
+    def _install(self, entry: ModelEntry, loaded: LoadedModel) -> None:
+        # the policy and admission order are the set's (an admin may have changed them)
+        config = dataclasses.replace(loaded.config, policy=self.config.policy,
+                                     admission=self.config.admission)
+        entry.engine = Engine(config, loaded.executor, entry.tokenizer, turns=self.turns)
+        entry.state, entry.error, entry.wanted = "loaded", None, False
+        entry.size = loaded.size or entry.source.size
+        entry.runs = loaded.runs
+        entry.last_used = self.clock()
+
+    def _unload(self, entry: ModelEntry, why: str) -> None:
+        engine = entry.engine
+        if engine is not None:
+            engine.stop()
+        with self._lock:
+            entry.engine = None
+        del engine
+        release_memory()  # the weights and KV pool go back to the system
+        self._event(entry.name, "unloaded", f"unloaded {entry.name}: {why}")
+        with self._lock:  # after the event: whoever sees "unloaded" finds the event too
+            entry.state, entry.size = "unloaded", 0
+        self._wake.set()
+
+    def _event(self, model: str, kind: str, text: str) -> None:
+        log.info("%s", text)
+        self.events.append(ModelEvent(time.time(), model, kind, text))  # type: ignore[arg-type]

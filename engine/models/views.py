@@ -1,0 +1,123 @@
+"""The model set's read side and the per-model view the web layer submits through."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from engine.config import ADMISSIONS, POLICIES, EngineConfig
+from engine.models.entry import ModelEntry
+from engine.runtime.handle import RequestHandle
+from engine.runtime.reasoning import Reasoning
+from engine.runtime.snapshot import EngineSnapshot, RequestView
+from engine.scheduling.admission import WaitReason
+from engine.scheduling.constraint import Constraint
+from engine.scheduling.request import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.execution.text.tokenizer import Tokenizer
+    from engine.models.model_set import ModelSet
+
+
+class SetViews:
+    """Read-side methods of ModelSet (split out to keep one file per concern)."""
+
+    config: EngineConfig
+    clock: Callable[[], float]
+    _entries: dict[str, ModelEntry]
+    _lock: threading.RLock
+
+    def _pending_views(self, entry: ModelEntry, now: float) -> list[RequestView]:
+        if entry.state == "unloaded" and entry.memory_wait:
+            reason = WaitReason("memory", f"waiting for {entry.memory_wait}")
+        else:
+            since = entry.loading_since if entry.state == "loading" and entry.loading_since \
+                is not None else now
+            reason = WaitReason("loading", f"loading {entry.name}, {now - since:.0f} s")
+        return [p.view(entry.name, now, reason, i + 1) for i, p in enumerate(entry.pending)]
+
+    def live_ids(self, owner: str | None = None) -> list[str]:
+        with self._lock:
+            ids = [p.handle.id for e in self._entries.values() for p in e.pending
+                   if owner is None or p.owner == owner]
+            for e in self._entries.values():
+                if e.engine is not None:
+                    ids += e.engine.live_ids(owner)
+        return ids
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Block until no model has requests (tests, shutdown)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                engines = [e.engine for e in self._entries.values() if e.engine is not None]
+                pending = any(e.pending for e in self._entries.values())
+            if not pending and all(e.wait_idle(max(0.0, deadline - time.monotonic()))
+                                   for e in engines) and not self.live_ids():
+                return True
+            time.sleep(0.02)
+        return False
+
+    def reconfigure(self, policy: str | None = None, admission: str | None = None) -> None:
+        """Change the policy / admission order of every model (and of those loaded later)."""
+        if policy is not None and policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}")
+        if admission is not None and admission not in ADMISSIONS:
+            raise ValueError(f"unknown admission order {admission!r}")
+        changes = {k: v for k, v in (("policy", policy), ("admission", admission)) if v}
+        with self._lock:
+            self.config = dataclasses.replace(self.config, **changes)  # type: ignore[arg-type]
+            for e in self._entries.values():
+                if e.engine is not None:
+                    e.engine.reconfigure(policy, admission)
+
+    def model_snapshots(self) -> list[tuple[str, EngineSnapshot | None]]:
+        """Each model's own snapshot (None when not loaded), for the dashboard's sections."""
+        with self._lock:
+            engines = [(e.name, e.engine) for e in self._entries.values()]
+        return [(name, engine.snapshot() if engine else None) for name, engine in engines]
+
+    def config_of(self, model: str) -> EngineConfig:
+        with self._lock:
+            engine = self._entries[model].engine
+        return engine.config if engine is not None else self.config
+
+
+class ModelView:
+    """One model of a set, shaped like a single Engine for the code that serves a request:
+    submit goes to that model; the rest (snapshot, cancel, handle) is the whole set's."""
+
+    def __init__(self, models: ModelSet, name: str, keep_alive: object) -> None:
+        self.models, self.name, self.keep_alive = models, name, keep_alive
+
+    @property
+    def alive(self) -> bool:
+        return self.models.alive
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.models.config_of(self.name)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.models.tokenizer(self.name)
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, owner: str = "local",
+               request_id: str | None = None, owner_limit: int | None = None,
+               reasoning: Reasoning | None = None) -> RequestHandle:
+        return self.models.submit(prompt_ids, params, owner, request_id, owner_limit,
+                                  reasoning, self.name, self.keep_alive)
+
+    def check_constraint(self, constraint: Constraint) -> None:
+        """Checked by the loaded engine's compiler, else by one built from the tokenizer."""
+        with self.models._lock:
+            engine = self.models._entries[self.name].engine
+        if engine is not None:
+            engine.check_constraint(constraint)
+        else:
+            self.models.grammars(self.name).check(constraint)
+
+    def __getattr__(self, name: str) -> Any:  # cancel, handle, snapshot, live_ids, ...
+        return getattr(self.models, name)
