@@ -91,6 +91,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     serve.add_argument("--admission", metavar="|".join(ADMISSIONS),
                        help="admission order of the waiting queue (default fifo; fair when "
                             "shared)")
+    serve.add_argument("--speculative", metavar="ngram|draft|off",
+                       help="speculative decoding: ngram drafts from the prompt and reply "
+                            "(prompt lookup; default), off; draft (a draft model) is not "
+                            "available yet")
     serve.add_argument("--max-running", type=int, metavar="N",
                        help="requests decoding at once: the engine's slots (default 32)")
     serve.add_argument("--kv-tokens", type=int, metavar="N",
@@ -134,7 +138,7 @@ def passthrough(command: str, argv: list[str]) -> int:
 def serve_flags(args: argparse.Namespace) -> dict[str, object]:
     return {name: getattr(args, name) for name in
             ("host", "port", "model", "dtype", "quantize", "device", "policy", "admission",
-             "max_running", "kv_tokens", "max_prefill_tokens", "open", "upstreams",
+             "speculative", "max_running", "kv_tokens", "max_prefill_tokens", "open", "upstreams",
              "allowed_hosts")}
 
 

@@ -9,7 +9,7 @@ import ipaddress
 import re
 from dataclasses import dataclass, field, fields
 
-from engine import ADMISSIONS, POLICIES, ConfigError, EngineConfig
+from engine import ADMISSIONS, POLICIES, SPECULATIVE, ConfigError, EngineConfig
 
 DTYPES = ("auto", "bfloat16", "float32")
 QUANTIZE = ("none", "q8_0", "q4_0")  # a float folder's weights quantized once at load
@@ -22,6 +22,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "quantize": QUANTIZE,
     "policy": POLICIES,
     "admission": ADMISSIONS,
+    "speculative": SPECULATIVE,
 }
 # Inclusive lower (and optional upper) bounds for integer settings.
 INT_RANGES: dict[str, tuple[int, int | None]] = {
@@ -79,6 +80,7 @@ class Settings:
     kv_tokens: int = 16384  # 0.75 GB of KV for SmolLM2 in float32, allocated at start
     page_size: int = 16
     prefix_cache: bool = True
+    speculative: str = "ngram"  # ngram (prompt lookup) | off; draft: not available yet
     max_waiting: int = 256
     per_user_limit: int = 8  # waiting + running requests per user
     max_body_bytes: int = MIB
@@ -134,6 +136,9 @@ class Settings:
             if value not in choices:
                 raise SettingsError(
                     name, f"{name} must be one of {', '.join(choices)}, got {value!r}")
+        if self.speculative == "draft":
+            raise SettingsError("speculative", "speculative 'draft' (a draft model) is not "
+                                               "available yet: use ngram (prompt lookup) or off")
         if self.upstreams:
             from app.upstreams import normalize
             try:
@@ -203,6 +208,7 @@ def engine_config(settings: Settings, *, max_context: int | None = None) -> Engi
             policy=settings.policy,  # type: ignore[arg-type]  # validated against POLICIES
             admission=settings.admission,  # type: ignore[arg-type]
             prefix_cache=settings.prefix_cache,
+            speculative=settings.speculative,  # type: ignore[arg-type]  # in SPECULATIVE
             max_waiting=settings.max_waiting,
             **extra,
         )

@@ -12,10 +12,12 @@ the distribution plain sampling draws from (temperature, top-k, top-p applied as
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
+from engine.kernels import ops
+from engine.scheduling.batch import BatchItem
 from engine.scheduling.request import SamplingParams
 
 
@@ -53,8 +55,8 @@ def verify(logits: torch.Tensor, drafts: Sequence[int], params: SamplingParams,
     k = len(drafts)
     if logits.shape[0] != k + 1:
         raise ValueError(f"verify: {k} drafts need {k + 1} logits rows, got {logits.shape[0]}")
-    if params.greedy:
-        best = logits.argmax(dim=-1).tolist()
+    if params.greedy:  # the argmax plain decoding takes (Sampler: first maximum)
+        best = ops.argmax(logits) if ops.usable(logits) else logits.argmax(dim=-1).tolist()
         out = []
         for i, d in enumerate(drafts):
             if best[i] != d:
@@ -82,4 +84,25 @@ def verify(logits: torch.Tensor, drafts: Sequence[int], params: SamplingParams,
         out.append(_draw(residual, gen))
         return out
     out.append(_draw(p[k], gen))
+    return out
+
+
+def verify_items(logits: torch.Tensor, rows: Sequence[int], items: Sequence[BatchItem],
+                 generator: Callable[[str, int | None], torch.Generator]
+                 ) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """A round's logits with `rows[r]` the item of row r (a speculative item has 1 + k rows
+    in a row) -> for each speculative item index, (its first row, the tokens it emits)."""
+    out: dict[int, tuple[int, tuple[int, ...]]] = {}
+    first = 0
+    while first < len(rows):
+        i = rows[first]
+        drafts = items[i].drafts
+        if not drafts:
+            first += 1
+            continue
+        params = items[i].request.params
+        gen = None if params.greedy else generator(items[i].request.id, params.seed)
+        out[i] = (first, tuple(verify(logits[first:first + len(drafts) + 1], drafts, params,
+                                      gen)))
+        first += len(drafts) + 1
     return out
