@@ -197,9 +197,9 @@ class Engine:
             record = self._core.step()
             if record is not None:
                 self._after_round(record)
+            self._publish()  # before idle is signalled: wait_idle() then sees the last round
             if not scheduler.has_work:
                 self._check_idle()
-            self._publish()
             if record is not None:
                 self.round_time += self.clock() - started
                 self.executor_time += record.duration
