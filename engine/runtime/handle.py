@@ -101,6 +101,9 @@ class RequestHandle:
             reasoning, tail = self._text(tail, final=True) if not self._stopped else ("", "")
             if self._stopped and event.finish_reason not in ("stop", "error"):
                 event = replace(event, finish_reason="stop")  # a stop string ended it
+            if self._stopped:  # the reply ends with the token that completed the stop string
+                event = replace(event, usage=replace(event.usage,
+                                                     completion_tokens=len(self.token_ids)))
             self.final = event
             return event if not (tail or reasoning) else TextDelta(tail, (), reasoning=reasoning)
         assert isinstance(event, TokenEvent)

@@ -44,10 +44,14 @@ def apply_run(item: BatchItem, token: Sampled, now: float, drafter: Drafter | No
     if drafter is not None:
         drafter.record(req, len(item.drafts), len(run) - 1)
     req.num_computed = item.start
+    previous = req.last_token_at
+    reason = None
     for tok in run:
         req.num_computed += 1  # the position before `tok` holds valid K/V now
         reason = append_output(req, tok, now)
         if reason is not None:
             del req.output_logprobs[req.num_outputs:]  # rows scored past the end
-            return reason
-    return None
+            break
+    if previous is not None:  # the round's gap, shared by the tokens it wrote
+        req.itl = (now - previous) / (req.num_computed - item.start)
+    return reason

@@ -137,7 +137,8 @@ def test_a_speculative_run_is_streamed_as_tokens_one_at_a_time(tok: Tokenizer) -
     lps = tuple(TokenLogprob(t, -0.5) for t in ids)
     final = FinalEvent("length", Usage(3, len(ids), 0), Timings(0, 0, 0, 0), None)
 
-    def stream(chunks: list[int], stop: tuple[str, ...]) -> tuple[str, list[int], int, list[str]]:
+    def stream(chunks: list[int], stop: tuple[str, ...]
+               ) -> tuple[str, list[int], int, list[str], int]:
         cancels: list[str] = []
         handle = RequestHandle("r", "local", [], tok, stop,
                                lambda rid, reason: cancels.append(reason) is None)
@@ -148,7 +149,9 @@ def test_a_speculative_run_is_streamed_as_tokens_one_at_a_time(tok: Tokenizer) -
         handle.put(final)
         events = list(handle.events(timeout=5))
         text = "".join(e.text for e in events if isinstance(e, TextDelta))
-        return text, handle.token_ids, len(handle.logprobs), cancels
+        assert isinstance(events[-1], FinalEvent)
+        return (text, handle.token_ids, len(handle.logprobs), cancels,
+                events[-1].usage.completion_tokens)
 
     one = [1] * len(ids)
     runs = [3, 1, 4, 2, len(ids) - 10]
@@ -157,6 +160,6 @@ def test_a_speculative_run_is_streamed_as_tokens_one_at_a_time(tok: Tokenizer) -
     for stop in (("quick",), ("fox hel",), ("there",)):
         by_token, by_run = stream(one, stop), stream(runs, stop)
         assert by_run == by_token and by_run[3] == ["stop"]
-        assert stop[0] not in by_run[0] and len(by_run[1]) == by_run[2]
-    text, kept, _, _ = stream([len(ids)], ("quick",))  # the whole reply in one run
-    assert text == "hello world the " and len(kept) < len(ids)
+        assert stop[0] not in by_run[0] and len(by_run[1]) == by_run[2] == by_run[4]
+    text, kept, _, _, used = stream([len(ids)], ("quick",))  # the whole reply in one run
+    assert text == "hello world the " and len(kept) == used < len(ids)
