@@ -115,15 +115,8 @@ class ModelExecutor:
         with torch.inference_mode():
             logits, sample_items = self.compute_logits(batch)
             if any(it.drafts for it in items):  # speculative items: verified, not sampled
-                for i, (first, run) in verify_items(logits, sample_items, items,
-                                                    self.sampler.generator).items():
-                    out[i] = run
-                    req = items[i].request
-                    if req.params.logprobs is not None:  # each kept row scores its token
-                        req.output_logprobs.extend(token_logprobs(
-                            logits[first:first + len(run)], list(run), req.params.logprobs))
-                plain = [r for r, i in enumerate(sample_items) if not items[i].drafts]
-                logits, sample_items = logits[plain], [sample_items[r] for r in plain]
+                logits, sample_items = verify_items(logits, sample_items, items, out,
+                                                    self.sampler.generator, token_logprobs)
             reqs = [items[i].request for i in sample_items]
             wanted = [row for row, r in enumerate(reqs) if r.params.logprobs is not None]
             # a copy: the model's own distribution, before temperature / top-k / top-p / mask
@@ -188,31 +181,24 @@ class ModelExecutor:
                                  f"{-(-end // ps)} pages, page table has {len(pages)}")
             if n == 1:
                 ids.append(req.token_at(start))
-                positions.append(start)
-                slots.append(slot_of(pages, start, ps))
-            elif it.drafts:
-                # the last token, then the drafts (not in the output yet), each its own
-                # single-token sequence over the same pages: every layer stores the round's
-                # K/V before it attends, so row j sees positions [0, start + j], and the
-                # rows run on the decode path, the numbers plain decoding gives token by token
-                ids.append(req.token_at(start))
-                ids.extend(it.drafts)
-                positions.extend(range(start, end))
-                slots.extend(slot_of(pages, p, ps) for p in range(start, end))
+            elif it.drafts:  # the last token, then the drafts (not in the output yet)
+                ids.extend((req.token_at(start), *it.drafts))
+            elif end <= req.prompt_len:
+                ids.extend(req.prompt_ids[start:end])
+            else:
+                ids.extend(req.token_at(p) for p in range(start, end))
+            positions.extend(range(start, end))
+            slots.extend(slot_of(pages, p, ps) for p in range(start, end))
+            if it.drafts:
+                # each position its own single-token sequence over the same pages: every
+                # layer stores the round's K/V before it attends, so row j sees [0, start + j]
+                # and the rows run on the decode path, with plain decoding's numbers
                 query_lens.extend([1] * n)
                 kv_lens.extend(range(start + 1, end + 1))
                 tables.extend([pages] * n)
-                if it.sample:
-                    sample_rows.extend(range(len(ids) - n, len(ids)))
-                    sample_items.extend([i] * n)
+                sample_rows.extend(range(len(ids) - n, len(ids)))
+                sample_items.extend([i] * n)
                 continue
-            else:
-                if end <= req.prompt_len:
-                    ids.extend(req.prompt_ids[start:end])
-                else:
-                    ids.extend(req.token_at(p) for p in range(start, end))
-                positions.extend(range(start, end))
-                slots.extend(slot_of(pages, p, ps) for p in range(start, end))
             query_lens.append(n)
             kv_lens.append(end)
             tables.append(pages)

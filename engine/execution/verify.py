@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from engine.kernels import ops
-from engine.scheduling.batch import BatchItem
-from engine.scheduling.request import SamplingParams
+from engine.scheduling.batch import BatchItem, Sampled
+from engine.scheduling.request import SamplingParams, TokenLogprob
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -88,21 +88,28 @@ def verify(logits: torch.Tensor, drafts: Sequence[int], params: SamplingParams,
 
 
 def verify_items(logits: torch.Tensor, rows: Sequence[int], items: Sequence[BatchItem],
-                 generator: Callable[[str, int | None], torch.Generator]
-                 ) -> dict[int, tuple[int, tuple[int, ...]]]:
-    """A round's logits with `rows[r]` the item of row r (a speculative item has 1 + k rows
-    in a row) -> for each speculative item index, (its first row, the tokens it emits)."""
-    out: dict[int, tuple[int, tuple[int, ...]]] = {}
+                 out: list[Sampled], generator: Callable[[str, int | None], torch.Generator],
+                 score: Callable[[torch.Tensor, list[int], int], list[TokenLogprob]]
+                 ) -> tuple[torch.Tensor, list[int]]:
+    """A round's logits, `rows[r]` the item of row r (a speculative item has 1 + k rows in a
+    row) -> each speculative item's emitted run into `out` (and, where its request asks, the
+    log-probabilities `score` gives each kept token from its own row); returns the other
+    rows and their items, for plain sampling."""
+    plain: list[int] = []
     first = 0
     while first < len(rows):
         i = rows[first]
         drafts = items[i].drafts
         if not drafts:
+            plain.append(first)
             first += 1
             continue
-        params = items[i].request.params
-        gen = None if params.greedy else generator(items[i].request.id, params.seed)
-        out[i] = (first, tuple(verify(logits[first:first + len(drafts) + 1], drafts, params,
-                                      gen)))
+        req = items[i].request
+        gen = None if req.params.greedy else generator(req.id, req.params.seed)
+        run = verify(logits[first:first + len(drafts) + 1], drafts, req.params, gen)
+        out[i] = tuple(run)
+        if req.params.logprobs is not None:
+            req.output_logprobs.extend(score(logits[first:first + len(run)], run,
+                                             req.params.logprobs))
         first += len(drafts) + 1
-    return out
+    return logits[plain], [rows[r] for r in plain]

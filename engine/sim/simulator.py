@@ -185,7 +185,9 @@ def format_table(result: dict[str, Any]) -> str:
             "finished")
     lines = [head, "-" * len(head)]
     for r in result["rounds"]:
-        batch = " ".join(f"{b['id']}:{b['tokens']}" for b in r["batch"])
+        # a speculative entry: id:1+drafts(kept)
+        batch = " ".join(f"{b['id']}:1+{b['drafts']}({b['accepted']})" if "drafts" in b
+                         else f"{b['id']}:{b['tokens']}" for b in r["batch"])
         waiting = " ".join(f"{w}({r['waiting_reasons'][w]['code']})" for w in r["waiting"])
         running = " ".join(r["running"]) or "-"
         lines.append(f"{r['round']:>5}  {r['phase']:<8} {batch:<24} {running:<14} "
