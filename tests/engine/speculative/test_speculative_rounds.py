@@ -99,9 +99,12 @@ PROMPTS = {
 }
 
 
+@pytest.mark.parametrize("policy", ["prefill-first", "interleave", "mixed"])
 @pytest.mark.parametrize("page_size", [1, 4, 16])
-def test_speculative_tokens_equal_plain_and_accounting_holds(page_size: int) -> None:
-    base = {"max_running": 4, "kv_tokens": 512, "page_size": page_size}
+def test_speculative_tokens_equal_plain_and_accounting_holds(page_size: int,
+                                                             policy: str) -> None:
+    base = {"max_running": 4, "kv_tokens": 512, "page_size": page_size, "policy": policy,
+            "max_prefill_tokens": 8}  # prompts in chunks: prefills share rounds with drafts
     plain, _ = drive(EngineConfig(**base, speculative="off"), PROMPTS)
     spec, core = drive(EngineConfig(**base), PROMPTS)
     for rid in PROMPTS:
