@@ -69,7 +69,8 @@ def banner(settings: Settings, model: str, device: str = "", dtype: str = "",
         f"  Engine:  policy {settings.policy}, admission {settings.admission}, "
         f"{settings.max_running} slots, prefill budget {settings.max_prefill_tokens}, "
         f"KV {settings.kv_tokens} tokens / page {settings.page_size}, "
-        f"prefix cache {'on' if settings.prefix_cache else 'off'}")
+        f"prefix cache {'on' if settings.prefix_cache else 'off'}, "
+        f"speculative {settings.speculative}")
     lines.append("  Stop with Ctrl+C")
     lines.append("")
     return "\n".join(lines)

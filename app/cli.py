@@ -102,6 +102,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     serve.add_argument("--admission", metavar="|".join(ADMISSIONS),
                        help="admission order of the waiting queue (default fifo; fair when "
                             "shared)")
+    serve.add_argument("--speculative", metavar="ngram|draft|off",
+                       help="speculative decoding: ngram drafts from the prompt and reply "
+                            "(prompt lookup; default), off; draft (a draft model) is not "
+                            "available yet")
     serve.add_argument("--max-running", type=int, metavar="N",
                        help="requests decoding at once: the engine's slots (default 32)")
     serve.add_argument("--kv-tokens", type=int, metavar="N",
@@ -145,9 +149,9 @@ def passthrough(command: str, argv: list[str]) -> int:
 def serve_flags(args: argparse.Namespace) -> dict[str, object]:
     flags: dict[str, object] = {name: getattr(args, name) for name in
                                 ("host", "port", "dtype", "quantize", "device", "policy",
-                                 "admission", "max_running", "kv_tokens", "max_prefill_tokens",
-                                 "open", "upstreams", "allowed_hosts", "max_loaded",
-                                 "max_memory", "keep_alive")}
+                                 "admission", "speculative", "max_running", "kv_tokens",
+                                 "max_prefill_tokens", "open", "upstreams", "allowed_hosts",
+                                 "max_loaded", "max_memory", "keep_alive")}
     named: list[str] = args.model or []
     flags["model"] = named[0] if named else None  # one --model: exactly as before
     flags["models"] = named if len(named) > 1 else None

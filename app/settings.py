@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from engine import (
     ADMISSIONS,
     POLICIES,
+    SPECULATIVE,
     ConfigError,
     EngineConfig,
     RequestError,
@@ -29,6 +30,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "quantize": QUANTIZE,
     "policy": POLICIES,
     "admission": ADMISSIONS,
+    "speculative": SPECULATIVE,
 }
 # Inclusive lower (and optional upper) bounds for integer settings.
 INT_RANGES: dict[str, tuple[int, int | None]] = {
@@ -96,6 +98,7 @@ class Settings:
     # for every slot's window plus one round
     local_kv_tokens: int = 0
     prefix_cache: bool = True
+    speculative: str = "ngram"  # ngram (prompt lookup) | off; draft: not available yet
     max_waiting: int = 256
     per_user_limit: int = 8  # waiting + running requests per user
     max_body_bytes: int = MIB
@@ -160,6 +163,9 @@ class Settings:
             if value not in choices:
                 raise SettingsError(
                     name, f"{name} must be one of {', '.join(choices)}, got {value!r}")
+        if self.speculative == "draft":
+            raise SettingsError("speculative", "speculative 'draft' (a draft model) is not "
+                                               "available yet: use ngram (prompt lookup) or off")
         if self.upstreams:
             from app.upstreams import normalize
             try:
@@ -235,6 +241,7 @@ def engine_config(settings: Settings, *, max_context: int | None = None) -> Engi
             policy=settings.policy,  # type: ignore[arg-type]  # validated against POLICIES
             admission=settings.admission,  # type: ignore[arg-type]
             prefix_cache=settings.prefix_cache,
+            speculative=settings.speculative,  # type: ignore[arg-type]  # in SPECULATIVE
             max_waiting=settings.max_waiting,
             **extra,
         )

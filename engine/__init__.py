@@ -10,7 +10,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from engine import structured
-from engine.config import ADMISSIONS, POLICIES, AdmissionOrder, ConfigError, EngineConfig, Policy
+from engine.config import (
+    ADMISSIONS,
+    POLICIES,
+    SPECULATIVE,
+    AdmissionOrder,
+    ConfigError,
+    EngineConfig,
+    Policy,
+)
 from engine.kernels.cpu_level import CpuLevelError
 from engine.kernels.cpu_level import apply_torch_env as apply_cpu_cap
 from engine.kernels.cpu_level import describe as describe_cpu_level
@@ -92,6 +100,7 @@ __all__ = [
     "POLICIES",
     "SEED_MAX",
     "SEED_MIN",
+    "SPECULATIVE",
     "AdmissionOrder",
     "Budget",
     "ConfigError",

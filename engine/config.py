@@ -6,8 +6,10 @@ from typing import Literal, get_args
 
 Policy = Literal["prefill-first", "interleave", "mixed"]
 AdmissionOrder = Literal["fifo", "fair"]
+Speculative = Literal["ngram", "draft", "off"]
 POLICIES: tuple[str, ...] = get_args(Policy)
 ADMISSIONS: tuple[str, ...] = get_args(AdmissionOrder)
+SPECULATIVE: tuple[str, ...] = get_args(Speculative)
 
 
 class ConfigError(ValueError):
@@ -30,11 +32,17 @@ class EngineConfig:
     # Engine from its executor. Local layers keep KV for that window only, in a pool of
     # their own (`num_local_pages`)
     sliding_window: int = 0
-    local_kv_tokens: int = 0  # positions in the local layers' pool; 0: every slot's most
+    local_kv_tokens: int = 0  # positions in the local layers' pool; 0: every slot's reservation
+    # speculative decoding: "ngram" drafts by prompt lookup; off above `speculative_batch`
+    # decoding requests (a CPU's big batch is compute-bound: verifying drafts costs throughput)
+    speculative: Speculative = "ngram"
+    speculative_batch: int = 8
+    max_draft: int = 8  # drafted tokens per request and round, at most
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_prefill_tokens", "kv_tokens", "page_size",
-                     "max_context", "max_waiting", "rounds_kept"):
+                     "max_context", "max_waiting", "rounds_kept", "speculative_batch",
+                     "max_draft"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -43,6 +51,12 @@ class EngineConfig:
         if self.admission not in ADMISSIONS:
             raise ConfigError(
                 f"admission must be one of {', '.join(ADMISSIONS)}, got {self.admission!r}")
+        if self.speculative not in SPECULATIVE:
+            raise ConfigError(f"speculative must be one of {', '.join(SPECULATIVE)}, "
+                              f"got {self.speculative!r}")
+        if self.speculative == "draft":
+            raise ConfigError("speculative 'draft' (a draft model) is not available yet: use "
+                              "'ngram' (prompt lookup) or 'off'")
         if self.kv_tokens < self.page_size:
             raise ConfigError("kv_tokens must hold at least one page")
         for name in ("sliding_window", "local_kv_tokens"):

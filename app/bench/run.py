@@ -47,6 +47,11 @@ class Result:
     tpot: list[float] = field(default_factory=list)
     scheduler_share: float | None = None
     note: str = ""
+    # speculative decoding over the run: drafts made and kept, decoding steps and their tokens
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+    step_tokens: int = 0
 
     @property
     def output_tps(self) -> float:
@@ -66,6 +71,10 @@ class Result:
                 "tok_s_user": round(1 / tpot, 1) if tpot else None,
                 "scheduler_share_pct": None if self.scheduler_share is None
                 else round(100 * self.scheduler_share, 2),
+                "accepted_pct": round(100 * self.accepted / self.drafted, 1) if self.drafted
+                else None,
+                "tokens_per_step": round(self.step_tokens / self.steps, 2) if self.steps
+                else None,
                 "note": self.note}
 
 
@@ -81,12 +90,14 @@ def ms(v: float | None) -> float | None:
 
 
 def run_engine(engine: object, work: Workload, prompts: list[list[int]], name: str,
-               constrained: set[int] | None = None, constraint: object = None) -> Result:
+               constrained: set[int] | None = None, constraint: object = None,
+               params: object = None) -> Result:
     """Closed-loop clients (at most `concurrency` in flight), Poisson arrivals when rate > 0;
-    the prompts whose index is in `constrained` run under `constraint`."""
+    the prompts whose index is in `constrained` run under `constraint`. `params`: the
+    requests' SamplingParams (default: work.output tokens, EOS ignored)."""
     from engine import SamplingParams
 
-    params = SamplingParams(max_tokens=work.output, ignore_eos=True)
+    params = params or SamplingParams(max_tokens=work.output, ignore_eos=True)
     grammar = SamplingParams(max_tokens=work.output, ignore_eos=True,
                              constraint=constraint)  # type: ignore[arg-type]
     result = Result(name, len(prompts), 0.0, 0, 0)
@@ -94,6 +105,7 @@ def run_engine(engine: object, work: Workload, prompts: list[list[int]], name: s
     slots = threading.Semaphore(work.concurrency)
     rng = random.Random(work.seed + 1)
     round0, exec0 = engine.round_time, engine.executor_time  # type: ignore[attr-defined]
+    m0 = engine.snapshot().metrics  # type: ignore[attr-defined]
 
     def client(ids: list[int], p: object) -> None:
         try:
@@ -133,6 +145,12 @@ def run_engine(engine: object, work: Workload, prompts: list[list[int]], name: s
     rounds = engine.round_time - round0  # type: ignore[attr-defined]
     execs = engine.executor_time - exec0  # type: ignore[attr-defined]
     result.scheduler_share = (rounds - execs) / rounds if rounds else None
+    engine.wait_idle()  # type: ignore[attr-defined]  # the snapshot has the last round then
+    m1 = engine.snapshot().metrics  # type: ignore[attr-defined]
+    result.drafted = m1.drafted_tokens - m0.drafted_tokens
+    result.accepted = m1.accepted_tokens - m0.accepted_tokens
+    result.steps = m1.decode_steps - m0.decode_steps
+    result.step_tokens = m1.decode_tokens - m0.decode_tokens
     return result
 
 
@@ -173,6 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run the workload with this fraction of the requests under a "
                         "JSON schema, and print its output tok/s against the unconstrained "
                         "run and the per-token mask time p50/p99")
+    p.add_argument("--speculative", choices=("ngram", "off"), default="ngram",
+                   help="speculative decoding in the engine (default ngram: prompt lookup)")
+    p.add_argument("--chat", metavar="TEXT",
+                   help="instead of the throughput run: one chat with TEXT at temperature 0, "
+                        "speculative decoding on and off alternating (--repeats times each, "
+                        "--output tokens at most)")
+    p.add_argument("--repeats", type=int, default=2, help="rounds of --chat (default 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     return p
@@ -180,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _validate(args: argparse.Namespace) -> str | None:
     for name in ("requests", "concurrency", "prompt", "output", "max_prefill_tokens",
-                 "baseline_requests"):
+                 "baseline_requests", "repeats"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be >= 1"
     if not 0 <= args.structured_fraction <= 1:
@@ -214,7 +239,7 @@ def main(argv: list[str]) -> int:
     config = EngineConfig(max_running=slots, max_prefill_tokens=args.max_prefill_tokens,
                           kv_tokens=max(4096, slots * (args.prompt + args.output + 32),
                                         args.stall + 8192),
-                          policy=args.policy)
+                          policy=args.policy, speculative=args.speculative)
     paths = get_paths()
     set_kernel_build_dir(paths.kernels_cache)
     try:
@@ -232,7 +257,7 @@ def main(argv: list[str]) -> int:
         return 0
     prompts = work.prompts(executor.vocab_size)
     tokenizer = None
-    if args.structured_fraction:  # grammars need the model's tokenizer
+    if args.structured_fraction or args.chat:  # grammars and chats need the tokenizer
         from engine import Tokenizer
 
         assert executor.tokenizer_path is not None
@@ -241,8 +266,17 @@ def main(argv: list[str]) -> int:
     results: list[Result] = []
     try:
         run_engine(engine, Workload(2, 2, 8, 4), prompts[:2], "warm-up")
-        results.append(run_engine(engine, work, prompts, "ferry (continuous batching)"))
-        if args.structured_fraction:
+        if args.chat:
+            from app.bench import speculative as bench_speculative
+
+            results = bench_speculative.compare(engine, tokenizer, args.chat, args.output,
+                                                args.repeats)
+            work = Workload(1, 1, results[0].prompt_tokens, args.output)
+            args.no_single = True
+            args.baseline = None
+        else:
+            results.append(run_engine(engine, work, prompts, "ferry (continuous batching)"))
+        if args.structured_fraction and not args.chat:
             from app.bench import structured as bench_structured
 
             picked = bench_structured.constrained_indices(len(prompts),
@@ -308,9 +342,10 @@ def report(results: list[Result], work: Workload, dtype: str, as_json: bool,
           + (f", CPU kernels {kernels}" if kernels else "")
           + (f"; model runs as {runs}" if runs else ""))  # e.g. GGUF Q4_1 + Q8_0 head, ...
     cols = ["system", "output_tok_s", "prefill_tok_s", "ttft_p50_ms", "ttft_p95_ms",
-            "itl_p50_ms", "itl_p95_ms", "tok_s_user", "scheduler_share_pct"]
+            "itl_p50_ms", "itl_p95_ms", "tok_s_user", "scheduler_share_pct", "accepted_pct",
+            "tokens_per_step"]
     heads = ["system", "out tok/s", "prefill tok/s", "TTFT p50 ms", "TTFT p95 ms", "ITL p50 ms",
-             "ITL p95 ms", "tok/s/user", "sched %"]
+             "ITL p95 ms", "tok/s/user", "sched %", "drafts kept %", "tok/step"]
     print("| " + " | ".join(heads) + " |")
     print("|" + "|".join("---" for _ in heads) + "|")
     for row in rows:

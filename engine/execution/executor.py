@@ -25,8 +25,9 @@ from engine.execution.model.decoder import CausalLM
 from engine.execution.model.fused_decode import FusedDecode
 from engine.execution.sampling.grammar_masks import MaskWorker, consume
 from engine.execution.sampling.sampler import Sampler
+from engine.execution.sampling.verify import verify_items
 from engine.execution.text.tokenizer import gguf_tokenizer_dir, read_eos_ids
-from engine.scheduling.batch import Batch
+from engine.scheduling.batch import Batch, Sampled
 from engine.scheduling.request import Request, TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -112,9 +113,9 @@ class ModelExecutor:
 
     # --- Executor protocol ------------------------------------------------------------------
 
-    def run(self, batch: Batch) -> list[int | None]:
+    def run(self, batch: Batch) -> list[Sampled]:
         items = batch.items
-        out: list[int | None] = [None] * len(items)
+        out: list[Sampled] = [None] * len(items)
         if not items:
             return out
         # the constrained rows' masks are filled on a worker while the forward runs
@@ -122,6 +123,9 @@ class ModelExecutor:
                                 if it.sample and it.request.matcher is not None])
         with torch.inference_mode():
             logits, sample_items = self.compute_logits(batch)
+            if any(it.drafts for it in items):  # speculative items: verified, not sampled
+                logits, sample_items = verify_items(logits, sample_items, items, out,
+                                                    self.sampler.generator, token_logprobs)
             reqs = [items[i].request for i in sample_items]
             wanted = [row for row, r in enumerate(reqs) if r.params.logprobs is not None]
             # a copy: the model's own distribution, before temperature / top-k / top-p / mask
@@ -144,22 +148,36 @@ class ModelExecutor:
     def release(self, request: Request) -> None:
         self.sampler.release(request.id)
 
+    @property
+    def decode_rows(self) -> int:
+        """Rows a decode round runs on the few-row path (fused layers, int8 products per
+        row): a speculative round's drafts stay within it, so each row's numbers are those
+        of plain decoding (and its cost grows little per row)."""
+        return self.fused.max_rows if self.fused is not None else 16
+
     # --- the forward pass -------------------------------------------------------------------
 
     def compute_logits(self, batch: Batch) -> tuple[torch.Tensor, list[int]]:
-        """Run the round's forward pass (writing its K/V) -> (logits [S, vocab], the indices
-        of the S items with `sample` set, in logits row order)."""
+        """Run the round's forward pass (writing its K/V) -> (logits [S, vocab], for each row
+        the index of its item: items with `sample` set, in order; a speculative item has
+        1 + len(drafts) rows in a row, after its last token and after each draft)."""
         if self._bound_thread != threading.get_ident() and self.device.type == "cpu":
             torch.set_num_threads(self.threads)
             self._bound_thread = threading.get_ident()
         items = batch.items
-        # single-token sequences first (stable), as AttentionInputs requires
-        order = sorted(range(len(items)), key=lambda i: items[i].num_tokens != 1)
+        # single-token sequences first (stable), as AttentionInputs requires; a speculative
+        # item is 1 + k of them (see below)
+        order = sorted(range(len(items)),
+                       key=lambda i: items[i].num_tokens != 1 and not items[i].drafts)
         ps = self.page_size
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        query_lens, kv_lens, tables, sample_rows, sample_items = [], [], [], [], []
+        query_lens: list[int] = []
+        kv_lens: list[int] = []
+        tables: list[list[int]] = []
+        sample_rows: list[int] = []
+        sample_items: list[int] = []
         local = LocalTables(ps, self.sliding_window) if self.local_pool is not None else None
         score_rows: list[int] = []  # rows whose logits score the next prompt token
         scored: list[tuple[Request, int, int]] = []  # (request, first target, count)
@@ -173,15 +191,24 @@ class ModelExecutor:
                                  f"{-(-end // ps)} pages, page table has {len(pages)}")
             if n == 1:
                 ids.append(req.token_at(start))
-                positions.append(start)
-                slots.append(slot_of(pages, start, ps))
+            elif it.drafts:  # the last token, then the drafts (not in the output yet)
+                ids.extend((req.token_at(start), *it.drafts))
+            elif end <= req.prompt_len:
+                ids.extend(req.prompt_ids[start:end])
             else:
-                if end <= req.prompt_len:
-                    ids.extend(req.prompt_ids[start:end])
-                else:
-                    ids.extend(req.token_at(p) for p in range(start, end))
-                positions.extend(range(start, end))
-                slots.extend(slot_of(pages, p, ps) for p in range(start, end))
+                ids.extend(req.token_at(p) for p in range(start, end))
+            positions.extend(range(start, end))
+            slots.extend(slot_of(pages, p, ps) for p in range(start, end))
+            if it.drafts:
+                # each position its own single-token sequence over the same pages: every
+                # layer stores the round's K/V before it attends, so row j sees [0, start + j]
+                # and the rows run on the decode path, with plain decoding's numbers
+                query_lens.extend([1] * n)
+                kv_lens.extend(range(start + 1, end + 1))
+                tables.extend([pages] * n)
+                sample_rows.extend(range(len(ids) - n, len(ids)))
+                sample_items.extend([i] * n)
+                continue
             query_lens.append(n)
             kv_lens.append(end)
             tables.append(pages)

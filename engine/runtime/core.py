@@ -9,9 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
-from engine.scheduling.batch import Batch, Executor
+from engine.scheduling.batch import Batch, Drafter, Executor, Sampled
 from engine.scheduling.request import FinishReason, Request
 from engine.scheduling.scheduler import Scheduler
+from engine.speculative import DraftPolicy, Speculator
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +20,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class RoundRecord:
     batch: Batch
-    tokens: list[int | None]
+    tokens: list[Sampled]  # what the executor returned
+    emitted: list[tuple[int, ...]]  # per item, the tokens appended to its output
     finished: list[Request]  # ended in this round (error included)
     error: str | None
     started: float
@@ -29,8 +31,13 @@ class RoundRecord:
 
 class EngineCore:
     def __init__(self, config: EngineConfig, executor: Executor, clock: Callable[[], float],
-                 cache_outputs: bool = True) -> None:
-        self.scheduler = Scheduler(config, cache_outputs=cache_outputs)
+                 cache_outputs: bool = True, drafter: Drafter | None = None) -> None:
+        if drafter is None and config.speculative == "ngram":
+            drafter = Speculator(DraftPolicy(max_len=config.max_draft))
+        self.drafter = drafter
+        self.scheduler = Scheduler(config, cache_outputs=cache_outputs, drafter=drafter)
+        # the executor's few-row decode path, where it has one: drafts stay within it
+        self.scheduler.decode_rows = getattr(executor, "decode_rows", None)
         self.executor = executor
         self.clock = clock
 
@@ -56,18 +63,22 @@ class EngineCore:
             return None
         t1 = self.clock()
         error = None
+        tokens: list[Sampled]
         try:
-            tokens = self.executor.run(batch)
+            tokens = list(self.executor.run(batch))
         except Exception as exc:  # a failed round fails only its batch
             log.exception("round failed")
             error = f"{type(exc).__name__}: {exc}"
             tokens = [None] * len(batch.items)
         t2 = self.clock()
+        before = [it.request.num_outputs for it in batch.items]
         if error is None:
             finished = self.scheduler.process(batch, tokens, t2)
         else:
             finished = self.scheduler.fail(batch, error, t2)
+        emitted = [tuple(it.request.output_ids[n:]) for it, n in zip(batch.items, before)]
         for req in finished:
             self.executor.release(req)
         t3 = self.clock()
-        return RoundRecord(batch, tokens, finished, error, t0, t2 - t1, (t1 - t0) + (t3 - t2))
+        return RoundRecord(batch, tokens, emitted, finished, error, t0, t2 - t1,
+                           (t1 - t0) + (t3 - t2))

@@ -65,9 +65,11 @@ class Engine:
                  turns: Callable[[], AbstractContextManager[object]] | None = None) -> None:
         # a model executor tells the widest window of the model's local (sliding-window)
         # layers; those keep KV for it only and run without the prefix cache (sliding_kv.py)
+        # or speculative decoding (scheduler.py)
         window = int(getattr(executor, "sliding_window", 0) or 0)
         if window:
-            config = dataclasses.replace(config, sliding_window=window, prefix_cache=False)
+            config = dataclasses.replace(config, sliding_window=window, prefix_cache=False,
+                                         speculative="off")
         self.config = config
         # several models on one CPU: each round is taken inside a turn that engines share
         # (engine.models.FairTurns); one model alone runs its rounds back to back
@@ -213,9 +215,9 @@ class Engine:
                 record = self._core.step()
             if record is not None:
                 self._after_round(record)
+            self._publish()  # before idle is signalled: wait_idle() then sees the last round
             if not scheduler.has_work:
                 self._check_idle()
-            self._publish()
             if record is not None:
                 self.round_time += self.clock() - started
                 self.executor_time += record.duration
@@ -253,25 +255,28 @@ class Engine:
         self._round_index += 1
         now = self.clock()
         out = prefill = 0
-        for item, token in zip(record.batch.items, record.tokens):
+        for item, token, emitted in zip(record.batch.items, record.tokens, record.emitted):
             if not item.is_decode:
                 prefill += item.num_tokens
             if record.error is not None:
                 continue
             req = item.request
+            if item.is_decode:
+                self._metrics.on_decode(len(emitted), len(item.drafts),
+                                        len(token) - 1 if isinstance(token, tuple) else 0)
             scored = prompt_logprobs(req, item)
-            if token is not None or scored is not None:
-                if token is not None:
-                    out += 1
+            if emitted or scored is not None:
+                if emitted:
+                    out += len(emitted)
                     self._metrics.on_token(req, now)
                     if req.mask_time is not None:
                         self._metrics.on_mask(req.mask_time)
                         req.mask_time = None
                 handle = self.handle(req.id)
                 if handle is not None:
-                    lps = (req.output_logprobs[-1],) if token is not None and \
+                    lps = tuple(req.output_logprobs[-len(emitted):]) if emitted and \
                         req.params.logprobs is not None and req.output_logprobs else ()
-                    handle.put(TokenEvent(() if token is None else (token,), lps, scored))
+                    handle.put(TokenEvent(emitted, lps, scored))
         self._metrics.on_round(now, out, prefill)
         for req in record.finished:
             self._end(req, req.finish_reason or "error", req.error)

@@ -101,19 +101,31 @@ class RequestHandle:
             reasoning, tail = self._text(tail, final=True) if not self._stopped else ("", "")
             if self._stopped and event.finish_reason not in ("stop", "error"):
                 event = replace(event, finish_reason="stop")  # a stop string ended it
+            if self._stopped:  # the reply ends with the token that completed the stop string
+                event = replace(event, usage=replace(event.usage,
+                                                     completion_tokens=len(self.token_ids)))
             self.final = event
             return event if not (tail or reasoning) else TextDelta(tail, (), reasoning=reasoning)
         assert isinstance(event, TokenEvent)
         if self._stopped:
             return None  # generated after the stop string, before the cancel landed
-        self.token_ids.extend(event.token_ids)
-        self.logprobs.extend(event.logprobs)
         if event.prompt_logprobs is not None:
             self.prompt_logprobs = event.prompt_logprobs
-        text = "".join(self._detok.push(t) for t in event.token_ids) if self._detok else ""
-        reasoning, text = self._text(text, final=False)
-        return TextDelta(text, event.token_ids, event.logprobs, event.prompt_logprobs,
-                         event.emitted, reasoning)
+        # one token at a time, as plain decoding sends them: a stop string ends the reply
+        # at the token that completes it, and the rest of a speculative run is dropped
+        ids, texts, reasonings = event.token_ids, [], []
+        for n, token in enumerate(event.token_ids, 1):
+            reasoning, text = self._text(self._detok.push(token) if self._detok else "", False)
+            texts.append(text)
+            reasonings.append(reasoning)
+            if self._stopped:
+                ids = event.token_ids[:n]
+                break
+        lps = event.logprobs[:len(ids)]
+        self.token_ids.extend(ids)
+        self.logprobs.extend(lps)
+        return TextDelta("".join(texts), ids, lps, event.prompt_logprobs, event.emitted,
+                         "".join(reasonings))
 
     @property
     def _stopped(self) -> bool:

@@ -64,12 +64,21 @@ class MetricsRecorder:
         self.structured: dict[str, int] = {}  # constraint kind -> requests finished
         self.completed = self.cancelled = self.errors = self.rejected = 0
         self.output_total = self.prefill_total = 0
+        # decoding: request-rounds, tokens they emitted; speculation: drafts made and kept
+        self.decode_steps = self.decode_tokens = self.drafted = self.accepted = 0
         self._next_point = 0.0
 
     def on_round(self, now: float, output_tokens: int, prefill_tokens: int) -> None:
         self.rounds.append((now, output_tokens, prefill_tokens))
         self.output_total += output_tokens
         self.prefill_total += prefill_tokens
+
+    def on_decode(self, emitted: int, drafted: int, accepted: int) -> None:
+        """One decoding request's round: `emitted` tokens, `accepted` of `drafted` drafts."""
+        self.decode_steps += 1
+        self.decode_tokens += emitted
+        self.drafted += drafted
+        self.accepted += accepted
 
     def on_token(self, req: Request, now: float) -> None:
         if req.num_outputs == 1:
@@ -124,4 +133,6 @@ class MetricsRecorder:
             mask_buckets=self.mask_hist.cumulative(), mask_sum=self.mask_hist.total,
             mask_p50=_percentile(list(self.masks), 0.5),
             mask_p99=_percentile(list(self.masks), 0.99),
-            structured_requests=tuple(sorted(self.structured.items())))
+            structured_requests=tuple(sorted(self.structured.items())),
+            decode_steps=self.decode_steps, decode_tokens=self.decode_tokens,
+            drafted_tokens=self.drafted, accepted_tokens=self.accepted)

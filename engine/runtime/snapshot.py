@@ -92,6 +92,21 @@ class MetricsView:
     mask_p50: float | None = None
     mask_p99: float | None = None
     structured_requests: tuple[tuple[str, int], ...] = ()
+    # decoding since start: request-rounds and their tokens; speculative drafts made and kept
+    decode_steps: int = 0
+    decode_tokens: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Output tokens per decoding request-round (1.0 without speculation)."""
+        return self.decode_tokens / self.decode_steps if self.decode_steps else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        """Share of drafted tokens the target kept."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +129,7 @@ class EngineSnapshot:
     # the global layers' pool
     local_kv: KVView | None = None
     sliding_window: int = 0
+    speculative: str = "off"  # the engine's drafter: ngram | off
 
     @property
     def free_slots(self) -> int:

@@ -1,12 +1,17 @@
 """What the scheduler hands an executor for one round, and what comes back."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from engine.scheduling.request import Request
 
 Phase = Literal["prefill", "decode", "mixed"]
+# What an executor returns per item: a token; a speculative item's emitted run (its kept
+# drafts and the target's next token: 1 to len(drafts) + 1 tokens); None (no sample).
+# An int for a speculative item means no draft was kept.
+Sampled = int | tuple[int, ...] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +22,9 @@ class BatchItem:
     start: int
     num_tokens: int
     sample: bool  # last prefill chunk or decode: produce one token
+    # speculative decode: positions start + 1 .. start + len(drafts) hold these drafted
+    # tokens (num_tokens == 1 + len(drafts)); the executor verifies them
+    drafts: tuple[int, ...] = ()
 
     @property
     def is_decode(self) -> bool:
@@ -34,15 +42,33 @@ class Batch:
 
 
 class Executor(Protocol):
-    """Runs one round. Returns one sampled token per item (None where `sample` is False).
+    """Runs one round. Returns one sampled token per item (None where `sample` is False;
+    for an item with drafts, the tokens verification emits, see `Sampled`).
 
     The KV for positions [start, start + num_tokens) is written into the pool at the pages in
     `request.pages` (position p lives at pages[p // page_size] * page_size + p % page_size);
     earlier positions (cached prefix, previous chunks, previous decodes) are already there.
     """
 
-    def run(self, batch: Batch) -> list[int | None]: ...
+    def run(self, batch: Batch) -> Sequence[Sampled]: ...
 
     def release(self, request: Request) -> None:
         """Forget per-request state (e.g. a sampling generator) once the request ends."""
+        ...
+
+
+class Drafter(Protocol):
+    """Proposes draft tokens for a decoding request and learns from their verification."""
+
+    def draft(self, request: Request, limit: int) -> list[int]:
+        """At most `limit` tokens likely to follow the request's sequence ([]: decode
+        plainly this round)."""
+        ...
+
+    def record(self, request: Request, drafted: int, accepted: int) -> None:
+        """A speculative round's outcome: `accepted` of `drafted` drafts were kept."""
+        ...
+
+    def release(self, request: Request) -> None:
+        """Forget the request (it finished)."""
         ...

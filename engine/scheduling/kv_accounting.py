@@ -79,6 +79,14 @@ class KVAccounting:
                 raise OutOfPages(f"no KV page left for {req.id}: accounting is broken")
             req.pages.append(self.allocator.allocate())
 
+    def shrink(self, req: Request, num_positions: int) -> None:
+        """Free the pages past positions [0, num_positions): a speculative round's rejected
+        drafts. Those pages hold only positions past the prompt, which the cache never has."""
+        keep = -(-num_positions // self.page_size)
+        assert keep >= req.prompt_len // self.page_size, f"{req.id}: shrinking into the prompt"
+        while len(req.pages) > keep:
+            self.allocator.free(req.pages.pop())
+
     def prompt_done(self, req: Request) -> None:
         """The prompt's full pages enter the cache, locked, so concurrent requests hit them."""
         if self.cache is not None:

@@ -32,6 +32,7 @@ class SamplingParams:
     logprobs: int | None = None  # for each output token
     prompt_logprobs: int | None = None  # for each prompt token after the first
     constraint: Constraint | None = None  # grammar the output must match (engine.structured)
+    speculative: bool = True  # may draft tokens (when the engine speculates; False: never)
 
     def __post_init__(self) -> None:
         # max_tokens 0 is a prefill-only request: it exists to score the prompt
@@ -145,3 +146,20 @@ class Request:
     def token_at(self, pos: int) -> int:
         n = len(self.prompt_ids)
         return self.prompt_ids[pos] if pos < n else self.output_ids[pos - n]
+
+
+def append_output(req: Request, token: int, now: float) -> FinishReason | None:
+    """Append one output token; the reason the request ends with it, if it does."""
+    if req.first_token_at is None:
+        req.first_token_at = now
+    else:
+        req.itl = now - (req.last_token_at or now)
+    req.last_token_at = now
+    req.output_ids.append(token)
+    if token in req.eos_ids and not req.params.ignore_eos:
+        return "stop"
+    if req.grammar_done:  # the constrained output is complete (before length: it is whole)
+        return "stop"
+    if req.num_outputs >= req.params.max_tokens:
+        return "length"
+    return None

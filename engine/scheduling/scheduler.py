@@ -5,20 +5,32 @@ Pure bookkeeping over ints (no torch): `select` forms a round's batch, the execu
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from engine.config import EngineConfig
 from engine.scheduling.admission import Admission, WaitReason, reservation
-from engine.scheduling.batch import Batch, BatchItem, Phase
+from engine.scheduling.batch import Batch, BatchItem, Drafter, Phase, Sampled
 from engine.scheduling.kv_accounting import KVAccounting
-from engine.scheduling.request import FinishReason, Request, RequestError, RequestState
+from engine.scheduling.request import (
+    FinishReason,
+    Request,
+    RequestError,
+    RequestState,
+    append_output,
+)
 from engine.scheduling.sliding_kv import SlidingKV
 from engine.scheduling.slots import SlotTable
+from engine.scheduling.speculation import apply_run, decode_items
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, cache_outputs: bool = True) -> None:
+    def __init__(self, config: EngineConfig, cache_outputs: bool = True,
+                 drafter: Drafter | None = None) -> None:
         self.config = config
+        # speculative decoding's drafts (None: never). Not with local (sliding-window) layers:
+        # rolling back a rejected draft would have to give back local pages already trimmed
+        self.drafter = None if config.sliding_window else drafter
+        self.decode_rows: int | None = None  # rows a decode round may take with drafts
         # A prefix hit would need the local layers' KV of the window before it, which those
         # layers do not keep: models with local layers run without the prefix cache.
         self.kv = KVAccounting(config.num_pages, config.page_size,
@@ -73,22 +85,29 @@ class Scheduler:
     # -- select ----------------------------------------------------------------------------
     def select(self, now: float) -> Batch | None:
         cfg = self.config
-        decodes = [BatchItem(r, r.num_computed, 1, True) for r in self._by_arrival(self.running)]
-        if cfg.policy == "interleave" and self.last_phase == "prefill" and decodes:
-            return self._finalize(Batch("decode", tuple(decodes)))
-        budget = cfg.max_prefill_tokens - (len(decodes) if cfg.policy == "mixed" else 0)
-        prefills = self._admit(budget, now)
-        if cfg.policy == "mixed" and (decodes or prefills):
+        running = self._by_arrival(self.running)
+        if cfg.policy == "interleave" and self.last_phase == "prefill" and running:
+            return self._finalize(Batch("decode", self._decodes(running)))
+        if cfg.policy == "mixed":
+            decodes = self._decodes(running)
+            prefills = self._admit(cfg.max_prefill_tokens - sum(d.num_tokens for d in decodes),
+                                   now)
+            if not (decodes or prefills):
+                return None
             phase: Phase = "mixed" if decodes and prefills else \
                 ("decode" if decodes else "prefill")
-            return self._finalize(Batch(phase, tuple(decodes + prefills)))
+            return self._finalize(Batch(phase, decodes + prefills))
+        prefills = self._admit(cfg.max_prefill_tokens, now)
         if prefills:
-            return self._finalize(Batch("prefill", tuple(prefills)))
-        if decodes:
-            return self._finalize(Batch("decode", tuple(decodes)))
+            return self._finalize(Batch("prefill", prefills))
+        if running:  # drafted only here: a round that runs them
+            return self._finalize(Batch("decode", self._decodes(running)))
         return None
 
-    def _admit(self, budget: int, now: float) -> list[BatchItem]:
+    def _decodes(self, running: list[Request]) -> tuple[BatchItem, ...]:
+        return decode_items(running, self.config, self.drafter, self.decode_rows)
+
+    def _admit(self, budget: int, now: float) -> tuple[BatchItem, ...]:
         """Walk the waiting queue from its head; stop at the first request that fails a check."""
         check = Admission(self.config, self.kv, self.slots, self._admitted(), self.local)
         items: list[BatchItem] = []
@@ -112,7 +131,7 @@ class Scheduler:
             # a prefill-only request (max_tokens 0) samples nothing, even on its last chunk
             items.append(BatchItem(req, req.num_computed, take,
                                    last and req.params.max_tokens > 0))
-        return items
+        return tuple(items)
 
     def _finalize(self, batch: Batch) -> Batch:
         # Pages are allocated once selection is done, so admission sees one consistent state.
@@ -123,11 +142,20 @@ class Scheduler:
         return batch
 
     # -- process ---------------------------------------------------------------------------
-    def process(self, batch: Batch, tokens: list[int | None], now: float) -> list[Request]:
+    def process(self, batch: Batch, tokens: Sequence[Sampled], now: float) -> list[Request]:
         """Apply one round's results; returns the requests that finished in it."""
         finished: list[Request] = []
         for item, token in zip(batch.items, tokens, strict=True):
             req = item.request
+            if item.drafts:  # a speculative decode: its run, then rejected pages back
+                reason = apply_run(item, token, now, self.drafter)
+                if reason is None:
+                    self.kv.shrink(req, req.num_computed)
+                else:
+                    self.finish(req, reason, now)
+                    finished.append(req)
+                continue
+            assert not isinstance(token, tuple), f"{req.id}: several tokens, no drafts"
             req.num_computed = item.start + item.num_tokens
             if self.local is not None:
                 self.local.trim(req)
@@ -141,7 +169,7 @@ class Scheduler:
                         continue
             if item.sample:
                 assert token is not None, f"executor sampled nothing for {req.id}"
-                reason = self._append(req, token, now)
+                reason = append_output(req, token, now)
                 if reason is not None:
                     self.finish(req, reason, now)
                     finished.append(req)
@@ -166,22 +194,6 @@ class Scheduler:
         self.running.append(req)
         self.kv.prompt_done(req)
 
-    @staticmethod
-    def _append(req: Request, token: int, now: float) -> FinishReason | None:
-        if req.first_token_at is None:
-            req.first_token_at = now
-        else:
-            req.itl = now - (req.last_token_at or now)
-        req.last_token_at = now
-        req.output_ids.append(token)
-        if token in req.eos_ids and not req.params.ignore_eos:
-            return "stop"
-        if req.grammar_done:  # the constrained output is complete (before length: it is whole)
-            return "stop"
-        if req.num_outputs >= req.params.max_tokens:
-            return "length"
-        return None
-
     def finish(self, req: Request, reason: FinishReason, now: float) -> None:
         """End a request in this round: slot, pages and reservation are released."""
         if req.state is RequestState.RUNNING:
@@ -190,6 +202,8 @@ class Scheduler:
             self.waiting.remove(req)
             if req.state is RequestState.CHUNKED:
                 self.chunked.remove(req)
+        if self.drafter is not None:
+            self.drafter.release(req)
         if req.slot is not None:
             self.slots.free(req.slot)
             req.slot = None

@@ -10,7 +10,7 @@ from typing import Any
 from engine.config import EngineConfig
 
 REQUEST_FIELDS = {"id", "arrive", "prompt", "prompt_ids", "output", "eos_at", "ignore_eos",
-                  "cancel_at", "user"}
+                  "cancel_at", "user", "accept"}
 TOP_FIELDS = {"engine", "requests", "about"}
 
 
@@ -28,6 +28,8 @@ class SimRequest:
     ignore_eos: bool = False
     cancel_at: float | None = None
     user: str = "local"
+    # speculative rounds, in order: drafts the target keeps in each (then it stops drafting)
+    accept: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,13 +115,18 @@ def _request(item: Any, index: int, seen: set[str]) -> SimRequest:
         raise ScenarioError(f"{where}.ignore_eos must be true or false")
     if not isinstance(user, str) or not user:
         raise ScenarioError(f"{where}.user must be a non-empty string")
+    accept = item.get("accept", [])
+    if not isinstance(accept, list) or not all(
+            isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in accept):
+        raise ScenarioError(f"{where}.accept must be a list of integers >= 0 (drafts kept "
+                            "per speculative round)")
     return SimRequest(
         id=rid, arrive=_number(item.get("arrive", 0), f"{where}.arrive"), prompt_ids=prompt,
         output=_count(item.get("output"), f"{where}.output"),
         eos_at=None if eos_at is None else _count(eos_at, f"{where}.eos_at"),
         ignore_eos=ignore_eos,
         cancel_at=None if cancel_at is None else _number(cancel_at, f"{where}.cancel_at"),
-        user=user)
+        user=user, accept=tuple(accept))
 
 
 def load(path: str | Path, policy: str | None = None) -> Scenario:

@@ -13,24 +13,51 @@ from dataclasses import fields
 from typing import Any
 
 from engine.config import POLICIES, EngineConfig
-from engine.runtime.core import EngineCore
-from engine.scheduling.batch import Batch
+from engine.runtime.core import EngineCore, RoundRecord
+from engine.scheduling.batch import Batch, BatchItem, Sampled
 from engine.scheduling.request import Request, RequestError, SamplingParams
 from engine.sim.scenario import Scenario, ScenarioError, SimRequest, load
+from engine.speculative import DraftPolicy, Speculator
 
 SIM_EOS = -1  # never a prompt id
 SIM_TOKEN = 0
 
 
 class SimExecutor:
-    """Samples SIM_TOKEN, or SIM_EOS as the request's `eos_at`-th output token."""
+    """Samples SIM_TOKEN, or SIM_EOS as the request's `eos_at`-th output token. A speculative
+    item keeps the next number of drafts its request's `accept` script gives (at most those
+    drafted) and emits them and one more token, each SIM_EOS where `eos_at` falls."""
 
-    def __init__(self, eos_at: dict[str, int]) -> None:
+    def __init__(self, eos_at: dict[str, int], accept: dict[str, tuple[int, ...]] | None = None
+                 ) -> None:
         self.eos_at = eos_at
+        self.accept = accept or {}
+        self.used: dict[str, int] = {}  # speculative rounds run per request
 
-    def run(self, batch: Batch) -> list[int | None]:
-        return [(SIM_EOS if self.eos_at.get(it.request.id) == it.request.num_outputs + 1
-                 else SIM_TOKEN) if it.sample else None for it in batch.items]
+    def scripted(self, req: Request, k: int) -> list[int]:
+        """The drafter's source: k drafts while the request's script lasts."""
+        return [SIM_TOKEN] * k if self.used.get(req.id, 0) < len(self.accept.get(req.id, ())) \
+            else []
+
+    def _token(self, req: Request, nth: int) -> int:
+        return SIM_EOS if self.eos_at.get(req.id) == nth else SIM_TOKEN
+
+    def run(self, batch: Batch) -> list[Sampled]:
+        out: list[Sampled] = []
+        for it in batch.items:
+            req = it.request
+            if not it.sample:
+                out.append(None)
+            elif it.drafts:
+                i = self.used.get(req.id, 0)
+                self.used[req.id] = i + 1
+                script = self.accept.get(req.id, ())  # unscripted drafts (another drafter's)
+                kept = min(script[i] if i < len(script) else 0, len(it.drafts))
+                out.append(tuple(self._token(req, req.num_outputs + n)
+                                 for n in range(1, kept + 2)))
+            else:
+                out.append(self._token(req, req.num_outputs + 1))
+        return out
 
     def release(self, request: Request) -> None:
         pass
@@ -47,9 +74,12 @@ class Simulation:
         self.scenario = scenario
         self.detail = detail
         self.boundary = 0
-        self.core = EngineCore(scenario.engine,
-                               SimExecutor({r.id: r.eos_at for r in scenario.requests if r.eos_at}),
-                               clock=lambda: float(self.boundary), cache_outputs=False)
+        executor = SimExecutor({r.id: r.eos_at for r in scenario.requests if r.eos_at},
+                               {r.id: r.accept for r in scenario.requests if r.accept})
+        # the real drafter's policy (adaptive length, pauses) over the scripted drafts
+        drafter = Speculator(DraftPolicy(max_len=scenario.engine.max_draft), executor.scripted)
+        self.core = EngineCore(scenario.engine, executor, clock=lambda: float(self.boundary),
+                               cache_outputs=False, drafter=drafter)
         self.requests: dict[str, Request] = {}
         self.result: dict[str, dict[str, Any]] = {}
         self.rounds: list[dict[str, Any]] = []
@@ -85,7 +115,7 @@ class Simulation:
             finished = self._pending_finished + [r.id for r in record.finished]
             self._pending_finished = []
             if self.detail:
-                self.rounds.append(self._round_json(k, record.batch, finished, arrivals, a))
+                self.rounds.append(self._round_json(k, record, finished, arrivals, a))
             self.boundary = k + 1
         self.core.scheduler.check_accounting()
         for rid, req in self.requests.items():
@@ -111,9 +141,10 @@ class Simulation:
             self.result[sim.id]["error"] = str(exc)
             self._pending_finished.append(sim.id)
 
-    def _round_json(self, k: int, batch: Batch, finished: list[str],
+    def _round_json(self, k: int, record: RoundRecord, finished: list[str],
                     arrivals: list[SimRequest], visible: int) -> dict[str, Any]:
         sched = self.core.scheduler
+        batch = record.batch
         waiting = [r.id for r in sched.ordered_waiting()]
         # Requests arriving during the round join the queue at the next boundary.
         waiting += [r.id for r in arrivals[visible:] if r.arrive < k + 1]
@@ -122,7 +153,8 @@ class Simulation:
             reasons.setdefault(rid, {"code": "arriving", "text": f"arrived during round {k}"})
         return {
             "round": k, "phase": batch.phase,
-            "batch": [{"id": it.request.id, "tokens": it.num_tokens} for it in batch.items],
+            "batch": [_item_json(it, token, emitted) for it, token, emitted
+                      in zip(batch.items, record.tokens, record.emitted)],
             "outputs": {r.id: (self.requests[r.id].num_outputs if r.id in self.requests else 0)
                         for r in self.scenario.requests},
             "finished": finished,
@@ -130,6 +162,17 @@ class Simulation:
             "waiting": waiting, "waiting_reasons": reasons,
             "free_slots": sched.slots.num_free, "kv_used": sched.kv.held,
         }
+
+
+def _item_json(item: BatchItem, token: Sampled, emitted: tuple[int, ...]) -> dict[str, Any]:
+    """A batch entry; a speculative one adds its drafts, those kept and the tokens emitted
+    (fewer than kept + 1 when EOS or max_tokens ended the request inside the run)."""
+    out: dict[str, Any] = {"id": item.request.id, "tokens": item.num_tokens}
+    if item.drafts:
+        out.update(drafts=len(item.drafts),
+                   accepted=len(token) - 1 if isinstance(token, tuple) else 0,
+                   emitted=len(emitted))
+    return out
 
 
 def simulate(scenario: Scenario, detail: bool = True) -> dict[str, Any]:
@@ -142,7 +185,9 @@ def format_table(result: dict[str, Any]) -> str:
             "finished")
     lines = [head, "-" * len(head)]
     for r in result["rounds"]:
-        batch = " ".join(f"{b['id']}:{b['tokens']}" for b in r["batch"])
+        # a speculative entry: id:1+drafts(kept)
+        batch = " ".join(f"{b['id']}:1+{b['drafts']}({b['accepted']})" if "drafts" in b
+                         else f"{b['id']}:{b['tokens']}" for b in r["batch"])
         waiting = " ".join(f"{w}({r['waiting_reasons'][w]['code']})" for w in r["waiting"])
         running = " ".join(r["running"]) or "-"
         lines.append(f"{r['round']:>5}  {r['phase']:<8} {batch:<24} {running:<14} "

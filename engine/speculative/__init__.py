@@ -1,7 +1,8 @@
 """Speculative decoding's bookkeeping (torch-free): drafting from the sequence itself
 (prompt lookup) and the adaptive draft length. Verification (the rejection rule) is torch
-work and lives in engine.execution.sampling.verify."""
+work and lives in engine.execution.sampling.verify. `Speculator` is the scheduler's drafter."""
 from engine.speculative.adaptive import DraftLength, DraftPolicy
 from engine.speculative.ngram import NgramIndex
+from engine.speculative.speculator import Speculator, eligible
 
-__all__ = ["DraftLength", "DraftPolicy", "NgramIndex"]
+__all__ = ["DraftLength", "DraftPolicy", "NgramIndex", "Speculator", "eligible"]

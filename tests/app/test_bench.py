@@ -108,3 +108,18 @@ def test_bench_with_a_structured_share(tmp_path: Path) -> None:
     assert structured["output_tok_s"] > 0 and "mask per token p50" in structured["note"]
     assert "None" not in structured["note"]
     assert report["ratios"]["structured / unconstrained (output tok/s)"] > 0
+
+
+@pytest.mark.model
+def test_bench_chat_compares_speculation_on_and_off(tmp_path: Path) -> None:
+    """The default model, one short repetition-heavy chat, one round: a row with speculation
+    (drafts kept, more than one token per step) and one without (none drafted)."""
+    text = ("Repeat exactly: the red fox ran over the hill, the red fox ran over the hill, "
+            "the red fox ran over the hill.")
+    done = bench(tmp_path, "--chat", text, "--output", "24", "--repeats", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    rows = {r["system"]: r for r in json.loads(done.stdout)["results"]}
+    on, off = rows["chat 1, speculative on"], rows["chat 1, speculative off"]
+    assert on["accepted_pct"] is not None and on["tokens_per_step"] > 1
+    assert off["accepted_pct"] is None and off["tokens_per_step"] == 1
+    assert on["output_tok_s"] > 0 and off["output_tok_s"] > 0

@@ -98,6 +98,9 @@ def test_env_parsing(home: dict[str, str]) -> None:
         ("flag", "policy", "lifo", ["--policy", "prefill-first, interleave, mixed"]),
         ("flag", "device", "tpu", ["--device", "cuda"]),
         ("flag", "admission", "random", ["--admission", "fifo, fair"]),
+        ("flag", "speculative", "eagle", ["--speculative", "ngram, draft, off"]),
+        ("flag", "speculative", "draft", ["--speculative", "not available yet"]),
+        ("env", "SPECULATIVE", "draft", ["FERRY_SPECULATIVE", "not available yet"]),
     ],
 )
 def test_bad_values_name_key_and_source(home: dict[str, str], where: str, key: str, value: str,
@@ -177,6 +180,10 @@ def test_engine_config_mapping(home: dict[str, str]) -> None:
     assert engine_config(s).local_kv_tokens == 4096
     with pytest.raises(SettingsError, match="local_kv_tokens"):
         load_settings({}, env=dict(home, FERRY_LOCAL_KV_TOKENS="-1"))
+    assert cfg.speculative == "ngram"
+    off = load_settings({}, env=dict(home, FERRY_SPECULATIVE="off"))
+    assert engine_config(off).speculative == "off" and off.sources["speculative"] == \
+        "env FERRY_SPECULATIVE"
 
 
 def test_kv_must_hold_a_page(home: dict[str, str]) -> None:

@@ -85,6 +85,17 @@ class EngineCollector(Collector):
         for kind, value in m.structured_requests:
             kinds.add_metric([*model, kind], value)
         yield kinds
+        # speculative decoding (vLLM reports spec_decode_num_draft/accepted_tokens alike)
+        yield counter("spec_decode_num_draft_tokens", "Tokens drafted for speculative "
+                      "decoding (prompt lookup).", m.drafted_tokens)
+        yield counter("spec_decode_num_accepted_tokens", "Drafted tokens the model kept.",
+                      m.accepted_tokens)
+        yield gauge("spec_decode_acceptance_rate", "Kept share of drafted tokens since "
+                    "start (0 when nothing was drafted).", m.acceptance)
+        yield counter("decode_steps", "Decoding request-rounds (one per running request "
+                      "and round).", m.decode_steps)
+        yield gauge("decode_tokens_per_step", "Output tokens per decoding request-round "
+                    "since start (1 without speculation).", m.tokens_per_step)
         yield from self.histograms(m)
 
     def histograms(self, m: MetricsView) -> Iterator[Metric]:

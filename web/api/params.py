@@ -166,7 +166,7 @@ def sampling_params(body: SamplingFields, config: WebConfig, prompt_len: int,
             temperature=1.0 if body.temperature is None else float(body.temperature),
             top_p=1.0 if body.top_p is None else float(body.top_p), top_k=top_k,
             seed=seed, stop=tuple(stop), ignore_eos=body.ignore_eos, logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs)
+            prompt_logprobs=prompt_logprobs, speculative=body.speculative)
     except RequestError as exc:
         message = str(exc)
         param = next((p for p in ("max_tokens", "temperature", "top_p", "top_k", "stop",

@@ -42,6 +42,7 @@ class SamplingFields(Struct, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    speculative: bool = True  # Ferry's: false keeps this request out of speculative decoding
     n: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None

@@ -12,11 +12,13 @@ the distribution plain sampling draws from (temperature, top-k, top-p applied as
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from engine.scheduling.request import SamplingParams
+from engine.kernels import ops
+from engine.scheduling.batch import BatchItem, Sampled
+from engine.scheduling.request import SamplingParams, TokenLogprob
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -53,8 +55,8 @@ def verify(logits: torch.Tensor, drafts: Sequence[int], params: SamplingParams,
     k = len(drafts)
     if logits.shape[0] != k + 1:
         raise ValueError(f"verify: {k} drafts need {k + 1} logits rows, got {logits.shape[0]}")
-    if params.greedy:
-        best = logits.argmax(dim=-1).tolist()
+    if params.greedy:  # the argmax plain decoding takes (Sampler: first maximum)
+        best = ops.argmax(logits) if ops.usable(logits) else logits.argmax(dim=-1).tolist()
         out = []
         for i, d in enumerate(drafts):
             if best[i] != d:
@@ -83,3 +85,31 @@ def verify(logits: torch.Tensor, drafts: Sequence[int], params: SamplingParams,
         return out
     out.append(_draw(p[k], gen))
     return out
+
+
+def verify_items(logits: torch.Tensor, rows: Sequence[int], items: Sequence[BatchItem],
+                 out: list[Sampled], generator: Callable[[str, int | None], torch.Generator],
+                 score: Callable[[torch.Tensor, list[int], int], list[TokenLogprob]]
+                 ) -> tuple[torch.Tensor, list[int]]:
+    """A round's logits, `rows[r]` the item of row r (a speculative item has 1 + k rows in a
+    row) -> each speculative item's emitted run into `out` (and, where its request asks, the
+    log-probabilities `score` gives each kept token from its own row); returns the other
+    rows and their items, for plain sampling."""
+    plain: list[int] = []
+    first = 0
+    while first < len(rows):
+        i = rows[first]
+        drafts = items[i].drafts
+        if not drafts:
+            plain.append(first)
+            first += 1
+            continue
+        req = items[i].request
+        gen = None if req.params.greedy else generator(req.id, req.params.seed)
+        run = verify(logits[first:first + len(drafts) + 1], drafts, req.params, gen)
+        out[i] = tuple(run)
+        if req.params.logprobs is not None:
+            req.output_logprobs.extend(score(logits[first:first + len(run)], run,
+                                             req.params.logprobs))
+        first += len(drafts) + 1
+    return logits[plain], [rows[r] for r in plain]

@@ -123,3 +123,43 @@ def test_chat_template_and_eos_ids(tok: Tokenizer) -> None:
     ids = tok.apply_chat_template(msgs)
     assert tok.decode(ids, skip_special_tokens=False) == "<|user|>hello</s><|assistant|>"
     assert tok.eos_ids == {tok.hf.eos_token_id, 1, 7}
+
+
+def test_a_speculative_run_is_streamed_as_tokens_one_at_a_time(tok: Tokenizer) -> None:
+    """Several tokens in one event (a speculative round's run): the text, token ids and
+    logprobs equal what one event per token gives, and a stop string inside the run ends the
+    reply at the token that completes it; the run's later tokens are dropped."""
+    from engine.runtime.events import FinalEvent, Timings, TokenEvent, Usage
+    from engine.runtime.handle import RequestHandle, TextDelta
+    from engine.scheduling.request import TokenLogprob
+
+    ids = tok.encode("hello world the quick brown fox hello there", add_special_tokens=False)
+    lps = tuple(TokenLogprob(t, -0.5) for t in ids)
+    final = FinalEvent("length", Usage(3, len(ids), 0), Timings(0, 0, 0, 0), None)
+
+    def stream(chunks: list[int], stop: tuple[str, ...]
+               ) -> tuple[str, list[int], int, list[str], int]:
+        cancels: list[str] = []
+        handle = RequestHandle("r", "local", [], tok, stop,
+                               lambda rid, reason: cancels.append(reason) is None)
+        at = 0
+        for n in chunks:
+            handle.put(TokenEvent(tuple(ids[at:at + n]), lps[at:at + n]))
+            at += n
+        handle.put(final)
+        events = list(handle.events(timeout=5))
+        text = "".join(e.text for e in events if isinstance(e, TextDelta))
+        assert isinstance(events[-1], FinalEvent)
+        return (text, handle.token_ids, len(handle.logprobs), cancels,
+                events[-1].usage.completion_tokens)
+
+    one = [1] * len(ids)
+    runs = [3, 1, 4, 2, len(ids) - 10]
+    assert stream(runs, ()) == stream(one, ())
+    assert stream(runs, ())[0] == "hello world the quick brown fox hello there"
+    for stop in (("quick",), ("fox hel",), ("there",)):
+        by_token, by_run = stream(one, stop), stream(runs, stop)
+        assert by_run == by_token and by_run[3] == ["stop"]
+        assert stop[0] not in by_run[0] and len(by_run[1]) == by_run[2] == by_run[4]
+    text, kept, _, _, used = stream([len(ids)], ("quick",))  # the whole reply in one run
+    assert text == "hello world the " and len(kept) == used < len(ids)

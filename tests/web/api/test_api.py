@@ -242,3 +242,38 @@ def test_metrics(server: Any) -> None:
     assert float(count.split()[-1]) > 0
     free = next(line for line in text.splitlines() if line.startswith("ferry:num_free_slots"))
     assert float(free.split()[-1]) == MAX_RUNNING
+
+
+def metric(text: str, name: str) -> float:
+    line = next(line for line in text.splitlines() if line.startswith(name + "{"))
+    return float(line.split()[-1])
+
+
+def test_speculative_field_and_metrics(server: Any) -> None:
+    """A reply that repeats its prompt drafts and keeps tokens (visible in /metrics); the
+    same request with "speculative": false drafts nothing and writes the same greedy text."""
+    text = ("Repeat this sentence exactly: The lighthouse keeper climbed the spiral stairs "
+            "every evening and lit the great lamp before he made his tea.")
+    body = {"model": MODEL, "messages": chat(text), "max_tokens": 48, "temperature": 0}
+
+    def drafted() -> tuple[float, float]:
+        page = httpx.get(server.url + "/metrics").text
+        return (metric(page, "ferry:spec_decode_num_draft_tokens_total"),
+                metric(page, "ferry:spec_decode_num_accepted_tokens_total"))
+
+    server.engine.wait_idle(30)
+    d0, _ = drafted()
+    off = httpx.post(server.url + "/v1/chat/completions", json={**body, "speculative": False},
+                     timeout=120).json()
+    server.engine.wait_idle(30)
+    assert drafted()[0] == d0
+    on = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).json()
+    server.engine.wait_idle(30)
+    d1, a1 = drafted()
+    assert on["choices"][0]["message"] == off["choices"][0]["message"]
+    assert d1 > d0 and a1 > 0
+    page = httpx.get(server.url + "/metrics").text
+    assert 0 < metric(page, "ferry:spec_decode_acceptance_rate") <= 1
+    assert metric(page, "ferry:decode_tokens_per_step") > 1
+    bad = httpx.post(server.url + "/v1/chat/completions", json={**body, "speculative": "yes"})
+    assert bad.status_code == 400

@@ -59,6 +59,8 @@ def test_tiles_and_charts_agree(setup: tuple[Any, dict], waiter: Any, idle_check
             html = bob.get("/dashboard").text
             output = tile(html, "Output").replace("tok/s", "").strip()
             assert chart_value(html, "Throughput") == f"{output} tok/s"
+            # the stand-in never keeps a draft: one token per step
+            assert re.fullmatch(r"0% kept, 1\.00 tok/step", tile(html, "Speculative"))
             itl = tile(html, "ITL p50")
             assert itl != "–" and "no data yet" not in html.split("ITL p50")[-1]
             if itl.endswith(" ms"):

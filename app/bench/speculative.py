@@ -1,0 +1,23 @@
+"""`ferry bench --chat TEXT`: one chat at temperature 0, with speculative decoding and without,
+alternating in one sitting on one engine (the request's `speculative` field switches it), so
+both see the same machine load. Greedy outputs are the same tokens either way; the rows give
+decode tok/s and the share of drafted tokens kept."""
+from __future__ import annotations
+
+from typing import Any
+
+from app.bench.run import Result, Workload, run_engine
+
+
+def compare(engine: Any, tokenizer: Any, text: str, output: int, repeats: int) -> list[Result]:
+    from engine import SamplingParams
+
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}])
+    work = Workload(1, 1, len(ids), output)
+    results = []
+    for i in range(repeats):
+        for speculative in (True, False):
+            params = SamplingParams(max_tokens=output, speculative=speculative)
+            name = f"chat {i + 1}, speculative {'on' if speculative else 'off'}"
+            results.append(run_engine(engine, work, [ids], name, params=params))
+    return results
