@@ -109,7 +109,9 @@ def test_fair_order_and_the_in_flight_cap(upstreams: list[Any], make_front: Any,
     tokens = {"ann": users.add("ann", admin=True), "bob": users.add("bob")}
     front = make_front([a.url], caps=[1], web={"shared": True}, data_dir=data)
     gw, model = front.gateway, front.services.config.model_name
-    jobs = [Background(complete, front.url, model, 12, tokens["ann"])]  # holds the one place
+    # holds the one place while the others queue: long enough that it is still writing when
+    # the last one arrives (speculative decoding writes several tokens a round)
+    jobs = [Background(complete, front.url, model, 160, tokens["ann"])]
     jobs[0].start()
     wait(lambda: any(v.output_tokens for v in gw.snapshot().running), 60,
          "ann's first request writing")
