@@ -198,24 +198,18 @@ def _amx_in_force() -> bool:
 
 @functools.cache
 def tile_dtype() -> torch.dtype:
-    """bfloat16 tiles where the CPU multiplies bf16 in hardware: AMX tiles, or AVX512-BF16's
-    dot products (Zen 4/5, Cooper Lake), where oneDNN's bf16 product also beats float32's and
-    the tile is half the bytes to write; products then round to bf16 as Ferry's bf16 mode
-    does. Else float32."""
-    native = any(getattr(torch.cpu, probe, lambda: False)()
-                 for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
-    return torch.bfloat16 if native and cpu_level.allows_bf16() else torch.float32
+    """bfloat16 tiles where the CPU multiplies bf16 in AMX tiles (several times float32's
+    speed there; products then round to bf16 as Ferry's bf16 mode does), else float32."""
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    native_bf16 = amx is not None and amx() and cpu_level.allows_bf16()
+    return torch.bfloat16 if native_bf16 else torch.float32
 
 
 def many_rows() -> int:
     """The row count from which quant_matmul multiplies dequantized tiles instead."""
     if _amx_in_force():
         return MANY_ROWS_AMX
-    # bf16 tiles in AMX from 12 rows; AVX512-BF16 alone from float32's 24 (its tiles were
-    # measured against the int8 dots at 32 rows only)
-    amx_tiles = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-    bf16 = tile_dtype() == torch.bfloat16 and amx_tiles
-    return MANY_ROWS_BF16 if bf16 else MANY_ROWS_F32
+    return MANY_ROWS_BF16 if tile_dtype() == torch.bfloat16 else MANY_ROWS_F32
 
 
 def _float_view(w: QuantWeight) -> torch.Tensor | None:
