@@ -20,6 +20,7 @@ from app.serve import build
 from app.settings import Settings
 from engine.execution.text.chat_template import FALLBACK_NAME
 from tests.tools import synthetic_gguf
+from tests.tools.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("ferry_home")
 
@@ -74,11 +75,11 @@ def test_serve_chats_through_the_fallback(base_gguf: Path, in_thread_server: Any
         conv_id = int(str(r.url).rsplit("/", 1)[1])
         assert engine.wait_idle(60)
         store = app.state.services.store
-        for _ in range(100):
-            reply_msg = store.messages(conv_id)[-1]
-            if not reply_msg.is_streaming:
-                break
-            engine.wait_idle(0.05)
+        # an idle engine's wait_idle returns at once; the ended reply's write follows it
+        def ended() -> Any:
+            last = store.messages(conv_id)[-1]
+            return None if last.is_streaming else last
+        reply_msg = wait_for(ended, 30, "the reply to end")
         assert reply_msg.role == "assistant" and reply_msg.status == "complete"
         assert httpx.get(f"{server.url}/c/{conv_id}", timeout=30).status_code == 200
         idle_check(engine)

@@ -21,6 +21,7 @@ from tests.tools.thinking import (
     THINKING_TEMPLATE,
     with_template,
 )
+from tests.tools.waiting import wait_for
 
 pytestmark = pytest.mark.model
 
@@ -49,12 +50,12 @@ def new_conversation(server: Any, text: str = QUESTION) -> tuple[int, Any]:
 def finished(server: Any, conv_id: int) -> Any:
     store = server.services.store
     assert server.engine.wait_idle(60)
-    for _ in range(200):
+    # the engine is idle once the last token is out; the store's write of the ended reply
+    # follows on the server's loop (an idle engine's wait_idle returns at once: poll by time)
+    def ended() -> Any:
         last = store.messages(conv_id)[-1]
-        if last.role == "assistant" and not last.is_streaming:
-            return last
-        server.engine.wait_idle(0.05)
-    raise AssertionError("the reply did not end")
+        return last if last.role == "assistant" and not last.is_streaming else None
+    return wait_for(ended, 30, "the reply to end")
 
 
 def test_reasoning_is_stored_apart_and_never_fed_back(server: Any, idle_check: Any) -> None:
