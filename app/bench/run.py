@@ -198,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "speculative decoding on and off alternating (--repeats times each, "
                         "--output tokens at most)")
     p.add_argument("--repeats", type=int, default=2, help="rounds of --chat (default 2)")
+    p.add_argument("--profile", action="store_true",
+                   help="sample the engine thread during the throughput run and print where "
+                        "its time goes (products, attention, sampling, scheduling, ...)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     return p
@@ -264,6 +267,7 @@ def main(argv: list[str]) -> int:
         tokenizer = Tokenizer(executor.tokenizer_path, paths.models_cache)
     engine = Engine(config, executor, tokenizer).start()
     results: list[Result] = []
+    profile = ""
     try:
         run_engine(engine, Workload(2, 2, 8, 4), prompts[:2], "warm-up")
         if args.chat:
@@ -274,6 +278,12 @@ def main(argv: list[str]) -> int:
             work = Workload(1, 1, results[0].prompt_tokens, args.output)
             args.no_single = True
             args.baseline = None
+        elif args.profile:
+            from app.bench.profile import StackSampler
+
+            with StackSampler() as sampler:
+                results.append(run_engine(engine, work, prompts, "ferry (continuous batching)"))
+            profile = sampler.report()
         else:
             results.append(run_engine(engine, work, prompts, "ferry (continuous batching)"))
         if args.structured_fraction and not args.chat:
@@ -311,6 +321,8 @@ def main(argv: list[str]) -> int:
         kernels += ", fused decode layers"
     kernels += f"; CPU {describe_cpu_level()}"  # every figure says which CPU it came from
     report(results, work, dtype, args.json, kernels, executor.describe())
+    if profile:
+        print(profile, file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

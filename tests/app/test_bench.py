@@ -66,9 +66,14 @@ def test_bench_with_hf_baseline_reports_every_system(tiny_llama: Path, tmp_path:
 
 def test_bench_table_in_bf16(tiny_llama: Path, tmp_path: Path) -> None:
     done = bench(tmp_path, "--model", str(tiny_llama), "--requests", "3", "--concurrency", "3",
-                 "--prompt", "5", "--output", "4", "--dtype", "bfloat16")
+                 "--prompt", "5", "--output", "4", "--dtype", "bfloat16", "--profile")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
+    # --profile: the engine thread's busy samples by part, after the table
+    at = next(i for i, line in enumerate(lines) if line.startswith("engine thread, "))
+    shares = [float(line.split("%")[0]) for line in lines[at + 1:]]
+    parts = [line.split("%", 1)[1].strip() for line in lines[at + 1:]]
+    assert "products" in parts and abs(sum(shares) - 100) < 1, lines[at:]
     assert lines[0].startswith("workload: 3 requests, prompt 5, output 4") and \
         "dtype bfloat16" in lines[0] and "CPU kernels" in lines[0]
     assert lines[1].startswith("| system | out tok/s |")
