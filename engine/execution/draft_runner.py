@@ -62,7 +62,7 @@ class DraftRunner:
         files = resolve_model(path, cache_dir, False)
         try:
             vocab = Tokenizer(files, cache_dir).hf.get_vocab()
-        except (OSError, ValueError) as exc:  # no tokenizer files, or unreadable ones
+        except Exception as exc:  # missing or unreadable: tokenizers says why
             raise DraftModelError(f"cannot read the draft model's tokenizer: {exc}") from exc
         check_vocabularies(target_vocab, vocab)
         cfg = target.config
