@@ -45,6 +45,9 @@ class DraftRunner:
         # argmax over the ids both models have (a padded embedding's extra rows are no token)
         self.vocab = min(executor.vocab_size, target_vocab_size)
         self.shadows: dict[str, Shadow] = {}
+        # positions computed per request and round at most: a long prompt's K/V is built
+        # over several rounds (like the target's chunked prefill), drafting once it is done
+        self.chunk = executor.config.max_prefill_tokens
 
     @classmethod
     def load(cls, path: str | Path, target: ModelExecutor, target_vocab: dict[str, int],
@@ -67,7 +70,8 @@ class DraftRunner:
         check_vocabularies(target_vocab, vocab)
         cfg = target.config
         config = EngineConfig(kv_tokens=cfg.kv_tokens, page_size=cfg.page_size,
-                              max_context=cfg.max_context, speculative="off")
+                              max_context=cfg.max_context,
+                              max_prefill_tokens=cfg.max_prefill_tokens, speculative="off")
         draft = ModelExecutor.from_pretrained(files, config, dtype=dtype, device=device,
                                               cache_dir=cache_dir, threads=target.threads,
                                               progress=False, quantize=quantize)
@@ -84,7 +88,8 @@ class DraftRunner:
     def propose(self, asks: Sequence[tuple[Request, int]]) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in asks]
         live: list[tuple[int, Shadow, int]] = []  # (ask index, shadow, k)
-        items = []
+        items: list[BatchItem] = []
+        catch_up: list[BatchItem] = []  # chunks of long prompts: K/V only, no token
         for i, (req, k) in enumerate(asks):
             seq = req.prompt_ids + req.output_ids
             k = min(k, self.executor.max_context - len(seq) + 1)
@@ -92,10 +97,15 @@ class DraftRunner:
             if k <= 0 or not self._cover(shadow, len(seq) + k - 1):
                 continue
             start = min(shadow.computed, len(seq) - 1)  # the last token is always new
+            if len(seq) - start > self.chunk:  # a long prompt: in chunks, no drafts yet
+                catch_up.append(BatchItem(shadow.seq, start, self.chunk, False))
+                shadow.computed = start + self.chunk
+                continue
             items.append(BatchItem(shadow.seq, start, len(seq) - start, True))
             live.append((i, shadow, k))
+        items += catch_up
         while items:
-            tokens = self._run(items)
+            tokens = self._run(items)  # the sampling items come first, in `live` order
             items, still = [], []
             for (i, shadow, k), tok in zip(live, tokens):
                 out[i].append(tok)
@@ -147,8 +157,9 @@ class DraftRunner:
             self.pages.free(shadow.pages.pop())
 
     def _run(self, items: list[BatchItem]) -> list[int]:
-        """One forward over `items` -> each item's greedy next token, in item order."""
+        """One forward over `items` -> the greedy next token of each item that samples, in
+        item order."""
         logits, rows = self.executor.compute_logits(Batch("mixed", tuple(items)))
         best = logits[:, :self.vocab].argmax(dim=-1).tolist()
         by_item = dict(zip(rows, best))
-        return [int(by_item[i]) for i in range(len(items))]
+        return [int(by_item[i]) for i, it in enumerate(items) if it.sample]

@@ -11,12 +11,14 @@ the next proposal (the sequence tells which drafts were kept); `release` frees t
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Protocol
 
 from engine.config import ConfigError
 from engine.scheduling.request import Request
 
+log = logging.getLogger(__name__)
 
 class DraftModelError(ConfigError):
     """A draft model that cannot draft for this target (no model, another vocabulary, a
@@ -66,14 +68,25 @@ class PreparedDrafts:
         self._ready.clear()
         asks = [(r, k) for r, k in asks if k > 0]
         if asks:
-            for (req, _), drafts in zip(asks, self.model.propose(asks)):
+            for (req, _), drafts in zip(asks, self._propose(asks)):
                 self._ready[req.id] = drafts
 
     def __call__(self, request: Request, k: int) -> list[int]:
         ready = self._ready.pop(request.id, None)
         if ready is not None:  # prepared for at least k (fewer: all the model could)
             return ready[:k]
-        return self.model.propose([(request, k)])[0]
+        return self._propose([(request, k)])[0]
+
+    def _propose(self, asks: Sequence[tuple[Request, int]]) -> list[list[int]]:
+        # runs while the scheduler selects the round: a failing draft model costs the
+        # round its drafts, never the round (the target decodes plainly)
+        try:
+            return self.model.propose(asks)
+        except Exception:
+            log.exception("the draft model failed; this round decodes without drafts")
+            for req, _ in asks:  # its K/V for them is in doubt: rebuilt at the next draft
+                self.model.release(req)
+            return [[] for _ in asks]
 
     def release(self, request: Request) -> None:
         self._ready.pop(request.id, None)

@@ -137,6 +137,24 @@ def test_draft_kv_follows_the_accepted_prefix(target: ModelExecutor, draft: Draf
     assert draft.free_pages == draft.num_pages
 
 
+def test_a_long_prompt_is_drafted_for_after_chunks(draft: DraftRunner,
+                                                  chat_ids: list[list[int]],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The draft builds a long prompt's K/V `chunk` positions a round (no drafts yet),
+    then drafts as usual."""
+    monkeypatch.setattr(draft, "chunk", 16)
+    req = Request(list(chat_ids[0]), SamplingParams(), id="long")
+    n = req.num_tokens
+    rounds = 0
+    while not (drafts := draft.propose([(req, 3)])[0]):
+        rounds += 1
+        assert draft.shadows["long"].computed == 16 * rounds
+    assert rounds == (n - 1) // 16 and len(drafts) == 3
+    assert draft.shadows["long"].computed == n + 2
+    draft.release(req)
+    assert draft.free_pages == draft.num_pages
+
+
 class Gate:
     """Wraps the target's executor: the first round with drafts waits inside."""
 
