@@ -45,7 +45,7 @@ class Speculator:
         self.policy = policy or DraftPolicy()
         self.prepared = PreparedDrafts(model) if model is not None else None
         self.source = source or self.prepared or self._lookup
-        # what drafts: the metrics and the dashboard name it
+        # what drafts: prompt lookup, a draft model, or a source given (the simulator's script)
         self.kind = "draft" if model is not None else "ngram" if source is None else "scripted"
         self.lengths: dict[str, DraftLength] = {}
         self.indexes: dict[str, NgramIndex] = {}
