@@ -262,6 +262,16 @@ def weights(model_dir: Path) -> Any:
 
 
 @pytest.fixture(scope="session")
+def deeper_gguf(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model with two more layers (tests/tools/deeper_gguf.py): a speculative
+    target the default model drafts for, agreeing mostly, not always. Written once a
+    session."""
+    from tests.tools.deeper_gguf import write_deeper
+    return write_deeper(tmp_path_factory.mktemp("deeper") / "deeper.gguf", extra=2,
+                        scale=0.01, source=model_dir)
+
+
+@pytest.fixture(scope="session")
 def tokenizer(model_dir: Path) -> Any:
     from engine.execution.text.tokenizer import Tokenizer
     return Tokenizer(model_dir)

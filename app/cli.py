@@ -104,8 +104,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
                             "shared)")
     serve.add_argument("--speculative", metavar="ngram|draft|off",
                        help="speculative decoding: ngram drafts from the prompt and reply "
-                            "(prompt lookup; default), off; draft (a draft model) is not "
-                            "available yet")
+                            "(prompt lookup; default), draft drafts with --draft-model, off")
+    serve.add_argument("--draft-model", metavar="PATH",
+                       help="speculative draft: the small model that drafts (a .gguf file or "
+                            "a safetensors folder) with the model's tokenizer")
     serve.add_argument("--max-running", type=int, metavar="N",
                        help="requests decoding at once: the engine's slots (default 32)")
     serve.add_argument("--kv-tokens", type=int, metavar="N",
@@ -149,7 +151,8 @@ def passthrough(command: str, argv: list[str]) -> int:
 def serve_flags(args: argparse.Namespace) -> dict[str, object]:
     flags: dict[str, object] = {name: getattr(args, name) for name in
                                 ("host", "port", "dtype", "quantize", "device", "policy",
-                                 "admission", "speculative", "max_running", "kv_tokens",
+                                 "admission", "speculative", "draft_model", "max_running",
+                                 "kv_tokens",
                                  "max_prefill_tokens", "open", "upstreams", "allowed_hosts",
                                  "max_loaded", "max_memory", "keep_alive")}
     named: list[str] = args.model or []

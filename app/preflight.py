@@ -52,6 +52,20 @@ def served_models(settings: Settings) -> list[ModelRef]:
     return refs
 
 
+def draft_model(settings: Settings) -> ModelRef:
+    """speculative draft's model, resolved: a GGUF file or a model folder on this machine
+    (or "default"); raises PreflightError."""
+    try:
+        ref = resolve_model(settings.draft_model)
+    except ModelError as exc:
+        raise PreflightError(f"draft model: {exc} (draft_model from "
+                             f"{settings.source('draft_model')})") from None
+    if ref.path is None:
+        raise PreflightError(f"draft model {settings.draft_model!r}: a .gguf file or a model "
+                             "folder on this machine is needed")
+    return ref
+
+
 def check_serve(settings: Settings, paths: Paths) -> ModelRef:
     """Raise PreflightError for the first problem; returns the resolved model."""
     try:
@@ -70,6 +84,8 @@ def check_serve(settings: Settings, paths: Paths) -> ModelRef:
     except ModelError as exc:
         key = "models" if settings.models else "model"
         raise PreflightError(f"{exc} (model from {settings.source(key)})") from None
+    if settings.speculative == "draft" and not settings.upstreams:
+        draft_model(settings)
     problem = port_problem(settings.host, settings.port)
     if problem:
         raise PreflightError(problem)

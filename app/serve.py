@@ -66,7 +66,19 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
                                                          executor.max_context))
     assert executor.tokenizer_path is not None, "a loaded model has its tokenizer's path"
     tokenizer = Tokenizer(executor.tokenizer_path)
-    engine = Engine(config, executor, tokenizer)
+    draft = None
+    if settings.speculative == "draft":  # refused (DraftModelError) when it cannot draft
+        from app.preflight import draft_model
+        from engine import DraftRunner
+
+        draft_ref = draft_model(settings)
+        assert draft_ref.path is not None
+        draft = DraftRunner.load(draft_ref.path, executor, tokenizer.hf.get_vocab(),
+                                 dtype=settings.dtype, device=device,
+                                 cache_dir=paths.models_cache,
+                                 quantize=None if settings.quantize == "none"
+                                 else settings.quantize)
+    engine = Engine(config, executor, tokenizer, draft_model=draft)
     # the grammar compiler (llguidance's view of the vocabulary) takes a second or more to
     # build: built now, beside the start, rather than by the first structured request
     threading.Thread(target=prepare_grammars, args=(engine,), name="ferry-grammars",
@@ -76,6 +88,8 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
         cfg = engine.config
         runs += (f"; sliding-window KV: local layers keep {cfg.sliding_window} positions "
                  f"({cfg.num_local_pages * cfg.page_size:,} in their pool), prefix cache off")
+    if draft is not None:
+        runs += f"; drafts with {draft_ref.name} ({draft.executor.describe()})"
     web = dataclasses.replace(web_config(settings, paths, model.name), model_runs=runs)
     app = create_app(engine, tokenizer, web)
     return app, device, runs, tokenizer.chat_template_name
@@ -181,7 +195,7 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
     engine (running requests end, partial replies are saved) and closes the database."""
     import uvicorn
 
-    from engine import ModelNotFound
+    from engine import DraftModelError, ModelNotFound
 
     if settings.upstreams:
         app, name = build_upstream(settings, paths)
@@ -199,6 +213,9 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
                 app, device, dtype, template = build(settings, paths, model)
         except ModelNotFound as exc:
             print(f"ferry serve: {exc}", file=sys.stderr)
+            return 2
+        except DraftModelError as exc:
+            print(f"ferry serve: error: draft model: {exc}", file=sys.stderr)
             return 2
         print(banner(settings, model.name, device, dtype, template), flush=True)
     if settings.open:

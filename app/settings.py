@@ -98,7 +98,10 @@ class Settings:
     # for every slot's window plus one round
     local_kv_tokens: int = 0
     prefix_cache: bool = True
-    speculative: str = "ngram"  # ngram (prompt lookup) | off; draft: not available yet
+    speculative: str = "ngram"  # ngram (prompt lookup) | draft (draft_model drafts) | off
+    # the draft model of speculative "draft": a GGUF file or a safetensors folder whose
+    # tokenizer is the model's (checked when it loads)
+    draft_model: str = ""
     max_waiting: int = 256
     per_user_limit: int = 8  # waiting + running requests per user
     max_body_bytes: int = MIB
@@ -163,9 +166,14 @@ class Settings:
             if value not in choices:
                 raise SettingsError(
                     name, f"{name} must be one of {', '.join(choices)}, got {value!r}")
-        if self.speculative == "draft":
-            raise SettingsError("speculative", "speculative 'draft' (a draft model) is not "
-                                               "available yet: use ngram (prompt lookup) or off")
+        if self.speculative == "draft" and not self.draft_model.strip():
+            raise SettingsError("draft_model", "speculative 'draft' needs a draft model: set "
+                                               "draft_model (--draft-model PATH: a GGUF file "
+                                               "or a safetensors folder with the model's "
+                                               "tokenizer)")
+        if self.speculative == "draft" and len(self.served_models) > 1:
+            raise SettingsError("speculative", "speculative 'draft' serves one model: its "
+                                               "draft model matches that model's tokenizer")
         if self.upstreams:
             from app.upstreams import normalize
             try:

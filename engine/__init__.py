@@ -52,9 +52,11 @@ from engine.scheduling.request import (
     SamplingParams,
     TokenLogprob,
 )
+from engine.speculative import DraftModelError
 
 if TYPE_CHECKING:
     from engine.execution.cpu import cpu_has_native_bf16
+    from engine.execution.draft_runner import DraftRunner
     from engine.execution.executor import ModelExecutor
     from engine.execution.loading.loader import ModelNotFound
     from engine.execution.loading.loader import resolve_model as resolve_model_files
@@ -69,6 +71,7 @@ if TYPE_CHECKING:
 # name -> "module:attribute", imported on first access (PEP 562)
 _LAZY: dict[str, str] = {
     "ModelExecutor": "engine.execution.executor:ModelExecutor",
+    "DraftRunner": "engine.execution.draft_runner:DraftRunner",
     "ModelNotFound": "engine.execution.loading.loader:ModelNotFound",
     "Tokenizer": "engine.execution.text.tokenizer:Tokenizer",
     "gguf_tokenizer_dir": "engine.execution.text.tokenizer:gguf_tokenizer_dir",
@@ -107,6 +110,8 @@ __all__ = [
     "Constraint",
     "ConstraintKind",
     "CpuLevelError",
+    "DraftModelError",
+    "DraftRunner",
     "Engine",
     "EngineConfig",
     "EngineSnapshot",

@@ -33,7 +33,8 @@ class EngineConfig:
     # their own (`num_local_pages`)
     sliding_window: int = 0
     local_kv_tokens: int = 0  # positions in the local layers' pool; 0: every slot's reservation
-    # speculative decoding: "ngram" drafts by prompt lookup; off above `speculative_batch`
+    # speculative decoding: "ngram" drafts by prompt lookup, "draft" with a draft model (the
+    # Engine is given it: engine.execution.draft_runner); off above `speculative_batch`
     # decoding requests (a CPU's big batch is compute-bound: verifying drafts costs throughput)
     speculative: Speculative = "ngram"
     speculative_batch: int = 8
@@ -54,9 +55,6 @@ class EngineConfig:
         if self.speculative not in SPECULATIVE:
             raise ConfigError(f"speculative must be one of {', '.join(SPECULATIVE)}, "
                               f"got {self.speculative!r}")
-        if self.speculative == "draft":
-            raise ConfigError("speculative 'draft' (a draft model) is not available yet: use "
-                              "'ngram' (prompt lookup) or 'off'")
         if self.kv_tokens < self.page_size:
             raise ConfigError("kv_tokens must hold at least one page")
         for name in ("sliding_window", "local_kv_tokens"):

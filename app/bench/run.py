@@ -191,8 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run the workload with this fraction of the requests under a "
                         "JSON schema, and print its output tok/s against the unconstrained "
                         "run and the per-token mask time p50/p99")
-    p.add_argument("--speculative", choices=("ngram", "off"), default="ngram",
-                   help="speculative decoding in the engine (default ngram: prompt lookup)")
+    p.add_argument("--speculative", choices=("ngram", "draft", "off"), default="ngram",
+                   help="speculative decoding in the engine (default ngram: prompt lookup; "
+                        "draft: with --draft-model)")
+    p.add_argument("--draft-model", metavar="PATH",
+                   help="--speculative draft: the draft model (a .gguf file or a model "
+                        "folder with the model's tokenizer)")
     p.add_argument("--chat", metavar="TEXT",
                    help="instead of the throughput run: one chat with TEXT at temperature 0, "
                         "speculative decoding on and off alternating (--repeats times each, "
@@ -217,6 +221,8 @@ def _validate(args: argparse.Namespace) -> str | None:
         return "--rate and --shared-prefix must be >= 0"
     if args.shared_prefix > args.prompt:
         return "--shared-prefix cannot exceed --prompt"
+    if args.speculative == "draft" and not args.draft_model:
+        return "--speculative draft needs --draft-model PATH"
     return None
 
 
@@ -260,12 +266,25 @@ def main(argv: list[str]) -> int:
         return 0
     prompts = work.prompts(executor.vocab_size)
     tokenizer = None
-    if args.structured_fraction or args.chat:  # grammars and chats need the tokenizer
+    # grammars and chats need the tokenizer; a draft model is checked against it
+    if args.structured_fraction or args.chat or args.speculative == "draft":
         from engine import Tokenizer
 
         assert executor.tokenizer_path is not None
         tokenizer = Tokenizer(executor.tokenizer_path, paths.models_cache)
-    engine = Engine(config, executor, tokenizer).start()
+    draft = None
+    if args.speculative == "draft":
+        from engine import DraftModelError, DraftRunner
+
+        assert tokenizer is not None
+        try:
+            draft = DraftRunner.load(args.draft_model, executor, tokenizer.hf.get_vocab(),
+                                     dtype=args.dtype, device=args.device,
+                                     cache_dir=paths.models_cache)
+        except (DraftModelError, ModelNotFound) as exc:
+            print(f"ferry bench: draft model: {exc}", file=sys.stderr)
+            return 2
+    engine = Engine(config, executor, tokenizer, draft_model=draft).start()
     results: list[Result] = []
     profile = ""
     try:

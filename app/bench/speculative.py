@@ -1,7 +1,8 @@
 """`ferry bench --chat TEXT`: one chat at temperature 0, with speculative decoding and without,
 alternating in one sitting on one engine (the request's `speculative` field switches it), so
 both see the same machine load. Greedy outputs are the same tokens either way; the rows give
-decode tok/s and the share of drafted tokens kept."""
+decode tok/s and the share of drafted tokens kept; a speculative row names its drafter
+(`--speculative ngram` or `draft` with `--draft-model`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -19,5 +20,8 @@ def compare(engine: Any, tokenizer: Any, text: str, output: int, repeats: int) -
         for speculative in (True, False):
             params = SamplingParams(max_tokens=output, speculative=speculative)
             name = f"chat {i + 1}, speculative {'on' if speculative else 'off'}"
-            results.append(run_engine(engine, work, [ids], name, params=params))
+            result = run_engine(engine, work, [ids], name, params=params)
+            if speculative:  # what drafted: prompt lookup (ngram) or a draft model (draft)
+                result.note = f"drafter: {engine.snapshot().speculative}"
+            results.append(result)
     return results

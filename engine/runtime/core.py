@@ -12,7 +12,7 @@ from engine.config import EngineConfig
 from engine.scheduling.batch import Batch, Drafter, Executor, Sampled
 from engine.scheduling.request import FinishReason, Request
 from engine.scheduling.scheduler import Scheduler
-from engine.speculative import DraftPolicy, Speculator
+from engine.speculative import DraftModel, DraftModelError, DraftPolicy, Speculator
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +31,14 @@ class RoundRecord:
 
 class EngineCore:
     def __init__(self, config: EngineConfig, executor: Executor, clock: Callable[[], float],
-                 cache_outputs: bool = True, drafter: Drafter | None = None) -> None:
+                 cache_outputs: bool = True, drafter: Drafter | None = None,
+                 draft_model: DraftModel | None = None) -> None:
         if drafter is None and config.speculative == "ngram":
             drafter = Speculator(DraftPolicy(max_len=config.max_draft))
+        elif drafter is None and config.speculative == "draft":
+            if draft_model is None:
+                raise DraftModelError("speculative 'draft' needs a draft model")
+            drafter = Speculator(DraftPolicy(max_len=config.max_draft), model=draft_model)
         self.drafter = drafter
         self.scheduler = Scheduler(config, cache_outputs=cache_outputs, drafter=drafter)
         # the executor's few-row decode path, where it has one: drafts stay within it

@@ -44,6 +44,7 @@ from engine.scheduling.request import (
 
 if TYPE_CHECKING:
     from engine.execution.text.tokenizer import Tokenizer
+    from engine.speculative import DraftModel
     from engine.structured.compiler import GrammarCompiler
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,8 @@ class Engine:
     def __init__(self, config: EngineConfig, executor: Executor,
                  tokenizer: Tokenizer | None = None, eos_ids: frozenset[int] = frozenset(),
                  clock: Callable[[], float] = time.monotonic,
-                 turns: Callable[[], AbstractContextManager[object]] | None = None) -> None:
+                 turns: Callable[[], AbstractContextManager[object]] | None = None,
+                 draft_model: DraftModel | None = None) -> None:
         # a model executor tells the widest window of the model's local (sliding-window)
         # layers; those keep KV for it only and run without the prefix cache (sliding_kv.py)
         # or speculative decoding (scheduler.py)
@@ -77,7 +79,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids or (tokenizer.eos_ids if tokenizer is not None else frozenset())
         self.clock = clock
-        self._core = EngineCore(config, executor, clock)
+        self._core = EngineCore(config, executor, clock, draft_model=draft_model)
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._handles: dict[str, RequestHandle] = {}  # live; written by callers, popped by thread
         self._lock = threading.Lock()  # guards _handles and _per_owner across threads

@@ -129,7 +129,7 @@ class EngineSnapshot:
     # the global layers' pool
     local_kv: KVView | None = None
     sliding_window: int = 0
-    speculative: str = "off"  # the engine's drafter: ngram | off
+    speculative: str = "off"  # the engine's drafter: ngram | draft | off
 
     @property
     def free_slots(self) -> int:

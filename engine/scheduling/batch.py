@@ -60,6 +60,12 @@ class Executor(Protocol):
 class Drafter(Protocol):
     """Proposes draft tokens for a decoding request and learns from their verification."""
 
+    def prepare(self, requests: Sequence[Request], limits: Sequence[int], spare: int) -> None:
+        """A speculative round's decoding requests, each one's most drafts and the round's
+        most (`spare`), before `draft` is asked for each in order (a draft model proposes
+        for all of them at once)."""
+        ...
+
     def draft(self, request: Request, limit: int) -> list[int]:
         """At most `limit` tokens likely to follow the request's sequence ([]: decode
         plainly this round)."""

@@ -24,9 +24,12 @@ def decode_items(running: list[Request], cfg: EngineConfig, drafter: Drafter | N
     speculate = drafter is not None and cfg.speculative != "off" \
         and len(running) <= cfg.speculative_batch
     spare = (decode_rows or len(running) * (1 + cfg.max_draft)) - len(running)
+    limits = [min(cfg.max_draft, r.params.max_tokens - r.num_outputs - 1) for r in running]
+    if speculate and drafter is not None:
+        drafter.prepare(running, limits, spare)
     items = []
-    for r in running:
-        limit = min(cfg.max_draft, r.params.max_tokens - r.num_outputs - 1, spare)
+    for r, most in zip(running, limits):
+        limit = min(most, spare)
         drafts = drafter.draft(r, limit) if speculate and limit > 0 and drafter else []
         spare -= len(drafts)
         items.append(BatchItem(r, r.num_computed, 1 + len(drafts), True, tuple(drafts)))

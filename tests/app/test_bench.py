@@ -86,6 +86,7 @@ def test_bench_table_in_bf16(tiny_llama: Path, tmp_path: Path) -> None:
     (["--concurrency", "-1"], "--concurrency must be >= 1"),
     (["--model", "/no/such/model"], "neither a local path nor a hub id"),
     (["--structured-fraction", "1.5"], "--structured-fraction must be within [0, 1]"),
+    (["--speculative", "draft"], "--speculative draft needs --draft-model PATH"),
 ])
 def test_bench_refuses_bad_arguments(args: list[str], message: str, tmp_path: Path) -> None:
     done = bench(tmp_path, *args)
@@ -128,3 +129,24 @@ def test_bench_chat_compares_speculation_on_and_off(tmp_path: Path) -> None:
     assert on["accepted_pct"] is not None and on["tokens_per_step"] > 1
     assert off["accepted_pct"] is None and off["tokens_per_step"] == 1
     assert on["output_tok_s"] > 0 and off["output_tok_s"] > 0
+    assert on["note"] == "drafter: ngram"
+
+
+def test_bench_chat_with_a_draft_model(tmp_path: Path) -> None:
+    """--speculative draft --draft-model: a small synthetic GGUF (the default model's
+    tokenizer and chat template) drafting for itself; the row names the drafter."""
+    from gguf import GGMLQuantizationType
+
+    from tests.tools import synthetic_gguf
+
+    model = tmp_path / "small.gguf"
+    synthetic_gguf.write(model, hidden=64, layers=2, ff=128, heads=4, kv_heads=2,
+                         qtype=GGMLQuantizationType.F16, untied=False)
+    done = bench(tmp_path, "--model", str(model), "--speculative", "draft", "--draft-model",
+                 str(model), "--chat", "Say hello.", "--output", "16", "--repeats", "1",
+                 "--json")
+    assert done.returncode == 0, done.stderr
+    rows = {r["system"]: r for r in json.loads(done.stdout)["results"]}
+    on = rows["chat 1, speculative on"]
+    assert on["note"] == "drafter: draft" and on["accepted_pct"] == 100.0
+    assert on["tokens_per_step"] > 1

@@ -99,8 +99,8 @@ def test_env_parsing(home: dict[str, str]) -> None:
         ("flag", "device", "tpu", ["--device", "cuda"]),
         ("flag", "admission", "random", ["--admission", "fifo, fair"]),
         ("flag", "speculative", "eagle", ["--speculative", "ngram, draft, off"]),
-        ("flag", "speculative", "draft", ["--speculative", "not available yet"]),
-        ("env", "SPECULATIVE", "draft", ["FERRY_SPECULATIVE", "not available yet"]),
+        ("flag", "speculative", "draft", ["draft_model", "--draft-model PATH"]),
+        ("env", "SPECULATIVE", "draft", ["draft_model", "--draft-model PATH"]),
     ],
 )
 def test_bad_values_name_key_and_source(home: dict[str, str], where: str, key: str, value: str,
@@ -212,3 +212,20 @@ def test_paths_under_ferry_home(tmp_path: Path) -> None:
 def test_paths_default_to_platformdirs() -> None:
     paths = get_paths({})
     assert all("ferry" in str(p).lower() for p in paths.as_dict().values())
+
+
+def test_draft_model_from_each_source(home: dict[str, str]) -> None:
+    """speculative draft takes its model from ferry.toml, FERRY_DRAFT_MODEL or the flag."""
+    write_config(home, 'speculative = "draft"\ndraft_model = "/models/small.gguf"\n')
+    s = load_settings({}, env=home)
+    assert (s.speculative, s.draft_model) == ("draft", "/models/small.gguf")
+    s = load_settings({}, env=dict(home, FERRY_DRAFT_MODEL="/models/other"))
+    assert s.draft_model == "/models/other" and s.source("draft_model") == "env FERRY_DRAFT_MODEL"
+    s = load_settings({"draft_model": "/m/x.gguf"}, env=home)
+    assert s.draft_model == "/m/x.gguf" and s.source("draft_model") == "flag --draft-model"
+
+
+def test_draft_serves_one_model(home: dict[str, str]) -> None:
+    with pytest.raises(SettingsError, match="serves one model"):
+        load_settings({"speculative": "draft", "draft_model": "/m/x.gguf",
+                       "models": ["default", "/m/y.gguf"]}, env=home)

@@ -86,8 +86,15 @@ class EngineCollector(Collector):
             kinds.add_metric([*model, kind], value)
         yield kinds
         # speculative decoding (vLLM reports spec_decode_num_draft/accepted_tokens alike)
+        drafter = GaugeMetricFamily("ferry:spec_decode_drafter", "What drafts for "
+                                    "speculative decoding (1 on the engine's kind: ngram is "
+                                    "prompt lookup, draft a draft model, off none).",
+                                    labels=[*labels, "drafter"])
+        drafter.add_metric([*model, snap.speculative], 1)
+        yield drafter
         yield counter("spec_decode_num_draft_tokens", "Tokens drafted for speculative "
-                      "decoding (prompt lookup).", m.drafted_tokens)
+                      "decoding (by the drafter ferry:spec_decode_drafter names).",
+                      m.drafted_tokens)
         yield counter("spec_decode_num_accepted_tokens", "Drafted tokens the model kept.",
                       m.accepted_tokens)
         yield gauge("spec_decode_acceptance_rate", "Kept share of drafted tokens since "

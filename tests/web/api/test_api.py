@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from typing import Any
 
@@ -275,5 +276,6 @@ def test_speculative_field_and_metrics(server: Any) -> None:
     page = httpx.get(server.url + "/metrics").text
     assert 0 < metric(page, "ferry:spec_decode_acceptance_rate") <= 1
     assert metric(page, "ferry:decode_tokens_per_step") > 1
+    assert re.search(r'ferry:spec_decode_drafter\{[^}]*drafter="ngram"[^}]*\} 1\.0', page)
     bad = httpx.post(server.url + "/v1/chat/completions", json={**body, "speculative": "yes"})
     assert bad.status_code == 400
