@@ -47,10 +47,10 @@ def server(model_dir: Path, tokenizer: Any, tmp_path_factory: pytest.TempPathFac
                         keep_alive="10m")
     app, *_ = build_several(settings, get_paths({"FERRY_HOME": str(root / "ferry")}), refs,
                             progress=False, found=found)
-    models = app.state.services.engine
+    running = in_thread_server(app, None, "uvicorn-disk", 120)
+    running.engine = models = running.services.engine  # the ModelSet the lifespan started
     thinker = with_template(tokenizer, root / "thinker-tok", THINKING_TEMPLATE)
     models.add(ModelSource("thinker", lambda: thinker, _no_load, 1, {"source": "configured"}))
-    running = in_thread_server(app, models, "uvicorn-disk", 120)
     yield running
     running.stop()
 
