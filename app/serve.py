@@ -164,6 +164,16 @@ def build_several(settings: Settings, paths: Paths, models: list[ModelRef],
     return app, device, loaded.runs, tokenizer.chat_template_name
 
 
+def models_to_serve(settings: Settings) -> tuple[list[ModelRef], list[FoundModel]]:
+    """The configured models (the default first) and, unless discover_models is off, the
+    others found on disk: a walk of folders (checking each runs after the start)."""
+    from app.preflight import served_models
+
+    refs = served_models(settings)
+    found = found_models(settings.model_folders, refs) if settings.discover_models else []
+    return refs, found
+
+
 def prepare_grammars(engine: Engine) -> None:
     """Build the engine's grammar compiler; a model it cannot serve says so per request."""
     from engine import RequestError
@@ -204,12 +214,11 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
     else:
         print(f"Loading {model.name} ...", file=sys.stderr)
         try:
-            from app.preflight import served_models
-
-            refs = served_models(settings)
-            # listing what is on disk is a walk of folders; checking each runs after the start
-            found = found_models(settings.model_folders, refs) \
-                if settings.discover_models else []
+            refs, found = models_to_serve(settings)
+            if found:
+                print(f"Found {len(found)} more model{'s' if len(found) > 1 else ''} on disk; "
+                      "those Ferry runs join the picker once checked (--no-discover: off)",
+                      file=sys.stderr)
             if len(refs) > 1 or found:
                 app, device, dtype, template = build_several(settings, paths, refs,
                                                              found=found)

@@ -142,3 +142,15 @@ def test_discovery_setting_from_flag_and_file(tmp_path: Path) -> None:
     assert settings([], "discover_models = false\n").discover_models is False
     assert json.dumps(settings(["--discover"], "discover_models = false\n").discover_models) \
         == "true"
+
+
+def test_serve_adds_the_found_models_unless_discovery_is_off(home: Path) -> None:
+    from app.serve import models_to_serve
+
+    add_ollama(home / "ollama", "registry.ollama.ai/library/a", "1", GGUF_BYTES)
+    configured = home / "mine.gguf"
+    configured.write_bytes(GGUF_BYTES + b"x")
+    refs, found = models_to_serve(Settings(model=str(configured)))
+    assert [r.name for r in refs] == ["mine"] and [f.name for f in found] == ["a:1"]
+    refs, found = models_to_serve(Settings(model=str(configured), discover_models=False))
+    assert [r.name for r in refs] == ["mine"] and found == []
