@@ -112,12 +112,14 @@ def test_picking_a_model_on_disk_loads_it_and_it_answers(server: Any, page: Any,
     cid = int(page.url.rsplit("/", 1)[1])
     exported = httpx.get(f"{server.url}/c/{cid}/export.json").json()
     assert exported["model"] == "smol:135m"
+    assert exported["messages"][-1]["model"] == "smol:135m"  # the reply's writer too
     assert "> Model: smol:135m" in httpx.get(f"{server.url}/c/{cid}/export.md").text
     back = httpx.post(server.url + "/import", follow_redirects=True, files={
         "file": ("c.json", json.dumps(exported).encode(), "application/json")})
     assert back.status_code == 200 and "does not serve" not in back.text
     again = httpx.get(f"{server.url}/c/{conversation_id(back)}/export.json").json()
-    assert again["model"] == "smol:135m"
+    assert again["model"] == "smol:135m" and again["messages"][-1]["model"] == "smol:135m"
+    assert "by smol:135m" in back.text  # the imported reply still says who wrote it
     idle_check(server.engine)
 
 

@@ -24,6 +24,8 @@ REASONS = ("stop", "length", "cancelled", "error")  # engine.FinishReason
 def _message(m: Message) -> dict[str, Any]:
     out = {"role": m.role, "content": m.content, "status": m.status,
            "finish_reason": m.finish_reason, "created": m.created}
+    if m.model:  # the model that wrote this reply (several models)
+        out["model"] = m.model
     return {**out, "reasoning": m.reasoning} if m.reasoning else out
 
 
@@ -90,7 +92,7 @@ def _settings(data: object, config: WebConfig) -> Settings:
 
 
 def _messages(data: object, config: WebConfig
-              ) -> list[tuple[str, str, str, str | None, str | None]]:
+              ) -> list[tuple[str, str, str, str | None, str | None, str | None]]:
     if not isinstance(data, list) or not data:
         raise ChatError("the file has no messages", 400)
     if len(data) > config.max_messages:
@@ -118,8 +120,10 @@ def _messages(data: object, config: WebConfig
         reasoning = _text(m.get("reasoning"), f"{where}.reasoning")  # a reply's thinking
         if reason in ("cancelled", "error"):
             status = "incomplete"
+        wrote = _text(m.get("model"), f"{where}.model")  # a label: need not be served here
+        reply = m["role"] == "assistant"
         checked.append((m["role"], content, status or "complete", reason,
-                        reasoning if m["role"] == "assistant" else None))
+                        reasoning if reply else None, wrote[:200] if reply and wrote else None))
     return checked
 
 
