@@ -23,6 +23,7 @@ from app.model_stores import (
     ollama_models,
 )
 from app.models import ModelRef, scan_folder
+from app.settings import Settings
 
 log = logging.getLogger(__name__)
 FOLDER_STORE = "model folder"
@@ -131,3 +132,13 @@ def start_discovery(found: list[FoundModel], add: Callable[[FoundModel], str | N
     thread = threading.Thread(target=run, name="ferry-discover", daemon=True)
     thread.start()
     return thread
+
+
+def models_to_serve(settings: Settings) -> tuple[list[ModelRef], list[FoundModel]]:
+    """The configured models (the default first) and, unless discover_models is off, the
+    others found on disk: a walk of folders (checking each runs after the start)."""
+    from app.preflight import served_models
+
+    refs = served_models(settings)
+    found = found_models(settings.model_folders, refs) if settings.discover_models else []
+    return refs, found

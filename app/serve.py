@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from app.banner import banner, local_url, open_browser
-from app.discovery import FoundModel, found_models, start_discovery
+from app.discovery import FoundModel, models_to_serve, start_discovery
 from app.models import ModelRef
 from app.paths import Paths
 from app.settings import Settings, engine_config
@@ -162,16 +162,6 @@ def build_several(settings: Settings, paths: Paths, models: list[ModelRef],
     if found:
         start_discovery(found, add)
     return app, device, loaded.runs, tokenizer.chat_template_name
-
-
-def models_to_serve(settings: Settings) -> tuple[list[ModelRef], list[FoundModel]]:
-    """The configured models (the default first) and, unless discover_models is off, the
-    others found on disk: a walk of folders (checking each runs after the start)."""
-    from app.preflight import served_models
-
-    refs = served_models(settings)
-    found = found_models(settings.model_folders, refs) if settings.discover_models else []
-    return refs, found
 
 
 def prepare_grammars(engine: Engine) -> None:

@@ -145,7 +145,7 @@ def test_discovery_setting_from_flag_and_file(tmp_path: Path) -> None:
 
 
 def test_serve_adds_the_found_models_unless_discovery_is_off(home: Path) -> None:
-    from app.serve import models_to_serve
+    from app.discovery import models_to_serve
 
     add_ollama(home / "ollama", "registry.ollama.ai/library/a", "1", GGUF_BYTES)
     configured = home / "mine.gguf"
