@@ -29,7 +29,7 @@ def server(model_dir: Path, tokenizer: Any, tmp_path_factory: pytest.TempPathFac
     from app.paths import get_paths
     from app.serve import build_several
     from app.settings import Settings
-    from engine import ModelSource
+    from engine import ModelSource, Tokenizer, gguf_tokenizer_dir
     from tests.tools.thinking import THINKING_TEMPLATE, with_template
 
     root = tmp_path_factory.mktemp("disk")
@@ -51,6 +51,10 @@ def server(model_dir: Path, tokenizer: Any, tmp_path_factory: pytest.TempPathFac
     running.engine = models = running.services.engine  # the ModelSet the lifespan started
     thinker = with_template(tokenizer, root / "thinker-tok", THINKING_TEMPLATE)
     models.add(ModelSource("thinker", lambda: thinker, _no_load, 1, {"source": "configured"}))
+    # a model whose tokenizer does not open: transformers reads the weights-only GGUF for real
+    broken = lms / "weights.gguf"
+    models.add(ModelSource("broken", lambda: Tokenizer(gguf_tokenizer_dir(broken, root / "tc")),
+                           _no_load, 1, {"source": "configured"}))
     yield running
     running.stop()
 
@@ -141,3 +145,13 @@ def test_thinking_switch_follows_the_conversations_model(server: Any) -> None:
     assert thinking.status_code == 200 and 'name="enable_thinking"' in thinking.text
     assert "thinker" in cards(server)  # listed; never loaded by opening the page
     assert cards(server)["thinker"]["state"] == "unloaded"
+
+
+def test_a_model_whose_tokenizer_fails_is_refused_with_a_notice(server: Any) -> None:
+    store = server.services.store
+    before = store.conversations("local")
+    r = httpx.post(server.url + "/c", data={"content": "Hello", "model": "broken"})
+    assert r.status_code == 503 and "the model broken cannot be used" in r.text
+    assert store.conversations("local") == before  # nothing left behind
+    page = import_file(server, "broken")  # its page still opens
+    assert page.status_code == 200 and "Moved" in page.text

@@ -2,12 +2,15 @@
 models), and the prompt ids, token limit and sampling of its next reply."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from engine import Reasoning, SamplingParams, UnknownModel, continuation
 from web.pages.chat.rules import ChatError
 from web.services import Services
 from web.storage.store import Conversation, Message
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,10 @@ class ConversationModel:
             return type(self)(self.s.for_model(conv.model))
         except UnknownModel:
             return type(self)(self.s.for_model(None))
+        except Exception as exc:  # its tokenizer would not open (a file found on disk, say)
+            log.warning("opening %s's tokenizer failed", conv.model, exc_info=True)
+            raise ChatError(f"the model {conv.model} cannot be used: its tokenizer does not "
+                            f"open ({type(exc).__name__}: {exc})", 503) from None
 
     def model_name(self, model: str) -> str | None:
         """The stored name for a picked model ("" or the default: None); ChatError if

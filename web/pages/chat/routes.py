@@ -91,7 +91,7 @@ class ChatController(Controller):
         # opens the conversation's model's tokenizer (seconds, the first time) off the event
         # loop: the page's Thinking switch follows that model's template. A model that fails
         # to open says so when a reply is asked of it; the page shows regardless.
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(ChatError):
             await anyio.to_thread.run_sync(chat.for_conversation, conv)
         notice = None
         if unknown_model and not conv.model:  # after an import (see import_json)
