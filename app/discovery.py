@@ -140,5 +140,7 @@ def models_to_serve(settings: Settings) -> tuple[list[ModelRef], list[FoundModel
     from app.preflight import served_models
 
     refs = served_models(settings)
-    found = found_models(settings.model_folders, refs) if settings.discover_models else []
+    # a draft model (speculative = "draft") drafts for one model only: none added then
+    discover = settings.discover_models and settings.speculative != "draft"
+    found = found_models(settings.model_folders, refs) if discover else []
     return refs, found
