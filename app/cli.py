@@ -90,6 +90,11 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     serve.add_argument("--keep-alive", metavar="DURATION",
                        help="several models: idle time before a model (not the default) "
                             "unloads, e.g. 5m, 30s, 0 (default 5m)")
+    serve.add_argument("--discover", action=argparse.BooleanOptionalAction, default=None,
+                       dest="discover_models",
+                       help="also serve the models found on disk (Ollama, LM Studio, the "
+                            "Hugging Face cache, model_folders), loaded when picked "
+                            "(default on)")
     serve.add_argument("--dtype", metavar="|".join(DTYPES),
                        help="weight dtype (default auto: a GGUF runs in its own quantization "
                             "on CPU; float32|bfloat16 dequantise it)")
@@ -154,7 +159,8 @@ def serve_flags(args: argparse.Namespace) -> dict[str, object]:
                                  "admission", "speculative", "draft_model", "max_running",
                                  "kv_tokens",
                                  "max_prefill_tokens", "open", "upstreams", "allowed_hosts",
-                                 "max_loaded", "max_memory", "keep_alive")}
+                                 "max_loaded", "max_memory", "keep_alive",
+                                 "discover_models")}
     named: list[str] = args.model or []
     flags["model"] = named[0] if named else None  # one --model: exactly as before
     flags["models"] = named if len(named) > 1 else None

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from app.banner import banner, local_url, open_browser
+from app.discovery import FoundModel, models_to_serve, start_discovery
 from app.models import ModelRef
 from app.paths import Paths
 from app.settings import Settings, engine_config
@@ -96,7 +97,7 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
 
 
 def model_source(settings: Settings, paths: Paths, model: ModelRef, config: EngineConfig,
-                 device: str) -> ModelSource:
+                 device: str, store: str = "configured") -> ModelSource:
     """How the model set opens `model`'s tokenizer and loads it (on its loader thread)."""
     from app.models import folder_size
     from engine import (
@@ -126,7 +127,7 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
         return LoadedModel(executor, clipped, executor.describe(),
                            size + executor.pool.nbytes)
 
-    details: dict[str, object] = {"kind": model.kind,
+    details: dict[str, object] = {"kind": model.kind, "source": store,
                                   "path": str(model.path) if model.path else None}
     if model.path is not None:  # listed before it loads: architecture, blocks, kernels
         from engine import describe_model_file
@@ -140,9 +141,11 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
 
 
 def build_several(settings: Settings, paths: Paths, models: list[ModelRef],
-                  progress: bool = True) -> tuple[Litestar, str, str, str]:
+                  progress: bool = True, found: list[FoundModel] | None = None
+                  ) -> tuple[Litestar, str, str, str]:
     """Several models: the default loads now (the banner, and a bad file fails at start),
-    the others when a request names them (engine.ModelSet)."""
+    the others when a request names them (engine.ModelSet); `found`: models on disk, checked
+    and added after the start (app.discovery)."""
     from app.settings import parse_bytes
     from engine import Budget, ModelSet, parse_keep_alive, set_kernel_build_dir
     from web.app import create_app
@@ -161,6 +164,17 @@ def build_several(settings: Settings, paths: Paths, models: list[ModelRef],
                          preloaded={first.name: (loaded, tokenizer)})
     web = dataclasses.replace(web_config(settings, paths, first.name), model_runs=loaded.runs)
     app = create_app(model_set, tokenizer, web)
+
+    def add(model: FoundModel) -> str | None:
+        source = model_source(settings, paths, model.ref, config, device, model.store)
+        runs = str(source.details.get("runs") or "")
+        if runs.startswith("cannot run: "):
+            return runs.removeprefix("cannot run: ")
+        model_set.add(source)
+        return None
+
+    if found:
+        start_discovery(found, add)
     return app, device, loaded.runs, tokenizer.chat_template_name
 
 
@@ -204,11 +218,14 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
     else:
         print(f"Loading {model.name} ...", file=sys.stderr)
         try:
-            if len(settings.served_models) > 1:
-                from app.preflight import served_models
-
-                app, device, dtype, template = build_several(settings, paths,
-                                                             served_models(settings))
+            refs, found = models_to_serve(settings)
+            if found:
+                print(f"Found {len(found)} more model{'s' if len(found) > 1 else ''} on disk; "
+                      "those Ferry runs join the picker once checked (--no-discover: off)",
+                      file=sys.stderr)
+            if len(refs) > 1 or found:
+                app, device, dtype, template = build_several(settings, paths, refs,
+                                                             found=found)
             else:
                 app, device, dtype, template = build(settings, paths, model)
         except ModelNotFound as exc:

@@ -115,6 +115,8 @@ class Settings:
     chat_top_p: float = 0.95
     open: bool = False  # open the browser once serving
     model_folders: list[str] = field(default_factory=list)
+    # serve the models found on disk too (model_folders, Ollama, LM Studio, the HF cache)
+    discover_models: bool = True
     # names served besides loopback, the bound address and (shared) this machine's names:
     # `name` (any port), `name:port`, `.domain` (and subdomains); a reverse proxy, a DNS name
     allowed_hosts: list[str] = field(default_factory=list)

@@ -55,6 +55,10 @@ def describe(settings: Settings, paths: Paths) -> list[str]:
     for model in stored:
         lines.append(f"  {model.name:<40} {human_size(model.size):>10}  {model.store}"
                      + (f"  {model.path}" if model.name != str(model.path) else ""))
+        lines.append(f"      {runs(model.path)}")
+    served = "on: those it runs are in the chat's picker and /v1/models" \
+        if settings.discover_models else "off (discover_models = false)"
+    lines.append(f"Serving models found on disk: {served}")
 
     try:
         chosen = resolve_model(settings.model)

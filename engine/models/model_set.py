@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
 from engine.models.budget import Budget
-from engine.models.entry import ModelEntry, ModelEvent, ModelInfo
+from engine.models.entry import ModelEntry, ModelEvent
 from engine.models.keep_alive import DEFAULT_KEEP_ALIVE
 from engine.models.monitor import Monitor
 from engine.models.pending import Pending, empty_snapshot, merge
@@ -58,6 +58,7 @@ class ModelSet(SetViews, Monitor):
         self.clock = clock
         self.turns = FairTurns()
         self._poll = poll
+        self._keep_alive = keep_alive  # the models other than the default (and those added)
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stopping = False
@@ -143,6 +144,9 @@ class ModelSet(SetViews, Monitor):
         entry = self._entries[self.resolve(model)]
         tokenizer = self.tokenizer(entry.name)
         with self._lock:
+            if owner_limit is not None and self._owner_live(owner) >= owner_limit:
+                # across the set: requests waiting for a load count as much as running ones
+                raise QueueFull(f"{owner} already has {owner_limit} requests queued or running")
             entry.keep_alive = entry.configured_keep_alive if keep_alive is KEEP \
                 else keep_alive  # type: ignore[assignment]
             entry.last_used = self.clock()
@@ -225,6 +229,18 @@ class ModelSet(SetViews, Monitor):
             return self._compilers[model]
 
     # -- admin -------------------------------------------------------------------------------
+    def add(self, source: ModelSource) -> bool:
+        """Serve one more model (found on disk after the start), not loaded until asked for;
+        False when the name is taken. The dict is replaced, never changed in place, so
+        readers iterating the old one are not disturbed."""
+        with self._lock:
+            if source.name in self._entries:
+                return False
+            entry = ModelEntry(source, keep_alive=self._keep_alive,
+                               configured_keep_alive=self._keep_alive)
+            self._entries = {**self._entries, source.name: entry}
+        return True
+
     def load(self, model: str) -> None:
         """Load `model` now (unloading idle ones if the budget needs room)."""
         with self._lock:
@@ -240,9 +256,3 @@ class ModelSet(SetViews, Monitor):
             entry.state = "unloading"
         self._unload(entry, "unloaded by an admin")
         return True
-
-    def models(self) -> list[ModelInfo]:
-        with self._lock:
-            return [ModelInfo(e.name, e.name == self.default, e.state, e.size or e.source.size,
-                              e.runs, e.keep_alive, e.live, e.source.details, e.error,
-                              e.memory_wait) for e in self._entries.values()]

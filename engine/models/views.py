@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from engine.config import ADMISSIONS, POLICIES, EngineConfig
-from engine.models.entry import ModelEntry
+from engine.models.entry import ModelEntry, ModelInfo
 from engine.runtime.handle import RequestHandle
 from engine.runtime.reasoning import Reasoning
 from engine.runtime.snapshot import EngineSnapshot, RequestView
@@ -37,6 +37,26 @@ class SetViews:
                 is not None else now
             reason = WaitReason("loading", f"loading {entry.name}, {now - since:.0f} s")
         return [p.view(entry.name, now, reason, i + 1) for i, p in enumerate(entry.pending)]
+
+    def _owner_live(self, owner: str) -> int:
+        """`owner`'s requests in the whole set: waiting for a load (or memory), queued or
+        running on any model."""
+        return sum(sum(1 for p in e.pending if p.owner == owner)
+                   + (len(e.engine.live_ids(owner)) if e.engine is not None else 0)
+                   for e in self._entries.values())
+
+    def models(self) -> list[ModelInfo]:
+        with self._lock:
+            default = next(iter(self._entries))
+            return [ModelInfo(e.name, e.name == default, e.state, e.size or e.source.size,
+                              e.runs, e.keep_alive, e.live, e.source.details, e.error,
+                              e.memory_wait) for e in self._entries.values()]
+
+    def opened_tokenizer(self, model: str) -> Tokenizer | None:
+        """The model's tokenizer if opened already (never waits to open one), else None."""
+        with self._lock:
+            entry = self._entries.get(model)
+        return entry.tokenizer if entry is not None else None
 
     def live_ids(self, owner: str | None = None) -> list[str]:
         with self._lock:

@@ -67,7 +67,8 @@ def serve(model_dir: Path, tmp_path: Path) -> Iterator[Any]:
         home = home or tmp_path / "home"
         port = free_port()
         env = {**os.environ, "FERRY_HOME": str(home), "FERRY_KV_TOKENS": "4096",
-               "FERRY_MAX_RUNNING": "4", "PYTHONUNBUFFERED": "1"}
+               "FERRY_MAX_RUNNING": "4", "PYTHONUNBUFFERED": "1",
+               "FERRY_DISCOVER_MODELS": "0"}  # one model, whatever this machine holds
         # the `ferry` entry point, with Ctrl+C handling as in a terminal (a child of a
         # background job would inherit SIGINT ignored)
         entry = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)"

@@ -174,7 +174,9 @@ class OpenAIController(Controller):
                 architecture=runs.split(":", 1)[0] if runs else None, runs=runs)
             cards.append(msgspec.structs.replace(card, runs=runs, loaded=m.loaded, state=m.state,
                                                  default=m.default, size=m.size,
-                                                 keep_alive=m.keep_alive, error=m.error))
+                                                 keep_alive=m.keep_alive, error=m.error,
+                                                 source=str(m.details.get("source")
+                                                            or "configured")))
         return cards
 
     @get("/models", summary="The models this server serves (loaded or not)")

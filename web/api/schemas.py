@@ -239,6 +239,9 @@ class ModelCard(Struct):
     size: int | None = None
     keep_alive: float | None = None  # seconds idle before it unloads; None: stays
     error: str | None = None  # why its last load failed
+    # "configured" (--model / models), or the store it was found in on disk: "ollama",
+    # "lm studio", "hugging face cache", "model folder" (served without being configured)
+    source: str = "configured"
 
 
 class ModelList(Struct):

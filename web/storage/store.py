@@ -178,28 +178,31 @@ class Store:
 
     def import_conversation(self, owner: str, title: str,
                             settings: tuple[str | None, float | None, float | None, int | None],
-                            messages: list[tuple[str, str, str, str | None, str | None]],
-                            enable_thinking: bool | None = None) -> Conversation:
+                            messages: list[tuple[str, str, str, str | None, str | None,
+                                                 str | None]],
+                            enable_thinking: bool | None = None,
+                            model: str | None = None) -> Conversation:
         """A whole conversation in one transaction (settings: system prompt, temperature,
-        top_p, max_tokens; messages: role, content, status, finish_reason, reasoning): if
-        any row fails, nothing of it is kept."""
+        top_p, max_tokens; messages: role, content, status, finish_reason, reasoning, the
+        model that wrote a reply): if any row fails, nothing of it is kept."""
         now = time.time()
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 cur = self._db.execute(
                     "INSERT INTO conversations (owner, title, created, updated, system_prompt, "
-                    "temperature, top_p, max_tokens, enable_thinking) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "temperature, top_p, max_tokens, enable_thinking, model) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (owner, title, now, now, *settings,
-                     None if enable_thinking is None else int(enable_thinking)))
+                     None if enable_thinking is None else int(enable_thinking), model))
                 conversation_id = int(cur.lastrowid or 0)
-                for role, content, status, reason, reasoning in messages:
+                for role, content, status, reason, reasoning, wrote in messages:
                     self._db.execute(
                         "INSERT INTO messages (conversation_id, role, content, status, "
-                        "finish_reason, reasoning, created, updated) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        (conversation_id, role, content, status, reason, reasoning, now, now))
+                        "finish_reason, reasoning, model, created, updated) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (conversation_id, role, content, status, reason, reasoning, wrote,
+                         now, now))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")

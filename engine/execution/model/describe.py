@@ -53,9 +53,13 @@ def model_architecture(path: str | Path) -> str:
 
     path = Path(path)
     if is_gguf(path):
+        from engine.execution.errors import ModelFileError
         from engine.execution.loading.gguf_file import GGUFFile
 
-        return GGUFFile(path).config.model_type
+        file = GGUFFile(path)
+        if "tokenizer.ggml.model" not in file.meta:  # weights alone: nothing to chat with
+            raise ModelFileError(f"{path} holds no tokenizer (no tokenizer.ggml.* metadata)")
+        return file.config.model_type
     cfg = read_config(path)
     return registry.for_hf(cfg).config_from_hf(cfg).model_type
 

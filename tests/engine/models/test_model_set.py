@@ -181,3 +181,29 @@ def test_cancel_while_loading_and_admin_unload(files: dict[str, Path], cache: Pa
         all_free(models)
     finally:
         models.stop()
+
+
+def test_per_user_limit_counts_requests_waiting_for_a_load(files: dict[str, Path],
+                                                           cache: Path) -> None:
+    """A user's requests waiting for a model (`memory` here: the only slot in the budget is
+    held by a busy model) count toward owner_limit, as queued and running ones do."""
+    from engine.runtime.engine import QueueFull
+
+    models = make_set(files, cache, ("alpha", "beta"), Budget(1, 8 * GB))
+    try:
+        running = ask(models, "alpha", "Once upon a time", tokens=400, owner="bob",
+                      owner_limit=2)
+        waiting = ask(models, "beta", owner="bob", owner_limit=2)
+        wait_for(lambda: (v := models.snapshot().find(waiting.id)) is not None
+                 and v.reason is not None and v.reason.code == "memory")
+        with pytest.raises(QueueFull, match="bob already has 2 requests"):
+            ask(models, "beta", owner="bob", owner_limit=2)
+        with pytest.raises(QueueFull, match="bob already has 2 requests"):
+            ask(models, "alpha", owner="bob", owner_limit=2)
+        other = ask(models, "beta", owner="carol", owner_limit=2)  # others are not held
+        models.cancel(running.id)
+        finish(waiting)
+        finish(other)
+        all_free(models)
+    finally:
+        models.stop()

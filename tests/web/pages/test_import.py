@@ -74,6 +74,8 @@ REFUSED = [
     ({**GOOD, "version": 2}, "version"),
     ({**GOOD, "messages": []}, "no messages"),
     ({**GOOD, "messages": ["hi"]}, "messages[0]"),
+    ({**GOOD, "model": 5}, "model"),
+    (with_message(1, model=["x"]), "messages[1].model"),
 ]
 
 
@@ -101,6 +103,28 @@ def test_a_good_import_keeps_every_field(server: Any) -> None:
     assert [(m.role, m.content, m.status, m.finish_reason) for m in messages] == [
         ("user", "Where to?", "complete", None), ("assistant", "Lisbon.", "complete", "stop")]
     server.services.store.delete_conversation(conv.id)
+
+
+def test_the_model_travels_and_an_unknown_one_falls_back_with_a_note(server: Any) -> None:
+    """One model served: a file of that model imports quietly; a file of another model goes
+    on with this one, and the page says so (never a 500)."""
+    store = server.services.store
+    served = server.services.config.model_name
+    r = httpx.post(server.url + "/import", follow_redirects=True, files={
+        "file": ("c.json", json.dumps({**GOOD, "model": served}).encode(), "application/json")})
+    assert r.status_code == 200 and "does not serve" not in r.text
+    data = {**with_message(1, model="qwen3:8b"), "model": "qwen3:8b"}
+    r = httpx.post(server.url + "/import", follow_redirects=True, files={
+        "file": ("c.json", json.dumps(data).encode(), "application/json")})
+    assert r.status_code == 200
+    assert (f"This conversation was written with qwen3:8b, which this server does not serve: "
+            f"it goes on with {served}.") in html.unescape(r.text)
+    conv = store.conversations("local")[0]
+    assert conv.model is None and store.messages(conv.id)[1].model == "qwen3:8b"
+    exported = httpx.get(f"{server.url}/c/{conv.id}/export.json").json()
+    assert exported["model"] == served and exported["messages"][1]["model"] == "qwen3:8b"
+    for c in store.conversations("local")[:2]:
+        store.delete_conversation(c.id)
 
 
 def test_a_stored_max_tokens_above_the_limit_is_held_to_it(server: Any) -> None:

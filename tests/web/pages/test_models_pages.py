@@ -142,3 +142,38 @@ def test_dashboard_shows_each_model_and_admin_loads_and_unloads(
            message="beta shown unloaded")
     assert "unloaded beta: unloaded by an admin" in panel.inner_text()
     idle_check(server.engine)
+
+
+def test_dashboard_shows_the_rounds_and_charts_of_the_chosen_model(
+        server: Any, waiter: Any, idle_check: Any) -> None:
+    assert model_state(server, "beta") == "unloaded"  # the test above unloaded it
+    page = httpx.get(server.url + "/dashboard", params={"model": "beta"}).text
+    assert "Recent rounds of beta" in page and "beta is not loaded." in page
+    assert 'sse-connect="/dashboard/stream?model=beta"' in page
+    pushed: list[str] = []
+
+    def listen() -> None:  # the board the stream pushes for this viewer's choice
+        with httpx.stream("GET", server.url + "/dashboard/stream", params={"model": "beta"},
+                          timeout=120) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data:") and "Recent rounds" in line:
+                    pushed.append(line)
+                    return
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    r = httpx.post(server.url + "/v1/completions", timeout=120, json={
+        "model": "beta", "prompt": "Once upon a time", "max_tokens": 4})
+    assert r.status_code == 200
+    rid = r.headers["X-Request-Id"]
+    listener.join(60)
+    assert pushed and "Recent rounds of beta" in pushed[0]
+    beta = httpx.get(server.url + "/dashboard", params={"model": "beta"}).text
+    assert f"<th>{rid}</th>" in beta and 'aria-label="Throughput"' in beta
+    alpha = httpx.get(server.url + "/dashboard").text  # the default's rounds: not beta's
+    assert "Recent rounds of alpha" in alpha and f"<th>{rid}</th>" not in alpha
+    assert 'sse-connect="/dashboard/stream"' in alpha
+    idle_check(server.engine)
+    r = httpx.post(server.url + "/dashboard/models", data={"model": "beta", "action": "unload"},
+                   headers={"HX-Request": "true"})
+    assert r.status_code == 200

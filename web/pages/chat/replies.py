@@ -21,7 +21,7 @@ from sse_starlette import ServerSentEvent
 
 from engine import FinalEvent, RequestHandle, TextDelta
 from web.pages.chat import reply_status
-from web.pages.chat.service import version_nav
+from web.pages.chat.rules import version_nav
 from web.sse import done_event, html_event, on_event, text_event
 from web.storage.store import Conversation, Store
 

@@ -2,9 +2,12 @@
 streaming, Stop, regenerate (versions), Continue, settings, rename, export and import."""
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
+import anyio
 from litestar import Controller, Response, delete, get, post
 from litestar.enums import RequestEncodingType
 from litestar.exceptions import HTTPException, NotFoundException
@@ -82,9 +85,19 @@ class ChatController(Controller):
         return Redirect("/")  # a reload after a refused first message lands on a fresh chat
 
     @get("/c/{conversation_id:int}", name="chat:conversation")
-    async def conversation(self, request: HTMXRequest, conversation_id: FromPath[int]) -> Template:
-        _, conv, _ = self._find(request, conversation_id)
-        return page(request, current_user(request), conv)
+    async def conversation(self, request: HTMXRequest, conversation_id: FromPath[int],
+                           unknown_model: FromQuery[str | None] = None) -> Template:
+        chat, conv, _ = self._find(request, conversation_id)
+        # opens the conversation's model's tokenizer (seconds, the first time) off the event
+        # loop: the page's Thinking switch follows that model's template. A model that fails
+        # to open says so when a reply is asked of it; the page shows regardless.
+        with contextlib.suppress(ChatError):
+            await anyio.to_thread.run_sync(chat.for_conversation, conv)
+        notice = None
+        if unknown_model and not conv.model:  # after an import (see import_json)
+            notice = (f"This conversation was written with {unknown_model[:200]}, which this "
+                      f"server does not serve: it goes on with {chat.s.config.model_name}.")
+        return page(request, current_user(request), conv, notice)
 
     @post("/c", name="chat:create")
     async def create(self, request: HTMXRequest, data: Form) -> Response[Any]:
@@ -195,7 +208,8 @@ class ChatController(Controller):
     async def export_json(self, request: HTMXRequest,
                           conversation_id: FromPath[int]) -> Response[Any]:
         chat, conv, _ = self._find(request, conversation_id)
-        body = transfer.to_json(conv, chat.s.store.messages(conv.id))
+        body = transfer.to_json(conv, chat.s.store.messages(conv.id),
+                                conv.model or chat.s.config.model_name)
         return Response(body, headers={
             "Content-Disposition": f'attachment; filename="conversation-{conv.id}.json"'})
 
@@ -203,7 +217,8 @@ class ChatController(Controller):
     async def export_md(self, request: HTMXRequest,
                         conversation_id: FromPath[int]) -> Response[str]:
         chat, conv, _ = self._find(request, conversation_id)
-        text = transfer.to_markdown(conv, chat.s.store.messages(conv.id))
+        text = transfer.to_markdown(conv, chat.s.store.messages(conv.id),
+                                    conv.model or chat.s.config.model_name)
         return Response(text, media_type="text/markdown; charset=utf-8", headers={
             "Content-Disposition": f'attachment; filename="conversation-{conv.id}.md"'})
 
@@ -215,9 +230,12 @@ class ChatController(Controller):
         try:
             if len(raw) > s.config.max_body_bytes:
                 raise ChatError("the file is too large", 413)
-            conv = transfer.from_json(s.store, current_user(request).name, raw, s.config)
+            conv, unknown = transfer.from_json(s.store, current_user(request).name, raw,
+                                               s.config, ChatService(s).imported_model)
         except ChatError as exc:
             return refusal(request, exc, None)
+        if unknown is not None:  # the page says the conversation goes on with the default
+            return go(request, f"/c/{conv.id}?{urlencode({'unknown_model': unknown})}")
         return go(request, f"/c/{conv.id}")
 
     @delete("/c/{conversation_id:int}", status_code=200, name="chat:delete")

@@ -2,185 +2,27 @@
 store, the engine and replies."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import anyio
 
-from engine import Reasoning, SamplingParams, UnknownModel, continuation
 from web.access.identity import User
-from web.services import Services
+from web.pages.chat.prompting import ConversationModel
+from web.pages.chat.rules import SETTING_NAMES, ChatError, check_settings, title_for
 from web.storage.store import Conversation, Message
 
-
-class ChatError(Exception):
-    """An action the chat refuses (shown to the user as a notice)."""
-
-    def __init__(self, message: str, status_code: int = 409) -> None:
-        super().__init__(message)
-        self.status_code = status_code
+__all__ = ["ChatError", "ChatService"]
 
 
-SETTING_NAMES = {"system_prompt": "system prompt", "temperature": "temperature",
-                 "top_p": "top_p", "max_tokens": "max tokens"}
-Settings = tuple[str | None, float | None, float | None, int | None]
-
-
-def check_settings(max_tokens_limit: int, system_prompt: str | None, temperature: float | None,
-                   top_p: float | None, max_tokens: float | None,
-                   names: dict[str, str]) -> Settings:
-    """A conversation's settings (None: the server's default) by the Settings form's rules,
-    which the import follows too; raises ChatError (400) naming the field as `names` says."""
-    def within(value: float | None, name: str, low: float, high: float) -> None:
-        if value is not None and not low <= value <= high:  # NaN fails too
-            raise ChatError(f"{names[name]} must be between {low:g} and {high:g}", 400)
-    within(temperature, "temperature", 0.0, 2.0)
-    within(top_p, "top_p", 0.0, 1.0)
-    if top_p == 0.0:
-        raise ChatError(f"{names['top_p']} must be above 0", 400)
-    within(max_tokens, "max_tokens", 1, max_tokens_limit)
-    if max_tokens is not None and max_tokens != int(max_tokens):
-        raise ChatError(f"{names['max_tokens']} must be a whole number", 400)
-    return (system_prompt, temperature, top_p, None if max_tokens is None else int(max_tokens))
-
-
-def title_for(content: str, limit: int = 60) -> str:
-    line = " ".join(content.split())
-    return line if len(line) <= limit else line[:limit - 1].rstrip() + "…"
-
-
-@dataclass(frozen=True, slots=True)
-class Prompt:
-    ids: list[int]
-    max_tokens: int  # the reply's limit once the prompt's room is taken
-    note: str | None  # what the reader should know (turns left out, a smaller limit)
-    reasoning: Reasoning | None = None  # how a thinking model's reply carries its reasoning
-
-
-@dataclass(frozen=True, slots=True)
-class Version:
-    """Where a reply stands among the versions of its group (‹index/count›)."""
-
-    index: int  # 1-based
-    count: int
-    previous: int | None  # message ids to switch to
-    next: int | None
-
-
-def version_nav(s: Services, messages: list[Message]) -> dict[int, Version]:
-    """Version navigation for the replies of `messages` that have more than one version."""
-    nav: dict[int, Version] = {}
-    for m in messages:
-        if m.role != "assistant":
-            continue
-        ids = [v.id for v in s.store.versions(m.group)]
-        if len(ids) > 1 and m.id in ids:
-            i = ids.index(m.id)
-            nav[m.id] = Version(i + 1, len(ids), ids[i - 1] if i else None,
-                                ids[i + 1] if i + 1 < len(ids) else None)
-    return nav
-
-
-class ChatService:
-    def __init__(self, s: Services) -> None:
-        self.s = s
+class ChatService(ConversationModel):
+    """The chat's actions; the conversation's model and prompt come from ConversationModel."""
 
     def conversation(self, user: User, conversation_id: int) -> Conversation | None:
         """The conversation if `user` owns it (others' chats do not exist for them)."""
         conv = self.s.store.conversation(conversation_id)
         return conv if conv is not None and user.can_read(conv.owner) else None
 
-    # -- the model -----------------------------------------------------------------------
-    def for_conversation(self, conv: Conversation) -> ChatService:
-        """The service for the conversation's model (several models: its engine, tokenizer
-        and template; a model no longer served falls back to the default). Opening a model's
-        tokenizer the first time takes seconds: call it off the event loop."""
-        if self.s.catalog is None:
-            return self
-        try:
-            return ChatService(self.s.for_model(conv.model))
-        except UnknownModel:
-            return ChatService(self.s.for_model(None))
-
-    def model_name(self, model: str) -> str | None:
-        """The stored name for a picked model ("" or the default: None); ChatError if
-        unknown."""
-        if self.s.catalog is None or not model:
-            return None
-        try:
-            name = self.s.catalog.resolve(model)
-        except UnknownModel as exc:
-            raise ChatError(str(exc), 400) from None
-        return None if name == self.s.catalog.default else name
-
-    def set_model(self, conv: Conversation, model: str) -> None:
-        self.s.store.set_model(conv.id, self.model_name(model))
-
     def message(self, conv: Conversation, message_id: int) -> Message | None:
         msg = self.s.store.message(message_id)
         return msg if msg is not None and msg.conversation_id == conv.id else None
-
-    # -- the prompt ----------------------------------------------------------------------
-    def _params(self, conv: Conversation, max_tokens: int) -> SamplingParams:
-        cfg = self.s.config
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=cfg.chat_temperature if conv.temperature is None else conv.temperature,
-            top_p=cfg.chat_top_p if conv.top_p is None else conv.top_p,
-            ignore_eos=cfg.chat_ignore_eos, stop=self.s.tokenizer.chat_stops)
-
-    def wanted_tokens(self, conv: Conversation) -> int:
-        cfg = self.s.config
-        if conv.max_tokens is None:
-            return cfg.default_max_tokens
-        # within the limit even for a conversation stored before imports were checked
-        return min(conv.max_tokens, cfg.max_tokens_limit)
-
-    def prompt(self, conv: Conversation, history: list[Message], tail: str = "") -> Prompt:
-        """Prompt ids for the history, leaving out the oldest turns (never the system prompt)
-        until the prompt and a reply fit the context; `tail` is a reply being continued.
-        Replies go back as their answers only: their reasoning is not fed to the model."""
-        turns = [{"role": m.role, "content": m.content} for m in history
-                 if m.role == "user" or m.content]
-        system = conv.system_prompt if conv.system_prompt is not None else \
-            self.s.config.chat_system_prompt
-        head = [{"role": "system", "content": system}] if system else []
-        limit = self.s.context_limit
-        wanted = self.wanted_tokens(conv)
-        room = limit - min(wanted, limit // 2)  # at least half the context for the prompt
-        tokenizer = self.s.tokenizer
-        tail_ids = tokenizer.encode(tail, add_special_tokens=False) if tail else []
-        dropped = 0
-        while True:
-            base = tokenizer.apply_chat_template(head + turns, enable_thinking=conv.thinking)
-            ids = base + tail_ids
-            if len(ids) <= room or len(turns) <= 1:
-                break
-            step = 2 if len(turns) > 2 else 1
-            turns, dropped = turns[step:], dropped + step
-        if len(ids) >= limit:
-            raise ChatError(f"the message does not fit the model's {limit}-token context "
-                            f"({len(ids)} tokens with what it needs around it)", 400)
-        max_tokens = min(wanted, limit - len(ids))
-        notes = []
-        if dropped:
-            notes.append(f"the {dropped} oldest message{'s' if dropped > 1 else ''} "
-                         f"{'were' if dropped > 1 else 'was'} left out to fit the "
-                         f"{limit}-token context")
-        if max_tokens < wanted:
-            notes.append(f"the reply is limited to {max_tokens} tokens (not {wanted}): "
-                         "the context is nearly full")
-        return Prompt(ids, max_tokens, "; ".join(notes) or None, tokenizer.reasoning_for(base))
-
-    def continued_prompt(self, conv: Conversation, history: list[Message],
-                         msg: Message) -> tuple[Prompt, Reasoning | None]:
-        """The prompt that continues `msg` (its reasoning and its answer so far), and how the
-        rest carries reasoning (None: only answer text follows)."""
-        p = self.prompt(conv, history, msg.content)
-        if p.reasoning is None:
-            return p, None
-        tail, inside = continuation(p.reasoning, msg.reasoning or "", msg.content)
-        p = self.prompt(conv, history, tail)
-        return p, Reasoning(started=True, fresh=False) if inside else None
 
     async def start_reply(self, user: User, conv: Conversation, history: list[Message],
                           version_group: int | None = None) -> Message:

@@ -1,14 +1,17 @@
 """A conversation exported as Markdown or JSON, and imported back from that JSON.
 
 A reply's reasoning (a thinking model's) travels as its own `reasoning` field, and in
-Markdown as a collapsed <details> block above the answer."""
+Markdown as a collapsed <details> block above the answer. The conversation's model travels
+as `model` (its name); an import whose model this server does not serve goes on with the
+default model, and the page says so."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from web.config import WebConfig
-from web.pages.chat.service import ChatError, Settings, check_settings, title_for
+from web.pages.chat.rules import ChatError, Settings, check_settings, title_for
 from web.storage.store import Conversation, Message, Store
 
 FORMAT = "ferry-conversation"
@@ -21,21 +24,24 @@ REASONS = ("stop", "length", "cancelled", "error")  # engine.FinishReason
 def _message(m: Message) -> dict[str, Any]:
     out = {"role": m.role, "content": m.content, "status": m.status,
            "finish_reason": m.finish_reason, "created": m.created}
+    if m.model:  # the model that wrote this reply (several models)
+        out["model"] = m.model
     return {**out, "reasoning": m.reasoning} if m.reasoning else out
 
 
-def to_json(conv: Conversation, messages: list[Message]) -> dict[str, Any]:
+def to_json(conv: Conversation, messages: list[Message], model: str) -> dict[str, Any]:
+    """`model`: the name of the model the conversation chats with (the default's, if none)."""
     settings: dict[str, Any] = {name: getattr(conv, name) for name in SETTINGS}
     settings["enable_thinking"] = None if conv.enable_thinking is None else conv.thinking
     return {
         "format": FORMAT, "version": VERSION, "title": conv.title, "created": conv.created,
-        "settings": settings,
+        "model": model, "settings": settings,
         "messages": [_message(m) for m in messages if not m.is_streaming],
     }
 
 
-def to_markdown(conv: Conversation, messages: list[Message]) -> str:
-    parts = [f"# {conv.title}\n"]
+def to_markdown(conv: Conversation, messages: list[Message], model: str) -> str:
+    parts = [f"# {conv.title}\n", f"> Model: {model}\n"]
     if conv.system_prompt:
         parts.append(f"> System prompt: {conv.system_prompt}\n")
     for m in messages:
@@ -86,7 +92,7 @@ def _settings(data: object, config: WebConfig) -> Settings:
 
 
 def _messages(data: object, config: WebConfig
-              ) -> list[tuple[str, str, str, str | None, str | None]]:
+              ) -> list[tuple[str, str, str, str | None, str | None, str | None]]:
     if not isinstance(data, list) or not data:
         raise ChatError("the file has no messages", 400)
     if len(data) > config.max_messages:
@@ -114,15 +120,24 @@ def _messages(data: object, config: WebConfig
         reasoning = _text(m.get("reasoning"), f"{where}.reasoning")  # a reply's thinking
         if reason in ("cancelled", "error"):
             status = "incomplete"
+        wrote = _text(m.get("model"), f"{where}.model")  # a label: need not be served here
+        reply = m["role"] == "assistant"
         checked.append((m["role"], content, status or "complete", reason,
-                        reasoning if m["role"] == "assistant" else None))
+                        reasoning if reply else None, wrote[:200] if reply and wrote else None))
     return checked
 
 
-def from_json(store: Store, owner: str, raw: bytes, config: WebConfig) -> Conversation:
+# a file's model name -> (the name stored, or None for the default; the file's name when this
+# server does not serve it, else None)
+PickModel = Callable[[str | None], tuple[str | None, str | None]]
+
+
+def from_json(store: Store, owner: str, raw: bytes, config: WebConfig,
+              pick_model: PickModel) -> tuple[Conversation, str | None]:
     """A new conversation of `owner` from an exported file, every field checked by the rules
     the Settings form and the API use (ChatError 400 naming the field), stored in one
-    transaction: a refused or failed import leaves nothing behind."""
+    transaction: a refused or failed import leaves nothing behind. Also returns the file's
+    model when it is not served here (the conversation then chats with the default)."""
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):
@@ -138,6 +153,8 @@ def from_json(store: Store, owner: str, raw: bytes, config: WebConfig) -> Conver
     if thinking is not None and not isinstance(thinking, bool):
         raise _refuse("settings.enable_thinking", "must be true or false")
     messages = _messages(data.get("messages"), config)
+    model, unknown = pick_model(_text(data.get("model"), "model"))
     title = _text(data.get("title"), "title") or ""
     title = title_for(" ".join(title.split()) or title_for(messages[0][1]), 200)
-    return store.import_conversation(owner, title, settings, messages, thinking)
+    conv = store.import_conversation(owner, title, settings, messages, thinking, model)
+    return conv, unknown

@@ -12,10 +12,10 @@ from litestar.params import URLEncodedBody
 from litestar.plugins.htmx import ClientRedirect, HTMXRequest, HTMXTemplate
 from litestar.response import Redirect, Template
 
-from engine import QueueFull, RequestError
+from engine import QueueFull, RequestError, UnknownModel
 from web.access.identity import User, current_user
-from web.pages.chat.service import ChatError, version_nav
-from web.services import EngineUnavailable, services
+from web.pages.chat.rules import ChatError, version_nav
+from web.services import EngineUnavailable, Services, services
 from web.storage.store import Conversation, Message
 
 
@@ -69,16 +69,34 @@ def sidebar(request: HTMXRequest, user: User, conv: Conversation | None,
             "live": s.replies.live_conversations(), "conversation": conv, "search": search or ""}
 
 
+def thinking_switch(s: Services, conv: Conversation | None) -> bool:
+    """Whether the Settings show the Thinking switch: the conversation's model's template
+    takes enable_thinking (several models: its tokenizer, which the conversation's page
+    opens off the event loop first; one not opened yet shows none)."""
+    if s.catalog is None or conv is None:
+        return bool(s.tokenizer.takes_enable_thinking)
+    try:
+        name = s.catalog.resolve(conv.model)
+    except UnknownModel:
+        name = s.catalog.default
+    tokenizer = s.catalog.opened_tokenizer(name)
+    return bool(tokenizer is not None and tokenizer.takes_enable_thinking)
+
+
 def page(request: HTMXRequest, user: User, conv: Conversation | None,
          notice: str | None = None, status_code: int = 200, draft: str = "",
          search: str | None = None) -> Template:
     s = services(request)
     messages = s.store.messages(conv.id) if conv else []
     cfg = s.config
+    models = s.catalog.models() if s.catalog else []
     return Template("chat.html", status_code=status_code, context={
         "page": "chat", "user": user, "model_name": cfg.model_name, "notice": notice,
-        "thinking_switch": s.tokenizer.takes_enable_thinking,
-        "models": s.catalog.models() if s.catalog else [],
+        "thinking_switch": thinking_switch(s, conv),
+        # the configured models, then those found on disk (a group of their own)
+        "models": [m for m in models if m.details.get("source", "configured") == "configured"],
+        "disk_models": [m for m in models
+                        if m.details.get("source", "configured") != "configured"],
         "conversation_model": (conv.model if conv else None) or cfg.model_name,
         "messages": messages, "versions": version_nav(s, messages), "draft": draft,
         "defaults": {"system_prompt": cfg.chat_system_prompt or "", "temperature":

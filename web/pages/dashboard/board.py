@@ -133,8 +133,21 @@ def model_rows(snap: EngineSnapshot, catalog: ModelCatalog) -> list[dict[str, An
     return rows
 
 
+def rounds_of(snap: EngineSnapshot, catalog: ModelCatalog | None,
+              model: str | None) -> tuple[str | None, EngineSnapshot | None]:
+    """Whose rounds the timeline and charts show (several models: the chosen one, else the
+    default) and that model's own snapshot (None while it is not loaded)."""
+    if catalog is None:
+        return None, snap
+    name = model if model in catalog.names else catalog.default
+    if name == catalog.default and model is None:
+        return name, snap  # the whole set's snapshot is built on the default's
+    return name, dict(catalog.model_snapshots()).get(name)
+
+
 def board_context(snap: EngineSnapshot, engine: Serving, user: User,
-                  tracker: RequestTracker) -> dict[str, Any]:
+                  tracker: RequestTracker, model: str | None = None) -> dict[str, Any]:
+    """The board for `user`; `model` (several models): whose rounds and charts it shows."""
     running = [_row(v, user, tracker) for v in snap.running]
     # the queue is what is not admitted yet; a chunked prompt holds a slot and shows in
     # Running, so the Waiting tile, the queue header and /metrics count the same requests
@@ -146,10 +159,12 @@ def board_context(snap: EngineSnapshot, engine: Serving, user: User,
     events = [{"kind": e.kind, "text": e.text, "clock": time.strftime("%H:%M:%S",
                                                                      time.localtime(e.time))}
               for e in reversed(list(catalog.events)[-8:])] if catalog else []
+    chart_model, own = rounds_of(snap, catalog, model)
     return {
         "models": model_rows(snap, catalog) if catalog else [], "model_events": events,
         "snap": snap, "running": running, "waiting": waiting, "slots": slots,
-        "kv_bars": kv_bars(snap), "timeline": timeline(snap.rounds), "charts": charts(snap),
+        "kv_bars": kv_bars(snap), "chart_model": chart_model,
+        "timeline": timeline(own.rounds if own else ()), "charts": charts(own) if own else [],
         "gateway": engine.gateway_view() if hasattr(engine, "gateway_view") else None,
         "metrics": snap.metrics, "alive": engine.alive, "user": user, "reason_tags": REASON_TAGS,
         "settings": [("Policy", snap.policy), ("Admission", snap.admission),

@@ -4,12 +4,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 import anyio
 from litestar import Controller, Request, Response, get, post
 from litestar.exceptions import NotFoundException
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import FromPath, URLEncodedBody
+from litestar.params import FromPath, FromQuery, URLEncodedBody
 from litestar.plugins.htmx import HTMXRequest
 from litestar.response import Redirect, Template
 from markupsafe import escape
@@ -33,8 +34,8 @@ def owner_of(s: Services, request_id: str) -> str | None:
     return view.owner if view is not None else None
 
 
-async def board_events(s: Services, user: User,
-                       shutdown: anyio.Event) -> AsyncIterator[ServerSentEvent]:
+async def board_events(s: Services, user: User, shutdown: anyio.Event,
+                       model: str | None = None) -> AsyncIterator[ServerSentEvent]:
     """The board whenever the engine published a new snapshot, at most every
     `dashboard_interval` seconds; nothing while idle (the response pings keep it open)."""
     last = s.engine.snapshot()
@@ -45,8 +46,13 @@ async def board_events(s: Services, user: User,
         if snap is last:
             continue
         last = snap
-        yield html_event("board", s.render("_board.html",
-                                           **board_context(snap, s.engine, user, s.tracker)))
+        yield html_event("board", s.render("_board.html", **board_context(
+            snap, s.engine, user, s.tracker, model)))
+
+
+def chosen_model(s: Services, model: str | None) -> str | None:
+    """A served model's name from the page's selector; anything else: the default's view."""
+    return model if s.catalog is not None and model in s.catalog.names else None
 
 
 class HTTPError(Struct):
@@ -76,11 +82,16 @@ class DashboardController(Controller):
     tags = ("Dashboard",)
 
     @get("/", include_in_schema=False, name="dashboard:page")
-    async def page(self, request: Request[Any, Any, Any]) -> Template:
+    async def page(self, request: Request[Any, Any, Any],
+                   model: FromQuery[str | None] = None) -> Template:
+        """`model` (several models): whose rounds and charts the board shows."""
         s, user = services(request), current_user(request)
-        context = board_context(s.engine.snapshot(), s.engine, user, s.tracker)
+        model = chosen_model(s, model)
+        context = board_context(s.engine.snapshot(), s.engine, user, s.tracker, model)
         return Template("dashboard.html", context={
             **context, "page": "dashboard", "model_name": s.config.model_name,
+            "stream_url": "/dashboard/stream" + (f"?{urlencode({'model': model})}"
+                                                 if model else ""),
             "model_names": s.catalog.names if s.catalog else [],
             "policies": POLICIES, "admissions": ADMISSIONS})
 
@@ -120,9 +131,11 @@ class DashboardController(Controller):
 
     @get("/stream", media_type="text/event-stream", name="dashboard:stream",
          summary="The dashboard board as HTML fragments (event `board`), while it changes")
-    async def stream(self, request: Request[Any, Any, Any]) -> EventSourceResponse:
+    async def stream(self, request: Request[Any, Any, Any],
+                     model: FromQuery[str | None] = None) -> EventSourceResponse:
         s, user = services(request), current_user(request)
-        return event_stream(lambda shutdown: board_events(s, user, shutdown))
+        model = chosen_model(s, model)
+        return event_stream(lambda shutdown: board_events(s, user, shutdown, model))
 
     @post("/requests/{request_id:str}/cancel", status_code=204, name="dashboard:cancel",
           responses={404: ResponseSpec(HTTPError, description="No live request with this id "
