@@ -85,7 +85,7 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
     threading.Thread(target=prepare_grammars, args=(engine,), name="ferry-grammars",
                      daemon=True).start()
     runs = executor.describe()
-    if engine.config.sliding_window:  # the engine turned the prefix cache off for it
+    if engine.config.sliding_window:  # the scheduler runs it without the prefix cache
         cfg = engine.config
         runs += (f"; sliding-window KV: local layers keep {cfg.sliding_window} positions "
                  f"({cfg.num_local_pages * cfg.page_size:,} in their pool), prefix cache off")

@@ -53,7 +53,7 @@ def empty_snapshot(config: EngineConfig, now: float) -> EngineSnapshot:
         time=now, busy=False, policy=config.policy, admission=config.admission,
         max_running=config.max_running, max_prefill_tokens=config.max_prefill_tokens,
         page_size=config.page_size, waiting=(), running=(), slots=(),
-        kv=KVView(0, 0, 0, 0, 0), rounds=(),
+        kv=KVView(0, 0, 0, 0, 0), rounds=(), prefix_cache=config.prefix_cache,
         metrics=MetricsView(0.0, 0.0, None, None, None, None, 0, 0, 0, 0, 0, 0))
 
 

@@ -66,12 +66,11 @@ class Engine:
                  turns: Callable[[], AbstractContextManager[object]] | None = None,
                  draft_model: DraftModel | None = None) -> None:
         # a model executor tells the widest window of the model's local (sliding-window)
-        # layers; those keep KV for it only and run without the prefix cache (sliding_kv.py)
-        # or speculative decoding (scheduler.py)
+        # layers; those keep KV for it only (sliding_kv.py), and the scheduler runs such a
+        # model without the prefix cache or speculative decoding (Scheduler's guard)
         window = int(getattr(executor, "sliding_window", 0) or 0)
         if window:
-            config = dataclasses.replace(config, sliding_window=window, prefix_cache=False,
-                                         speculative="off")
+            config = dataclasses.replace(config, sliding_window=window)
         self.config = config
         # several models on one CPU: each round is taken inside a turn that engines share
         # (engine.models.FairTurns); one model alone runs its rounds back to back

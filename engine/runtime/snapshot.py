@@ -130,6 +130,7 @@ class EngineSnapshot:
     local_kv: KVView | None = None
     sliding_window: int = 0
     speculative: str = "off"  # the engine's drafter: ngram | draft | off
+    prefix_cache: bool = False  # whether the scheduler caches prefixes (never with local layers)
 
     @property
     def free_slots(self) -> int:

@@ -50,6 +50,7 @@ def build_snapshot(scheduler: Scheduler, metrics: MetricsRecorder,
     return EngineSnapshot(
         time=now, busy=scheduler.has_work, policy=cfg.policy, admission=cfg.admission,
         speculative=cfg.speculative if scheduler.drafter is not None else "off",
+        prefix_cache=kv.cache is not None,
         max_running=cfg.max_running, max_prefill_tokens=cfg.max_prefill_tokens,
         page_size=cfg.page_size, waiting=waiting, running=running,
         slots=tuple(scheduler.slots.owners),

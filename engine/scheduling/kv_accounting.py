@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.scheduling.page_allocator import OutOfPages, PageAllocator
+from engine.scheduling.page_allocator import OutOfPages, PagePool
 from engine.scheduling.prefix_cache import Node, PrefixCache
 from engine.scheduling.request import Request
 
@@ -19,32 +19,17 @@ class PrefixMatch:
     num_tokens: int
 
 
-class KVAccounting:
+class KVAccounting(PagePool):
     def __init__(self, num_pages: int, page_size: int, prefix_cache: bool,
                  cache_outputs: bool = True) -> None:
-        self.page_size = page_size
-        self.total_pages = num_pages
-        self.allocator = PageAllocator(num_pages)
+        super().__init__(num_pages, page_size)
         self.cache = PrefixCache(page_size) if prefix_cache else None
         self.cache_outputs = cache_outputs  # the simulator knows only prompt ids
 
-    # -- positions, for admission and the dashboard --------------------------------------
-    @property
-    def total(self) -> int:
-        return self.total_pages * self.page_size
-
-    @property
-    def free(self) -> int:
-        return self.allocator.num_free * self.page_size
-
+    # held (PagePool) counts locked shared prefixes too: only unlocked ones are evictable
     @property
     def evictable(self) -> int:
         return self.cache.num_evictable * self.page_size if self.cache else 0
-
-    @property
-    def held(self) -> int:
-        """Positions held by live requests, page-rounded, locked shared prefixes included."""
-        return self.total - self.free - self.evictable
 
     def available_with(self, match: PrefixMatch) -> int:
         """free + evictable, measured as if `match` were locked."""

@@ -27,12 +27,12 @@ class Scheduler:
     def __init__(self, config: EngineConfig, cache_outputs: bool = True,
                  drafter: Drafter | None = None) -> None:
         self.config = config
-        # speculative decoding's drafts (None: never). Not with local (sliding-window) layers:
-        # rolling back a rejected draft would have to give back local pages already trimmed
-        self.drafter = None if config.sliding_window else drafter
+        # The one guard for models with local (sliding-window) layers; the snapshot reads
+        # its outcome here. No speculative drafts: rolling back a rejected draft would have
+        # to give back local pages already trimmed. No prefix cache: a hit would need the
+        # local layers' KV of the window before it, which those layers do not keep.
+        self.drafter = None if config.sliding_window else drafter  # None: never drafts
         self.decode_rows: int | None = None  # rows a decode round may take with drafts
-        # A prefix hit would need the local layers' KV of the window before it, which those
-        # layers do not keep: models with local layers run without the prefix cache.
         self.kv = KVAccounting(config.num_pages, config.page_size,
                                config.prefix_cache and not config.sliding_window, cache_outputs)
         self.local = SlidingKV(config) if config.sliding_window else None

@@ -15,31 +15,16 @@ reservation is what it may still take on top of what it holds, `cap - held`, so 
 from __future__ import annotations
 
 from engine.config import EngineConfig
-from engine.scheduling.page_allocator import OutOfPages, PageAllocator
+from engine.scheduling.page_allocator import OutOfPages, PagePool
 from engine.scheduling.request import Request
 
 
-class SlidingKV:
+class SlidingKV(PagePool):
     def __init__(self, config: EngineConfig) -> None:
         assert config.sliding_window > 0, "SlidingKV is for models with local layers"
+        super().__init__(config.num_local_pages, config.page_size)
         self.window = config.sliding_window
-        self.page_size = config.page_size
-        self.total_pages = config.num_local_pages
         self.per_request = config.local_pages_per_request
-        self.allocator = PageAllocator(self.total_pages)
-
-    # -- positions, for the dashboard and /metrics -----------------------------------------
-    @property
-    def total(self) -> int:
-        return self.total_pages * self.page_size
-
-    @property
-    def free(self) -> int:
-        return self.allocator.num_free * self.page_size
-
-    @property
-    def held(self) -> int:
-        return self.total - self.free
 
     # -- admission (pages) -----------------------------------------------------------------
     def cap(self, req: Request) -> int:

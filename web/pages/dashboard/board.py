@@ -171,7 +171,7 @@ def board_context(snap: EngineSnapshot, engine: Serving, user: User,
                      ("Slots", snap.max_running),
                      ("Prefill budget", f"{snap.max_prefill_tokens} tokens / round"),
                      ("KV pool", f"{snap.kv.total:,} positions · pages of {snap.page_size}"),
-                     ("Prefix cache", "on" if cfg.prefix_cache else "off"),
+                     ("Prefix cache", "on" if snap.prefix_cache else "off"),
                      ("Context", f"{cfg.max_context:,} tokens"),
                      ("Queue bound", f"{cfg.max_waiting} waiting")],
     }
