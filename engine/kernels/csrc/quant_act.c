@@ -85,3 +85,18 @@ int ferry_qquantize(const float *x, int64_t rows, int64_t in, int qtype, void *o
     }
     return FERRY_OK;
 }
+
+void q_pack_lanes32(const void *rows, int n, int64_t astride, int64_t nb, ql32 *out) {
+    for (int64_t b = 0; b < nb; b++) {
+        memset(&out[b], 0, sizeof out[b]); /* lanes from n on: zero rows */
+        for (int r = 0; r < n; r++) {
+            const qa32 *a = (const qa32 *)((const char *)rows + r * astride) + b;
+            int32_t sum = 0;
+            for (int j = 0; j < 32; j++) sum += a->qs[j];
+            for (int k = 0; k < 8; k++) memcpy(&out[b].qs[k][4 * r], a->qs + 4 * k, 4);
+            out[b].d[r] = a->d;
+            out[b].s[r] = a->s;
+            out[b].sum[r] = sum;
+        }
+    }
+}

@@ -1,6 +1,8 @@
 /* ferry_qmatmul: y = x @ W.T over block-quantized W. The activation rows are quantized once
  * per call (int8 per 32 or per 256 values), then output rows are split over the OpenMP team
- * in chunks; each weight row is read once per group of up to 4 activation rows. */
+ * in chunks; each weight row is read once per group of up to 4 activation rows, or, for the
+ * 32-value block types on the SIMD paths, once per QL_MAX_G groups of QL_ROWS rows in lanes
+ * (quant_lanes.h). */
 #include "quant_impl.h"
 
 #ifdef Q_HAVE_AVX2
@@ -75,6 +77,38 @@ static qdot_fn pick(const qtype_info *info) {
     return info->plain;
 }
 
+/* the rows-in-lanes kernel (quant_lanes.h) of the path in force; NULL for plain C and for
+ * the types without one (their rows all go through the dot products) */
+static qlanes_fn pick_lanes(const qtype_info *info) {
+#ifdef Q_HAVE_AVX2
+    int qt = info->qtype;
+    if (qt != QT_Q4_0 && qt != QT_Q4_1 && qt != QT_Q5_0 && qt != QT_Q8_0) return NULL;
+    int p = q_active_path();
+    if (p == 3) return q_lanes32_avx512;
+    if (p >= 2 && (cpu_paths() & 4)) return q_lanes32_vnni;
+    if (p >= 1) return q_lanes32_avx2;
+#else
+    (void)info;
+#endif
+    return NULL;
+}
+
+/* Q8_0's signed weights in lanes without VNNI take four instructions a product where the
+ * others take one to three: there a partial group does not pay */
+static int qt_is_q8_avx2(const qtype_info *info, qlanes_fn lanes) {
+#ifdef Q_HAVE_AVX2
+    return info->qtype == QT_Q8_0 && lanes == q_lanes32_avx2;
+#else
+    (void)info, (void)lanes;
+    return 0;
+#endif
+}
+
+int ferry_qlanes(int qtype) {
+    const qtype_info *info = q_info(qtype);
+    return info && pick_lanes(info) ? QL_ROWS : 0;
+}
+
 int ferry_qtype_path(int qtype) {
     const qtype_info *info = q_info(qtype);
     if (!info) return -1;
@@ -88,7 +122,8 @@ int q_valid(const ferry_weight *w, const qtype_info **info) {
     return w->row_bytes == w->in / (*info)->block * (*info)->bytes;
 }
 
-enum { CHUNK = 8 }; /* output rows per OpenMP work item */
+enum { CHUNK = 8 };      /* output rows per OpenMP work item */
+enum { QL_PAD_MIN = 4 }; /* rows from which a partial lane group beats the dot products */
 
 int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w,
                   const float *bias, float *y, int64_t y_stride) {
@@ -114,12 +149,47 @@ int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_we
         }
         act = buf;
     }
+    /* whole groups of QL_ROWS rows in lanes, the rest (and everything on plain C, or of
+     * types without lanes) through the dot products: the same float steps either way */
+    qlanes_fn lanes = pick_lanes(info);
+    /* rows in lanes: whole groups, and a last partial one (zero rows in its other lanes) of
+     * QL_PAD_MIN rows or more, where it costs no more than the dot products */
+    int pad_min = qt_is_q8_avx2(info, lanes) ? QL_ROWS : QL_PAD_MIN;
+    int64_t lane_rows = !lanes                      ? 0
+                        : rows % QL_ROWS >= pad_min ? rows
+                                                    : rows / QL_ROWS * QL_ROWS;
+    int64_t groups = (lane_rows + QL_ROWS - 1) / QL_ROWS;
+    ql32 *packed = NULL;
+    if (groups) {
+        packed = malloc((size_t)(groups * nb) * sizeof(ql32));
+        if (!packed) {
+            free(buf);
+            return FERRY_ENOMEM;
+        }
+#pragma omp parallel for schedule(static) if (groups >= 2)
+        for (int64_t g = 0; g < groups; g++)
+            q_pack_lanes32((const char *)buf + g * QL_ROWS * astride,
+                           (int)(lane_rows - g * QL_ROWS < QL_ROWS ? lane_rows - g * QL_ROWS
+                                                                    : QL_ROWS),
+                           astride, nb, packed + g * nb);
+    }
     int64_t chunks = (w->out + CHUNK - 1) / CHUNK;
     const uint8_t *wd = (const uint8_t *)w->data;
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t o1 = (c + 1) * CHUNK < w->out ? (c + 1) * CHUNK : w->out;
-        for (int64_t r0 = 0; r0 < rows; r0 += QMAX_R) {
+        for (int64_t g0 = 0; g0 < groups; g0 += QL_MAX_G) {
+            int G = groups - g0 < QL_MAX_G ? (int)(groups - g0) : QL_MAX_G;
+            for (int64_t o = c * CHUNK; o < o1; o++) {
+                float part[QL_MAX_G * QL_ROWS];
+                lanes(info->qtype, wd + o * w->row_bytes, nb, packed + g0 * nb, G, part);
+                float bo = bias ? bias[o] : 0.f;
+                int64_t n = lane_rows - g0 * QL_ROWS;
+                for (int r = 0; r < G * QL_ROWS && r < n; r++)
+                    y[(g0 * QL_ROWS + r) * y_stride + o] = part[r] + bo;
+            }
+        }
+        for (int64_t r0 = lane_rows; r0 < rows; r0 += QMAX_R) {
             int R = rows - r0 < QMAX_R ? (int)(rows - r0) : QMAX_R;
             const char *a = (const char *)act + r0 * astride;
             for (int64_t o = c * CHUNK; o < o1; o++) {
@@ -130,6 +200,7 @@ int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_we
             }
         }
     }
+    free(packed);
     free(buf);
     return FERRY_OK;
 }
