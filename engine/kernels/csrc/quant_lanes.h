@@ -7,6 +7,11 @@
  * Included after quant_x86.h's helpers by quant_dot_avx2.c (QL_VNNI 0), quant_dot_vnni.c
  * (1: AVX-VNNI) and quant_dot_avx512.c (2: AVX512-VNNI on 256-bit vectors, 32 registers);
  * the includer defines INL, TGT and QL_SUFFIX. */
+/* four groups in a pass need more than 16 vector registers: the AVX2 and AVX-VNNI paths
+ * run them as two passes of two (each row's floats are the same either way) */
+#ifndef QL_SPLIT4
+#define QL_SPLIT4 (QL_VNNI != 2)
+#endif
 #define QL_CAT(a, b) a##b
 #define QL_CAT2(a, b) QL_CAT(a, b)
 
@@ -95,7 +100,14 @@ INL void ql_body(const uint8_t *w, int64_t nb, const ql32 *act, const int G, con
     case 1: ql_body(w, nb, act, 1, qt, out); break;                                          \
     case 2: ql_body(w, nb, act, 2, qt, out); break;                                          \
     case 3: ql_body(w, nb, act, 3, qt, out); break;                                          \
-    default: ql_body(w, nb, act, 4, qt, out); break;                                         \
+    default:                                                                                 \
+        if (QL_SPLIT4) {                                                                     \
+            ql_body(w, nb, act, 2, qt, out);                                                 \
+            ql_body(w, nb, act + 2 * nb, 2, qt, out + 2 * QL_ROWS);                          \
+        } else {                                                                             \
+            ql_body(w, nb, act, 4, qt, out);                                                 \
+        }                                                                                    \
+        break;                                                                               \
     }
 
 TGT void QL_CAT2(q_lanes32_, QL_SUFFIX)(int qt, const uint8_t *w, int64_t nb, const ql32 *act,
