@@ -105,6 +105,10 @@ void q_act256(const float *x, int64_t n, qa256 *out);
 /* n <= QL_ROWS quantized rows (row r at rows + r * astride bytes, nb blocks) -> nb ql32, the
  * lanes past n zero */
 void q_pack_lanes32(const void *rows, int n, int64_t astride, int64_t nb, ql32 *out);
+/* 2 <= n <= 4 rows as a half group (quant_lanes.h, q_half32_*): qs[k] for k < 4 holds the
+ * rows' values 4k.. in its first 16 bytes and 4k + 16.. in its last 16; two rows as a pair,
+ * qs[0] and qs[1] holding two groups of each (quant_lanes.h) */
+void q_pack_half32(const void *rows, int n, int64_t astride, int64_t nb, ql32 *out);
 
 /* Q4_K / Q5_K packed 6-bit scales and mins of the eight 32-value groups */
 static inline void q_scale_min_k4(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
@@ -145,6 +149,9 @@ void q_dot_q6_k_avx512(const uint8_t *, int64_t, const void *, int64_t, int, flo
 void q_lanes32_avx2(int, const uint8_t *, int64_t, const ql32 *, int, float *);
 void q_lanes32_vnni(int, const uint8_t *, int64_t, const ql32 *, int, float *);
 void q_lanes32_avx512(int, const uint8_t *, int64_t, const ql32 *, int, float *);
+void q_half32_avx2(int, const uint8_t *, int64_t, const ql32 *, int, float *);
+void q_half32_vnni(int, const uint8_t *, int64_t, const ql32 *, int, float *);
+void q_half32_avx512(int, const uint8_t *, int64_t, const ql32 *, int, float *);
 int q_deq_row_avx2(int qt, const uint8_t *src, int64_t in, void *dst, int bf);
 int q_deq_row_avx512bf16(int qt, const uint8_t *src, int64_t in, void *dst, int bf);
 void q_to_bf16_avx2(const float *src, int64_t n, uint16_t *dst);

@@ -119,3 +119,61 @@ TGT void QL_CAT2(q_lanes32_, QL_SUFFIX)(int qt, const uint8_t *w, int64_t nb, co
     default: QL_GROUPS(QT_Q8_0); break;
     }
 }
+
+/* 2-4 rows (a half group, packed by q_pack_half32): a vector holds 4 rows' values 4k..4k+3 in
+ * its low half and 4k+16..4k+19 in its high half, so one in-half broadcast of the unpacked
+ * block (vpshufd) serves both; the halves' sums are added at the end. Two rows (pair) hold
+ * two 4-byte groups per half instead, and take two multiply-adds a block. Same float steps. */
+INL void qh_body(const uint8_t *w, int64_t nb, const ql32 *act, const int qt, const int pair,
+                 float *out) {
+    const int bytes = qt == QT_Q4_0 ? 18 : qt == QT_Q4_1 ? 20 : qt == QT_Q5_0 ? 22 : 34;
+    const int zshift = qt == QT_Q4_0 ? 3 : qt == QT_Q5_0 ? 4 : qt == QT_Q8_0 && QL_VNNI ? 7 : -1;
+    __m128 acc = _mm_setzero_ps(), off = _mm_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * bytes;
+        Q_PREFETCH(blk, bytes);
+        const ql32 *a = act + b;
+        __m256i u = ql_unpack(blk, qt);
+        __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int k = 0; k < (pair ? 2 : 4); k++) {
+            /* pair: groups 2k, 2k, 2k + 1, 2k + 1 of each half */
+            __m256i wq = pair ? _mm256_shuffle_epi32(u, k ? 0xfa : 0x50)
+                              : _mm256_shuffle_epi32(u, k * 0x55);
+            __m256i y = _mm256_loadu_si256((const __m256i *)a->qs[k]);
+            if (qt == QT_Q8_0 && !QL_VNNI)
+                isum[k & 1] =
+                    ql_dot(isum[k & 1], _mm256_sign_epi8(wq, wq), _mm256_sign_epi8(y, wq));
+            else
+                isum[k & 1] = ql_dot(isum[k & 1], wq, y);
+        }
+        __m256i t = _mm256_add_epi32(isum[0], isum[1]);
+        __m128i is = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+        if (pair) /* rows 0, 1, 0, 1: the two groups of each row added */
+            is = _mm_add_epi32(is, _mm_shuffle_epi32(is, 0x4e));
+        if (zshift >= 0)
+            is = _mm_sub_epi32(
+                is, _mm_slli_epi32(_mm_loadu_si128((const __m128i *)a->sum), zshift));
+        acc = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(f16(blk)), _mm_loadu_ps(a->d)),
+                           _mm_cvtepi32_ps(is), acc);
+        if (qt == QT_Q4_1)
+            off = _mm_fmadd_ps(_mm_set1_ps(f16(blk + 2)), _mm_loadu_ps(a->s), off);
+    }
+    _mm_storeu_ps(out, _mm_add_ps(acc, off));
+}
+
+TGT void QL_CAT2(q_half32_, QL_SUFFIX)(int qt, const uint8_t *w, int64_t nb, const ql32 *act,
+                                       int G, float *out) {
+    /* here G is the row count: 2 rows are packed as a pair */
+#define QH_PAIR(qt)                                                                          \
+    if (G == 2)                                                                              \
+        qh_body(w, nb, act, qt, 1, out);                                                     \
+    else                                                                                     \
+        qh_body(w, nb, act, qt, 0, out)
+    switch (qt) {
+    case QT_Q4_0: QH_PAIR(QT_Q4_0); break;
+    case QT_Q4_1: QH_PAIR(QT_Q4_1); break;
+    case QT_Q5_0: QH_PAIR(QT_Q5_0); break;
+    default: QH_PAIR(QT_Q8_0); break;
+    }
+#undef QH_PAIR
+}

@@ -77,36 +77,28 @@ static qdot_fn pick(const qtype_info *info) {
     return info->plain;
 }
 
-/* the rows-in-lanes kernel (quant_lanes.h) of the path in force; NULL for plain C and for
- * the types without one (their rows all go through the dot products) */
-static qlanes_fn pick_lanes(const qtype_info *info) {
+/* the rows-in-lanes kernels (quant_lanes.h) of the path in force, *half: the one for 2-4
+ * rows; NULL for plain C and for the types without them (their rows all go through the dot
+ * products) */
+static qlanes_fn pick_lanes(const qtype_info *info, qlanes_fn *half) {
+    *half = NULL;
 #ifdef Q_HAVE_AVX2
     int qt = info->qtype;
     if (qt != QT_Q4_0 && qt != QT_Q4_1 && qt != QT_Q5_0 && qt != QT_Q8_0) return NULL;
     int p = q_active_path();
-    if (p == 3) return q_lanes32_avx512;
-    if (p >= 2 && (cpu_paths() & 4)) return q_lanes32_vnni;
-    if (p >= 1) return q_lanes32_avx2;
+    if (p == 3) return *half = q_half32_avx512, q_lanes32_avx512;
+    if (p >= 2 && (cpu_paths() & 4)) return *half = q_half32_vnni, q_lanes32_vnni;
+    if (p >= 1) return *half = q_half32_avx2, q_lanes32_avx2;
 #else
     (void)info;
 #endif
     return NULL;
 }
 
-/* Q8_0's signed weights in lanes without VNNI take four instructions a product where the
- * others take one to three: there a partial group does not pay */
-static int qt_is_q8_avx2(const qtype_info *info, qlanes_fn lanes) {
-#ifdef Q_HAVE_AVX2
-    return info->qtype == QT_Q8_0 && lanes == q_lanes32_avx2;
-#else
-    (void)info, (void)lanes;
-    return 0;
-#endif
-}
-
 int ferry_qlanes(int qtype) {
     const qtype_info *info = q_info(qtype);
-    return info && pick_lanes(info) ? QL_ROWS : 0;
+    qlanes_fn half;
+    return info && pick_lanes(info, &half) ? QL_ROWS : 0;
 }
 
 int ferry_qtype_path(int qtype) {
@@ -122,8 +114,7 @@ int q_valid(const ferry_weight *w, const qtype_info **info) {
     return w->row_bytes == w->in / (*info)->block * (*info)->bytes;
 }
 
-enum { CHUNK = 8 };      /* output rows per OpenMP work item */
-enum { QL_PAD_MIN = 4 }; /* rows from which a partial lane group beats the dot products */
+enum { CHUNK = 8 }; /* output rows per OpenMP work item */
 
 int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w,
                   const float *bias, float *y, int64_t y_stride) {
@@ -149,29 +140,33 @@ int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_we
         }
         act = buf;
     }
-    /* whole groups of QL_ROWS rows in lanes, the rest (and everything on plain C, or of
-     * types without lanes) through the dot products: the same float steps either way */
-    qlanes_fn lanes = pick_lanes(info);
-    /* rows in lanes: whole groups, and a last partial one (zero rows in its other lanes) of
-     * QL_PAD_MIN rows or more, where it costs no more than the dot products */
-    int pad_min = qt_is_q8_avx2(info, lanes) ? QL_ROWS : QL_PAD_MIN;
-    int64_t lane_rows = !lanes                      ? 0
-                        : rows % QL_ROWS >= pad_min ? rows
-                                                    : rows / QL_ROWS * QL_ROWS;
-    int64_t groups = (lane_rows + QL_ROWS - 1) / QL_ROWS;
+    /* whole groups of QL_ROWS rows in lanes (a last one of 5-7 rows too, zero rows filling
+     * its other lanes), 2-4 left over in a half group, a last single row (and everything on
+     * plain C, or of types without lanes) through the dot products: the same float steps for
+     * every row whichever way it goes */
+    qlanes_fn half, lanes = pick_lanes(info, &half);
+    int64_t rem = lanes ? rows % QL_ROWS : rows;
+    int64_t groups = lanes ? rows / QL_ROWS + (rem >= 5) : 0;
+    int64_t halves = lanes && rem >= 2 && rem <= 4;
+    int64_t full = groups * QL_ROWS < rows ? groups * QL_ROWS : rows; /* rows in whole lanes */
+    int64_t lane_rows = halves ? rows : full; /* rows in lanes, halves included */
     ql32 *packed = NULL;
-    if (groups) {
-        packed = malloc((size_t)(groups * nb) * sizeof(ql32));
+    if (groups + halves) {
+        packed = malloc((size_t)((groups + halves) * nb) * sizeof(ql32));
         if (!packed) {
             free(buf);
             return FERRY_ENOMEM;
         }
-#pragma omp parallel for schedule(static) if (groups >= 2)
-        for (int64_t g = 0; g < groups; g++)
-            q_pack_lanes32((const char *)buf + g * QL_ROWS * astride,
-                           (int)(lane_rows - g * QL_ROWS < QL_ROWS ? lane_rows - g * QL_ROWS
-                                                                    : QL_ROWS),
-                           astride, nb, packed + g * nb);
+#pragma omp parallel for schedule(static) if (groups + halves >= 2)
+        for (int64_t g = 0; g < groups + halves; g++) {
+            int64_t r0 = g * QL_ROWS, n = lane_rows - r0;
+            if (g < groups)
+                q_pack_lanes32((const char *)buf + r0 * astride, n < QL_ROWS ? (int)n : QL_ROWS,
+                               astride, nb, packed + g * nb);
+            else
+                q_pack_half32((const char *)buf + r0 * astride, (int)n, astride, nb,
+                              packed + g * nb);
+        }
     }
     int64_t chunks = (w->out + CHUNK - 1) / CHUNK;
     const uint8_t *wd = (const uint8_t *)w->data;
@@ -184,9 +179,17 @@ int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_we
                 float part[QL_MAX_G * QL_ROWS];
                 lanes(info->qtype, wd + o * w->row_bytes, nb, packed + g0 * nb, G, part);
                 float bo = bias ? bias[o] : 0.f;
-                int64_t n = lane_rows - g0 * QL_ROWS;
-                for (int r = 0; r < G * QL_ROWS && r < n; r++)
+                for (int64_t r = 0; r < G * QL_ROWS && g0 * QL_ROWS + r < full; r++)
                     y[(g0 * QL_ROWS + r) * y_stride + o] = part[r] + bo;
+            }
+        }
+        if (halves) {
+            for (int64_t o = c * CHUNK; o < o1; o++) {
+                float part[4];
+                half(info->qtype, wd + o * w->row_bytes, nb, packed + groups * nb,
+                     (int)(rows - full), part);
+                float bo = bias ? bias[o] : 0.f;
+                for (int64_t r = full; r < rows; r++) y[r * y_stride + o] = part[r - full] + bo;
             }
         }
         for (int64_t r0 = lane_rows; r0 < rows; r0 += QMAX_R) {
