@@ -33,8 +33,10 @@ QUANTIZABLE = (Q8_0, Q4_0)  # what quantize() writes
 # From this many rows on (prefill, big decode rounds), tiles of W dequantized into the cache
 # and multiplied in AMX (ferry_qgemm_bf16) or by torch beat the int8 kernels, whose cost grows
 # with every row; the 32-value block types multiply groups of 8 rows in lanes
-# (csrc/quant_lanes.h) on the SIMD paths, which hold out longer against float32 tiles
-MANY_ROWS_AMX, MANY_ROWS_BF16, MANY_ROWS_F32, MANY_ROWS_LANES = 8, 12, 24, 64
+# (csrc/quant_lanes.h) on the SIMD paths, which still beat float32 tiles at 64 rows, but rounds
+# bigger than a 32-chat decode round (prefill chunks) keep float activations in tiles: int8
+# ones through a whole prompt moved a tiny Gemma 3's Q8_0 logits past the family tests' bound
+MANY_ROWS_AMX, MANY_ROWS_BF16, MANY_ROWS_F32, MANY_ROWS_LANES = 8, 12, 24, 33
 AMX_MAX_ROWS = 64  # from here on torch's bf16 matmul (oneDNN) on dequantized tiles is faster
 _TILE_ELEMS = 1 << 18  # values per dequantized tile: within the L2 cache
 _EQUANT = -2
