@@ -35,7 +35,7 @@ QUANTIZABLE = (Q8_0, Q4_0)  # what quantize() writes
 # with every row; the 32-value block types multiply groups of 8 rows in lanes
 # (csrc/quant_lanes.h) on the SIMD paths, which still beat float32 tiles at 64 rows, but rounds
 # bigger than a 32-chat decode round (prefill chunks) keep float activations in tiles: int8
-# ones through a whole prompt moved a tiny Gemma 3's Q8_0 logits past the family tests' bound
+# activations cost some accuracy, and prefill is where the prompt's KV is written
 MANY_ROWS_AMX, MANY_ROWS_BF16, MANY_ROWS_F32, MANY_ROWS_LANES = 8, 12, 24, 33
 AMX_MAX_ROWS = 64  # from here on torch's bf16 matmul (oneDNN) on dequantized tiles is faster
 _TILE_ELEMS = 1 << 18  # values per dequantized tile: within the L2 cache
