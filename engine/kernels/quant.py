@@ -32,8 +32,11 @@ QUANTIZABLE = (Q8_0, Q4_0)  # what quantize() writes
 
 # From this many rows on (prefill, big decode rounds), tiles of W dequantized into the cache
 # and multiplied in AMX (ferry_qgemm_bf16) or by torch beat the int8 kernels, whose cost grows
-# with every row
-MANY_ROWS_AMX, MANY_ROWS_BF16, MANY_ROWS_F32 = 8, 12, 24
+# with every row; the 32-value block types multiply groups of 8 rows in lanes
+# (csrc/quant_lanes.h) on the SIMD paths, which still beat float32 tiles at 64 rows, but rounds
+# bigger than a 32-chat decode round (prefill chunks) keep float activations in tiles: int8
+# activations cost some accuracy, and prefill is where the prompt's KV is written
+MANY_ROWS_AMX, MANY_ROWS_BF16, MANY_ROWS_F32, MANY_ROWS_LANES = 8, 12, 24, 33
 AMX_MAX_ROWS = 64  # from here on torch's bf16 matmul (oneDNN) on dequantized tiles is faster
 _TILE_ELEMS = 1 << 18  # values per dequantized tile: within the L2 cache
 _EQUANT = -2
@@ -159,7 +162,7 @@ def quant_matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = No
         raise ValueError(f"quant_matmul: bias must be float32 [{w.out_features}]")
     rows = x.shape[0]
     lib = _lib()
-    many = lib is None or rows >= many_rows()
+    many = lib is None or rows >= many_rows(w.qtype)
     if w.qtype == F32 and many and (wf := _float_view(w)) is not None:
         return torch.nn.functional.linear(x, wf, bias)  # the bytes are the float matrix
     if lib is None:
@@ -205,11 +208,21 @@ def tile_dtype() -> torch.dtype:
     return torch.bfloat16 if native_bf16 else torch.float32
 
 
-def many_rows() -> int:
-    """The row count from which quant_matmul multiplies dequantized tiles instead."""
+def many_rows(qtype: int | None = None) -> int:
+    """The row count from which quant_matmul multiplies dequantized tiles instead (for weights
+    of `qtype`; None: the lowest over all types)."""
     if _amx_in_force():
         return MANY_ROWS_AMX
+    if qtype is not None and uses_lanes(qtype):
+        return MANY_ROWS_LANES
     return MANY_ROWS_BF16 if tile_dtype() == torch.bfloat16 else MANY_ROWS_F32
+
+
+def uses_lanes(qtype: int) -> bool:
+    """Whether quant_matmul multiplies groups of rows of this type in lanes (the 32-value
+    block types on the SIMD paths; csrc/quant_lanes.h)."""
+    lib = _lib()
+    return lib is not None and supported(qtype) and lib.ferry_qlanes(qtype) > 0
 
 
 def _float_view(w: QuantWeight) -> torch.Tensor | None:

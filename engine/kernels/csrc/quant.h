@@ -45,6 +45,10 @@ int ferry_qquantize(const float *x, int64_t rows, int64_t in, int qtype, void *o
  * the path that will run */
 int ferry_qpath(int cap);
 
+/* how many rows ferry_qmatmul now multiplies at once in lanes for weights of `qtype` (a
+ * whole group's, QL_ROWS), 0 where it has no such kernel (that type, or plain C) */
+int ferry_qlanes(int qtype);
+
 /* the path ferry_qmatmul runs for weights of `qtype` now (the K-quants alone have AVX-512
  * dot products), -1 for a type it does not take */
 int ferry_qtype_path(int qtype);

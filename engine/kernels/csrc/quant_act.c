@@ -85,3 +85,39 @@ int ferry_qquantize(const float *x, int64_t rows, int64_t in, int qtype, void *o
     }
     return FERRY_OK;
 }
+
+void q_pack_lanes32(const void *rows, int n, int64_t astride, int64_t nb, ql32 *out) {
+    for (int64_t b = 0; b < nb; b++) {
+        memset(&out[b], 0, sizeof out[b]); /* lanes from n on: zero rows */
+        for (int r = 0; r < n; r++) {
+            const qa32 *a = (const qa32 *)((const char *)rows + r * astride) + b;
+            int32_t sum = 0;
+            for (int j = 0; j < 32; j++) sum += a->qs[j];
+            for (int k = 0; k < 8; k++) memcpy(&out[b].qs[k][4 * r], a->qs + 4 * k, 4);
+            out[b].d[r] = a->d;
+            out[b].s[r] = a->s;
+            out[b].sum[r] = sum;
+        }
+    }
+}
+
+void q_pack_half32(const void *rows, int n, int64_t astride, int64_t nb, ql32 *out) {
+    for (int64_t b = 0; b < nb; b++) {
+        memset(&out[b], 0, sizeof out[b]);
+        for (int r = 0; r < n; r++) {
+            const qa32 *a = (const qa32 *)((const char *)rows + r * astride) + b;
+            int32_t sum = 0;
+            for (int j = 0; j < 32; j++) sum += a->qs[j];
+            for (int k = 0; k < 4; k++) {
+                /* a pair: vector k / 2 holds groups k of both rows, then k + 1 (and k + 4,
+                 * k + 5 in the high half); else vector k group k (k + 4) of every row */
+                int v = n == 2 ? k / 2 : k, at = n == 2 ? 8 * (k % 2) + 4 * r : 4 * r;
+                memcpy(&out[b].qs[v][at], a->qs + 4 * k, 4);
+                memcpy(&out[b].qs[v][16 + at], a->qs + 16 + 4 * k, 4);
+            }
+            out[b].d[r] = a->d;
+            out[b].s[r] = a->s;
+            out[b].sum[r] = sum;
+        }
+    }
+}

@@ -7,6 +7,10 @@
 #include "quant_simd.h"
 
 #ifdef Q_HAVE_AVX2
+#define QL_VNNI 0
+#define QL_SUFFIX avx2
+#include "quant_lanes.h"
+
 #define QD_TARGET QS_TARGET
 #define QD_SUFFIX avx2
 #define QD_CVT512 0

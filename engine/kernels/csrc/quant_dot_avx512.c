@@ -2,7 +2,8 @@
  * 64 weights per instruction where quant_simd.h takes 32, and the scales and mins of a block
  * unpacked with vector shuffles instead of byte by byte. The integer sum of every block is
  * the same as on the other paths; only the float sums across blocks run in 16 lanes.
- * quant_matmul.c calls these where the CPU has AVX512-BW, -VL and -VNNI. */
+ * quant_matmul.c calls these where the CPU has AVX512-BW, -VL and -VNNI; so too the
+ * rows-in-lanes kernels (quant_lanes.h) built here. */
 #include "quant_impl.h"
 
 #ifdef Q_HAVE_AVX2
@@ -143,4 +144,9 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
 Q_ENTRY(TGT, q_dot_q4_k_avx512, B_Q4_K)
 Q_ENTRY(TGT, q_dot_q5_k_avx512, B_Q5_K)
 Q_ENTRY(TGT, q_dot_q6_k_avx512, B_Q6_K)
+
+/* the rows-in-lanes kernels of the 32-value blocks, on 256-bit vectors with AVX512-VNNI */
+#define QL_VNNI 2
+#define QL_SUFFIX avx512
+#include "quant_lanes.h"
 #endif /* Q_HAVE_AVX2 */

@@ -41,6 +41,25 @@ enum { QMAX_R = 4 };
 typedef void (*qdot_fn)(const uint8_t *w, int64_t nb, const void *act, int64_t astride, int R,
                         float *out);
 
+/* "Rows in lanes" (quant_lanes.h): the activations of QL_ROWS rows, one 32-value block,
+ * interleaved so one 32-byte vector holds values 4k..4k+3 of each row: a 4-byte group of
+ * weights broadcast against it gives every row's partial sum in its own int32 lane, and no
+ * row's sum needs a horizontal add. d, s: each row's qa32 scale and scaled sum; sum: its
+ * integer sum (subtracted times the weight's zero point where weights run unsigned). */
+enum { QL_ROWS = 8, QL_MAX_G = 4 }; /* rows per lane group; groups per pass over a weight row */
+typedef struct {
+    int8_t qs[8][32]; /* [quad k][row r * 4 + j] = row r's value 4k + j */
+    float d[QL_ROWS];
+    float s[QL_ROWS];
+    int32_t sum[QL_ROWS];
+} ql32;
+
+/* out[g * QL_ROWS + r] = dot(weight row `w` of nb blocks of type qt, row r of lane group g),
+ * g < G <= QL_MAX_G; group g's blocks at act + g * nb. Each row's floats are the same
+ * operations, in the same order, as the one-row SIMD dot products (quant_simd.h dot32) */
+typedef void (*qlanes_fn)(int qt, const uint8_t *w, int64_t nb, const ql32 *act, int G,
+                          float *out);
+
 typedef struct {
     int qtype;
     int block;      /* values per block */
@@ -83,6 +102,13 @@ int q_valid(const ferry_weight *w, const qtype_info **info);
 /* quant_act.c: one activation row of n values (n % 32 or % 256 == 0) */
 void q_act32(const float *x, int64_t n, qa32 *out);
 void q_act256(const float *x, int64_t n, qa256 *out);
+/* n <= QL_ROWS quantized rows (row r at rows + r * astride bytes, nb blocks) -> nb ql32, the
+ * lanes past n zero */
+void q_pack_lanes32(const void *rows, int n, int64_t astride, int64_t nb, ql32 *out);
+/* 2 <= n <= 4 rows as a half group (quant_lanes.h, q_half32_*): qs[k] for k < 4 holds the
+ * rows' values 4k.. in its first 16 bytes and 4k + 16.. in its last 16; two rows as a pair,
+ * qs[0] and qs[1] holding two groups of each (quant_lanes.h) */
+void q_pack_half32(const void *rows, int n, int64_t astride, int64_t nb, ql32 *out);
 
 /* Q4_K / Q5_K packed 6-bit scales and mins of the eight 32-value groups */
 static inline void q_scale_min_k4(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
@@ -120,6 +146,12 @@ Q_DOTS(vnni)
 void q_dot_q4_k_avx512(const uint8_t *, int64_t, const void *, int64_t, int, float *);
 void q_dot_q5_k_avx512(const uint8_t *, int64_t, const void *, int64_t, int, float *);
 void q_dot_q6_k_avx512(const uint8_t *, int64_t, const void *, int64_t, int, float *);
+void q_lanes32_avx2(int, const uint8_t *, int64_t, const ql32 *, int, float *);
+void q_lanes32_vnni(int, const uint8_t *, int64_t, const ql32 *, int, float *);
+void q_lanes32_avx512(int, const uint8_t *, int64_t, const ql32 *, int, float *);
+void q_half32_avx2(int, const uint8_t *, int64_t, const ql32 *, int, float *);
+void q_half32_vnni(int, const uint8_t *, int64_t, const ql32 *, int, float *);
+void q_half32_avx512(int, const uint8_t *, int64_t, const ql32 *, int, float *);
 int q_deq_row_avx2(int qt, const uint8_t *src, int64_t in, void *dst, int bf);
 int q_deq_row_avx512bf16(int qt, const uint8_t *src, int64_t in, void *dst, int bf);
 void q_to_bf16_avx2(const float *src, int64_t n, uint16_t *dst);

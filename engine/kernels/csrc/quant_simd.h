@@ -17,24 +17,6 @@
 
 #include "quant_x86.h"
 
-/* 16 bytes of nibbles -> 32 bytes: the low nibbles (values 0..15), then the high ones */
-INL __m256i nibbles(const uint8_t *qs) {
-    __m128i t = _mm_loadu_si128((const __m128i *)qs);
-    __m256i b = _mm256_insertf128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
-    return _mm256_and_si256(b, _mm256_set1_epi8(15));
-}
-
-/* bit j of 32 -> byte j = 0x10 or 0 */
-INL __m256i bits16(const uint8_t *p) {
-    uint32_t x;
-    memcpy(&x, p, 4);
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                           0x0101010101010101, 0x0000000000000000);
-    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
-    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-    return _mm256_and_si256(_mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(16));
-}
-
 /* 8 int32 lanes of sum(u * s) over 32 bytes: u unsigned (< 128 here), s signed */
 INL __m256i dot_us(__m256i u, __m256i s) {
 #if QS_VNNI
@@ -119,53 +101,106 @@ INL __m256i decode32(const uint8_t *blk, int qt) {
     }
 }
 
-/* one block of every row into acc[r] / off[r] */
-INL void block32(const uint8_t *w, int64_t b, const void *act, int64_t astride, const int R,
-                 int qt, int bytes, __m256 *acc, float *off) {
-    const uint8_t *blk = w + b * bytes;
-    Q_PREFETCH(blk, bytes);
-    __m256i q = decode32(blk, qt);
-    __m256 d = _mm256_set1_ps(f16(blk));
-    if (qt == QT_Q4_1) {
-        float m = f16(blk + 2);
-        for (int r = 0; r < R; r++) {
-            const qa32 *a = (const qa32 *)ROW(act, astride, r) + b;
-            __m256i p = dot_us(q, _mm256_loadu_si256((const __m256i *)a->qs));
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(&a->d)),
-                                     _mm256_cvtepi32_ps(p), acc[r]);
-            off[r] += m * a->s;
+/* the sum of 8 int32 lanes (exact) */
+INL int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* Every row: acc = fma(d_w * d_x, block's exact integer sum, acc) block after block, plus
+ * Q4_1's off = fma(min, s_x, off); y = acc + off. These are the float operations of the
+ * rows-in-lanes kernels (quant_lanes.h) too, lane by lane, so a row's result is the same
+ * bits whichever kernel takes it and however many rows come along. Blocks go four at a time
+ * here, so one horizontal add tree yields the four integer sums. */
+INL __m256i row_dot32(const __m256i q, const __m256i qa, const qa32 *a, int qt) {
+    __m256i y = _mm256_loadu_si256((const __m256i *)a->qs);
+    return qt == QT_Q4_1 ? dot_us(q, y) : dot_us(qa, _mm256_sign_epi8(y, q));
+}
+
+/* 2..4 rows: their integer sums of a block in the lanes of one vector (one add tree), and
+ * the float steps of all of them at once */
+INL void dot32_rows(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
+                    const int R, float *out, int qt, int bytes) {
+    const qa32 *a[4];
+    for (int r = 0; r < 4; r++) a[r] = (const qa32 *)ROW(act, astride, r < R ? r : 0);
+    __m128 acc = _mm_setzero_ps(), off = _mm_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * bytes;
+        Q_PREFETCH(blk, bytes);
+        __m256i q = decode32(blk, qt), qa = _mm256_sign_epi8(q, q), p[4];
+        for (int r = 0; r < 4; r++)
+            p[r] = r < R ? row_dot32(q, qa, a[r] + b, qt) : _mm256_setzero_si256();
+        __m128i is;
+        if (R == 2) { /* lanes 0, 1 (and again in 2, 3) */
+            __m256i h = _mm256_hadd_epi32(p[0], p[1]);
+            is = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            is = _mm_hadd_epi32(is, is);
+        } else {
+            __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]),
+                                          _mm256_hadd_epi32(p[2], p[3]));
+            is = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
         }
-    } else {
-        __m256i qa = _mm256_sign_epi8(q, q);
-        for (int r = 0; r < R; r++) {
-            const qa32 *a = (const qa32 *)ROW(act, astride, r) + b;
-            __m256i y = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)a->qs), q);
-            __m256i p = dot_us(qa, y);
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(&a->d)),
-                                     _mm256_cvtepi32_ps(p), acc[r]);
-        }
+        __m128 dx = _mm_setr_ps(a[0][b].d, a[1][b].d, R > 2 ? a[2][b].d : 0.f,
+                                R > 3 ? a[3][b].d : 0.f);
+        acc = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(f16(blk)), dx), _mm_cvtepi32_ps(is), acc);
+        if (qt == QT_Q4_1)
+            off = _mm_fmadd_ps(_mm_set1_ps(f16(blk + 2)),
+                               _mm_setr_ps(a[0][b].s, a[1][b].s, R > 2 ? a[2][b].s : 0.f,
+                                           R > 3 ? a[3][b].s : 0.f), off);
     }
+    float y[4];
+    _mm_storeu_ps(y, _mm_add_ps(acc, off));
+    for (int r = 0; r < R; r++) out[r] = y[r];
 }
 
 INL void dot32(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
                float *out, int qt, int bytes) {
-    /* two accumulators per row (even and odd blocks), so the adds do not wait on one
-     * another; the same for every R, so a row's result never depends on its neighbours */
-    __m256 acc[2][QMAX_R];
-    float off[2][QMAX_R];
-    for (int u = 0; u < 2; u++)
-        for (int r = 0; r < R; r++) {
-            acc[u][r] = _mm256_setzero_ps();
-            off[u][r] = 0.f;
-        }
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        block32(w, b, act, astride, R, qt, bytes, acc[0], off[0]);
-        block32(w, b + 1, act, astride, R, qt, bytes, acc[1], off[1]);
+    if (R > 1) {
+        dot32_rows(w, nb, act, astride, R, out, qt, bytes);
+        return;
     }
-    for (; b < nb; b++) block32(w, b, act, astride, R, qt, bytes, acc[0], off[0]);
-    for (int r = 0; r < R; r++)
-        out[r] = hsum(_mm256_add_ps(acc[0][r], acc[1][r])) + (off[0][r] + off[1][r]);
+    float acc[QMAX_R], off[QMAX_R];
+    for (int r = 0; r < R; r++) acc[r] = off[r] = 0.f;
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        __m256i q[4], qa[4];
+        float d[4], m[4];
+        for (int j = 0; j < 4; j++) {
+            const uint8_t *blk = w + (b + j) * bytes;
+            Q_PREFETCH(blk, bytes);
+            q[j] = decode32(blk, qt);
+            qa[j] = _mm256_sign_epi8(q[j], q[j]);
+            d[j] = f16(blk);
+            m[j] = qt == QT_Q4_1 ? f16(blk + 2) : 0.f;
+        }
+        for (int r = 0; r < R; r++) {
+            const qa32 *a = (const qa32 *)ROW(act, astride, r) + b;
+            __m256i h = _mm256_hadd_epi32(
+                _mm256_hadd_epi32(row_dot32(q[0], qa[0], a, qt), row_dot32(q[1], qa[1], a + 1, qt)),
+                _mm256_hadd_epi32(row_dot32(q[2], qa[2], a + 2, qt),
+                                  row_dot32(q[3], qa[3], a + 3, qt)));
+            float p[4]; /* the four blocks' integer sums */
+            _mm_storeu_ps(p, _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h),
+                                                           _mm256_extracti128_si256(h, 1))));
+            for (int j = 0; j < 4; j++) {
+                acc[r] = __builtin_fmaf(d[j] * a[j].d, p[j], acc[r]);
+                if (qt == QT_Q4_1) off[r] = __builtin_fmaf(m[j], a[j].s, off[r]);
+            }
+        }
+    }
+    for (; b < nb; b++) {
+        const uint8_t *blk = w + b * bytes;
+        __m256i q = decode32(blk, qt), qa = _mm256_sign_epi8(q, q);
+        float d = f16(blk), m = qt == QT_Q4_1 ? f16(blk + 2) : 0.f;
+        for (int r = 0; r < R; r++) {
+            const qa32 *a = (const qa32 *)ROW(act, astride, r) + b;
+            acc[r] = __builtin_fmaf(d * a->d, (float)hsum_i32(row_dot32(q, qa, a, qt)), acc[r]);
+            if (qt == QT_Q4_1) off[r] = __builtin_fmaf(m, a->s, off[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r] + off[r];
 }
 
 /* Q4_K / Q5_K: declares lo and hi, chunk c (64 weights) of a block as bytes: lo the first 32

@@ -19,4 +19,22 @@ INL float f16(const uint8_t *p) {
     return _cvtsh_ss(h);
 }
 
+/* 16 bytes of nibbles -> 32 bytes: the low nibbles (values 0..15), then the high ones */
+INL __m256i nibbles(const uint8_t *qs) {
+    __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    __m256i b = _mm256_insertf128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+    return _mm256_and_si256(b, _mm256_set1_epi8(15));
+}
+
+/* bit j of 32 -> byte j = 0x10 or 0 */
+INL __m256i bits16(const uint8_t *p) {
+    uint32_t x;
+    memcpy(&x, p, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                           0x0101010101010101, 0x0000000000000000);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
+    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(16));
+}
+
 #endif /* FERRY_QUANT_X86_H */

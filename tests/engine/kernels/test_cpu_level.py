@@ -97,7 +97,8 @@ def test_torch_env_keeps_what_the_user_set(cpu: object) -> None:
 
 # A process pretending its CPU is an AMX Xeon, capped to AVX2: the kernels build for x86-64-v3
 # with the path mask, run AVX2 dot products at most, no bf16 tiles nor AMX, and torch
-# dispatches AVX2 kernels. The products still match the float reference.
+# dispatches AVX2 kernels (rows in lanes from 8 rows on). The products still match the float
+# reference.
 CAPPED = textwrap.dedent("""
     import json, sys
     from engine.kernels import cpu_level
@@ -117,12 +118,15 @@ CAPPED = textwrap.dedent("""
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(1))
     y = quant.quant_matmul(x, w)
     ref = x @ quant.dequantize(w).T
+    x32 = torch.randn(32, 256, generator=torch.Generator().manual_seed(2))  # a 32-chat round
+    y32, ref32 = quant.quant_matmul(x32, w), x32 @ quant.dequantize(w).T
     print(json.dumps({
         "flags": native._flags(native._torch_lib_dir())[0], "path": quant.kernel_path(),
         "tiles": str(quant.tile_dtype()), "amx": quant.uses_amx(w),
         "bf16": cpu_has_native_bf16(), "torch": torch.backends.cpu.get_cpu_capability(),
         "set": list(set_env), "err": float((y - ref).abs().max() / ref.abs().max()),
-        "status": native.status()}))
+        "status": native.status(), "lanes": quant.uses_lanes(w.qtype),
+        "err32": float((y32 - ref32).abs().max() / ref32.abs().max())}))
 """)
 
 
@@ -141,6 +145,7 @@ def test_capped_process_runs_the_smaller_cpu(tmp_path: Path) -> None:
     assert not got["amx"] and not got["bf16"]
     assert got["torch"] in ("AVX2", "DEFAULT") and "ATEN_CPU_CAPABILITY=avx2" in got["set"]
     assert got["err"] < 0.02  # int8 activations: about 1% of the largest output
+    assert got["lanes"] and got["err32"] < 0.02  # 32 rows: AVX2's rows in lanes
 
 
 def test_cli_refuses_a_bad_level() -> None:

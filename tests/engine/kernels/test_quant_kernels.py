@@ -125,7 +125,7 @@ def emulate_activations(x: np.ndarray, qtype: int) -> np.ndarray:
 
 def check_product(w: QuantWeight, x: torch.Tensor, y: torch.Tensor) -> None:
     wd = gguf_dequant(w).astype(np.float64)
-    if w.qtype != quant.F32 and x.shape[0] >= quant.many_rows():  # dequantized tiles
+    if w.qtype != quant.F32 and x.shape[0] >= quant.many_rows(w.qtype):  # dequantized tiles
         ref = x.numpy().astype(np.float64) @ wd.T
         scale = np.abs(x.numpy()) @ np.abs(wd).T
         amx = quant.uses_amx(w) and x.shape[0] < quant.AMX_MAX_ROWS
@@ -162,7 +162,7 @@ def use_product(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """quant_matmul's product for many rows: the int8 kernels, AMX or torch on dequantized
     tiles"""
     if mode == "int8":
-        monkeypatch.setattr(quant, "many_rows", lambda: 10**9)
+        monkeypatch.setattr(quant, "many_rows", lambda qtype=None: 10**9)
     elif mode == "amx":
         if not quant.amx_available():
             pytest.skip("this CPU (or its kernel) gives no AMX-BF16")
@@ -171,7 +171,7 @@ def use_product(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(quant, "uses_amx", lambda w: False)
         dtype = torch.float32 if mode == "tiles-f32" else torch.bfloat16
         monkeypatch.setattr(quant, "tile_dtype", lambda: dtype)
-        monkeypatch.setattr(quant, "many_rows", lambda: 16)
+        monkeypatch.setattr(quant, "many_rows", lambda qtype=None: 16)
         monkeypatch.setattr(quant, "_TILE_ELEMS", 576 * 10)  # several tiles, one ragged
 
 
@@ -222,7 +222,8 @@ def test_a_rows_product_does_not_depend_on_the_other_rows(qtype: int, path: str)
     rng = np.random.default_rng(qtype + 3000)
     inn = 512 if qtype in (quant.Q4_K, quant.Q5_K, quant.Q6_K) else 576
     w = random_weight(qtype, 13, inn, rng)
-    x = torch.from_numpy(rng.standard_normal((quant.many_rows() - 1, inn)).astype(np.float32))
+    x = torch.from_numpy(rng.standard_normal((quant.many_rows(qtype) - 1, inn))
+                         .astype(np.float32))
     together = quant.quant_matmul(x, w)
     for r in (0, 2, 5, x.shape[0] - 1):
         assert torch.equal(quant.quant_matmul(x[r:r + 1], w)[0], together[r])
@@ -238,12 +239,15 @@ def exact_activations(rows: int, inn: int, rng: np.random.Generator) -> np.ndarr
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=quant.type_name)
-def test_paths_agree_bit_for_bit_where_floats_are_exact(qtype: int) -> None:
+@pytest.mark.parametrize("rows", [6, 21])  # 21: two groups of 8 in lanes, 5 in a partial one
+def test_paths_agree_bit_for_bit_where_floats_are_exact(qtype: int, rows: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     if quant.kernel_path() == "torch":
         pytest.skip(native.status())
+    monkeypatch.setattr(quant, "many_rows", lambda qtype=None: 10**9)
     rng = np.random.default_rng(qtype + 1000)
     w = random_weight(qtype, 19, 512, rng, exact=True)
-    x = torch.from_numpy(exact_activations(6, 512, rng))
+    x = torch.from_numpy(exact_activations(rows, 512, rng))
     exact = x.numpy().astype(np.float64) @ gguf_dequant(w).astype(np.float64).T
     got = on_every_path(x, w)
     for name, y in got.items():
@@ -251,8 +255,10 @@ def test_paths_agree_bit_for_bit_where_floats_are_exact(qtype: int) -> None:
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=quant.type_name)
-@pytest.mark.parametrize("rows", [1, 7])
-def test_paths_agree_on_random_blocks(qtype: int, rows: int) -> None:
+@pytest.mark.parametrize("rows", [1, 7, 35])
+def test_paths_agree_on_random_blocks(qtype: int, rows: int,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quant, "many_rows", lambda qtype=None: 10**9)
     rng = np.random.default_rng(qtype + 2000 + rows)
     w = random_weight(qtype, 21, 1024, rng)
     x = torch.from_numpy(rng.standard_normal((rows, 1024)).astype(np.float32))
@@ -344,3 +350,35 @@ def test_names_sizes_and_refusals() -> None:
     with pytest.raises(ValueError, match="32 values"):
         quant.quantize(torch.zeros(4, 40), quant.Q8_0)
     assert quant.quant_matmul(torch.zeros(0, 64), w).shape == (0, 4)
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=quant.type_name)
+@pytest.mark.parametrize(("out", "inn"), [(13, 32), (29, 160)])  # one block, five; ragged
+def test_every_row_count_matches_one_row_at_a_time(qtype: int, out: int, inn: int,
+                                                   path: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """1..40 rows through the native kernels (groups of 8 in lanes where the type has them,
+    the rest one dot product per row group): each row the same bits as alone, and within the
+    product's tolerance of the dequantized float reference."""
+    monkeypatch.setattr(quant, "many_rows", lambda qtype=None: 10**9)
+    if qtype in (quant.Q4_K, quant.Q5_K, quant.Q6_K):
+        inn = 256 * (inn // 32)
+    rng = np.random.default_rng(qtype * 7 + out)
+    w = random_weight(qtype, out, inn, rng)
+    x = torch.from_numpy(rng.standard_normal((40, inn)).astype(np.float32))
+    alone = torch.cat([quant.quant_matmul(x[r:r + 1], w) for r in range(40)])
+    check_product(w, x, alone)
+    for rows in range(1, 41):
+        start = rows % 3
+        part = x[start:start + rows] if start + rows <= 40 else x[:rows]
+        lo = 0 if part.data_ptr() == x.data_ptr() else start
+        assert torch.equal(quant.quant_matmul(part, w), alone[lo:lo + rows]), rows
+
+
+def test_lanes_run_where_the_path_has_them(path: str) -> None:
+    # the 32-value block types in lanes on every SIMD path, nothing on plain C or K-quants
+    for qtype in ALL_TYPES:
+        lanes = path != "plain" and qtype in (quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q8_0)
+        assert quant.uses_lanes(qtype) == lanes, quant.type_name(qtype)
+        if not quant._amx_in_force():
+            assert (quant.many_rows(qtype) == quant.MANY_ROWS_LANES) == lanes
