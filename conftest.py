@@ -204,8 +204,12 @@ class Harness:
 
 def make_executor(path: Path, page_size: int = 4, kv_tokens: int = 8192,
                   dtype: torch.dtype = torch.float32, device: str = "cpu",
-                  backend: str | None = None) -> ModelExecutor:
-    cfg = EngineConfig(page_size=page_size, kv_tokens=kv_tokens, max_running=64)
+                  backend: str | None = None, kv_dtype: str = "float32") -> ModelExecutor:
+    # a float32 cache by default: these checks hold the model's arithmetic to transformers'
+    # float32; the float16 cache of quantized files (kv_dtype auto) has its own test
+    # (test_kv_dtype), since a tiny random MoE's router can flip on its rounding
+    cfg = EngineConfig(page_size=page_size, kv_tokens=kv_tokens, max_running=64,
+                       kv_dtype=kv_dtype)  # type: ignore[arg-type]
     # one thread: tiny models are overhead-bound, and a busy machine cannot starve a team
     return ModelExecutor.from_pretrained(path, cfg, dtype=dtype, device=device, backend=backend,
                                          threads=1)

@@ -117,6 +117,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
                        help="requests decoding at once: the engine's slots (default 32)")
     serve.add_argument("--kv-tokens", type=int, metavar="N",
                        help="KV cache positions, allocated at start (default 16384)")
+    serve.add_argument("--kv-dtype", metavar="auto|float32|bfloat16|float16",
+                       help="the KV cache's element type (default auto: the model's own, "
+                            "float16 for block-quantized GGUF files)")
     serve.add_argument("--max-prefill-tokens", type=int, metavar="N",
                        help="prompt tokens computed per round; longer prompts go in chunks "
                             "(default 512)")
@@ -157,7 +160,7 @@ def serve_flags(args: argparse.Namespace) -> dict[str, object]:
     flags: dict[str, object] = {name: getattr(args, name) for name in
                                 ("host", "port", "dtype", "quantize", "device", "policy",
                                  "admission", "speculative", "draft_model", "max_running",
-                                 "kv_tokens",
+                                 "kv_tokens", "kv_dtype",
                                  "max_prefill_tokens", "open", "upstreams", "allowed_hosts",
                                  "max_loaded", "max_memory", "keep_alive",
                                  "discover_models")}

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 
 from engine import (
     ADMISSIONS,
+    KV_DTYPES,
     POLICIES,
     SPECULATIVE,
     ConfigError,
@@ -31,6 +32,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "policy": POLICIES,
     "admission": ADMISSIONS,
     "speculative": SPECULATIVE,
+    "kv_dtype": KV_DTYPES,
 }
 # Inclusive lower (and optional upper) bounds for integer settings.
 INT_RANGES: dict[str, tuple[int, int | None]] = {
@@ -92,7 +94,10 @@ class Settings:
     admission: str = ""  # "" -> fifo when local, fair when shared
     max_running: int = 32
     max_prefill_tokens: int = 512
-    kv_tokens: int = 16384  # 0.75 GB of KV for SmolLM2 in float32, allocated at start
+    kv_tokens: int = 16384  # 0.35 GB of KV for SmolLM2 in float16, allocated at start
+    # the KV cache's element type: auto (the model's, float16 for block-quantized GGUF
+    # files), float32, bfloat16, float16
+    kv_dtype: str = "auto"
     page_size: int = 16
     # positions in the sliding-window layers' own pool (models with local layers); 0: enough
     # for every slot's window plus one round
@@ -252,6 +257,7 @@ def engine_config(settings: Settings, *, max_context: int | None = None) -> Engi
             admission=settings.admission,  # type: ignore[arg-type]
             prefix_cache=settings.prefix_cache,
             speculative=settings.speculative,  # type: ignore[arg-type]  # in SPECULATIVE
+            kv_dtype=settings.kv_dtype,  # type: ignore[arg-type]  # in KV_DTYPES
             max_waiting=settings.max_waiting,
             **extra,
         )

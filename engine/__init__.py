@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from engine import structured
 from engine.config import (
     ADMISSIONS,
+    KV_DTYPES,
     POLICIES,
     SPECULATIVE,
     AdmissionOrder,
@@ -99,6 +100,7 @@ __all__ = [
     "ADMISSIONS",
     "DEFAULT_KEEP_ALIVE",
     "KEEP",
+    "KV_DTYPES",
     "MAX_LOGPROBS",
     "POLICIES",
     "SEED_MAX",

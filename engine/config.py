@@ -7,9 +7,11 @@ from typing import Literal, get_args
 Policy = Literal["prefill-first", "interleave", "mixed"]
 AdmissionOrder = Literal["fifo", "fair"]
 Speculative = Literal["ngram", "draft", "off"]
+KVDtype = Literal["auto", "float32", "bfloat16", "float16"]
 POLICIES: tuple[str, ...] = get_args(Policy)
 ADMISSIONS: tuple[str, ...] = get_args(AdmissionOrder)
 SPECULATIVE: tuple[str, ...] = get_args(Speculative)
+KV_DTYPES: tuple[str, ...] = get_args(KVDtype)
 
 
 class ConfigError(ValueError):
@@ -39,6 +41,9 @@ class EngineConfig:
     speculative: Speculative = "ngram"
     speculative_batch: int = 8
     max_draft: int = 8  # drafted tokens per request and round, at most
+    # the KV pools' element type; auto: the model's own, but float16 where block-quantized
+    # weights run with float32 activations (half the memory, as llama.cpp's cache)
+    kv_dtype: KVDtype = "auto"
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_prefill_tokens", "kv_tokens", "page_size",
@@ -55,6 +60,9 @@ class EngineConfig:
         if self.speculative not in SPECULATIVE:
             raise ConfigError(f"speculative must be one of {', '.join(SPECULATIVE)}, "
                               f"got {self.speculative!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ConfigError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, "
+                              f"got {self.kv_dtype!r}")
         if self.kv_tokens < self.page_size:
             raise ConfigError("kv_tokens must hold at least one page")
         for name in ("sliding_window", "local_kv_tokens"):

@@ -18,7 +18,7 @@ from engine.config import EngineConfig
 from engine.execution.attention import default_backend, get_backend
 from engine.execution.attention.base import AttentionInputs, LocalInputs
 from engine.execution.cpu import default_threads, on_fresh_thread
-from engine.execution.kv_pool import KVPool, LocalTables, slot_of
+from engine.execution.kv_pool import KVPool, LocalTables, pool_dtype, slot_of
 from engine.execution.loading.loader import load_model, resolve_model, weight_mode
 from engine.execution.loading.model_files import is_gguf
 from engine.execution.model.decoder import CausalLM
@@ -49,11 +49,12 @@ class ModelExecutor:
         windows = tuple(w if w and w < config.max_context else None for w in cfg.windows)
         self.sliding_window = max((w for w in windows if w), default=0)
         num_local = sum(1 for w in windows if w)
+        kv_dtype = pool_dtype(config.kv_dtype, model.dtype, model.quantized)
         self.pool = KVPool(cfg.num_layers - num_local, config.num_pages, config.page_size,
-                           cfg.num_kv_heads, cfg.head_dim, model.dtype, self.device)
+                           cfg.num_kv_heads, cfg.head_dim, kv_dtype, self.device)
         self.local_pool = None if not num_local else KVPool(
             num_local, replace(config, sliding_window=self.sliding_window).num_local_pages,
-            config.page_size, cfg.num_kv_heads, cfg.head_dim, model.dtype, self.device)
+            config.page_size, cfg.num_kv_heads, cfg.head_dim, kv_dtype, self.device)
         name = backend or default_backend(self.device, model.dtype, bool(num_local))
         self.attn = get_backend(name)(self.pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                                       cfg.scale, windows, self.local_pool)
@@ -262,7 +263,7 @@ class ModelExecutor:
         whose pool is sized by their window, not by kv_tokens)."""
         cfg = self.model.config
         return KVPool.bytes_per_token(self.pool.num_layers, cfg.num_kv_heads, cfg.head_dim,
-                                      self.dtype)
+                                      self.pool.dtype)
 
 
 SCORE_BLOCK = 128  # prompt rows turned into float32 log-probabilities at a time

@@ -51,9 +51,11 @@ class TorchAttention(AttentionBackend):
             [None, *sorted({w for i, w in enumerate(self.windows)
                             if w and self.place(i)[2] == local})] for local in (False, True))
         # emulated bf16 batched matmuls fall back to one small addmm per matrix (far slower
-        # than float32): attend in float32 over the gathered (already copied) K/V
-        self.compute_dtype = (torch.float32 if emulated_bf16(pool.dtype, pool.device)
-                              else pool.dtype)
+        # than float32), and a CPU has no float16 arithmetic either: attend in float32 over
+        # the gathered (already copied) K/V
+        emulated = emulated_bf16(pool.dtype, pool.device) or (
+            pool.dtype == torch.float16 and pool.device.type == "cpu")
+        self.compute_dtype = torch.float32 if emulated else pool.dtype
         # Ferry's CPU kernels (engine.kernels) store K/V and attend single-token sequences
         # straight from the pages: no gather copy, one call per layer
         self.native = ops.usable_pool(pool.data) and (local_pool is None
