@@ -356,9 +356,9 @@ def report(results: list[Result], work: Workload, dtype: str, as_json: bool,
             ratios["structured / unconstrained (output tok/s)"] = r.output_tps / ferry.output_tps
         if r.system.startswith("hf generate, one"):
             ratios["ferry / hf one-at-a-time (output tok/s)"] = ferry.output_tps / r.output_tps
-            if single is not None:
-                ratios["single request / hf batch 1 (decode tok/s)"] = (
-                    pct(r.itl, 0.5) / pct(single.itl, 0.5))  # type: ignore[operator]
+            hf_tpot, one_tpot = pct(r.tpot, 0.5), single and pct(single.tpot, 0.5)
+            if hf_tpot and one_tpot:  # per-token time: a speculative step writes several
+                ratios["single request / hf batch 1 (decode tok/s)"] = hf_tpot / one_tpot
         elif r.system.startswith("hf generate, static"):
             ratios["ferry / hf static batches (output tok/s)"] = ferry.output_tps / r.output_tps
     if as_json:
