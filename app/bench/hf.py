@@ -7,7 +7,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-from app.bench.run import Result, Workload
+from app.bench.workload import Result, Workload
 
 
 class _Model(Protocol):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.bench.run import Result, Workload, run_engine
+from app.bench.workload import Result, Workload, run_engine
 
 
 def compare(engine: Any, tokenizer: Any, text: str, output: int, repeats: int) -> list[Result]:
