@@ -18,24 +18,20 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
-import re
-import struct
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from test_families import FAMILIES, _compare, _config, _run
 
+from tests.tools import peer_perplexity as peer
 from tests.tools.random_hf import random_hf
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
-TEXT = Path(__file__).parents[2] / "data" / "gpl-3.0.txt"
 N_CTX = 128
 CHUNKS = 6
 CONVERTER_PACKAGES = ["torch==2.13.0", "transformers==4.57.6", "sentencepiece", "protobuf<5",
@@ -113,51 +109,12 @@ def converted(request: pytest.FixtureRequest, hf_tokenizer: Any, llama_cpp: Path
 
 def llama_perplexity(llama_cpp: Path, gguf: Path, dump: Path) -> tuple[float, list[int]]:
     """llama-perplexity's final estimate and the tokens it read (from its logits dump)."""
-    done = subprocess.run(
-        [str(llama_cpp / "build/bin/llama-perplexity"), "-m", str(gguf), "-f", str(TEXT),
-         "-c", str(N_CTX), "-b", str(N_CTX), "--chunks", str(CHUNKS), "-t", "2",
-         "--kl-divergence-base", str(dump)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = re.search(r"Final estimate: PPL = ([0-9.]+)", done.stdout + done.stderr)
-    assert found, done.stderr[-3000:]
-    with dump.open("rb") as f:
-        assert f.read(8) == b"_logits_"
-        n_ctx, _n_vocab, n_chunk = struct.unpack("<iii", f.read(12))
-        assert (n_ctx, n_chunk) == (N_CTX, CHUNKS)
-        tokens = list(struct.unpack(f"<{n_ctx * n_chunk}i", f.read(4 * n_ctx * n_chunk)))
-    return float(found.group(1)), tokens
-
-
-def bos_in_front(gguf: Path) -> int | None:
-    """The BOS id llama.cpp puts at each chunk's start, or None where the file adds none."""
-    from gguf import GGUFReader
-    reader = GGUFReader(str(gguf))
-
-    def value(key: str) -> Any:
-        field = reader.fields.get(key)
-        return None if field is None else field.contents()
-
-    add = value("tokenizer.ggml.add_bos_token")
-    if add is None:  # llama.cpp's default: SentencePiece vocabularies add one, BPE ones do not
-        add = value("tokenizer.ggml.model") == "llama"
-    return int(value("tokenizer.ggml.bos_token_id")) if add else None
+    return peer.llama_perplexity(llama_cpp / "build/bin/llama-perplexity", gguf, N_CTX, CHUNKS,
+                                 2, dump)
 
 
 def ferry_perplexity(url: str, tokens: list[int], bos: int | None) -> float:
-    first, nll, count = N_CTX // 2, 0.0, 0
-    model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
-    for c in range(CHUNKS):
-        chunk = tokens[c * N_CTX:(c + 1) * N_CTX]
-        if bos is not None:
-            chunk[0] = bos
-        r = httpx.post(url + "/v1/completions", timeout=600, json={
-            "model": model, "prompt": chunk, "echo": True, "logprobs": 0, "max_tokens": 0})
-        assert r.status_code == 200, r.text
-        scores = r.json()["choices"][0]["logprobs"]["token_logprobs"]
-        # the logits at positions first .. N_CTX-2 score the tokens after them
-        nll -= sum(scores[first + 1:])
-        count += N_CTX - 1 - first
-    return math.exp(nll / count)
+    return peer.ferry_perplexity(url, tokens[:CHUNKS * N_CTX], bos, N_CTX)
 
 
 def test_llama_cpp_converted_file_matches(converted: tuple[str, Any, dict[str, Path]],
@@ -176,7 +133,7 @@ def test_llama_cpp_converted_file_matches(converted: tuple[str, Any, dict[str, P
         executor = ModelExecutor.from_pretrained(gguf, config, dtype="auto", progress=False)
         server = make_server(executor=executor, kv_tokens=4096, max_context=256,
                              max_running=2)
-        ppl_ferry = ferry_perplexity(server.url, tokens, bos_in_front(gguf))
+        ppl_ferry = ferry_perplexity(server.url, tokens, peer.bos_in_front(gguf))
         idle_check(server.engine)
         server.stop()
         ppl[outtype] = ppl_llama, ppl_ferry
