@@ -204,10 +204,13 @@ class Harness:
 
 def make_executor(path: Path, page_size: int = 4, kv_tokens: int = 8192,
                   dtype: torch.dtype = torch.float32, device: str = "cpu",
-                  backend: str | None = None, kv_dtype: str = "float32") -> ModelExecutor:
-    # a float32 cache by default: these checks hold the model's arithmetic to transformers'
-    # float32; the float16 cache of quantized files (kv_dtype auto) has its own test
-    # (test_kv_dtype), since a tiny random MoE's router can flip on its rounding
+                  backend: str | None = None, kv_dtype: str | None = None) -> ModelExecutor:
+    # the cache in the model's own type (bf16 models) or float32, never auto's float16 for
+    # quantized files: these checks hold the model's arithmetic to transformers' float32; the
+    # float16 cache has its own test (test_kv_dtype), since a tiny random MoE's router can
+    # flip on its rounding
+    if kv_dtype is None:
+        kv_dtype = "bfloat16" if dtype == torch.bfloat16 else "float32"
     cfg = EngineConfig(page_size=page_size, kv_tokens=kv_tokens, max_running=64,
                        kv_dtype=kv_dtype)  # type: ignore[arg-type]
     # one thread: tiny models are overhead-bound, and a busy machine cannot starve a team
