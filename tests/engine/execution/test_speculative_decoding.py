@@ -8,7 +8,6 @@ arrives while a speculative round runs gives back every page and slot.
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,9 @@ from engine.execution.sampling.verify import target_probs
 from engine.execution.text.tokenizer import Tokenizer
 from engine.runtime.engine import Engine
 from engine.runtime.handle import TextDelta
-from engine.scheduling.batch import Batch, BatchItem, Sampled
-from engine.scheduling.request import Request, SamplingParams
+from engine.scheduling.batch import Batch, BatchItem
+from engine.scheduling.request import SamplingParams
+from tests.tools.gate import Gate
 
 PARAGRAPH = ("The old lighthouse keeper climbed the spiral stairs every evening at dusk. He "
              "lit the great lamp, wound the clockwork that turned it, and wrote the weather "
@@ -108,24 +108,6 @@ def test_logprobs_of_speculative_tokens_are_plain_decodings(
         assert a.token_id == b.token_id and [t for t, _ in a.top] == [t for t, _ in b.top]
         assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
 
-
-class Gate:
-    """Wraps the executor: the first round with drafts waits inside until released."""
-
-    def __init__(self, inner: ModelExecutor) -> None:
-        self.inner = inner
-        self.inside = threading.Event()
-        self.release_gate = threading.Event()
-        self.decode_rows = inner.decode_rows
-
-    def run(self, batch: Batch) -> Sequence[Sampled]:
-        if not self.inside.is_set() and any(it.drafts for it in batch.items):
-            self.inside.set()
-            assert self.release_gate.wait(60)
-        return self.inner.run(batch)
-
-    def release(self, request: Request) -> None:
-        self.inner.release(request)
 
 
 def test_cancel_during_a_speculative_round_returns_every_page(

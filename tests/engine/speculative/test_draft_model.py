@@ -11,7 +11,6 @@ and every test's end, give back every slot and page of the target's pool and the
 from __future__ import annotations
 
 import tempfile
-import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -23,9 +22,9 @@ from engine.execution.executor import ModelExecutor
 from engine.execution.text.tokenizer import Tokenizer
 from engine.runtime.engine import Engine
 from engine.runtime.handle import TextDelta
-from engine.scheduling.batch import Batch, Sampled
 from engine.scheduling.request import Request, SamplingParams
 from engine.speculative import DraftModelError, Speculator, check_vocabularies
+from tests.tools.gate import Gate
 
 PROMPTS = ["Write a short story about a cat who learns to sail.",
            "What is the capital of France?",
@@ -154,24 +153,6 @@ def test_a_long_prompt_is_drafted_for_after_chunks(draft: DraftRunner,
     draft.release(req)
     assert draft.free_pages == draft.num_pages
 
-
-class Gate:
-    """Wraps the target's executor: the first round with drafts waits inside."""
-
-    def __init__(self, inner: ModelExecutor) -> None:
-        self.inner = inner
-        self.inside = threading.Event()
-        self.release_gate = threading.Event()
-        self.decode_rows = inner.decode_rows
-
-    def run(self, batch: Batch) -> Sequence[Sampled]:
-        if not self.inside.is_set() and any(it.drafts for it in batch.items):
-            self.inside.set()
-            assert self.release_gate.wait(60)
-        return self.inner.run(batch)
-
-    def release(self, request: Request) -> None:
-        self.inner.release(request)
 
 
 def test_cancel_during_a_draft_round_returns_every_page(
