@@ -18,8 +18,8 @@ from engine.config import EngineConfig
 from engine.execution.attention import default_backend, get_backend
 from engine.execution.attention.base import AttentionInputs, LocalInputs
 from engine.execution.cpu import default_threads, on_fresh_thread
-from engine.execution.kv_pool import KVPool, LocalTables, pool_dtype, slot_of
-from engine.execution.loading.loader import load_model, resolve_model, weight_mode
+from engine.execution.kv_pool import KVPool, LocalTables, slot_of
+from engine.execution.loading.loader import load_model, pool_dtype, resolve_model, weight_mode
 from engine.execution.loading.model_files import is_gguf
 from engine.execution.model.decoder import CausalLM
 from engine.execution.model.fused_decode import FusedDecode

@@ -30,14 +30,6 @@ def slot_of(pages: Sequence[int], pos: int, page_size: int) -> int:
 
 
 
-def pool_dtype(setting: str, model_dtype: torch.dtype, quantized: bool) -> torch.dtype:
-    """The KV pools' element type: `setting` (EngineConfig.kv_dtype), where auto is the model's
-    own dtype, but float16 where block-quantized weights run with float32 activations: half
-    the memory of a float32 cache (the type llama.cpp's cache has), K/V rounded to 11 bits."""
-    if setting != "auto":
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16,
-                "float16": torch.float16}[setting]
-    return torch.float16 if quantized and model_dtype == torch.float32 else model_dtype
 
 class KVPool:
     layout = "HND"

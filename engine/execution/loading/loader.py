@@ -36,10 +36,20 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 GGUF = "gguf"  # weight mode: the file's own blocks
 QUANTIZE = {"q8_0": 8, "q4_0": 2}  # --quantize choice -> ggml type id
 
-__all__ = ["ModelFileError", "ModelNotFound", "load_model", "resolve_model", "weight_mode"]
+__all__ = ["ModelFileError", "ModelNotFound", "load_model", "pool_dtype", "resolve_model",
+           "weight_mode"]
 
 
 # --- dtype --------------------------------------------------------------------------------
+
+def pool_dtype(setting: str, model_dtype: torch.dtype, quantized: bool) -> torch.dtype:
+    """The KV pools' element type: `setting` (EngineConfig.kv_dtype), where auto is the model's
+    own dtype, but float16 where block-quantized weights run with float32 activations: half
+    the memory of a float32 cache (the type llama.cpp's cache has), K/V rounded to 11 bits."""
+    if setting != "auto":
+        return DTYPES[setting]
+    return torch.float16 if quantized and model_dtype == torch.float32 else model_dtype
+
 
 def choose_dtype(name: str | torch.dtype, device: torch.device | str) -> torch.dtype:
     """'auto' -> bfloat16 on CUDA (float16 without bf16) and on CPUs with native bf16,

@@ -18,7 +18,7 @@ from engine import (
     SamplingParams,
     Tokenizer,
 )
-from engine.execution.kv_pool import pool_dtype
+from engine.execution.loading.loader import pool_dtype
 
 
 def test_auto_is_the_models_type_but_float16_under_quantized_weights() -> None:
