@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -11,37 +12,34 @@ from app.bench.profile import IDLE, OTHER, StackSampler, part_of
 from engine.scheduling.page_allocator import PageAllocator
 
 
-def test_a_running_thread_is_filed_by_its_innermost_known_frame() -> None:
+def sampled(body: Callable[[threading.Event], object], seconds: float) -> StackSampler:
+    """A StackSampler's counts over a thread running body(stop) for `seconds`."""
     stop = threading.Event()
+    worker = threading.Thread(target=body, args=(stop,), name="profiled", daemon=True)
+    worker.start()
+    try:
+        with StackSampler("profiled", interval=0.001) as sampler:
+            time.sleep(seconds)
+    finally:
+        stop.set()
+        worker.join()
+    return sampler
 
-    def work() -> None:  # scheduling bookkeeping in a loop (engine/scheduling/)
+
+def test_a_running_thread_is_filed_by_its_innermost_known_frame() -> None:
+    def work(stop: threading.Event) -> None:  # scheduling bookkeeping (engine/scheduling/)
         while not stop.is_set():
             alloc = PageAllocator(64)
             for _ in range(8):
                 alloc.free(alloc.allocate())
 
-    worker = threading.Thread(target=work, name="busy-scheduling", daemon=True)
-    worker.start()
-    try:
-        with StackSampler("busy-scheduling", interval=0.001) as sampler:
-            time.sleep(0.3)
-    finally:
-        stop.set()
-        worker.join()
+    sampler = sampled(work, 0.3)
     top = sampler.breakdown()[0]
     assert top[0] == "scheduling" and top[1] > 0.5, sampler.counts
 
 
 def test_a_waiting_thread_is_idle_and_unknown_code_is_other() -> None:
-    gate = threading.Event()
-    waiter = threading.Thread(target=gate.wait, name="waiting", daemon=True)
-    waiter.start()
-    try:
-        with StackSampler("waiting", interval=0.001) as sampler:
-            time.sleep(0.1)
-    finally:
-        gate.set()
-        waiter.join()
+    sampler = sampled(threading.Event.wait, 0.1)
     assert set(sampler.counts) == {IDLE} and sampler.breakdown() == []
     assert "100.0% idle" in sampler.report()
     assert part_of(None) == OTHER
