@@ -82,7 +82,13 @@ COMMON = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128,
 
 
 def _configs() -> dict[str, object]:
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import (
+        Gemma3TextConfig,
+        LlamaConfig,
+        MistralConfig,
+        Qwen2Config,
+        Qwen3Config,
+    )
     return {
         "llama": LlamaConfig(**COMMON, tie_word_embeddings=False),
         # llama3 rope scaling, biases everywhere, MQA, tied embeddings (SmolLM2-like)
@@ -95,6 +101,14 @@ def _configs() -> dict[str, object]:
         "mistral": MistralConfig(**COMMON, sliding_window=None),
         "qwen2": Qwen2Config(**COMMON, tie_word_embeddings=False),
         "qwen3": Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=False),
+        # sandwich norms, GELU-tanh, a window shorter than the prompts, a rope per layer kind
+        "gemma3": Gemma3TextConfig(
+            **{**COMMON, "num_hidden_layers": 3}, head_dim=16, query_pre_attn_scalar=16,
+            sliding_window=4, layer_types=["sliding_attention", "full_attention",
+                                           "sliding_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}),
     }
 
 

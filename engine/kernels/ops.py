@@ -61,11 +61,21 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[rows, 2n] (gate | up) -> silu(gate) * up, [rows, n]."""
+    return _gated(gate_up, "silu")
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[rows, 2n] (gate | up) -> gelu_tanh(gate) * up, [rows, n] (Gemma)."""
+    return _gated(gate_up, "gelu_tanh")
+
+
+def _gated(gate_up: torch.Tensor, act: str) -> torch.Tensor:
     gate_up = gate_up.contiguous()
     rows, n2 = gate_up.shape
     out = gate_up.new_empty(rows, n2 // 2)
-    check(native.loaded().ferry_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, n2 // 2,
-                                           _DT[gate_up.dtype]), "silu_and_mul")
+    fn = native.loaded().ferry_silu_mul if act == "silu" else native.loaded().ferry_gelu_tanh_mul
+    check(fn(gate_up.data_ptr(), out.data_ptr(), rows, n2 // 2, _DT[gate_up.dtype]),
+          f"{act}_and_mul")
     return out
 
 

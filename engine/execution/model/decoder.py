@@ -76,6 +76,13 @@ class DecoderLayer(nn.Module):
         h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
         return self.mlp(h), residual
 
+    def decode_spec(self, rope: int) -> DecodeLayerSpec | None:
+        """This layer as the fused native decoder runs it (None: it cannot)."""
+        from engine.execution.model.fused_decode import describe_layer
+
+        return describe_layer(self.self_attn, self.mlp,
+                              (self.input_layernorm, self.post_attention_layernorm), rope)
+
 
 class DecoderModel(nn.Module):
     rotary: nn.ModuleList  # one RotaryEmbedding per distinct rope (CausalLM.build_rotary)
@@ -145,14 +152,16 @@ class CausalLM(nn.Module):
                                         and self.config.tie_word_embeddings)
 
     def decode_layers(self) -> list[DecodeLayerSpec] | None:
-        """The layers as the fused native decoder takes them, or None where it cannot run
-        them (fused_decode.describe_layers does it for DecoderLayer stacks)."""
-        from engine.execution.model.fused_decode import describe_layers
-
-        layers = [m for m in self.model.layers if isinstance(m, DecoderLayer)]
-        if len(self.ropes) != 1 or len(layers) != len(self.model.layers):
-            return None
-        return describe_layers(layers)
+        """The layers as the fused native decoder takes them (each layer's `decode_spec`),
+        or None where it cannot run one of them."""
+        specs = []
+        for layer, rope in zip(self.model.layers, self.rope_index, strict=True):
+            describe = getattr(layer, "decode_spec", None)
+            spec = describe(rope) if describe is not None else None
+            if spec is None:
+                return None
+            specs.append(spec)
+        return specs
 
     # --- shared -----------------------------------------------------------------------------
 
@@ -260,7 +269,7 @@ class CausalLM(nn.Module):
             x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
         tables: Tables = [rotary(positions, x.dtype) for rotary in self.model.rotary]
         residual: torch.Tensor | None = None
-        done = fused.run(x, tables[0][0], tables[0][1], attn) if fused is not None else None
+        done = fused.run(x, tables, attn) if fused is not None else None
         if done is not None:  # a decode round of a few sequences: one C call per layer
             x, residual = done
         else:

@@ -4,9 +4,9 @@ A decode step calls ~10 kernels per layer; from Python each call costs its own d
 ctypes overhead. `layer_ops.decode_layer` runs the same kernels in the same order inside one
 call, so its results are those of the layer-by-layer path, bit for bit.
 
-The model describes its layers neutrally (`DecodeLayerSpec`: norms, the four projections,
-the window; CausalLM.decode_layers, None where a layer is not this recipe) and the executor
-builds a FusedDecode from that where one of two variants applies:
+The model describes its layers neutrally (`DecodeLayerSpec`: the norms, a sandwich layer's
+four, the four projections, the activation, the rope, the window; each layer's
+`decode_spec`, None where a layer is not this recipe) and the executor builds a FusedDecode from that where one of two variants applies:
 
 * bf16 weights and activations, where the layer path would itself run Ferry's kernels on
   every operation (bf16 multiplied by Ferry's bf16 product on emulated-bf16 CPUs); the pool
@@ -35,15 +35,18 @@ from engine.execution.model.config import ModelConfig
 from engine.kernels import layer_ops, ops, quant
 
 if TYPE_CHECKING:
-    from engine.execution.model.decoder import DecoderLayer
-    from engine.execution.model.layers import Linear
+    from torch import nn
+
+    from engine.execution.model.layers import Attention, Linear, RMSNorm
 
 
 @dataclass(frozen=True)
 class DecodeLayerSpec:
-    """One pre-norm layer as the fused recipe runs it: x + attn(norm(x)) with optional
-    per-head q/k norms, then + down(silu(gate) * up)(norm(...)). Projections in order qkv,
-    o, gate_up, down."""
+    """One layer as the fused recipe runs it: x + attn(norm(x)) with optional per-head q/k
+    norms, then + down(act(gate) * up)(norm(...)). A sandwich layer (Gemma 3: `ffn_norm`
+    set) norms the attention output by `post_norm` before adding it, adds it in `ffn_norm`,
+    and norms the MLP's output by `out_norm`. Projections in order qkv, o, gate_up, down;
+    `rope`: the index of the layer's rotary tables among the model's."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -51,23 +54,37 @@ class DecodeLayerSpec:
     k_norm: torch.Tensor | None
     projections: tuple[Linear, Linear, Linear, Linear]
     window: int | None
+    act: str = "silu"  # or "gelu_tanh"
+    ffn_norm: torch.Tensor | None = None
+    out_norm: torch.Tensor | None = None
+    rope: int = 0
+
+    @property
+    def norms(self) -> list[torch.Tensor | None]:
+        """In ferry_layer's order."""
+        return [self.input_norm, self.post_norm, self.q_norm, self.k_norm, self.ffn_norm,
+                self.out_norm]
 
 
-def describe_layers(layers: Sequence[DecoderLayer]) -> list[DecodeLayerSpec]:
-    """DecoderLayer stacks (decoder.py) with a SiLU gated MLP; [] where one's MLP differs."""
+ACTS = ("silu", "gelu_tanh")  # ferry_layer.gelu: the index
+
+
+def describe_layer(attn: Attention, mlp: nn.Module, norms: Sequence[RMSNorm], rope: int
+                   ) -> DecodeLayerSpec | None:
+    """A layer of `attn`, a gated MLP and its norms (input, post-attention; a sandwich
+    layer's pre- and post-MLP too), or None where the MLP is not a gated one the recipe
+    runs."""
     from engine.execution.model.layers import GatedMLP
 
-    out = []
-    for layer in layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        if not isinstance(mlp, GatedMLP) or mlp.act != "silu":
-            return []
-        out.append(DecodeLayerSpec(
-            layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
-            attn.q_norm.weight if attn.qk_norm else None,
-            attn.k_norm.weight if attn.qk_norm else None,
-            (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj), attn.spec.window))
-    return out
+    if not isinstance(mlp, GatedMLP) or mlp.act not in ACTS:
+        return None
+    weights = [n.weight for n in norms]
+    ffn, out = weights[2:] if len(weights) == 4 else (None, None)
+    return DecodeLayerSpec(
+        weights[0], weights[1], attn.q_norm.weight if attn.qk_norm else None,
+        attn.k_norm.weight if attn.qk_norm else None,
+        (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj), attn.spec.window,
+        mlp.act, ffn, out, rope)
 
 
 def _parts(module: Linear, bf16: bool) -> list[torch.Tensor] | tuple[quant.QuantWeight, ...] | None:
@@ -87,7 +104,7 @@ def _parts(module: Linear, bf16: bool) -> list[torch.Tensor] | tuple[quant.Quant
 
 
 def _layer(spec: DecodeLayerSpec, dtype: torch.dtype) -> ctypes.Structure | None:
-    norms = [spec.input_norm, spec.post_norm, spec.q_norm, spec.k_norm]
+    norms = spec.norms
     if not all(n is None or (n.dtype == dtype and n.is_contiguous()) for n in norms):
         return None
     projections = []
@@ -98,16 +115,17 @@ def _layer(spec: DecodeLayerSpec, dtype: torch.dtype) -> ctypes.Structure | None
         projections.append(layer_ops.projection(parts, module.bias))
     p = layer_ops.pointer
     return layer_ops.LayerWeights(*(p(n) for n in norms), *projections, None,
-                                  spec.window or 0, 0)
+                                  spec.window or 0, ACTS.index(spec.act))
 
 
 class FusedDecode:
-    def __init__(self, cfg: ModelConfig, layers: list[ctypes.Structure], dtype: torch.dtype,
-                 keep: object) -> None:
+    def __init__(self, cfg: ModelConfig, layers: list[ctypes.Structure], ropes: list[int],
+                 dtype: torch.dtype, keep: object) -> None:
         self.dims = layer_ops.LayerDims(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
                                         cfg.num_kv_heads, cfg.head_dim, 0, cfg.rms_norm_eps,
                                         cfg.scale, 0, 0)
         self.layers = layers
+        self.ropes = ropes  # per layer: the index of its rotary tables
         self.dtype = dtype  # of the activations: bf16 or float32
         self.max_rows = linear_kernels.NATIVE_DIRECT_ROWS  # the layer path's few-row products
         if dtype == torch.float32:
@@ -127,7 +145,8 @@ class FusedDecode:
         layers = [_layer(spec, dtype) for spec in specs]
         if any(layer is None for layer in layers):
             return None
-        return FusedDecode(cfg, layers, dtype, keep)  # type: ignore[arg-type]
+        return FusedDecode(cfg, layers, [spec.rope for spec in specs], dtype,  # type: ignore[arg-type]
+                           keep)
 
     def _bind(self, attn: AttentionBackend) -> bool:
         """Point the layers at this backend's pools (once per backend); False if this variant
@@ -149,10 +168,11 @@ class FusedDecode:
         self._bound = attn
         return True
 
-    def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def run(self, x: torch.Tensor, tables: Sequence[tuple[torch.Tensor, torch.Tensor]],
             attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor] | None:
         """All layers over embeddings x [rows, hidden] -> (last layer's output, residual), or
-        None when this round is not one the fused path takes."""
+        None when this round is not one the fused path takes. tables: the round's (cos, sin)
+        per rope of the model."""
         rows = x.shape[0]
         if not 0 < rows <= self.max_rows or x.dtype != self.dtype:
             return None
@@ -162,9 +182,9 @@ class FusedDecode:
         x = x.contiguous()
         residual = torch.empty_like(x)
         scratch = layer_ops.layer_scratch(self.dims, rows, self.dtype)
-        cos, sin = cos.contiguous(), sin.contiguous()
+        tables = [(cos.contiguous(), sin.contiguous()) for cos, sin in tables]
         for i, weights in enumerate(self.layers):
             slots, pages = decode.at(self._local[i])
-            layer_ops.decode_layer(weights, self.dims, x, residual, i == 0, cos, sin,
+            layer_ops.decode_layer(weights, self.dims, x, residual, i == 0, *tables[self.ropes[i]],
                                    slots, pages, scratch)
         return x, residual

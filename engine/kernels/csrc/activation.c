@@ -1,9 +1,14 @@
-/* SiLU-gated activation of the MLP. */
+/* The gated MLP's activations: act(gate) * up, SiLU or GELU-tanh (Gemma). */
 #include "kernels.h"
 
-/* out[r, i] = silu(gate) * up for gate_up rows [gate (n) | up (n)], rounding silu's result
- * to dt first as the separate torch ops do. */
-int ferry_silu_mul(const void *gate_up, void *out, int64_t rows, int n, int dt) {
+/* gelu_tanh(x) = 0.5 x (1 + tanh(y)) = x * sigmoid(2y), y = sqrt(2/pi) (x + 0.044715 x^3):
+ * the SiLU form x / (1 + exp(-z)) with z = 2y instead of x */
+#define GELU_C 1.5957691216057308f /* 2 sqrt(2/pi) */
+#define GELU_K 0.044715f
+
+/* out[r, i] = act(gate) * up for gate_up rows [gate (n) | up (n)], rounding act's result
+ * to dt first as the separate torch ops do. gelu: GELU-tanh, else SiLU. */
+static int gated(const void *gate_up, void *out, int64_t rows, int n, int dt, int gelu) {
     size_t es = ferry_elem(dt);
     float *g = (float *)malloc((size_t)n * 2 * sizeof(float));
     if (!g) return FERRY_ENOMEM;
@@ -15,15 +20,30 @@ int ferry_silu_mul(const void *gate_up, void *out, int64_t rows, int n, int dt) 
         int i = 0;
 #ifdef FERRY_AVX2
         for (; i + 8 <= n; i += 8) {
-            __m256 v = _mm256_loadu_ps(g + i);
-            __m256 e = ferry_exp8(_mm256_sub_ps(_mm256_setzero_ps(), v));
+            __m256 v = _mm256_loadu_ps(g + i), z = v;
+            if (gelu)
+                z = _mm256_mul_ps(_mm256_set1_ps(GELU_C),
+                                  _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(GELU_K), v),
+                                                  _mm256_mul_ps(v, v), v));
+            __m256 e = ferry_exp8(_mm256_sub_ps(_mm256_setzero_ps(), z));
             _mm256_storeu_ps(g + i, _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
         }
 #endif
-        for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i]));
+        for (; i < n; i++) {
+            float v = g[i], z = gelu ? GELU_C * fmaf(GELU_K * v, v * v, v) : v;
+            g[i] = v / (1.0f + expf(-z));
+        }
         for (i = 0; i < n; i++) g[i] = ferry_round_dt(g[i], dt) * u[i];
         ferry_store_row((char *)out + (size_t)r * n * es, dt, g, n);
     }
     free(g);
     return FERRY_OK;
+}
+
+int ferry_silu_mul(const void *gate_up, void *out, int64_t rows, int n, int dt) {
+    return gated(gate_up, out, rows, n, dt, 0);
+}
+
+int ferry_gelu_tanh_mul(const void *gate_up, void *out, int64_t rows, int n, int dt) {
+    return gated(gate_up, out, rows, n, dt, 1);
 }

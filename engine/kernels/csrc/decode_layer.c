@@ -25,12 +25,13 @@ static int product(const ferry_proj *P, const void *x, int64_t rows, int64_t in,
 }
 
 /* One new token per sequence, a few sequences: the kernels in the order the Python layer
- * (engine/execution/model/decoder.py, DecoderLayer.forward) calls them one by one, so the
- * results are identical; one call per layer instead of ~10 saves their Python and ctypes
- * overhead. dt: FERRY_BF16 or FERRY_F32, of x, residual, cos, sin and scratch.
- * x [rows, hidden]: the previous layer's output in, this layer's out; residual [rows, hidden]
- * the running sum (`first`: start it from x). scratch: rows x (2 hidden + (heads + 2 kv_heads)
- * dim + heads dim + 3 inter) values (layer_ops.layer_scratch sizes it). */
+ * (engine/execution/model/decoder.py, DecoderLayer.forward; architectures/gemma3.py for a
+ * sandwich layer) calls them one by one, so the results are identical; one call per layer
+ * instead of ~10 saves their Python and ctypes overhead. dt: FERRY_BF16 or FERRY_F32, of x,
+ * residual, cos, sin and scratch. x [rows, hidden]: the previous layer's output in, this
+ * layer's out; residual [rows, hidden] the running sum (`first`: start it from x). cos, sin:
+ * this layer's rope tables. scratch: rows x (2 hidden + (heads + 2 kv_heads) dim + heads dim
+ * + 3 inter) values (layer_ops.layer_scratch sizes it). */
 int ferry_decode_layer(const ferry_layer *L, const ferry_dims *D, int dt, int64_t rows,
                        void *x, void *residual, int first, const void *cos, const void *sin,
                        const int64_t *slots, const int32_t *page_ids, const int64_t *page_starts,
@@ -62,9 +63,19 @@ int ferry_decode_layer(const ferry_layer *L, const ferry_dims *D, int dt, int64_
                                      h, kvh, d, D->page_size, D->scale, attn, dt, D->pool_dt,
                                      L->window));
     FERRY_TRY(product(&L->o, attn, rows, (int64_t)h * d, proj, hidden, dt));
-    FERRY_TRY(ferry_rms_norm(proj, residual, L->post_norm, normed, rows, (int)hidden, D->eps, dt));
+    if (L->ffn_norm) {
+        FERRY_TRY(ferry_rms_norm(proj, NULL, L->post_norm, proj, rows, (int)hidden, D->eps, dt));
+        FERRY_TRY(ferry_rms_norm(proj, residual, L->ffn_norm, normed, rows, (int)hidden, D->eps,
+                                 dt));
+    } else {
+        FERRY_TRY(ferry_rms_norm(proj, residual, L->post_norm, normed, rows, (int)hidden, D->eps,
+                                 dt));
+    }
     FERRY_TRY(product(&L->gate_up, normed, rows, hidden, gate_up, 2 * inter, dt));
-    FERRY_TRY(ferry_silu_mul(gate_up, act, rows, (int)inter, dt));
+    FERRY_TRY((L->gelu ? ferry_gelu_tanh_mul : ferry_silu_mul)(gate_up, act, rows, (int)inter,
+                                                               dt));
     FERRY_TRY(product(&L->down, act, rows, inter, x, hidden, dt));
+    if (L->out_norm)
+        FERRY_TRY(ferry_rms_norm(x, NULL, L->out_norm, x, rows, (int)hidden, D->eps, dt));
     return FERRY_OK;
 }

@@ -16,8 +16,9 @@ int ferry_rms_norm(void *x, void *residual, const void *w, void *out, int64_t ro
 int ferry_rotary(void *x, int64_t row_stride, int64_t tokens, int heads, int dim,
                  const void *cos, const void *sin, int dt);
 
-/* activation.c: out[r] = silu(gate) * up for rows [gate (n) | up (n)] */
+/* activation.c: out[r] = silu(gate) * up (gelu_tanh(gate) * up) for rows [gate (n) | up (n)] */
 int ferry_silu_mul(const void *gate_up, void *out, int64_t rows, int n, int dt);
+int ferry_gelu_tanh_mul(const void *gate_up, void *out, int64_t rows, int n, int dt);
 
 /* kv_store.c: new tokens' K/V rows (in dt) into one layer of the paged pool (in pool_dt) */
 void ferry_store_kv(const void *kv, int64_t row_stride, const int64_t *slots, int64_t tokens,
@@ -48,12 +49,17 @@ typedef struct {
     const void *bias; /* [sum of the parts' out] or NULL */
 } ferry_proj;
 
-/* A layer's weights in the activations' dt (norms) and its slice of the KV pool */
+/* A layer's weights in the activations' dt (norms) and its slice of the KV pool. A pre-norm
+ * layer adds the attention output to the residual in post_norm; a sandwich layer (Gemma 3:
+ * ffn_norm set) norms the attention output by post_norm, adds it in ffn_norm, and norms the
+ * MLP's output by out_norm. */
 typedef struct {
-    const void *input_norm, *post_norm, *q_norm, *k_norm; /* q/k norms: NULL unless Qwen3 */
+    const void *input_norm, *post_norm, *q_norm, *k_norm; /* q/k norms: NULL unless set */
+    const void *ffn_norm, *out_norm;                      /* NULL: a pre-norm layer */
     ferry_proj qkv, o, gate_up, down;
     void *pages; /* this layer of the KV pool, [pages, 2, kv_heads, page_size, dim] */
-    int32_t window, pad; /* attention over the last `window` positions (0: all) */
+    int32_t window; /* attention over the last `window` positions (0: all) */
+    int32_t gelu;   /* the MLP's activation: 1 GELU-tanh, 0 SiLU */
 } ferry_layer;
 
 typedef struct {

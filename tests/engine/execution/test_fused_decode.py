@@ -1,7 +1,8 @@
 """The fused decode path (one C call per layer) against the layer-by-layer path, bit for bit.
 
 Both run the same kernels in the same order, so every logit must be identical, for every
-architecture (biases, tied embeddings, MQA/GQA, Qwen3's q/k norms); the fused path must be
+architecture (biases, tied embeddings, MQA/GQA, Qwen3's q/k norms, Gemma 3's sandwich norms,
+GELU-tanh, sliding window and per-layer ropes); the fused path must be
 taken exactly for decode-only rounds of up to NATIVE_DIRECT_ROWS sequences. Two variants:
 bf16 weights (on CPUs that emulate bf16), and float32 activations over quantized weights
 (Q8_0 / Q4_0 at load, or fused projections whose parts mix block and float types) with a KV
@@ -18,15 +19,13 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.execution.attention.torch_backend import TorchAttention
 from engine.execution.executor import ModelExecutor
-from engine.execution.kv_pool import KVPool
 from engine.execution.loading.loader import load_model
 from engine.execution.model import linear_kernels
 from engine.execution.model.layers import Linear, PackedLinear
 from engine.kernels import layer_ops, quant
 
-ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3"]
+ARCHS = ["llama", "llama3", "mistral", "qwen2", "qwen3", "gemma3"]
 
 
 # the fused path is for CPUs that emulate bf16: take it on any CPU here
@@ -94,7 +93,7 @@ def test_fused_path_only_for_bf16_and_a_few_rows(tiny_models, make_harness) -> N
     fused = h.executor.fused
     assert fused is not None
     x = torch.zeros(linear_kernels.NATIVE_DIRECT_ROWS + 1, 64, dtype=torch.bfloat16)
-    assert fused.run(x, x, x, h.executor.attn) is None  # too many rows: layer by layer
+    assert fused.run(x, [(x, x)], h.executor.attn) is None  # too many rows: layer by layer
 
 
 # --- float32 activations over quantized weights --------------------------------------------
@@ -105,7 +104,8 @@ def _quant_executor(path: Path, qtypes: Callable[[str, int], int] | str,
     --quantize does, or a function (module name, part) -> ggml type per projection part (a
     fused projection's parts of different types become a SplitWeight); the pool in
     `pool_dtype`."""
-    cfg = EngineConfig(page_size=4, kv_tokens=8192, max_running=64)
+    kv = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    cfg = EngineConfig(page_size=4, kv_tokens=8192, max_running=64, kv_dtype=kv[pool_dtype])
     if isinstance(qtypes, str):
         model = load_model(path, torch.float32, "cpu", qtypes)
     else:
@@ -116,12 +116,7 @@ def _quant_executor(path: Path, qtypes: Callable[[str, int], int] | str,
                                 None if m.bias is None else m.bias.data)
     model.pack_weights()
     ex = ModelExecutor(model, cfg, "cpu", threads=1)
-    if pool_dtype != ex.pool.dtype:
-        mc = model.config
-        ex.pool = KVPool(mc.num_layers, cfg.num_pages, cfg.page_size, mc.num_kv_heads,
-                         mc.head_dim, pool_dtype, "cpu")
-        ex.attn = TorchAttention(ex.pool, mc.num_heads, mc.num_kv_heads, mc.head_dim,
-                                 mc.head_dim ** -0.5)
+    assert ex.pool.dtype == pool_dtype
     return ex
 
 
@@ -228,7 +223,7 @@ def test_fused_quantized_path_declines_float_projections(tiny_models, make_harne
     fused = ex.fused
     assert fused is not None
     x = torch.zeros(linear_kernels.NATIVE_DIRECT_ROWS + 1, 64)
-    assert fused.run(x, x, x, ex.attn) is None  # too many rows: layer by layer
+    assert fused.run(x, [(x, x)], ex.attn) is None  # too many rows: layer by layer
 
 
 @pytest.mark.model

@@ -28,6 +28,7 @@ from engine.execution.model.config import (
     hf_rope,
 )
 from engine.execution.model.decoder import GGUF_LAYER, CausalLM
+from engine.execution.model.fused_decode import DecodeLayerSpec, describe_layer
 from engine.execution.model.layers import Attention, GatedMLP, RMSNorm
 
 LOCAL_THETA = 10000.0  # llama.cpp's rope base for Gemma 3's sliding layers (not in the file)
@@ -57,6 +58,12 @@ class Gemma3DecoderLayer(nn.Module):
         h = self.post_attention_layernorm(self.self_attn(h, cos, sin, attn))
         h, residual = self.pre_feedforward_layernorm.add_and_norm(h, residual)
         return self.post_feedforward_layernorm(self.mlp(h)), residual
+
+    def decode_spec(self, rope: int) -> DecodeLayerSpec | None:
+        """The fused decoder's sandwich layer (the four norms in forward's order)."""
+        return describe_layer(self.self_attn, self.mlp, (
+            self.input_layernorm, self.post_attention_layernorm,
+            self.pre_feedforward_layernorm, self.post_feedforward_layernorm), rope)
 
 
 class Gemma3ForCausalLM(CausalLM):

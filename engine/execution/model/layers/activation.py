@@ -19,6 +19,8 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gelu_tanh(gate) * up (Gemma), in the gate half."""
+    if ops.usable(gate_up):
+        return ops.gelu_tanh_and_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.gelu(gate, approximate="tanh").mul_(up)
 
