@@ -88,6 +88,7 @@ def _configs() -> dict[str, object]:
         MistralConfig,
         Qwen2Config,
         Qwen3Config,
+        Qwen3MoeConfig,
     )
     return {
         "llama": LlamaConfig(**COMMON, tie_word_embeddings=False),
@@ -101,6 +102,10 @@ def _configs() -> dict[str, object]:
         "mistral": MistralConfig(**COMMON, sliding_window=None),
         "qwen2": Qwen2Config(**COMMON, tie_word_embeddings=False),
         "qwen3": Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=False),
+        # 4 experts, 2 per token, every layer MoE
+        "qwen3_moe": Qwen3MoeConfig(**COMMON, head_dim=32, num_experts=4, num_experts_per_tok=2,
+                                    moe_intermediate_size=32, norm_topk_prob=True,
+                                    tie_word_embeddings=False),
         # sandwich norms, GELU-tanh, a window shorter than the prompts, a rope per layer kind
         "gemma3": Gemma3TextConfig(
             **{**COMMON, "num_hidden_layers": 3}, head_dim=16, query_pre_attn_scalar=16,

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 LayerWeights = native.struct("ferry_layer")  # None = absent (no bias, no q/k norm)
 LayerDims = native.struct("ferry_dims")
+MoE = native.struct("ferry_moe")
 Projection = native.struct("ferry_proj")
 MAX_PARTS = len(Projection().part)
 BF16 = 30  # ggml's type id for a bf16 matrix (the bf16 layer's one part)
@@ -73,3 +74,26 @@ def decode_layer(weights: ctypes.Structure, dims: ctypes.Structure, x: torch.Ten
         residual.data_ptr(), int(first), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
         pages.page_ids.data_ptr(), pages.page_starts.data_ptr(), pages.kv_lens.data_ptr(),
         scratch.data_ptr()), "decode_layer")
+
+
+def moe(router: Sequence[QuantWeight], experts: Sequence[tuple[Sequence[QuantWeight],
+                                                               Sequence[QuantWeight]]],
+        top_k: int, normalize: bool, gelu: bool, inter: int) -> ctypes.Structure:
+    """A ferry_moe over the router's and each expert's (gate_up, down) parts. The expert
+    projection arrays hang on the struct (`keep`): it must outlive the calls."""
+    gate_up = (Projection * len(experts))(*(projection(g, None) for g, _ in experts))
+    down = (Projection * len(experts))(*(projection(d, None) for _, d in experts))
+    out = MoE(router=projection(router, None), gate_up=ctypes.addressof(gate_up),
+              down=ctypes.addressof(down), experts=len(experts), top_k=top_k,
+              normalize=int(normalize), gelu=int(gelu), inter=inter)
+    out.keep = (gate_up, down)
+    return out
+
+
+def moe_mlp(m: ctypes.Structure, x: torch.Tensor) -> torch.Tensor:
+    """The mixture-of-experts MLP over float32 rows x [rows, hidden] (csrc/moe.c)."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    check(native.loaded().ferry_moe_mlp(ctypes.byref(m), x.data_ptr(), x.shape[0], x.shape[1],
+                                        out.data_ptr()), "moe_mlp")
+    return out

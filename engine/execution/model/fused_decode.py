@@ -5,8 +5,9 @@ ctypes overhead. `layer_ops.decode_layer` runs the same kernels in the same orde
 call, so its results are those of the layer-by-layer path, bit for bit.
 
 The model describes its layers neutrally (`DecodeLayerSpec`: the norms, a sandwich layer's
-four, the four projections, the activation, the rope, the window; each layer's
-`decode_spec`, None where a layer is not this recipe) and the executor builds a FusedDecode from that where one of two variants applies:
+four, the projections or a native mixture of experts, the activation, the rope, the window;
+each layer's `decode_spec`, None where a layer is not this recipe) and the executor builds a
+FusedDecode from that where one of two variants applies:
 
 * bf16 weights and activations, where the layer path would itself run Ferry's kernels on
   every operation (bf16 multiplied by Ferry's bf16 product on emulated-bf16 CPUs); the pool
@@ -52,12 +53,13 @@ class DecodeLayerSpec:
     post_norm: torch.Tensor
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    projections: tuple[Linear, Linear, Linear, Linear]
+    projections: tuple[Linear, ...]  # qkv, o (and gate_up, down unless `moe`)
     window: int | None
     act: str = "silu"  # or "gelu_tanh"
     ffn_norm: torch.Tensor | None = None
     out_norm: torch.Tensor | None = None
     rope: int = 0
+    moe: ctypes.Structure | None = None  # a layer_ops.MoE for a mixture-of-experts MLP
 
     @property
     def norms(self) -> list[torch.Tensor | None]:
@@ -71,41 +73,43 @@ ACTS = ("silu", "gelu_tanh")  # ferry_layer.gelu: the index
 
 def describe_layer(attn: Attention, mlp: nn.Module, norms: Sequence[RMSNorm], rope: int
                    ) -> DecodeLayerSpec | None:
-    """A layer of `attn`, a gated MLP and its norms (input, post-attention; a sandwich
-    layer's pre- and post-MLP too), or None where the MLP is not a gated one the recipe
-    runs."""
-    from engine.execution.model.layers import GatedMLP
+    """A layer of `attn`, a gated MLP (or a mixture of them the native MoE runs) and its
+    norms (input, post-attention; a sandwich layer's pre- and post-MLP too), or None where
+    the recipe cannot run the MLP."""
+    from engine.execution.model.layers import GatedMLP, MoEMLP
 
-    if not isinstance(mlp, GatedMLP) or mlp.act not in ACTS:
-        return None
     weights = [n.weight for n in norms]
     ffn, out = weights[2:] if len(weights) == 4 else (None, None)
+    q_norm, k_norm = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else (None, None)
+    if isinstance(mlp, MoEMLP):
+        moe = mlp.native()
+        if moe is None:
+            return None
+        return DecodeLayerSpec(weights[0], weights[1], q_norm, k_norm, (attn.qkv_proj, attn.o_proj),
+                               attn.spec.window, mlp.act, ffn, out, rope, moe)
+    if not isinstance(mlp, GatedMLP) or mlp.act not in ACTS:
+        return None
     return DecodeLayerSpec(
-        weights[0], weights[1], attn.q_norm.weight if attn.qk_norm else None,
-        attn.k_norm.weight if attn.qk_norm else None,
+        weights[0], weights[1], q_norm, k_norm,
         (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj), attn.spec.window,
         mlp.act, ffn, out, rope)
 
 
-def _parts(module: Linear, bf16: bool) -> list[torch.Tensor] | tuple[quant.QuantWeight, ...] | None:
+def _parts(module: Linear, bf16: bool) -> Sequence[torch.Tensor | quant.QuantWeight] | None:
     """The matrices of a projection as the recipe multiplies them, or None where it cannot."""
     w = module.weight
     if bf16:
         if not isinstance(w, torch.Tensor) or not linear_kernels.native_direct(w):
             return None
         return [w]
-    if isinstance(w, torch.Tensor):
-        return None
-    parts = w.parts if isinstance(w, linear_kernels.SplitWeight) else (w,)
-    if len(parts) > layer_ops.MAX_PARTS or (module.bias is not None
-                                              and module.bias.dtype != torch.float32):
-        return None
-    return parts
+    return module.block_parts(layer_ops.MAX_PARTS)
 
 
 def _layer(spec: DecodeLayerSpec, dtype: torch.dtype) -> ctypes.Structure | None:
     norms = spec.norms
     if not all(n is None or (n.dtype == dtype and n.is_contiguous()) for n in norms):
+        return None
+    if spec.moe is not None and dtype != torch.float32:
         return None
     projections = []
     for module in spec.projections:
@@ -113,8 +117,11 @@ def _layer(spec: DecodeLayerSpec, dtype: torch.dtype) -> ctypes.Structure | None
         if parts is None:
             return None
         projections.append(layer_ops.projection(parts, module.bias))
+    if spec.moe is not None:  # the MoE call replaces gate_up and down
+        projections += [layer_ops.Projection(), layer_ops.Projection()]
     p = layer_ops.pointer
-    return layer_ops.LayerWeights(*(p(n) for n in norms), *projections, None,
+    moe = None if spec.moe is None else ctypes.addressof(spec.moe)
+    return layer_ops.LayerWeights(*(p(n) for n in norms), *projections, moe, None,
                                   spec.window or 0, ACTS.index(spec.act))
 
 

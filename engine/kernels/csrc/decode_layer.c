@@ -2,10 +2,10 @@
  * float32 activations over ferry_weight (quant.h) weights; the KV pool in dims->pool_dt. */
 #include "kernels.h"
 
-/* y [rows, out] = x [rows, in] @ P.T (+ bias). bf16 (dt): P's one part is a bf16 matrix
- * (ferry_gemv_bf16); float32: part by part into y's column slices, as
- * engine.execution.model.linear_kernels multiplies a (split) quantized weight */
-static int product(const ferry_proj *P, const void *x, int64_t rows, int64_t in, void *y,
+/* bf16 (dt): P's one part is a bf16 matrix (ferry_gemv_bf16); float32: part by part into y's
+ * column slices, as engine.execution.model.linear_kernels multiplies a (split) quantized
+ * weight */
+int proj_product(const ferry_proj *P, const void *x, int64_t rows, int64_t in, void *y,
                    int64_t out, int dt) {
     if (dt == FERRY_BF16) {
         const ferry_weight *w = &P->part[0];
@@ -49,7 +49,7 @@ int ferry_decode_layer(const ferry_layer *L, const ferry_dims *D, int dt, int64_
         FERRY_TRY(ferry_rms_norm(x, residual, L->input_norm, normed, rows, (int)hidden, D->eps,
                                  dt));
     }
-    FERRY_TRY(product(&L->qkv, normed, rows, hidden, qkv, qkv_n, dt));
+    FERRY_TRY(proj_product(&L->qkv, normed, rows, hidden, qkv, qkv_n, dt));
     if (L->q_norm)
         for (int64_t t = 0; t < rows; t++) {
             char *row = qkv + t * qkv_n * es, *k = row + (int64_t)h * d * es;
@@ -62,7 +62,7 @@ int ferry_decode_layer(const ferry_layer *L, const ferry_dims *D, int dt, int64_
     FERRY_TRY(ferry_decode_attention(qkv, qkv_n, L->pages, page_ids, page_starts, kv_lens, rows,
                                      h, kvh, d, D->page_size, D->scale, attn, dt, D->pool_dt,
                                      L->window));
-    FERRY_TRY(product(&L->o, attn, rows, (int64_t)h * d, proj, hidden, dt));
+    FERRY_TRY(proj_product(&L->o, attn, rows, (int64_t)h * d, proj, hidden, dt));
     if (L->ffn_norm) {
         FERRY_TRY(ferry_rms_norm(proj, NULL, L->post_norm, proj, rows, (int)hidden, D->eps, dt));
         FERRY_TRY(ferry_rms_norm(proj, residual, L->ffn_norm, normed, rows, (int)hidden, D->eps,
@@ -71,10 +71,15 @@ int ferry_decode_layer(const ferry_layer *L, const ferry_dims *D, int dt, int64_
         FERRY_TRY(ferry_rms_norm(proj, residual, L->post_norm, normed, rows, (int)hidden, D->eps,
                                  dt));
     }
-    FERRY_TRY(product(&L->gate_up, normed, rows, hidden, gate_up, 2 * inter, dt));
-    FERRY_TRY((L->gelu ? ferry_gelu_tanh_mul : ferry_silu_mul)(gate_up, act, rows, (int)inter,
-                                                               dt));
-    FERRY_TRY(product(&L->down, act, rows, inter, x, hidden, dt));
+    if (L->moe) {
+        if (dt != FERRY_F32) return FERRY_EQUANT;
+        FERRY_TRY(ferry_moe_mlp(L->moe, (const float *)normed, rows, hidden, (float *)x));
+    } else {
+        FERRY_TRY(proj_product(&L->gate_up, normed, rows, hidden, gate_up, 2 * inter, dt));
+        FERRY_TRY((L->gelu ? ferry_gelu_tanh_mul : ferry_silu_mul)(gate_up, act, rows,
+                                                                   (int)inter, dt));
+        FERRY_TRY(proj_product(&L->down, act, rows, inter, x, hidden, dt));
+    }
     if (L->out_norm)
         FERRY_TRY(ferry_rms_norm(x, NULL, L->out_norm, x, rows, (int)hidden, D->eps, dt));
     return FERRY_OK;

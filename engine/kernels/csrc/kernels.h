@@ -49,6 +49,22 @@ typedef struct {
     const void *bias; /* [sum of the parts' out] or NULL */
 } ferry_proj;
 
+/* y [rows, out] = x [rows, in] @ P.T (+ bias), in dt (decode_layer.c) */
+int proj_product(const ferry_proj *P, const void *x, int64_t rows, int64_t in, void *y,
+                 int64_t out, int dt);
+
+/* moe.c: the mixture-of-experts MLP over float32 rows: softmax over the router's logits, the
+ * top_k experts per row (weights renormalised where `normalize`), each expert's gated MLP on
+ * the rows that chose it, the weighted outputs summed in the row's order of choice */
+typedef struct {
+    ferry_proj router;          /* [experts, hidden], float32 bias-free */
+    const void *gate_up, *down; /* ferry_proj[experts] each: [2 inter, hidden], [hidden, inter] */
+    int32_t experts, top_k, normalize, gelu;
+    int64_t inter;
+} ferry_moe;
+
+int ferry_moe_mlp(const ferry_moe *M, const float *x, int64_t rows, int64_t hidden, float *out);
+
 /* A layer's weights in the activations' dt (norms) and its slice of the KV pool. A pre-norm
  * layer adds the attention output to the residual in post_norm; a sandwich layer (Gemma 3:
  * ffn_norm set) norms the attention output by post_norm, adds it in ffn_norm, and norms the
@@ -57,6 +73,7 @@ typedef struct {
     const void *input_norm, *post_norm, *q_norm, *k_norm; /* q/k norms: NULL unless set */
     const void *ffn_norm, *out_norm;                      /* NULL: a pre-norm layer */
     ferry_proj qkv, o, gate_up, down;
+    const ferry_moe *moe; /* the MLP is this mixture of experts (float32), not gate_up/down */
     void *pages; /* this layer of the KV pool, [pages, 2, kv_heads, page_size, dim] */
     int32_t window; /* attention over the last `window` positions (0: all) */
     int32_t gelu;   /* the MLP's activation: 1 GELU-tanh, 0 SiLU */

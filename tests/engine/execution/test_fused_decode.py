@@ -2,8 +2,9 @@
 
 Both run the same kernels in the same order, so every logit must be identical, for every
 architecture (biases, tied embeddings, MQA/GQA, Qwen3's q/k norms, Gemma 3's sandwich norms,
-GELU-tanh, sliding window and per-layer ropes); the fused path must be
-taken exactly for decode-only rounds of up to NATIVE_DIRECT_ROWS sequences. Two variants:
+GELU-tanh, sliding window and per-layer ropes; Qwen3-MoE's experts over float32 activations);
+the fused path must be taken exactly for decode-only rounds of up to NATIVE_DIRECT_ROWS
+sequences. Two variants:
 bf16 weights (on CPUs that emulate bf16), and float32 activations over quantized weights
 (Q8_0 / Q4_0 at load, or fused projections whose parts mix block and float types) with a KV
 pool in float32, bfloat16 or float16.
@@ -155,7 +156,7 @@ def _compare(fused_ex: ModelExecutor, plain_ex: ModelExecutor, harness_cls: type
 
 
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", [*ARCHS, "qwen3_moe"])  # the MoE: float32 activations only
 def test_fused_quantized_layers_give_the_same_logits(arch: str, qtype: str, tiny_models,
                                                      make_harness, monkeypatch) -> None:
     path = tiny_models[arch].path

@@ -1,13 +1,16 @@
-"""The mixture-of-experts MLP's two paths: one row (a single chat's decode step: its top_k
-experts in turn) and many rows (sorted by expert, gathered, gathered back) both equal the
-plain definition, sum over each token's top_k experts of weight * expert(x)."""
+"""The mixture-of-experts MLP's paths: one row (a single chat's decode step: its top_k experts
+in turn), many rows (sorted by expert, gathered, gathered back) and, over quantized experts,
+the native call (csrc/moe.c) all equal the plain definition, sum over each token's top_k
+experts of weight * expert(x)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from engine.execution.model.config import MoESpec
-from engine.execution.model.layers.moe import MoEMLP
+from engine.execution.model.layers import Linear
+from engine.execution.model.layers.moe import NATIVE_ROWS, MoEMLP
+from engine.kernels import quant
 
 HIDDEN, INTER = 64, 32
 
@@ -44,3 +47,40 @@ def test_moe_paths_equal_the_definition(spec: MoESpec, rows: int) -> None:
         if rows > 1:  # each row alone (the one-row path) gives its row of the batch
             alone = torch.cat([moe(x[t:t + 1]) for t in range(rows)])
             torch.testing.assert_close(alone, got, atol=1e-5, rtol=1e-5)
+
+
+def _quantized(spec: MoESpec) -> tuple[MoEMLP, MoEMLP]:
+    """(the MoE with Q8_0 experts, the same with their dequantized float weights)."""
+    moe, ref = _moe(spec), _moe(spec)
+    for q, r in zip(moe.experts, ref.experts, strict=True):
+        for name in ("gate_up_proj", "down_proj"):
+            lq, lr = getattr(q, name), getattr(r, name)
+            w = quant.quantize(lq.weight.detach(), quant.Q8_0)
+            lq.set_quantized(w)
+            with torch.no_grad():
+                lr.weight.copy_(quant.dequantize(w))
+    for m in (moe, ref):
+        for lin in m.modules():
+            if isinstance(lin, Linear):
+                lin.pack()
+    return moe, ref
+
+
+@pytest.mark.usefixtures("native_kernels")
+@pytest.mark.parametrize("spec", [MoESpec(8, 2, INTER), MoESpec(16, 4, INTER, False)])
+def test_native_moe_over_quantized_experts(spec: MoESpec) -> None:
+    # one call (csrc/moe.c) for rounds up to NATIVE_ROWS; a row's bits do not depend on the
+    # rows beside it; close to the definition on the dequantized weights (int8 activations)
+    moe, ref = _quantized(spec)
+    assert moe.native() is not None and ref.native() is None
+    x = torch.randn(NATIVE_ROWS + 1, HIDDEN, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        got = moe(x[:NATIVE_ROWS])
+        for t in (0, 5, NATIVE_ROWS - 1):
+            assert torch.equal(moe(x[t:t + 1])[0], got[t])
+        want = _definition(ref, x)
+        err = (got - want[:NATIVE_ROWS]).norm(dim=1) / want[:NATIVE_ROWS].norm(dim=1)
+        assert float(err.max()) < 0.03
+        beyond = moe(x)  # one row past NATIVE_ROWS: the torch path over the same blocks
+        err = (beyond - want).norm(dim=1) / want.norm(dim=1)
+        assert float(err.max()) < 0.03

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from engine.execution.model import linear_kernels
+from engine.kernels import quant
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device | str | None) -> nn.Parameter:
@@ -63,6 +64,20 @@ class Linear(nn.Module):
         if wide and linear_kernels.wants_wide_copy(self.weight):
             self.wide = linear_kernels.wide_copy(self.weight)
         self.product = linear_kernels.product_for(self.weight, self.wide)
+
+
+    def block_parts(self, max_parts: int) -> tuple[quant.QuantWeight, ...] | None:
+        """The ferry_weight parts of this projection as native kernels multiply them with
+        float32 activations (one, or a SplitWeight's), or None where they cannot: a float
+        tensor weight, too many parts, a bias not float32."""
+        w = self.weight
+        if isinstance(w, torch.Tensor):
+            return None
+        parts = w.parts if isinstance(w, linear_kernels.SplitWeight) else (w,)
+        if len(parts) > max_parts or (self.bias is not None
+                                      and self.bias.dtype != torch.float32):
+            return None
+        return parts
 
 
 class PackedLinear(Linear):

@@ -4,9 +4,13 @@ over all, the top weights renormalised where the config says so), each expert a 
 Tokens are batched by expert: each chosen expert multiplies just the rows of the tokens that
 chose it, so a quantized expert's blocks are read only when some token in the round chose it
 (its weights are views into the file's map, one per expert). A single row (one chat's decode
-step) runs its top_k experts directly, with no sorting or gathering.
+step) runs its top_k experts directly, with no sorting or gathering. Quantized experts over a
+few float32 rows run all of it in one native call (csrc/moe.c), which the fused decode layer
+calls too.
 """
 from __future__ import annotations
+
+import ctypes
 
 import torch
 from torch import nn
@@ -14,6 +18,20 @@ from torch import nn
 from engine.execution.model.config import MoESpec
 from engine.execution.model.layers.linear import Linear
 from engine.execution.model.layers.mlp import GatedMLP
+from engine.execution.model.linear_kernels import SplitWeight
+from engine.kernels import quant
+
+NATIVE_ROWS = 64  # rows the native MoE takes (decode rounds); prefill chunks run below
+ACTS = ("silu", "gelu_tanh")
+
+
+class Router(Linear):
+    """The router's projection. A float32 weight stays a plain matrix (not oneDNN-packed): the
+    native MoE reads it as one."""
+
+    def pack(self, wide: bool = False) -> None:
+        if not (isinstance(self.weight, torch.Tensor) and self.weight.dtype == torch.float32):
+            super().pack(wide)
 
 
 class MoEMLP(nn.Module):
@@ -21,12 +39,49 @@ class MoEMLP(nn.Module):
                  device: torch.device | str | None) -> None:
         super().__init__()
         self.spec = spec
-        self.gate = Linear(hidden, spec.experts, False, dtype, device)  # the router
+        self.act = act
+        self.gate = Router(hidden, spec.experts, False, dtype, device)
         self.experts = nn.ModuleList(GatedMLP(hidden, spec.intermediate_size, act, False,
                                               dtype, device) for _ in range(spec.experts))
+        self._native: ctypes.Structure | bool | None = False  # False: not looked at yet
+
+    def native(self) -> ctypes.Structure | None:
+        """The layer as csrc/moe.c runs it (layer_ops.MoE), or None where it cannot: float
+        experts, an activation it lacks. Built once the weights are loaded."""
+        if self._native is False:
+            self._native = self._build_native()
+        return self._native if isinstance(self._native, ctypes.Structure) else None
+
+    def _build_native(self) -> ctypes.Structure | None:
+        from engine.kernels import layer_ops, native
+
+        router = self.gate.weight
+        if isinstance(router, torch.Tensor):
+            if router.dtype != torch.float32 or router.dim() != 2 or router.device.type != "cpu":
+                return None
+            router = quant.QuantWeight(quant.F32, router.contiguous().view(torch.uint8),
+                                       router.shape[1], router.shape[0])
+        experts = []
+        for e in self.experts:
+            assert isinstance(e, GatedMLP)
+            gate_up = e.gate_up_proj.block_parts(layer_ops.MAX_PARTS)
+            down = e.down_proj.block_parts(layer_ops.MAX_PARTS)
+            if gate_up is None or down is None:
+                return None
+            experts.append((gate_up, down))
+        if self.act not in ACTS or native.library() is None:
+            return None
+        parts = router.parts if isinstance(router, SplitWeight) else (router,)
+        return layer_ops.moe(parts, experts, self.spec.top_k, self.spec.normalize,
+                             self.act == "gelu_tanh", self.spec.intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
+        if x.shape[0] <= NATIVE_ROWS and x.dtype == torch.float32 and x.device.type == "cpu":
+            native = self.native()
+            if native is not None:
+                from engine.kernels import layer_ops
+                return layer_ops.moe_mlp(native, x)
         probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # [T, experts]
         weights, chosen = torch.topk(probs, self.spec.top_k, dim=-1)  # [T, top_k]
         if self.spec.normalize:
