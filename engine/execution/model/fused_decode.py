@@ -127,16 +127,14 @@ def _layer(spec: DecodeLayerSpec, dtype: torch.dtype) -> ctypes.Structure | None
 
 class FusedDecode:
     def __init__(self, cfg: ModelConfig, layers: list[ctypes.Structure], ropes: list[int],
-                 dtype: torch.dtype, keep: object) -> None:
+                 dtype: torch.dtype, max_rows: int, keep: object) -> None:
         self.dims = layer_ops.LayerDims(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
                                         cfg.num_kv_heads, cfg.head_dim, 0, cfg.rms_norm_eps,
                                         cfg.scale, 0, 0)
         self.layers = layers
         self.ropes = ropes  # per layer: the index of its rotary tables
         self.dtype = dtype  # of the activations: bf16 or float32
-        self.max_rows = linear_kernels.NATIVE_DIRECT_ROWS  # the layer path's few-row products
-        if dtype == torch.float32:
-            self.max_rows = min(self.max_rows, quant.many_rows() - 1)
+        self.max_rows = max_rows
         self._keep = keep  # keeps every tensor the pointers in `layers` point into alive
         self._bound: AttentionBackend | None = None
         self._local: list[bool] = []  # per layer: its K/V live in the local layers' pool
@@ -152,8 +150,14 @@ class FusedDecode:
         layers = [_layer(spec, dtype) for spec in specs]
         if any(layer is None for layer in layers):
             return None
-        return FusedDecode(cfg, layers, [spec.rope for spec in specs], dtype,  # type: ignore[arg-type]
-                           keep)
+        if dtype == torch.bfloat16:  # the layer path's few-row products
+            max_rows = linear_kernels.NATIVE_DIRECT_ROWS
+        else:  # below where quant_matmul turns to dequantized tiles for one of the weights
+            max_rows = min(quant.many_rows(part.qtype) for spec in specs
+                           for module in spec.projections
+                           for part in module.block_parts(layer_ops.MAX_PARTS) or ()) - 1
+        return FusedDecode(cfg, layers, [spec.rope for spec in specs],  # type: ignore[arg-type]
+                           dtype, max_rows, keep)
 
     def _bind(self, attn: AttentionBackend) -> bool:
         """Point the layers at this backend's pools (once per backend); False if this variant

@@ -249,8 +249,11 @@ def test_fused_quantized_layers_up_to_their_row_limit(tiny_models, make_harness,
     harness_cls = type(make_harness(path))
     calls = _count_fused_layers(monkeypatch)
     limit = _quant_executor(path, _mixed).fused.max_rows
-    assert limit == min(linear_kernels.NATIVE_DIRECT_ROWS, quant.many_rows() - 1)
-    for n, weights in ((limit, _mixed), (limit, "q8_0"), (limit + 1, "q8_0")):
+    assert limit == min(quant.many_rows(t) for t in (quant.F16, quant.Q8_0)) - 1
+    q8_limit = _quant_executor(path, "q8_0").fused.max_rows
+    assert q8_limit == quant.many_rows(quant.Q8_0) - 1
+    for n, weights, most in ((limit, _mixed, limit), (q8_limit, "q8_0", q8_limit),
+                             (q8_limit + 1, "q8_0", q8_limit)):
         runs = []
         for fused in (True, False):
             calls[0] = 0
@@ -262,7 +265,7 @@ def test_fused_quantized_layers_up_to_their_row_limit(tiny_models, make_harness,
             h.prefill(reqs)
             h.decode(reqs, 3)
             layers = h.executor.model.config.num_layers
-            assert calls[0] == (3 * layers if fused and n <= limit else 0)
+            assert calls[0] == (3 * layers if fused and n <= most else 0)
             runs.append([h.logits[r.id] for r in reqs])
         for f, p in zip(*runs):
             assert f.keys() == p.keys() and len(f) == 4
