@@ -113,6 +113,9 @@ def test_dashboard_shows_each_model_and_admin_loads_and_unloads(
         page.select_option("#models-form select[name=model]", "beta")
         page.click("#models-form button[value=load]")
         waiter(lambda: model_state(server, "beta") == "loaded", 60, message="beta loaded")
+        # the status line follows the load to its end (it used to say "Loading" for good)
+        waiter(lambda: "Loaded beta." in page.inner_text("#models-status"), 30,
+               message="load status")
     waiter(lambda: "loaded" in panel.locator("tr[data-model=beta]").inner_text(), 30,
            message="beta shown loaded")
     assert "default" in panel.locator("tr[data-model=alpha]").inner_text()
