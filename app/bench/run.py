@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "speculative decoding on and off alternating (--repeats times each, "
                         "--output tokens at most)")
     p.add_argument("--repeats", type=int, default=2, help="rounds of --chat (default 2)")
+    p.add_argument("--max-draft", type=int, default=EngineConfig().max_draft, metavar="K",
+                   help="drafted tokens per request and round, at most (default "
+                        f"{EngineConfig().max_draft})")
     p.add_argument("--profile", action="store_true",
                    help="sample the engine thread during the throughput run and print where "
                         "its time goes (products, attention, sampling, scheduling, ...)")
@@ -71,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _validate(args: argparse.Namespace) -> str | None:
     for name in ("requests", "concurrency", "prompt", "output", "max_prefill_tokens",
-                 "baseline_requests", "repeats"):
+                 "baseline_requests", "repeats", "max_draft"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be >= 1"
     if not 0 <= args.structured_fraction <= 1:
@@ -107,7 +110,8 @@ def main(argv: list[str]) -> int:
     config = EngineConfig(max_running=slots, max_prefill_tokens=args.max_prefill_tokens,
                           kv_tokens=max(4096, slots * (args.prompt + args.output + 32),
                                         args.stall + 8192),
-                          policy=args.policy, speculative=args.speculative)
+                          policy=args.policy, speculative=args.speculative,
+                          max_draft=args.max_draft)
     paths = get_paths()
     set_kernel_build_dir(paths.kernels_cache)
     try:
