@@ -1,7 +1,7 @@
 /* AVX-512 dot products of the K-quants (Q4_K, Q5_K, Q6_K) with R <= 4 activation rows:
  * 64 weights per instruction where quant_simd.h takes 32, and the scales and mins of a block
- * unpacked with vector shuffles instead of byte by byte. The integer sum of every block is
- * the same as on the other paths; only the float sums across blocks run in 16 lanes.
+ * unpacked with vector shuffles instead of byte by byte. The integer sums of every block and
+ * the float steps across blocks are those of the other paths (quant_simd.h dot_q45k).
  * quant_matmul.c calls these where the CPU has AVX512-BW, -VL and -VNNI; so too the
  * rows-in-lanes kernels (quant_lanes.h) built here. */
 #include "quant_impl.h"
@@ -60,12 +60,8 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
     for (int c = 0; c < 4; c++) pair[c] = words(2 * c, 2 * c + 1, 16);
     const __m256i midx = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14,
                                            15, 15);
-    __m512 acc[QMAX_R];
-    __m256 macc[QMAX_R];
-    for (int r = 0; r < R; r++) {
-        acc[r] = _mm512_setzero_ps();
-        macc[r] = _mm256_setzero_ps();
-    }
+    float acc[QMAX_R], macc[QMAX_R];
+    for (int r = 0; r < R; r++) acc[r] = macc[r] = 0.f;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * bytes, *qs = blk + (five ? 48 : 16);
         Q_PREFETCH(blk, bytes);
@@ -90,13 +86,13 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
         float d = f16(blk), dmin = f16(blk + 2);
         for (int r = 0; r < R; r++) {
             const qa256 *a = ROW(act, astride, r) + b;
-            __m512i s = block_sum(q, sc, a->qs);
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * a->d), _mm512_cvtepi32_ps(s), acc[r]);
+            int32_t s = _mm512_reduce_add_epi32(block_sum(q, sc, a->qs));
             __m256i m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), mins);
-            macc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * a->d), _mm256_cvtepi32_ps(m), macc[r]);
+            acc[r] = __builtin_fmaf(d * a->d, (float)s, acc[r]);
+            macc[r] = __builtin_fmaf(dmin * a->d, (float)hsum_i32(m), macc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]) - hsum(macc[r]);
+    for (int r = 0; r < R; r++) out[r] = acc[r] - macc[r];
 }
 
 INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
@@ -106,8 +102,8 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
     const __m512i sh_lo = words(0, 2, 16), sh_hi = words(4, 6, 16);
     __m512i sidx[4]; /* values 64k..64k+63 take scales 4k..4k+3, one per 16 (8 words) */
     for (int k = 0; k < 4; k++) sidx[k] = words(4 * k, 4 * k + 2, 8);
-    __m512 acc[QMAX_R];
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    float acc[QMAX_R];
+    for (int r = 0; r < R; r++) acc[r] = 0.f;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * 210;
         Q_PREFETCH(blk, 210);
@@ -132,10 +128,10 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
             __m256i o = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), sc16);
             __m512i s = _mm512_sub_epi32(block_sum(q, sc, a->qs),
                                          _mm512_zextsi256_si512(_mm256_slli_epi32(o, 5)));
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * a->d), _mm512_cvtepi32_ps(s), acc[r]);
+            acc[r] = __builtin_fmaf(d * a->d, (float)_mm512_reduce_add_epi32(s), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
+    for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
 #define B_Q4_K(R) dot_q45k(w, nb, act, astride, R, out, 0)
@@ -145,8 +141,9 @@ Q_ENTRY(TGT, q_dot_q4_k_avx512, B_Q4_K)
 Q_ENTRY(TGT, q_dot_q5_k_avx512, B_Q5_K)
 Q_ENTRY(TGT, q_dot_q6_k_avx512, B_Q6_K)
 
-/* the rows-in-lanes kernels of the 32-value blocks, on 256-bit vectors with AVX512-VNNI */
+/* the rows-in-lanes kernels, on 256-bit vectors with AVX512-VNNI */
 #define QL_VNNI 2
 #define QL_SUFFIX avx512
 #include "quant_lanes.h"
+#include "quant_lanes_k.h"
 #endif /* Q_HAVE_AVX2 */

@@ -110,8 +110,9 @@ INL void ql_body(const uint8_t *w, int64_t nb, const ql32 *act, const int G, con
         break;                                                                               \
     }
 
-TGT void QL_CAT2(q_lanes32_, QL_SUFFIX)(int qt, const uint8_t *w, int64_t nb, const ql32 *act,
+TGT void QL_CAT2(q_lanes32_, QL_SUFFIX)(int qt, const uint8_t *w, int64_t nb, const void *pk,
                                         int G, float *out) {
+    const ql32 *act = (const ql32 *)pk;
     switch (qt) {
     case QT_Q4_0: QL_GROUPS(QT_Q4_0); break;
     case QT_Q4_1: QL_GROUPS(QT_Q4_1); break;
@@ -161,8 +162,9 @@ INL void qh_body(const uint8_t *w, int64_t nb, const ql32 *act, const int qt, co
     _mm_storeu_ps(out, _mm_add_ps(acc, off));
 }
 
-TGT void QL_CAT2(q_half32_, QL_SUFFIX)(int qt, const uint8_t *w, int64_t nb, const ql32 *act,
+TGT void QL_CAT2(q_half32_, QL_SUFFIX)(int qt, const uint8_t *w, int64_t nb, const void *pk,
                                        int G, float *out) {
+    const ql32 *act = (const ql32 *)pk;
     /* here G is the row count: 2 rows are packed as a pair */
 #define QH_PAIR(qt)                                                                          \
     if (G == 2)                                                                              \

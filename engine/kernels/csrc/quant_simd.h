@@ -101,14 +101,6 @@ INL __m256i decode32(const uint8_t *blk, int qt) {
     }
 }
 
-/* the sum of 8 int32 lanes (exact) */
-INL int32_t hsum_i32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
-}
-
 /* Every row: acc = fma(d_w * d_x, block's exact integer sum, acc) block after block, plus
  * Q4_1's off = fma(min, s_x, off); y = acc + off. These are the float operations of the
  * rows-in-lanes kernels (quant_lanes.h) too, lane by lane, so a row's result is the same
@@ -219,16 +211,16 @@ INL void dot32(const uint8_t *w, int64_t nb, const void *act, int64_t astride, c
     }
 
 /* --- K-quants -------------------------------------------------------------------------- */
+/* Per row and block the exact integer total and mins, then acc = fma(d * d_x, total, acc),
+ * macc = fma(dmin * d_x, mins, macc); y = acc - macc (Q6_K: no mins, the -32 in the total):
+ * the float steps of the rows-in-lanes kernels (quant_lanes_k.h), lane by lane, so a row's
+ * result is the same bits whichever kernel takes it. One horizontal add a row per block. */
 INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
                   float *out, int five) {
     const int bytes = five ? 176 : 144;
     const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
-    __m256 acc[QMAX_R];
-    float off[QMAX_R];
-    for (int r = 0; r < R; r++) {
-        acc[r] = _mm256_setzero_ps();
-        off[r] = 0.f;
-    }
+    float acc[QMAX_R], macc[QMAX_R];
+    for (int r = 0; r < R; r++) acc[r] = macc[r] = 0.f;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * bytes, *qs = blk + (five ? 48 : 16);
         Q_PREFETCH(blk, bytes);
@@ -256,18 +248,18 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
             const qa256 *a = (const qa256 *)ROW(act, astride, r) + b;
             int32_t mins = 0;
             for (int g = 0; g < 8; g++) mins += m[g] * (a->bsums[2 * g] + a->bsums[2 * g + 1]);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-            off[r] -= dmin * a->d * (float)mins;
+            acc[r] = __builtin_fmaf(d * a->d, (float)hsum_i32(sumi[r]), acc[r]);
+            macc[r] = __builtin_fmaf(dmin * a->d, (float)mins, macc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) + off[r];
+    for (int r = 0; r < R; r++) out[r] = acc[r] - macc[r];
 }
 
 INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
                  float *out) {
     const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
-    __m256 acc[QMAX_R];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    float acc[QMAX_R];
+    for (int r = 0; r < R; r++) acc[r] = 0.f;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * 210;
         Q_PREFETCH(blk, 210);
@@ -307,13 +299,11 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
             const qa256 *a = (const qa256 *)ROW(act, astride, r) + b;
             int32_t o = 0;
             for (int g = 0; g < 16; g++) o += sc[g] * a->bsums[g];
-            /* the -32 of every value, folded into lane 0 so the block's integer sum is exact */
-            __m256i fix = _mm256_setr_epi32(-32 * o, 0, 0, 0, 0, 0, 0, 0);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d),
-                                     _mm256_cvtepi32_ps(_mm256_add_epi32(sumi[r], fix)), acc[r]);
+            /* the -32 of every value */
+            acc[r] = __builtin_fmaf(d * a->d, (float)(hsum_i32(sumi[r]) - 32 * o), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]);
+    for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
 

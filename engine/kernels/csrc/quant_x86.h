@@ -12,6 +12,14 @@ INL float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* the sum of 8 int32 lanes (exact) */
+INL int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
 /* the float16 at p (a block's scale), in one F16C instruction */
 INL float f16(const uint8_t *p) {
     uint16_t h;
