@@ -65,12 +65,13 @@ typedef struct {
     float d[QL_ROWS];
 } qlk;
 
-/* out[g * QL_ROWS + r] = dot(weight row `w` of nb blocks of type qt, row r of lane group g),
- * g < G <= QL_MAX_G; group g's blocks (ql32, or qlk for the K-quants) at act + g * nb. Each
- * row's floats are the same operations, in the same order, as the one-row SIMD dot products
- * (quant_simd.h dot32, dot_q45k, dot_q6k) */
-typedef void (*qlanes_fn)(int qt, const uint8_t *w, int64_t nb, const void *act, int G,
-                          float *out);
+/* out[(i * QL_MAX_G + g) * QL_ROWS + r] = dot(weight row i < nw <= QL_MAX_W of nb blocks of
+ * type qt at w + i * wstride, row r of lane group g), g < G <= QL_MAX_G; group g's blocks
+ * (ql32, or qlk for the K-quants) at act + g * nb. Each row's floats are the same operations,
+ * in the same order, as the one-row SIMD dot products (quant_simd.h dot32, dot_q45k, dot_q6k) */
+enum { QL_MAX_W = 2 };
+typedef void (*qlanes_fn)(int qt, const uint8_t *w, int64_t wstride, int nw, int64_t nb,
+                          const void *act, int G, float *out);
 
 typedef struct {
     int qtype;
@@ -160,15 +161,15 @@ Q_DOTS(vnni)
 void q_dot_q4_k_avx512(const uint8_t *, int64_t, const void *, int64_t, int, float *);
 void q_dot_q5_k_avx512(const uint8_t *, int64_t, const void *, int64_t, int, float *);
 void q_dot_q6_k_avx512(const uint8_t *, int64_t, const void *, int64_t, int, float *);
-void q_lanes32_avx2(int, const uint8_t *, int64_t, const void *, int, float *);
-void q_lanes32_vnni(int, const uint8_t *, int64_t, const void *, int, float *);
-void q_lanes32_avx512(int, const uint8_t *, int64_t, const void *, int, float *);
-void q_half32_avx2(int, const uint8_t *, int64_t, const void *, int, float *);
-void q_half32_vnni(int, const uint8_t *, int64_t, const void *, int, float *);
-void q_half32_avx512(int, const uint8_t *, int64_t, const void *, int, float *);
-void q_lanes_k_avx2(int, const uint8_t *, int64_t, const void *, int, float *);
-void q_lanes_k_vnni(int, const uint8_t *, int64_t, const void *, int, float *);
-void q_lanes_k_avx512(int, const uint8_t *, int64_t, const void *, int, float *);
+void q_lanes32_avx2(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
+void q_lanes32_vnni(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
+void q_lanes32_avx512(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
+void q_half32_avx2(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
+void q_half32_vnni(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
+void q_half32_avx512(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
+void q_lanes_k_avx2(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
+void q_lanes_k_vnni(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
+void q_lanes_k_avx512(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
 int q_deq_row_avx2(int qt, const uint8_t *src, int64_t in, void *dst, int bf);
 int q_deq_row_avx512bf16(int qt, const uint8_t *src, int64_t in, void *dst, int bf);
 void q_to_bf16_avx2(const float *src, int64_t n, uint16_t *dst);

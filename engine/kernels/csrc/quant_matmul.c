@@ -179,20 +179,24 @@ int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_we
         int64_t o1 = (c + 1) * CHUNK < w->out ? (c + 1) * CHUNK : w->out;
         for (int64_t g0 = 0; g0 < groups; g0 += QL_MAX_G) {
             int G = groups - g0 < QL_MAX_G ? (int)(groups - g0) : QL_MAX_G;
-            for (int64_t o = c * CHUNK; o < o1; o++) {
-                float part[QL_MAX_G * QL_ROWS];
-                lanes(info->qtype, wd + o * w->row_bytes, nb, packed + (size_t)(g0 * nb) * unit,
-                      G, part);
-                float bo = bias ? bias[o] : 0.f;
-                for (int64_t r = 0; r < G * QL_ROWS && g0 * QL_ROWS + r < full; r++)
-                    y[(g0 * QL_ROWS + r) * y_stride + o] = part[r] + bo;
+            for (int64_t o = c * CHUNK; o < o1; o += QL_MAX_W) {
+                int nw = o1 - o < QL_MAX_W ? (int)(o1 - o) : QL_MAX_W;
+                float part[QL_MAX_W * QL_MAX_G * QL_ROWS];
+                lanes(info->qtype, wd + o * w->row_bytes, w->row_bytes, nw, nb,
+                      packed + (size_t)(g0 * nb) * unit, G, part);
+                for (int i = 0; i < nw; i++) {
+                    float bo = bias ? bias[o + i] : 0.f;
+                    for (int64_t r = 0; r < G * QL_ROWS && g0 * QL_ROWS + r < full; r++)
+                        y[(g0 * QL_ROWS + r) * y_stride + o + i] =
+                            part[i * QL_MAX_G * QL_ROWS + r] + bo;
+                }
             }
         }
         if (halves) {
             for (int64_t o = c * CHUNK; o < o1; o++) {
                 float part[4];
-                half(info->qtype, wd + o * w->row_bytes, nb, packed + (size_t)(groups * nb) * unit,
-                     (int)(rows - full), part);
+                half(info->qtype, wd + o * w->row_bytes, 0, 1, nb,
+                     packed + (size_t)(groups * nb) * unit, (int)(rows - full), part);
                 float bo = bias ? bias[o] : 0.f;
                 for (int64_t r = full; r < rows; r++) y[r * y_stride + o] = part[r - full] + bo;
             }
