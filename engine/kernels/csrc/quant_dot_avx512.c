@@ -3,7 +3,7 @@
  * unpacked with vector shuffles instead of byte by byte. The integer sums of every block and
  * the float steps across blocks are those of the other paths (quant_simd.h dot_q45k).
  * quant_matmul.c calls these where the CPU has AVX512-BW, -VL and -VNNI; so too the
- * rows-in-lanes kernels (quant_lanes.h) built here. */
+ * rows-in-lanes kernels (quant_lanes.h, quant_lanes_k.h) built here. */
 #include "quant_impl.h"
 
 #ifdef Q_HAVE_AVX2

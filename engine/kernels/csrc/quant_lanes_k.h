@@ -14,35 +14,24 @@
 INL void qk_unpack(const uint8_t *blk, const int qt, uint32_t quad[64]) {
     const __m256i m4 = _mm256_set1_epi8(15);
     __m256i v[8];
-    if (qt == QT_Q6_K) { /* 128n + 32k..: low 4 bits from ql, top 2 from qh bits 2k, 2k + 1 */
+    if (qt == QT_Q6_K) {
         const __m256i m3 = _mm256_set1_epi8(3);
         for (int n = 0; n < 2; n++) {
             __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * n));
             __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * n + 32));
             __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
-            for (int k = 0; k < 4; k++) {
-                __m256i l = k & 1 ? l1 : l0;
-                if (k >= 2) l = _mm256_srli_epi16(l, 4);
-                v[4 * n + k] = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_slli_epi16(
-                    _mm256_and_si256(_mm256_srli_epi16(h, 2 * k), m3), 4));
-            }
+            for (int k = 0; k < 4; k++) v[4 * n + k] = q6k_quarter(l0, l1, h, k, m4, m3);
         }
-    } else { /* 64c..: the low nibbles of 32 bytes, then the high ones (Q5_K: bits 2c, 2c + 1) */
+    } else {
         const int five = qt == QT_Q5_K;
         const __m256i one = _mm256_set1_epi8(1);
         const uint8_t *qs = blk + (five ? 48 : 16);
         __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(blk + 16))
                           : _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
-            __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            v[2 * c] = _mm256_and_si256(bits, m4);
-            v[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-            if (five) {
-                v[2 * c] = _mm256_or_si256(v[2 * c], _mm256_slli_epi16(
-                    _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c), one), 4));
-                v[2 * c + 1] = _mm256_or_si256(v[2 * c + 1], _mm256_slli_epi16(
-                    _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c + 1), one), 4));
-            }
+            Q45K_CHUNK(lo, hi, qs, hb, c, five);
+            v[2 * c] = lo;
+            v[2 * c + 1] = hi;
         }
     }
     for (int i = 0; i < 8; i++) _mm256_storeu_si256((__m256i *)quad + i, v[i]);

@@ -3,7 +3,8 @@
  * AVX2 needs vpmaddubsw + vpmaddwd). Each weight block is decoded once into bytes and
  * multiplied with every row (unsigned weight bytes x signed activation bytes). The includer
  * defines QS_TARGET (a target attribute string), QS_VNNI (0/1) and QS_SUFFIX.
- * Same integer sums per block as quant_dot.c; floats summed in 8 lanes instead of one. */
+ * Same integer sums per block as quant_dot.c; the block types' float steps across blocks are
+ * those of the rows-in-lanes kernels (see dot32, dot_q45k). */
 #include "quant_impl.h"
 
 #ifdef Q_HAVE_AVX2
@@ -195,21 +196,6 @@ INL void dot32(const uint8_t *w, int64_t nb, const void *act, int64_t astride, c
     for (int r = 0; r < R; r++) out[r] = acc[r] + off[r];
 }
 
-/* Q4_K / Q5_K: declares lo and hi, chunk c (64 weights) of a block as bytes: lo the first 32
- * (low nibbles), hi the next 32 (high nibbles), each with Q5_K's fifth bit from hb; m4 and one
- * are the caller's 15s and 1s. A macro, not an inline function: that one changes the register
- * allocation of q_deq_row_avx2, this one is the same code as written out. */
-#define Q45K_CHUNK(lo, hi, qs, hb, c, five)                                                   \
-    __m256i bits_ = _mm256_loadu_si256((const __m256i *)((qs) + 32 * (c)));                  \
-    __m256i lo = _mm256_and_si256(bits_, m4);                                                 \
-    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits_, 4), m4);                           \
-    if (five) {                                                                               \
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(                                           \
-            _mm256_and_si256(_mm256_srli_epi16(hb, 2 * (c)), one), 4));                       \
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(                                           \
-            _mm256_and_si256(_mm256_srli_epi16(hb, 2 * (c) + 1), one), 4));                   \
-    }
-
 /* --- K-quants -------------------------------------------------------------------------- */
 /* Per row and block the exact integer total and mins, then acc = fma(d * d_x, total, acc),
  * macc = fma(dmin * d_x, mins, macc); y = acc - macc (Q6_K: no mins, the -32 in the total):
@@ -271,16 +257,7 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
             __m256i b2 = _mm256_loadu_si256((const __m256i *)(blk + 64 * n + 32));
             __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(b1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(b2, m4), _mm256_slli_epi16(
-                _mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4),
-                                   _mm256_slli_epi16(
-                                       _mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4),
-                                   _mm256_slli_epi16(
-                                       _mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+            for (int k = 0; k < 4; k++) q[k] = q6k_quarter(b1, b2, h, k, m4, m3);
             for (int k = 0; k < 4; k++) {
                 __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[8 * n + 2 * k + 1]),
                                              _mm_set1_epi16(sc[8 * n + 2 * k]));
