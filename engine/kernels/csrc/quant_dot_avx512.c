@@ -60,8 +60,8 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
     for (int c = 0; c < 4; c++) pair[c] = words(2 * c, 2 * c + 1, 16);
     const __m256i midx = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14,
                                            15, 15);
-    float acc[QMAX_R], macc[QMAX_R];
-    for (int r = 0; r < R; r++) acc[r] = macc[r] = 0.f;
+    __m128 acc[QMAX_R]; /* lane 0 acc, lane 1 macc (quant_simd.h dot_q45k) */
+    for (int r = 0; r < R; r++) acc[r] = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * bytes, *qs = blk + (five ? 48 : 16);
         Q_PREFETCH(blk, bytes);
@@ -83,16 +83,23 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
                     _mm512_srlv_epi16(hb, pair[c]), one), 4));
             sc[c] = _mm512_permutexvar_epi16(pair[c], sm512);
         }
-        float d = f16(blk), dmin = f16(blk + 2);
+        uint32_t dd; /* d and dmin, the block's two float16 */
+        memcpy(&dd, blk, 4);
+        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd));
         for (int r = 0; r < R; r++) {
             const qa256 *a = ROW(act, astride, r) + b;
-            int32_t s = _mm512_reduce_add_epi32(block_sum(q, sc, a->qs));
+            __m512i s = block_sum(q, sc, a->qs);
             __m256i m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), mins);
-            acc[r] = __builtin_fmaf(d * a->d, (float)s, acc[r]);
-            macc[r] = __builtin_fmaf(dmin * a->d, (float)hsum_i32(m), macc[r]);
+            /* the block's total and mins in one add tree, in lanes 0 and 1 */
+            __m256i t = _mm256_hadd_epi32(_mm256_add_epi32(_mm512_castsi512_si256(s),
+                                                           _mm512_extracti64x4_epi64(s, 1)), m);
+            __m128i u = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+            u = _mm_hadd_epi32(u, u);
+            acc[r] = _mm_fmadd_ps(_mm_mul_ps(dm, _mm_set1_ps(a->d)), _mm_cvtepi32_ps(u), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = acc[r] - macc[r];
+    for (int r = 0; r < R; r++)
+        out[r] = _mm_cvtss_f32(_mm_sub_ss(acc[r], _mm_movehdup_ps(acc[r])));
 }
 
 INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
@@ -102,8 +109,8 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
     const __m512i sh_lo = words(0, 2, 16), sh_hi = words(4, 6, 16);
     __m512i sidx[4]; /* values 64k..64k+63 take scales 4k..4k+3, one per 16 (8 words) */
     for (int k = 0; k < 4; k++) sidx[k] = words(4 * k, 4 * k + 2, 8);
-    float acc[QMAX_R];
-    for (int r = 0; r < R; r++) acc[r] = 0.f;
+    __m128 acc[QMAX_R]; /* lane 0 */
+    for (int r = 0; r < R; r++) acc[r] = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * 210;
         Q_PREFETCH(blk, 210);
@@ -128,10 +135,15 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
             __m256i o = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), sc16);
             __m512i s = _mm512_sub_epi32(block_sum(q, sc, a->qs),
                                          _mm512_zextsi256_si512(_mm256_slli_epi32(o, 5)));
-            acc[r] = __builtin_fmaf(d * a->d, (float)_mm512_reduce_add_epi32(s), acc[r]);
+            __m256i t =
+                _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+            __m128i u = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+            u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 0x4e));
+            u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 0xb1));
+            acc[r] = _mm_fmadd_ss(_mm_set_ss(d * a->d), _mm_cvtepi32_ps(u), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = acc[r];
+    for (int r = 0; r < R; r++) out[r] = _mm_cvtss_f32(acc[r]);
 }
 
 #define B_Q4_K(R) dot_q45k(w, nb, act, astride, R, out, 0)
