@@ -146,6 +146,9 @@ int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_we
      * everything on plain C, or of types without lanes) through the dot products: the same
      * float steps for every row whichever way it goes */
     qlanes_fn half, lanes = pick_lanes(info, &half);
+    /* the AVX-512 K-quant dot products (64 values an instruction, a block's weights held in
+     * registers for 4 rows) beat a single lane group: the lanes take over from two */
+    if (info->act == ACT_256 && dot == info->avx512 && rows < 2 * QL_ROWS) lanes = NULL;
     int64_t rem = lanes ? rows % QL_ROWS : rows;
     int64_t groups = lanes ? rows / QL_ROWS + (rem >= 5) : 0;
     int64_t halves = half && rem >= 2 && rem <= 4;

@@ -131,9 +131,7 @@ INL void dot32_rows(const uint8_t *w, int64_t nb, const void *act, int64_t astri
             is = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
             is = _mm_hadd_epi32(is, is);
         } else {
-            __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]),
-                                          _mm256_hadd_epi32(p[2], p[3]));
-            is = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            is = hsum4_i32(p[0], p[1], p[2], p[3]);
         }
         __m128 dx = _mm_setr_ps(a[0][b].d, a[1][b].d, R > 2 ? a[2][b].d : 0.f,
                                 R > 3 ? a[3][b].d : 0.f);

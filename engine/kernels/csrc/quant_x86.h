@@ -20,6 +20,12 @@ INL int32_t hsum_i32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
+/* the sums of the 8 int32 lanes of a, b, c and d, in lanes 0..3 (exact) */
+INL __m128i hsum4_i32(__m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
 /* the float16 at p (a block's scale), in one F16C instruction */
 INL float f16(const uint8_t *p) {
     uint16_t h;
