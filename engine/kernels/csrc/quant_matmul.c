@@ -151,7 +151,7 @@ int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_we
     if (info->act == ACT_256 && dot == info->avx512 && rows < 2 * QL_ROWS) lanes = NULL;
     int64_t rem = lanes ? rows % QL_ROWS : rows;
     int64_t groups = lanes ? rows / QL_ROWS + (rem >= 5) : 0;
-    int64_t halves = half && rem >= 2 && rem <= 4;
+    int64_t halves = lanes && half && rem >= 2 && rem <= 4;
     int64_t full = groups * QL_ROWS < rows ? groups * QL_ROWS : rows; /* rows in whole lanes */
     int64_t lane_rows = halves ? rows : full; /* rows in lanes, halves included */
     size_t unit = info->act == ACT_256 ? sizeof(qlk) : sizeof(ql32); /* a packed block */
