@@ -32,8 +32,8 @@ QUANTIZABLE = (Q8_0, Q4_0)  # what quantize() writes
 
 # From this many rows on (prefill, big decode rounds), tiles of W dequantized into the cache
 # and multiplied in AMX (ferry_qgemm_bf16) or by torch beat the int8 kernels, whose cost grows
-# with every row; the 32-value block types multiply groups of 8 rows in lanes
-# (csrc/quant_lanes.h) on the SIMD paths, which still beat float32 tiles at 64 rows, but rounds
+# with every row; the block types multiply groups of 8 rows in lanes (csrc/quant_lanes.h,
+# quant_lanes_k.h) on the SIMD paths, which still beat float32 tiles at 64 rows, but rounds
 # bigger than a 32-chat decode round (prefill chunks) keep float activations in tiles: int8
 # activations cost some accuracy, and prefill is where the prompt's KV is written
 MANY_ROWS_AMX, MANY_ROWS_BF16, MANY_ROWS_F32, MANY_ROWS_LANES = 8, 12, 24, 33
@@ -219,8 +219,8 @@ def many_rows(qtype: int | None = None) -> int:
 
 
 def uses_lanes(qtype: int) -> bool:
-    """Whether quant_matmul multiplies groups of rows of this type in lanes (the 32-value
-    block types on the SIMD paths; csrc/quant_lanes.h)."""
+    """Whether quant_matmul multiplies groups of rows of this type in lanes (the block types
+    on the SIMD paths; csrc/quant_lanes.h, quant_lanes_k.h)."""
     lib = _lib()
     return lib is not None and supported(qtype) and lib.ferry_qlanes(qtype) > 0
 

@@ -121,3 +121,19 @@ void q_pack_half32(const void *rows, int n, int64_t astride, int64_t nb, ql32 *o
         }
     }
 }
+
+void q_pack_lanes_k(const void *rows, int n, int64_t astride, int64_t nb, int qt, qlk *out) {
+    for (int64_t b = 0; b < nb; b++) {
+        memset(&out[b], 0, sizeof out[b]);
+        for (int r = 0; r < n; r++) {
+            const qa256 *a = (const qa256 *)((const char *)rows + r * astride) + b;
+            for (int k = 0; k < 64; k++) memcpy(&out[b].qs[k][4 * r], a->qs + 4 * k, 4);
+            for (int i = 0; i < 16; i++) /* pair i / 2, lane 2r + i % 2 */
+                out[b].sums[i / 2][2 * r + i % 2] =
+                    qt == QT_Q6_K ? a->bsums[i]
+                    : i < 8       ? (int16_t)(a->bsums[2 * i] + a->bsums[2 * i + 1])
+                                  : 0;
+            out[b].d[r] = a->d;
+        }
+    }
+}

@@ -10,6 +10,7 @@
 #define QL_VNNI 0
 #define QL_SUFFIX avx2
 #include "quant_lanes.h"
+#include "quant_lanes_k.h"
 
 #define QD_TARGET QS_TARGET
 #define QD_SUFFIX avx2

@@ -1,9 +1,9 @@
 /* AVX-512 dot products of the K-quants (Q4_K, Q5_K, Q6_K) with R <= 4 activation rows:
  * 64 weights per instruction where quant_simd.h takes 32, and the scales and mins of a block
- * unpacked with vector shuffles instead of byte by byte. The integer sum of every block is
- * the same as on the other paths; only the float sums across blocks run in 16 lanes.
+ * unpacked with vector shuffles instead of byte by byte. The integer sums of every block and
+ * the float steps across blocks are those of the other paths (quant_simd.h dot_q45k).
  * quant_matmul.c calls these where the CPU has AVX512-BW, -VL and -VNNI; so too the
- * rows-in-lanes kernels (quant_lanes.h) built here. */
+ * rows-in-lanes kernels (quant_lanes.h, quant_lanes_k.h) built here. */
 #include "quant_impl.h"
 
 #ifdef Q_HAVE_AVX2
@@ -36,6 +36,18 @@ INL __m512i block_sum(const __m512i q[4], const __m512i sc[4], const int8_t *y) 
     return _mm512_add_epi32(s0, s1);
 }
 
+/* 16 int32 lanes added into 8 (exact) */
+INL __m256i fold512(__m512i s) {
+    return _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+}
+
+/* the scales of R <= 4 activation rows' block b, in lanes 0..R-1 (the others 0) */
+INL __m128 rows_d(const void *act, int64_t astride, const int R, int64_t b) {
+    return _mm_setr_ps(ROW(act, astride, 0)[b].d, R > 1 ? ROW(act, astride, 1)[b].d : 0.f,
+                       R > 2 ? ROW(act, astride, 2)[b].d : 0.f,
+                       R > 3 ? ROW(act, astride, 3)[b].d : 0.f);
+}
+
 /* Q4_K / Q5_K scales and mins of one block: 16 words, the 8 scales then the 8 mins */
 INL __m256i k4_scales_mins(const uint8_t *s) {
     uint32_t u[3];
@@ -60,12 +72,9 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
     for (int c = 0; c < 4; c++) pair[c] = words(2 * c, 2 * c + 1, 16);
     const __m256i midx = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14,
                                            15, 15);
-    __m512 acc[QMAX_R];
-    __m256 macc[QMAX_R];
-    for (int r = 0; r < R; r++) {
-        acc[r] = _mm512_setzero_ps();
-        macc[r] = _mm256_setzero_ps();
-    }
+    /* acc and macc (quant_simd.h dot_q45k): one row in lanes 0 and 1 of acc, more rows in
+     * lane r of acc and macc */
+    __m128 acc = _mm_setzero_ps(), macc = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * bytes, *qs = blk + (five ? 48 : 16);
         Q_PREFETCH(blk, bytes);
@@ -87,16 +96,36 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
                     _mm512_srlv_epi16(hb, pair[c]), one), 4));
             sc[c] = _mm512_permutexvar_epi16(pair[c], sm512);
         }
-        float d = f16(blk), dmin = f16(blk + 2);
-        for (int r = 0; r < R; r++) {
+        uint32_t dd; /* d and dmin, the block's two float16 */
+        memcpy(&dd, blk, 4);
+        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd));
+        __m256i t[QMAX_R], m[QMAX_R];
+        for (int r = 0; r < QMAX_R; r++) {
             const qa256 *a = ROW(act, astride, r) + b;
-            __m512i s = block_sum(q, sc, a->qs);
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * a->d), _mm512_cvtepi32_ps(s), acc[r]);
-            __m256i m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), mins);
-            macc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * a->d), _mm256_cvtepi32_ps(m), macc[r]);
+            t[r] = m[r] = _mm256_setzero_si256();
+            if (r >= R) continue;
+            t[r] = fold512(block_sum(q, sc, a->qs));
+            m[r] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), mins);
+        }
+        if (R == 1) { /* the total and the mins in one add tree, in lanes 0 and 1 */
+            __m128i u = hsum4_i32(t[0], m[0], t[0], m[0]);
+            acc = _mm_fmadd_ps(_mm_mul_ps(dm, _mm_set1_ps(ROW(act, astride, 0)[b].d)),
+                               _mm_cvtepi32_ps(u), acc);
+        } else {
+            __m128 dx = rows_d(act, astride, R, b);
+            acc = _mm_fmadd_ps(_mm_mul_ps(_mm_broadcastss_ps(dm), dx),
+                               _mm_cvtepi32_ps(hsum4_i32(t[0], t[1], t[2], t[3])), acc);
+            macc = _mm_fmadd_ps(_mm_mul_ps(_mm_permute_ps(dm, 0x55), dx),
+                                _mm_cvtepi32_ps(hsum4_i32(m[0], m[1], m[2], m[3])), macc);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]) - hsum(macc[r]);
+    if (R == 1) {
+        out[0] = _mm_cvtss_f32(_mm_sub_ss(acc, _mm_movehdup_ps(acc)));
+    } else {
+        float y[4];
+        _mm_storeu_ps(y, _mm_sub_ps(acc, macc));
+        for (int r = 0; r < R; r++) out[r] = y[r];
+    }
 }
 
 INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
@@ -106,8 +135,7 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
     const __m512i sh_lo = words(0, 2, 16), sh_hi = words(4, 6, 16);
     __m512i sidx[4]; /* values 64k..64k+63 take scales 4k..4k+3, one per 16 (8 words) */
     for (int k = 0; k < 4; k++) sidx[k] = words(4 * k, 4 * k + 2, 8);
-    __m512 acc[QMAX_R];
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    __m128 acc = _mm_setzero_ps(); /* lane r: row r */
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * 210;
         Q_PREFETCH(blk, 210);
@@ -125,17 +153,22 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
                                                _mm512_srlv_epi16(h, sh_hi), m3), 4));
         }
         for (int k = 0; k < 4; k++) sc[k] = _mm512_permutexvar_epi16(sidx[k], sc512);
-        float d = f16(blk + 208);
-        for (int r = 0; r < R; r++) {
+        __m256i t[QMAX_R];
+        for (int r = 0; r < QMAX_R; r++) {
             const qa256 *a = ROW(act, astride, r) + b;
-            /* the -32 of every value: 32 * sum(scale * sum of 16), exactly, into lanes 0..7 */
+            t[r] = _mm256_setzero_si256();
+            if (r >= R) continue;
+            /* the -32 of every value: 32 * sum(scale * sum of 16), exactly */
             __m256i o = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), sc16);
-            __m512i s = _mm512_sub_epi32(block_sum(q, sc, a->qs),
-                                         _mm512_zextsi256_si512(_mm256_slli_epi32(o, 5)));
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * a->d), _mm512_cvtepi32_ps(s), acc[r]);
+            t[r] = _mm256_sub_epi32(fold512(block_sum(q, sc, a->qs)), _mm256_slli_epi32(o, 5));
         }
+        __m128i u = R == 1 ? hsum4_i32(t[0], t[0], t[0], t[0]) : hsum4_i32(t[0], t[1], t[2], t[3]);
+        acc = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(f16(blk + 208)), rows_d(act, astride, R, b)),
+                           _mm_cvtepi32_ps(u), acc);
     }
-    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
+    float y[4];
+    _mm_storeu_ps(y, acc);
+    for (int r = 0; r < R; r++) out[r] = y[r];
 }
 
 #define B_Q4_K(R) dot_q45k(w, nb, act, astride, R, out, 0)
@@ -145,8 +178,9 @@ Q_ENTRY(TGT, q_dot_q4_k_avx512, B_Q4_K)
 Q_ENTRY(TGT, q_dot_q5_k_avx512, B_Q5_K)
 Q_ENTRY(TGT, q_dot_q6_k_avx512, B_Q6_K)
 
-/* the rows-in-lanes kernels of the 32-value blocks, on 256-bit vectors with AVX512-VNNI */
+/* the rows-in-lanes kernels, on 256-bit vectors with AVX512-VNNI */
 #define QL_VNNI 2
 #define QL_SUFFIX avx512
 #include "quant_lanes.h"
+#include "quant_lanes_k.h"
 #endif /* Q_HAVE_AVX2 */

@@ -9,4 +9,5 @@
 #define QL_VNNI 1
 #define QL_SUFFIX vnni
 #include "quant_lanes.h"
+#include "quant_lanes_k.h"
 #endif

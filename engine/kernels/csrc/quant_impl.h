@@ -54,11 +54,24 @@ typedef struct {
     int32_t sum[QL_ROWS];
 } ql32;
 
-/* out[g * QL_ROWS + r] = dot(weight row `w` of nb blocks of type qt, row r of lane group g),
- * g < G <= QL_MAX_G; group g's blocks at act + g * nb. Each row's floats are the same
- * operations, in the same order, as the one-row SIMD dot products (quant_simd.h dot32) */
-typedef void (*qlanes_fn)(int qt, const uint8_t *w, int64_t nb, const ql32 *act, int G,
-                          float *out);
+/* The same for the K-quants (quant_lanes_k.h), one 256-value block of QL_ROWS rows: qs as
+ * ql32's; d each row's qa256 scale; sums the rows' integer sums that the weights' mins
+ * (Q4_K, Q5_K: pair p < 4, lane 2r + t = row r's sum of values 32(2p + t).. + 31) or Q6_K's
+ * -32 (pair p < 8, lane 2r + t = row r's sum of values 16(2p + t).. + 15) multiply, in pairs
+ * of int16 for one vpmaddwd. */
+typedef struct {
+    int8_t qs[64][32]; /* [quad k][row r * 4 + j] = row r's value 4k + j */
+    int16_t sums[8][16];
+    float d[QL_ROWS];
+} qlk;
+
+/* out[(i * QL_MAX_G + g) * QL_ROWS + r] = dot(weight row i < nw <= QL_MAX_W of nb blocks of
+ * type qt at w + i * wstride, row r of lane group g), g < G <= QL_MAX_G; group g's blocks
+ * (ql32, or qlk for the K-quants) at act + g * nb. Each row's floats are the same operations,
+ * in the same order, as the one-row SIMD dot products (quant_simd.h dot32, dot_q45k, dot_q6k) */
+enum { QL_MAX_W = 2 };
+typedef void (*qlanes_fn)(int qt, const uint8_t *w, int64_t wstride, int nw, int64_t nb,
+                          const void *act, int G, float *out);
 
 typedef struct {
     int qtype;
@@ -109,6 +122,8 @@ void q_pack_lanes32(const void *rows, int n, int64_t astride, int64_t nb, ql32 *
  * rows' values 4k.. in its first 16 bytes and 4k + 16.. in its last 16; two rows as a pair,
  * qs[0] and qs[1] holding two groups of each (quant_lanes.h) */
 void q_pack_half32(const void *rows, int n, int64_t astride, int64_t nb, ql32 *out);
+/* n <= QL_ROWS qa256 rows -> nb qlk for weights of type qt, the lanes past n zero */
+void q_pack_lanes_k(const void *rows, int n, int64_t astride, int64_t nb, int qt, qlk *out);
 
 /* Q4_K / Q5_K packed 6-bit scales and mins of the eight 32-value groups */
 static inline void q_scale_min_k4(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
@@ -146,12 +161,15 @@ Q_DOTS(vnni)
 void q_dot_q4_k_avx512(const uint8_t *, int64_t, const void *, int64_t, int, float *);
 void q_dot_q5_k_avx512(const uint8_t *, int64_t, const void *, int64_t, int, float *);
 void q_dot_q6_k_avx512(const uint8_t *, int64_t, const void *, int64_t, int, float *);
-void q_lanes32_avx2(int, const uint8_t *, int64_t, const ql32 *, int, float *);
-void q_lanes32_vnni(int, const uint8_t *, int64_t, const ql32 *, int, float *);
-void q_lanes32_avx512(int, const uint8_t *, int64_t, const ql32 *, int, float *);
-void q_half32_avx2(int, const uint8_t *, int64_t, const ql32 *, int, float *);
-void q_half32_vnni(int, const uint8_t *, int64_t, const ql32 *, int, float *);
-void q_half32_avx512(int, const uint8_t *, int64_t, const ql32 *, int, float *);
+void q_lanes32_avx2(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
+void q_lanes32_vnni(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
+void q_lanes32_avx512(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
+void q_half32_avx2(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
+void q_half32_vnni(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
+void q_half32_avx512(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
+void q_lanes_k_avx2(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
+void q_lanes_k_vnni(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
+void q_lanes_k_avx512(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
 int q_deq_row_avx2(int qt, const uint8_t *src, int64_t in, void *dst, int bf);
 int q_deq_row_avx512bf16(int qt, const uint8_t *src, int64_t in, void *dst, int bf);
 void q_to_bf16_avx2(const float *src, int64_t n, uint16_t *dst);

@@ -110,14 +110,20 @@ INL void ql_body(const uint8_t *w, int64_t nb, const ql32 *act, const int G, con
         break;                                                                               \
     }
 
-TGT void QL_CAT2(q_lanes32_, QL_SUFFIX)(int qt, const uint8_t *w, int64_t nb, const ql32 *act,
-                                        int G, float *out) {
+INL void ql_row(int qt, const uint8_t *w, int64_t nb, const ql32 *act, int G, float *out) {
     switch (qt) {
     case QT_Q4_0: QL_GROUPS(QT_Q4_0); break;
     case QT_Q4_1: QL_GROUPS(QT_Q4_1); break;
     case QT_Q5_0: QL_GROUPS(QT_Q5_0); break;
     default: QL_GROUPS(QT_Q8_0); break;
     }
+}
+
+/* one weight row at a time (the activations of a pass stay in cache between them) */
+TGT void QL_CAT2(q_lanes32_, QL_SUFFIX)(int qt, const uint8_t *w, int64_t wstride, int nw,
+                                        int64_t nb, const void *pk, int G, float *out) {
+    for (int i = 0; i < nw; i++)
+        ql_row(qt, w + i * wstride, nb, (const ql32 *)pk, G, out + i * QL_MAX_G * QL_ROWS);
 }
 
 /* 2-4 rows (a half group, packed by q_pack_half32): a vector holds 4 rows' values 4k..4k+3 in
@@ -161,8 +167,7 @@ INL void qh_body(const uint8_t *w, int64_t nb, const ql32 *act, const int qt, co
     _mm_storeu_ps(out, _mm_add_ps(acc, off));
 }
 
-TGT void QL_CAT2(q_half32_, QL_SUFFIX)(int qt, const uint8_t *w, int64_t nb, const ql32 *act,
-                                       int G, float *out) {
+INL void qh_row(int qt, const uint8_t *w, int64_t nb, const ql32 *act, int G, float *out) {
     /* here G is the row count: 2 rows are packed as a pair */
 #define QH_PAIR(qt)                                                                          \
     if (G == 2)                                                                              \
@@ -176,4 +181,10 @@ TGT void QL_CAT2(q_half32_, QL_SUFFIX)(int qt, const uint8_t *w, int64_t nb, con
     default: QH_PAIR(QT_Q8_0); break;
     }
 #undef QH_PAIR
+}
+
+TGT void QL_CAT2(q_half32_, QL_SUFFIX)(int qt, const uint8_t *w, int64_t wstride, int nw,
+                                       int64_t nb, const void *pk, int G, float *out) {
+    for (int i = 0; i < nw; i++)
+        qh_row(qt, w + i * wstride, nb, (const ql32 *)pk, G, out + i * QL_MAX_G * QL_ROWS);
 }

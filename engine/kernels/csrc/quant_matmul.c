@@ -1,8 +1,8 @@
 /* ferry_qmatmul: y = x @ W.T over block-quantized W. The activation rows are quantized once
  * per call (int8 per 32 or per 256 values), then output rows are split over the OpenMP team
  * in chunks; each weight row is read once per group of up to 4 activation rows, or, for the
- * 32-value block types on the SIMD paths, once per QL_MAX_G groups of QL_ROWS rows in lanes
- * (quant_lanes.h). */
+ * block types on the SIMD paths, once per QL_MAX_G groups of QL_ROWS rows in lanes
+ * (quant_lanes.h, quant_lanes_k.h). */
 #include "quant_impl.h"
 
 #ifdef Q_HAVE_AVX2
@@ -77,18 +77,19 @@ static qdot_fn pick(const qtype_info *info) {
     return info->plain;
 }
 
-/* the rows-in-lanes kernels (quant_lanes.h) of the path in force, *half: the one for 2-4
- * rows; NULL for plain C and for the types without them (their rows all go through the dot
- * products) */
+/* the rows-in-lanes kernels (quant_lanes.h, quant_lanes_k.h) of the path in force, *half:
+ * the one for 2-4 rows (none for the K-quants: those rows take the dot products); NULL for
+ * plain C and for the types without them (their rows all go through the dot products) */
 static qlanes_fn pick_lanes(const qtype_info *info, qlanes_fn *half) {
     *half = NULL;
 #ifdef Q_HAVE_AVX2
-    int qt = info->qtype;
-    if (qt != QT_Q4_0 && qt != QT_Q4_1 && qt != QT_Q5_0 && qt != QT_Q8_0) return NULL;
+    int qt = info->qtype, k = info->act == ACT_256;
+    if (qt != QT_Q4_0 && qt != QT_Q4_1 && qt != QT_Q5_0 && qt != QT_Q8_0 && !k) return NULL;
     int p = q_active_path();
-    if (p == 3) return *half = q_half32_avx512, q_lanes32_avx512;
-    if (p >= 2 && (cpu_paths() & 4)) return *half = q_half32_vnni, q_lanes32_vnni;
-    if (p >= 1) return *half = q_half32_avx2, q_lanes32_avx2;
+    if (p == 3) return k ? q_lanes_k_avx512 : (*half = q_half32_avx512, q_lanes32_avx512);
+    if (p >= 2 && (cpu_paths() & 4))
+        return k ? q_lanes_k_vnni : (*half = q_half32_vnni, q_lanes32_vnni);
+    if (p >= 1) return k ? q_lanes_k_avx2 : (*half = q_half32_avx2, q_lanes32_avx2);
 #else
     (void)info;
 #endif
@@ -141,18 +142,22 @@ int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_we
         act = buf;
     }
     /* whole groups of QL_ROWS rows in lanes (a last one of 5-7 rows too, zero rows filling
-     * its other lanes), 2-4 left over in a half group, a last single row (and everything on
-     * plain C, or of types without lanes) through the dot products: the same float steps for
-     * every row whichever way it goes */
+     * its other lanes), 2-4 left over in a half group where the type has one, the rest (and
+     * everything on plain C, or of types without lanes) through the dot products: the same
+     * float steps for every row whichever way it goes */
     qlanes_fn half, lanes = pick_lanes(info, &half);
+    /* the AVX-512 K-quant dot products (64 values an instruction, a block's weights held in
+     * registers for 4 rows) beat a single lane group: the lanes take over from two */
+    if (info->act == ACT_256 && dot == info->avx512 && rows < 2 * QL_ROWS) lanes = NULL;
     int64_t rem = lanes ? rows % QL_ROWS : rows;
     int64_t groups = lanes ? rows / QL_ROWS + (rem >= 5) : 0;
-    int64_t halves = lanes && rem >= 2 && rem <= 4;
+    int64_t halves = lanes && half && rem >= 2 && rem <= 4;
     int64_t full = groups * QL_ROWS < rows ? groups * QL_ROWS : rows; /* rows in whole lanes */
     int64_t lane_rows = halves ? rows : full; /* rows in lanes, halves included */
-    ql32 *packed = NULL;
+    size_t unit = info->act == ACT_256 ? sizeof(qlk) : sizeof(ql32); /* a packed block */
+    char *packed = NULL;
     if (groups + halves) {
-        packed = malloc((size_t)((groups + halves) * nb) * sizeof(ql32));
+        packed = malloc((size_t)((groups + halves) * nb) * unit);
         if (!packed) {
             free(buf);
             return FERRY_ENOMEM;
@@ -160,12 +165,14 @@ int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_we
 #pragma omp parallel for schedule(static) if (groups + halves >= 2)
         for (int64_t g = 0; g < groups + halves; g++) {
             int64_t r0 = g * QL_ROWS, n = lane_rows - r0;
-            if (g < groups)
-                q_pack_lanes32((const char *)buf + r0 * astride, n < QL_ROWS ? (int)n : QL_ROWS,
-                               astride, nb, packed + g * nb);
+            const char *a = (const char *)buf + r0 * astride;
+            void *dst = packed + (size_t)(g * nb) * unit;
+            if (g == groups)
+                q_pack_half32(a, (int)n, astride, nb, dst);
+            else if (info->act == ACT_256)
+                q_pack_lanes_k(a, n < QL_ROWS ? (int)n : QL_ROWS, astride, nb, info->qtype, dst);
             else
-                q_pack_half32((const char *)buf + r0 * astride, (int)n, astride, nb,
-                              packed + g * nb);
+                q_pack_lanes32(a, n < QL_ROWS ? (int)n : QL_ROWS, astride, nb, dst);
         }
     }
     int64_t chunks = (w->out + CHUNK - 1) / CHUNK;
@@ -175,19 +182,24 @@ int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_we
         int64_t o1 = (c + 1) * CHUNK < w->out ? (c + 1) * CHUNK : w->out;
         for (int64_t g0 = 0; g0 < groups; g0 += QL_MAX_G) {
             int G = groups - g0 < QL_MAX_G ? (int)(groups - g0) : QL_MAX_G;
-            for (int64_t o = c * CHUNK; o < o1; o++) {
-                float part[QL_MAX_G * QL_ROWS];
-                lanes(info->qtype, wd + o * w->row_bytes, nb, packed + g0 * nb, G, part);
-                float bo = bias ? bias[o] : 0.f;
-                for (int64_t r = 0; r < G * QL_ROWS && g0 * QL_ROWS + r < full; r++)
-                    y[(g0 * QL_ROWS + r) * y_stride + o] = part[r] + bo;
+            for (int64_t o = c * CHUNK; o < o1; o += QL_MAX_W) {
+                int nw = o1 - o < QL_MAX_W ? (int)(o1 - o) : QL_MAX_W;
+                float part[QL_MAX_W * QL_MAX_G * QL_ROWS];
+                lanes(info->qtype, wd + o * w->row_bytes, w->row_bytes, nw, nb,
+                      packed + (size_t)(g0 * nb) * unit, G, part);
+                for (int i = 0; i < nw; i++) {
+                    float bo = bias ? bias[o + i] : 0.f;
+                    for (int64_t r = 0; r < G * QL_ROWS && g0 * QL_ROWS + r < full; r++)
+                        y[(g0 * QL_ROWS + r) * y_stride + o + i] =
+                            part[i * QL_MAX_G * QL_ROWS + r] + bo;
+                }
             }
         }
         if (halves) {
             for (int64_t o = c * CHUNK; o < o1; o++) {
                 float part[4];
-                half(info->qtype, wd + o * w->row_bytes, nb, packed + groups * nb,
-                     (int)(rows - full), part);
+                half(info->qtype, wd + o * w->row_bytes, 0, 1, nb,
+                     packed + (size_t)(groups * nb) * unit, (int)(rows - full), part);
                 float bo = bias ? bias[o] : 0.f;
                 for (int64_t r = full; r < rows; r++) y[r * y_stride + o] = part[r - full] + bo;
             }

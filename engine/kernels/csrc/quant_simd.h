@@ -3,7 +3,8 @@
  * AVX2 needs vpmaddubsw + vpmaddwd). Each weight block is decoded once into bytes and
  * multiplied with every row (unsigned weight bytes x signed activation bytes). The includer
  * defines QS_TARGET (a target attribute string), QS_VNNI (0/1) and QS_SUFFIX.
- * Same integer sums per block as quant_dot.c; floats summed in 8 lanes instead of one. */
+ * Same integer sums per block as quant_dot.c; the block types' float steps across blocks are
+ * those of the rows-in-lanes kernels (see dot32, dot_q45k). */
 #include "quant_impl.h"
 
 #ifdef Q_HAVE_AVX2
@@ -101,14 +102,6 @@ INL __m256i decode32(const uint8_t *blk, int qt) {
     }
 }
 
-/* the sum of 8 int32 lanes (exact) */
-INL int32_t hsum_i32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
-}
-
 /* Every row: acc = fma(d_w * d_x, block's exact integer sum, acc) block after block, plus
  * Q4_1's off = fma(min, s_x, off); y = acc + off. These are the float operations of the
  * rows-in-lanes kernels (quant_lanes.h) too, lane by lane, so a row's result is the same
@@ -138,9 +131,7 @@ INL void dot32_rows(const uint8_t *w, int64_t nb, const void *act, int64_t astri
             is = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
             is = _mm_hadd_epi32(is, is);
         } else {
-            __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]),
-                                          _mm256_hadd_epi32(p[2], p[3]));
-            is = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            is = hsum4_i32(p[0], p[1], p[2], p[3]);
         }
         __m128 dx = _mm_setr_ps(a[0][b].d, a[1][b].d, R > 2 ? a[2][b].d : 0.f,
                                 R > 3 ? a[3][b].d : 0.f);
@@ -203,32 +194,17 @@ INL void dot32(const uint8_t *w, int64_t nb, const void *act, int64_t astride, c
     for (int r = 0; r < R; r++) out[r] = acc[r] + off[r];
 }
 
-/* Q4_K / Q5_K: declares lo and hi, chunk c (64 weights) of a block as bytes: lo the first 32
- * (low nibbles), hi the next 32 (high nibbles), each with Q5_K's fifth bit from hb; m4 and one
- * are the caller's 15s and 1s. A macro, not an inline function: that one changes the register
- * allocation of q_deq_row_avx2, this one is the same code as written out. */
-#define Q45K_CHUNK(lo, hi, qs, hb, c, five)                                                   \
-    __m256i bits_ = _mm256_loadu_si256((const __m256i *)((qs) + 32 * (c)));                  \
-    __m256i lo = _mm256_and_si256(bits_, m4);                                                 \
-    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits_, 4), m4);                           \
-    if (five) {                                                                               \
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(                                           \
-            _mm256_and_si256(_mm256_srli_epi16(hb, 2 * (c)), one), 4));                       \
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(                                           \
-            _mm256_and_si256(_mm256_srli_epi16(hb, 2 * (c) + 1), one), 4));                   \
-    }
-
 /* --- K-quants -------------------------------------------------------------------------- */
+/* Per row and block the exact integer total and mins, then acc = fma(d * d_x, total, acc),
+ * macc = fma(dmin * d_x, mins, macc); y = acc - macc (Q6_K: no mins, the -32 in the total):
+ * the float steps of the rows-in-lanes kernels (quant_lanes_k.h), lane by lane, so a row's
+ * result is the same bits whichever kernel takes it. One horizontal add a row per block. */
 INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
                   float *out, int five) {
     const int bytes = five ? 176 : 144;
     const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
-    __m256 acc[QMAX_R];
-    float off[QMAX_R];
-    for (int r = 0; r < R; r++) {
-        acc[r] = _mm256_setzero_ps();
-        off[r] = 0.f;
-    }
+    float acc[QMAX_R], macc[QMAX_R];
+    for (int r = 0; r < R; r++) acc[r] = macc[r] = 0.f;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * bytes, *qs = blk + (five ? 48 : 16);
         Q_PREFETCH(blk, bytes);
@@ -256,18 +232,18 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
             const qa256 *a = (const qa256 *)ROW(act, astride, r) + b;
             int32_t mins = 0;
             for (int g = 0; g < 8; g++) mins += m[g] * (a->bsums[2 * g] + a->bsums[2 * g + 1]);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-            off[r] -= dmin * a->d * (float)mins;
+            acc[r] = __builtin_fmaf(d * a->d, (float)hsum_i32(sumi[r]), acc[r]);
+            macc[r] = __builtin_fmaf(dmin * a->d, (float)mins, macc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) + off[r];
+    for (int r = 0; r < R; r++) out[r] = acc[r] - macc[r];
 }
 
 INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
                  float *out) {
     const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
-    __m256 acc[QMAX_R];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    float acc[QMAX_R];
+    for (int r = 0; r < R; r++) acc[r] = 0.f;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * 210;
         Q_PREFETCH(blk, 210);
@@ -279,16 +255,7 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
             __m256i b2 = _mm256_loadu_si256((const __m256i *)(blk + 64 * n + 32));
             __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(b1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(b2, m4), _mm256_slli_epi16(
-                _mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4),
-                                   _mm256_slli_epi16(
-                                       _mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4),
-                                   _mm256_slli_epi16(
-                                       _mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+            for (int k = 0; k < 4; k++) q[k] = q6k_quarter(b1, b2, h, k, m4, m3);
             for (int k = 0; k < 4; k++) {
                 __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[8 * n + 2 * k + 1]),
                                              _mm_set1_epi16(sc[8 * n + 2 * k]));
@@ -307,13 +274,11 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
             const qa256 *a = (const qa256 *)ROW(act, astride, r) + b;
             int32_t o = 0;
             for (int g = 0; g < 16; g++) o += sc[g] * a->bsums[g];
-            /* the -32 of every value, folded into lane 0 so the block's integer sum is exact */
-            __m256i fix = _mm256_setr_epi32(-32 * o, 0, 0, 0, 0, 0, 0, 0);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d),
-                                     _mm256_cvtepi32_ps(_mm256_add_epi32(sumi[r], fix)), acc[r]);
+            /* the -32 of every value */
+            acc[r] = __builtin_fmaf(d * a->d, (float)(hsum_i32(sumi[r]) - 32 * o), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]);
+    for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
 

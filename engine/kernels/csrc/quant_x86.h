@@ -12,6 +12,20 @@ INL float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* the sum of 8 int32 lanes (exact) */
+INL int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* the sums of the 8 int32 lanes of a, b, c and d, in lanes 0..3 (exact) */
+INL __m128i hsum4_i32(__m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
 /* the float16 at p (a block's scale), in one F16C instruction */
 INL float f16(const uint8_t *p) {
     uint16_t h;
@@ -35,6 +49,31 @@ INL __m256i bits16(const uint8_t *p) {
     __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
     b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
     return _mm256_and_si256(_mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(16));
+}
+
+/* Q4_K / Q5_K: declares lo and hi, chunk c (64 weights) of a block as bytes: lo the first 32
+ * (low nibbles), hi the next 32 (high nibbles), each with Q5_K's fifth bit from hb; m4 and one
+ * are the caller's 15s and 1s. A macro, not an inline function: that one changes the register
+ * allocation of q_deq_row_avx2, this one is the same code as written out. */
+#define Q45K_CHUNK(lo, hi, qs, hb, c, five)                                                   \
+    __m256i bits_ = _mm256_loadu_si256((const __m256i *)((qs) + 32 * (c)));                  \
+    __m256i lo = _mm256_and_si256(bits_, m4);                                                 \
+    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits_, 4), m4);                           \
+    if (five) {                                                                               \
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(                                           \
+            _mm256_and_si256(_mm256_srli_epi16(hb, 2 * (c)), one), 4));                       \
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(                                           \
+            _mm256_and_si256(_mm256_srli_epi16(hb, 2 * (c) + 1), one), 4));                   \
+    }
+
+/* Q6_K: values 128n + 32k.. (k < 4) of a block as bytes 0..63, from its ql bytes 64n.. (l0)
+ * and 64n + 32.. (l1) and its qh bytes 32n.. (h); m4 and m3 are 15s and 3s */
+INL __m256i q6k_quarter(__m256i l0, __m256i l1, __m256i h, const int k, __m256i m4,
+                        __m256i m3) {
+    __m256i l = k & 1 ? l1 : l0;
+    if (k >= 2) l = _mm256_srli_epi16(l, 4);
+    return _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_slli_epi16(
+        _mm256_and_si256(_mm256_srli_epi16(h, 2 * k), m3), 4));
 }
 
 #endif /* FERRY_QUANT_X86_H */

@@ -97,8 +97,8 @@ def test_torch_env_keeps_what_the_user_set(cpu: object) -> None:
 
 # A process pretending its CPU is an AMX Xeon, capped to AVX2: the kernels build for x86-64-v3
 # with the path mask, run AVX2 dot products at most, no bf16 tiles nor AMX, and torch
-# dispatches AVX2 kernels (rows in lanes from 8 rows on). The products still match the float
-# reference.
+# dispatches AVX2 kernels (rows in lanes from 8 rows on, the K-quants' too). The products
+# still match the float reference.
 CAPPED = textwrap.dedent("""
     import json, sys
     from engine.kernels import cpu_level
@@ -120,13 +120,28 @@ CAPPED = textwrap.dedent("""
     ref = x @ quant.dequantize(w).T
     x32 = torch.randn(32, 256, generator=torch.Generator().manual_seed(2))  # a 32-chat round
     y32, ref32 = quant.quant_matmul(x32, w), x32 @ quant.dequantize(w).T
+    # K-quant weights of random blocks (f16 scales 0.01) in lanes too: each of the 32 rows the
+    # bits of that row alone
+    import numpy as np
+    blocks = np.random.default_rng(3).integers(0, 256, (64, 210), dtype=np.uint8)
+    k_alone, k_err = [], []
+    for qt, scales in ((quant.Q4_K, (0, 2)), (quant.Q6_K, (208,))):
+        raw = blocks[:, :quant._TYPES[qt][2]].copy()
+        for at in scales:
+            raw[:, at:at + 2] = np.full((64, 1), 0.01, np.float16).view(np.uint8)
+        wk = quant.QuantWeight(qt, torch.from_numpy(raw), 256, 64)
+        yk, refk = quant.quant_matmul(x32, wk), x32 @ quant.dequantize(wk).T
+        k_alone.append(quant.uses_lanes(qt) and all(
+            torch.equal(quant.quant_matmul(x32[r:r + 1], wk)[0], yk[r]) for r in range(32)))
+        k_err.append(float((yk - refk).abs().max() / refk.abs().max()))
     print(json.dumps({
         "flags": native._flags(native._torch_lib_dir())[0], "path": quant.kernel_path(),
         "tiles": str(quant.tile_dtype()), "amx": quant.uses_amx(w),
         "bf16": cpu_has_native_bf16(), "torch": torch.backends.cpu.get_cpu_capability(),
         "set": list(set_env), "err": float((y - ref).abs().max() / ref.abs().max()),
         "status": native.status(), "lanes": quant.uses_lanes(w.qtype),
-        "err32": float((y32 - ref32).abs().max() / ref32.abs().max())}))
+        "err32": float((y32 - ref32).abs().max() / ref32.abs().max()),
+        "k_alone": k_alone, "k_err": max(k_err)}))
 """)
 
 
@@ -146,6 +161,7 @@ def test_capped_process_runs_the_smaller_cpu(tmp_path: Path) -> None:
     assert got["torch"] in ("AVX2", "DEFAULT") and "ATEN_CPU_CAPABILITY=avx2" in got["set"]
     assert got["err"] < 0.02  # int8 activations: about 1% of the largest output
     assert got["lanes"] and got["err32"] < 0.02  # 32 rows: AVX2's rows in lanes
+    assert got["k_alone"] == [True, True] and got["k_err"] < 0.02  # and the K-quants'
 
 
 def test_cli_refuses_a_bad_level() -> None:

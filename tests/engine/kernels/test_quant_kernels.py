@@ -376,9 +376,9 @@ def test_every_row_count_matches_one_row_at_a_time(qtype: int, out: int, inn: in
 
 
 def test_lanes_run_where_the_path_has_them(path: str) -> None:
-    # the 32-value block types in lanes on every SIMD path, nothing on plain C or K-quants
+    # the block types (K-quants too) in lanes on every SIMD path, nothing on plain C
     for qtype in ALL_TYPES:
-        lanes = path != "plain" and qtype in (quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q8_0)
+        lanes = path != "plain" and qtype in BLOCK_TYPES
         assert quant.uses_lanes(qtype) == lanes, quant.type_name(qtype)
         if not quant._amx_in_force():
             assert (quant.many_rows(qtype) == quant.MANY_ROWS_LANES) == lanes
