@@ -31,12 +31,13 @@ _TYPES: dict[int, tuple[str, int, int]] = {
 QUANTIZABLE = (Q8_0, Q4_0)  # what quantize() writes
 
 # From this many rows on (prefill, big decode rounds), tiles of W dequantized into the cache
-# and multiplied in AMX (ferry_qgemm_bf16) or by torch beat the int8 kernels, whose cost grows
-# with every row; the block types multiply groups of 8 rows in lanes (csrc/quant_lanes.h,
-# quant_lanes_k.h) on the SIMD paths, which still beat float32 tiles at 64 rows, but rounds
-# bigger than a 32-chat decode round (prefill chunks) keep float activations in tiles: int8
-# activations cost some accuracy, and prefill is where the prompt's KV is written
-MANY_ROWS_AMX, MANY_ROWS_BF16, MANY_ROWS_F32, MANY_ROWS_LANES = 8, 12, 24, 33
+# and multiplied in AMX (ferry_qgemm_bf16) or by torch beat the int8 dot products, whose cost
+# grows with every row. The block types on the SIMD paths instead multiply groups of 8 rows
+# in lanes (csrc/quant_lanes.h, quant_lanes_k.h), which beat float32 tiles at every round
+# size, prefill chunks included, so without AMX they take every round (MANY_ROWS_LANES:
+# never). Their int8 activations (one scale per 32 or 256 values, as llama.cpp's) round about
+# as much as the bf16 activations of the AMX and bf16 tiles.
+MANY_ROWS_AMX, MANY_ROWS_BF16, MANY_ROWS_F32, MANY_ROWS_LANES = 8, 12, 24, 1 << 62
 AMX_MAX_ROWS = 64  # from here on torch's bf16 matmul (oneDNN) on dequantized tiles is faster
 _TILE_ELEMS = 1 << 18  # values per dequantized tile: within the L2 cache
 _EQUANT = -2

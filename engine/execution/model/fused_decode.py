@@ -69,6 +69,7 @@ class DecodeLayerSpec:
 
 
 ACTS = ("silu", "gelu_tanh")  # ferry_layer.gelu: the index
+MAX_ROWS = 64  # decode rounds of more sequences run layer by layer (the same bits)
 
 
 def describe_layer(attn: Attention, mlp: nn.Module, norms: Sequence[RMSNorm], rope: int
@@ -156,6 +157,7 @@ class FusedDecode:
             max_rows = min(quant.many_rows(part.qtype) for spec in specs
                            for module in spec.projections
                            for part in module.block_parts(layer_ops.MAX_PARTS) or ()) - 1
+            max_rows = min(max_rows, MAX_ROWS)
         return FusedDecode(cfg, layers, [spec.rope for spec in specs],  # type: ignore[arg-type]
                            dtype, max_rows, keep)
 

@@ -164,8 +164,8 @@ def test_gguf_matches_transformers_on_its_weights(family, qtype: T, make_harness
             downs = [e.down_proj.weight for e in moe.experts]
             assert len(downs) == 8 and all(d.data.numpy().base is not None for d in downs)
             assert len({d.data.data_ptr() for d in downs}) == 8
-        # the first round's 25 rows of quantized weights run with int8 activations (rounds up
-        # to 32 rows do, quant.MANY_ROWS_LANES): Gemma 3 Q8_0 lands at 0.105
+        # the quantized weights' rows run with int8 activations (in lanes, every round:
+        # quant.MANY_ROWS_LANES): Gemma 3 Q8_0 lands at 0.105
         _compare(hq, ref, _run(hq), rel=None if qtype == T.F32 else 0.12)
 
 

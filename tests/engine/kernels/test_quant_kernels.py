@@ -222,8 +222,8 @@ def test_a_rows_product_does_not_depend_on_the_other_rows(qtype: int, path: str)
     rng = np.random.default_rng(qtype + 3000)
     inn = 512 if qtype in (quant.Q4_K, quant.Q5_K, quant.Q6_K) else 576
     w = random_weight(qtype, 13, inn, rng)
-    x = torch.from_numpy(rng.standard_normal((quant.many_rows(qtype) - 1, inn))
-                         .astype(np.float32))
+    rows = min(quant.many_rows(qtype) - 1, 70)  # lanes: every round, here 8 groups and 6
+    x = torch.from_numpy(rng.standard_normal((rows, inn)).astype(np.float32))
     together = quant.quant_matmul(x, w)
     for r in (0, 2, 5, x.shape[0] - 1):
         assert torch.equal(quant.quant_matmul(x[r:r + 1], w)[0], together[r])
