@@ -40,7 +40,7 @@ class EngineConfig:
     # decoding requests (a CPU's big batch is compute-bound: verifying drafts costs throughput)
     speculative: Speculative = "ngram"
     speculative_batch: int = 8
-    max_draft: int = 8  # drafted tokens per request and round, at most
+    max_draft: int = 16  # drafted tokens per request and round, at most
     # the KV pools' element type; auto: the model's own, but float16 where block-quantized
     # weights run with float32 activations (half the memory, as llama.cpp's cache)
     kv_dtype: KVDtype = "auto"

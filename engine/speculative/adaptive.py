@@ -1,9 +1,9 @@
 """How many tokens to draft for one request: the draft length follows its acceptance.
 
 A speculative round costs the target one forward over 1 + k positions per sequence instead
-of 1; it pays when enough drafted tokens are accepted. Per request: the length grows by one
-after a round that accepted every draft and falls to what was accepted plus one after a
-round that did not; a request whose drafts keep failing (`patience` rounds in a row with
+of 1; it pays when enough drafted tokens are accepted. Per request: the length doubles after
+a round that accepted every draft and falls to what was accepted plus one after a round that
+did not; a request whose drafts keep failing (`patience` rounds in a row with
 nothing accepted) stops drafting for `cooldown` tokens, then tries again at length 1. The
 batch-size gate lives with the caller (the scheduler), which knows the round.
 """
@@ -57,8 +57,8 @@ class DraftLength:
         self.drafted += drafted
         self.accepted += accepted
         self.rounds += 1
-        if accepted == drafted:
-            self.length = min(self.policy.max_len, self.length + 1)
+        if accepted == drafted:  # double: a reply that copies runs long
+            self.length = min(self.policy.max_len, 2 * self.length)
         else:
             self.length = max(1, accepted + 1)
         self._misses = self._misses + 1 if accepted == 0 else 0

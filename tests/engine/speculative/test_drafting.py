@@ -59,17 +59,18 @@ def test_bad_sizes_are_refused() -> None:
 
 
 def test_length_follows_acceptance() -> None:
-    d = DraftLength(DraftPolicy(max_len=6))
+    d = DraftLength(DraftPolicy(max_len=10))
     assert d.wanted() == 4
     d.record(4, 4)
-    assert d.wanted() == 5
-    d.record(5, 5)
-    d.record(6, 6)
-    assert d.wanted() == 6  # capped
-    d.record(6, 2)
+    assert d.wanted() == 8  # doubled
+    d.record(8, 8)
+    assert d.wanted() == 10  # capped
+    d.record(10, 2)
     assert d.wanted() == 3  # what was accepted, plus one
-    assert d.drafted == 21 and d.accepted == 17 and d.rounds == 4
-    assert d.acceptance == pytest.approx(17 / 21)
+    d.record(3, 3)
+    assert d.wanted() == 6
+    assert d.drafted == 25 and d.accepted == 17 and d.rounds == 4
+    assert d.acceptance == pytest.approx(17 / 25)
 
 
 def test_failing_drafts_pause_then_retry() -> None:
