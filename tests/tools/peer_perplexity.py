@@ -4,7 +4,7 @@ method: chunks of CTX, BOS in front where the file asks for one, each chunk's se
 scored. Ferry runs as `ferry serve --model FILE` (a real server, echo + logprobs,
 max_tokens 0). For the benchmark-size files of README's model-family table:
 
-  .venv/bin/python tests/tools/peer_perplexity.py FILE.gguf \\
+  .venv/bin/python -m tests.tools.peer_perplexity FILE.gguf \\
       --llama-cpp /tmp/llama-peer/llama.cpp [--ctx 1024 --chunks 4 --threads 2]
 """
 from __future__ import annotations
