@@ -25,6 +25,8 @@ MoE = native.struct("ferry_moe")
 Projection = native.struct("ferry_proj")
 MAX_PARTS = len(Projection().part)
 BF16 = 30  # ggml's type id for a bf16 matrix (the bf16 layer's one part)
+# the gated MLP activations the kernels run; ferry_layer.gelu and ferry_moe.gelu: the index
+ACTS = ("silu", "gelu_tanh")
 DT = {torch.float32: 0, torch.bfloat16: 1}
 
 
@@ -78,14 +80,14 @@ def decode_layer(weights: ctypes.Structure, dims: ctypes.Structure, x: torch.Ten
 
 def moe(router: Sequence[QuantWeight], experts: Sequence[tuple[Sequence[QuantWeight],
                                                                Sequence[QuantWeight]]],
-        top_k: int, normalize: bool, gelu: bool, inter: int) -> ctypes.Structure:
+        top_k: int, normalize: bool, act: str, inter: int) -> ctypes.Structure:
     """A ferry_moe over the router's and each expert's (gate_up, down) parts. The expert
     projection arrays hang on the struct (`keep`): it must outlive the calls."""
     gate_up = (Projection * len(experts))(*(projection(g, None) for g, _ in experts))
     down = (Projection * len(experts))(*(projection(d, None) for _, d in experts))
     out = MoE(router=projection(router, None), gate_up=ctypes.addressof(gate_up),
               down=ctypes.addressof(down), experts=len(experts), top_k=top_k,
-              normalize=int(normalize), gelu=int(gelu), inter=inter)
+              normalize=int(normalize), gelu=ACTS.index(act), inter=inter)
     out.keep = (gate_up, down)
     return out
 

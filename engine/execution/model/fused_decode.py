@@ -68,7 +68,6 @@ class DecodeLayerSpec:
                 self.out_norm]
 
 
-ACTS = ("silu", "gelu_tanh")  # ferry_layer.gelu: the index
 MAX_ROWS = 64  # decode rounds of more sequences run layer by layer (the same bits)
 
 
@@ -88,7 +87,7 @@ def describe_layer(attn: Attention, mlp: nn.Module, norms: Sequence[RMSNorm], ro
             return None
         return DecodeLayerSpec(weights[0], weights[1], q_norm, k_norm, (attn.qkv_proj, attn.o_proj),
                                attn.spec.window, mlp.act, ffn, out, rope, moe)
-    if not isinstance(mlp, GatedMLP) or mlp.act not in ACTS:
+    if not isinstance(mlp, GatedMLP) or mlp.act not in layer_ops.ACTS:
         return None
     return DecodeLayerSpec(
         weights[0], weights[1], q_norm, k_norm,
@@ -123,7 +122,7 @@ def _layer(spec: DecodeLayerSpec, dtype: torch.dtype) -> ctypes.Structure | None
     p = layer_ops.pointer
     moe = None if spec.moe is None else ctypes.addressof(spec.moe)
     return layer_ops.LayerWeights(*(p(n) for n in norms), *projections, moe, None,
-                                  spec.window or 0, ACTS.index(spec.act))
+                                  spec.window or 0, layer_ops.ACTS.index(spec.act))
 
 
 class FusedDecode:

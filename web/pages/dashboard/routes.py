@@ -83,18 +83,16 @@ LOAD_POLL_S = 1
 def load_status(s: Services, model: str) -> str:
     """The status line after Load: while the model loads (or waits for memory to load), a
     line that asks again in a second (htmx replaces it); then what came of it."""
-    assert s.catalog is not None
-    info = next((m for m in s.catalog.models() if m.name == model), None)
+    assert s.catalog is not None  # and `model` one of its names: the callers check
+    info = next(m for m in s.catalog.models() if m.name == model)
     name = escape(model)
-    if info is not None and (info.state == "loading" or info.memory_wait):
+    if info.state == "loading" or info.memory_wait:
         url = escape("/dashboard/models/status?" + urlencode({"model": model}))
         return (f'<span hx-get="{url}" hx-trigger="load delay:{LOAD_POLL_S}s" '
                 f'hx-swap="outerHTML">Loading {name}…</span>')
-    if info is not None and info.error:
+    if info.error:
         return f"{name} did not load: {escape(info.error)}"
-    if info is not None and info.loaded:
-        return f"Loaded {name}."
-    return f"{name} is {escape(info.state if info else 'unknown')}."
+    return f"Loaded {name}." if info.loaded else f"{name} is {escape(info.state)}."
 
 
 class DashboardController(Controller):
@@ -140,16 +138,15 @@ class DashboardController(Controller):
             return Response("no such model or action", status_code=400, media_type="text/html")
         if data.action == "load":
             s.catalog.load(data.model)
-            if not request.htmx:
-                return Redirect("/dashboard", status_code=303)
-            return Response(load_status(s, data.model), media_type="text/html")
-        if await anyio.to_thread.run_sync(s.catalog.unload, data.model):
-            text, status = f"Unloaded {data.model}.", 200
+            html, status = load_status(s, data.model), 200
+        elif await anyio.to_thread.run_sync(s.catalog.unload, data.model):
+            html, status = str(escape(f"Unloaded {data.model}.")), 200
         else:
-            text, status = f"{data.model} is not loaded, or has requests: not unloaded.", 409
+            html, status = str(escape(f"{data.model} is not loaded, or has requests: not "
+                                      "unloaded.")), 409
         if not request.htmx:
             return Redirect("/dashboard", status_code=303)
-        return Response(str(escape(text)), status_code=status, media_type="text/html")
+        return Response(html, status_code=status, media_type="text/html")
 
     @get("/models/status", guards=[admin_guard], name="dashboard:model-status",
          include_in_schema=False)

@@ -11,6 +11,7 @@ calls too.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -18,11 +19,9 @@ from torch import nn
 from engine.execution.model.config import MoESpec
 from engine.execution.model.layers.linear import Linear
 from engine.execution.model.layers.mlp import GatedMLP
-from engine.execution.model.linear_kernels import SplitWeight
-from engine.kernels import quant
+from engine.kernels import layer_ops, native, quant
 
 NATIVE_ROWS = 64  # rows the native MoE takes (decode rounds); prefill chunks run below
-ACTS = ("silu", "gelu_tanh")
 
 
 class Router(Linear):
@@ -53,14 +52,18 @@ class MoEMLP(nn.Module):
         return self._native if isinstance(self._native, ctypes.Structure) else None
 
     def _build_native(self) -> ctypes.Structure | None:
-        from engine.kernels import layer_ops, native
-
-        router = self.gate.weight
-        if isinstance(router, torch.Tensor):
-            if router.dtype != torch.float32 or router.dim() != 2 or router.device.type != "cpu":
+        if self.act not in layer_ops.ACTS or native.library() is None:
+            return None
+        w = self.gate.weight
+        if isinstance(w, torch.Tensor):  # a plain float32 matrix (Router.pack keeps it so)
+            if w.dtype != torch.float32 or w.dim() != 2 or w.device.type != "cpu":
                 return None
-            router = quant.QuantWeight(quant.F32, router.contiguous().view(torch.uint8),
-                                       router.shape[1], router.shape[0])
+            router: Sequence[quant.QuantWeight] | None = (quant.QuantWeight(
+                quant.F32, w.contiguous().view(torch.uint8), w.shape[1], w.shape[0]),)
+        else:
+            router = self.gate.block_parts(layer_ops.MAX_PARTS)
+        if router is None:
+            return None
         experts = []
         for e in self.experts:
             assert isinstance(e, GatedMLP)
@@ -69,19 +72,15 @@ class MoEMLP(nn.Module):
             if gate_up is None or down is None:
                 return None
             experts.append((gate_up, down))
-        if self.act not in ACTS or native.library() is None:
-            return None
-        parts = router.parts if isinstance(router, SplitWeight) else (router,)
-        return layer_ops.moe(parts, experts, self.spec.top_k, self.spec.normalize,
-                             self.act == "gelu_tanh", self.spec.intermediate_size)
+        return layer_ops.moe(router, experts, self.spec.top_k, self.spec.normalize, self.act,
+                             self.spec.intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
         if x.shape[0] <= NATIVE_ROWS and x.dtype == torch.float32 and x.device.type == "cpu":
-            native = self.native()
-            if native is not None:
-                from engine.kernels import layer_ops
-                return layer_ops.moe_mlp(native, x)
+            moe = self.native()
+            if moe is not None:
+                return layer_ops.moe_mlp(moe, x)
         probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # [T, experts]
         weights, chosen = torch.topk(probs, self.spec.top_k, dim=-1)  # [T, top_k]
         if self.spec.normalize:
