@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import re
 import threading
 import time
@@ -18,9 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.tools.screenshots import screenshot_path
+
 pytestmark = [pytest.mark.model, pytest.mark.browser]
 MODEL = "SmolLM2-135M-Instruct"
-SCREENSHOTS = Path(__file__).resolve().parents[3] / "docs" / "screenshots"
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +35,6 @@ def server(make_server: Any) -> Any:
 def page(browser: Any, csp_page: Any) -> Iterator[Any]:
     with csp_page(browser) as page:
         yield page
-
-
-def screenshot_path(name: str, tmp_path: Path) -> Path:
-    target = SCREENSHOTS / name
-    if os.environ.get("FERRY_UPDATE_SCREENSHOTS") == "1" or not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        return target
-    return tmp_path / name
 
 
 def send(page: Any, text: str) -> None:

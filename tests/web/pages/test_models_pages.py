@@ -15,8 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.tools.screenshots import screenshot_path
+
 pytestmark = [pytest.mark.model, pytest.mark.browser]
-SCREENSHOTS = Path(__file__).resolve().parents[3] / "docs" / "screenshots"
 
 
 @pytest.fixture(scope="module")
@@ -27,26 +28,10 @@ def server(make_models_server: Any) -> Any:
 
 
 @pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
-    page = context.new_page()
-    page.set_default_timeout(60_000)
-    violations: list[str] = []  # the pages run under Ferry's Content-Security-Policy
-    page.on("console", lambda m: violations.append(m.text)
-            if "Content Security Policy" in m.text else None)
-    yield page
-    context.close()
-    assert not violations, violations
-
-
-def screenshot_path(name: str, tmp_path: Path) -> Path:
-    import os
-
-    target = SCREENSHOTS / name
-    if os.environ.get("FERRY_UPDATE_SCREENSHOTS") == "1" or not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        return target
-    return tmp_path / name
+def page(browser: Any, csp_page: Any) -> Iterator[Any]:
+    with csp_page(browser) as page:
+        page.set_default_timeout(60_000)  # model loads wait longer than the usual 30 s
+        yield page
 
 
 def model_state(server: Any, name: str) -> str:
