@@ -2,10 +2,27 @@
  * routines, so their integer parts agree exactly), and weights to Q8_0 / Q4_0 at load. */
 #include "quant_impl.h"
 
-/* amax = max |v[j]| over n values (a macro, not a function: the same code as written out) */
-#define ABSMAX(amax, v, n)                                          \
-    float amax = 0.f;                                               \
-    for (int j_ = 0; j_ < (n); j_++) amax = fmaxf(amax, fabsf((v)[j_]))
+/* max |v[j]| over n values (n a multiple of 8); a NaN is passed over, as fmaxf would (which
+ * stays a libm call per value without -ffinite-math-only) */
+static inline float abs_max(const float *v, int n) {
+    float amax = 0.f;
+    int j = 0;
+#ifdef FERRY_AVX2
+    __m256 m = _mm256_setzero_ps();
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (; j + 8 <= n; j += 8) /* max_ps returns its second operand when either is NaN */
+        m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(v + j), magnitude), m);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+#endif
+    for (; j < n; j++) {
+        float a = fabsf(v[j]);
+        amax = a > amax ? a : amax;
+    }
+    return amax;
+}
+#define ABSMAX(amax, v, n) float amax = abs_max((v), (n))
 
 /* per 32 values: d = max|x| / 127, qs = round-to-nearest-even(x / d) */
 void q_act32(const float *x, int64_t n, qa32 *out) {
