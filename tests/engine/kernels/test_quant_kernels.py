@@ -382,3 +382,24 @@ def test_lanes_run_where_the_path_has_them(path: str) -> None:
         assert quant.uses_lanes(qtype) == lanes, quant.type_name(qtype)
         if not quant._amx_in_force():
             assert (quant.many_rows(qtype) == quant.MANY_ROWS_LANES) == lanes
+
+
+@pytest.mark.parametrize("qtype", [quant.Q4_0, quant.Q4_1], ids=quant.type_name)
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_lanes_at_the_extremes_of_their_16_bit_sums(qtype: int, sign: float,
+                                                    path: str) -> None:
+    """Every nibble 15 against activations of one magnitude (all quantized to +-127): the
+    lanes' 16-bit sums of a block reach their largest (8 * 2 * 15 * 127) and must equal the
+    exact products, as the one-row dot products give them."""
+    out, inn = 3, 64
+    scale = np.float16(0.5).tobytes()
+    rows = []
+    for _ in range(out):
+        block = scale + (np.float16(0.0).tobytes() if qtype == quant.Q4_1 else b"") + \
+            b"\xff" * 16
+        rows.append(np.frombuffer(block * (inn // 32), dtype=np.uint8))
+    w = QuantWeight(qtype, torch.from_numpy(np.stack(rows).copy()), inn, out)
+    x = torch.full((16, inn), sign)
+    want = quant.dequantize(w) @ x[0]  # every weight 0.5 * (15 - 8) or 0.5 * 15
+    got = quant.quant_matmul(x, w)
+    assert torch.equal(got, want.expand(16, out)), (got[0], want)
