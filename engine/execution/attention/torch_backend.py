@@ -17,7 +17,8 @@ Padded pages repeat a sequence's first page, so they hold finite values, and are
 
 On CPU with Ferry's kernels loaded (engine.kernels), K/V are stored and the decode part is
 attended by C kernels that read the pages in place (no gather copy, one call per layer);
-the prefill part keeps SDPA. With a local layers' pool, all of this is planned once per pool
+so is a prefill part of short sequences (NATIVE_PREFILL), each query row as a sequence of
+its own; longer ones keep SDPA. With a local layers' pool, all of this is planned once per pool
 (`Plan`), over that pool's trimmed page tables, with the masks of that pool's layers.
 """
 from __future__ import annotations
@@ -37,6 +38,13 @@ from engine.execution.attention.torch_plan import (
 from engine.execution.cpu import emulated_bf16
 from engine.execution.kv_pool import KVPool
 from engine.kernels import ops
+
+# a prefill part where no sequence has more than this many (query row, position) pairs is
+# attended by the decode kernel, each query row as its own sequence ending at its position
+# (causal by construction), straight from the pages: a speculative round's few rows, prompt
+# chunks up to about 512 x 1024. It widens K/V per row where SDPA, over one gathered copy,
+# reuses them across rows, so longer contexts stay with SDPA (figures in README).
+NATIVE_PREFILL = 1 << 19
 
 
 class TorchAttention(AttentionBackend):
@@ -118,6 +126,12 @@ class TorchAttention(AttentionBackend):
         if self.n_pre:
             qlens, kvlens = inputs.query_lens[n_dec:], kv_lens[n_dec:]
             tables = page_tables[n_dec:]
+            if self.native and all(q * kv <= NATIVE_PREFILL for q, kv in zip(qlens, kvlens)):
+                plan.pre_pages = ops.DecodePages(
+                    [t for t, q in zip(tables, qlens) for _ in range(q)],
+                    [kv - q + r + 1 for q, kv in zip(qlens, kvlens) for r in range(q)],
+                    pool.page_size, pool.num_pages)
+                return plan
             firsts = [0]
             for q in qlens[:-1]:
                 firsts.append(firsts[-1] + q)
@@ -184,7 +198,10 @@ class TorchAttention(AttentionBackend):
             if plan.dec_perm is not None:
                 out = out.index_select(0, plan.dec_perm)
             parts.append(out)
-        if self.n_pre:
+        if plan.pre_pages is not None:
+            parts.append(ops.decode_attention(q[self.n_dec:], pool.paged(index),
+                                              plan.pre_pages, self.scale, window))
+        elif self.n_pre:
             qpre = q[self.n_dec:]
             outs = [self._prefill(qpre, blocks, g, window) for g in plan.pre_groups]
             out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)

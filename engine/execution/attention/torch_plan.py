@@ -63,3 +63,4 @@ class Plan:
     dec_perm: torch.Tensor | None = None
     pre_groups: list[PrefillGroup] = field(default_factory=list)
     pre_perm: torch.Tensor | None = None
+    pre_pages: ops.DecodePages | None = None  # native: one entry per prefill query row

@@ -381,3 +381,38 @@ def test_decode_attention_over_a_16_bit_pool(act: torch.dtype, pool_dtype: torch
     assert torch.equal(wide.data.to(pool_dtype), pool.data)  # the new K/V stored alike
     tol = 1e-5 if act == torch.float32 else 8e-3
     torch.testing.assert_close(got.float(), ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.float16])
+def test_short_prefill_parts_through_the_decode_kernel_match_sdpa(
+        window: int | None, pool_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round of decodes, a whole prompt, a chunk after a cached prefix and a speculative
+    round's few rows: the prefill rows attended by the decode kernel (each row a sequence
+    ending at its position) as SDPA attends them over the gathered pages, causal and within
+    the window; above the bound the round goes to SDPA."""
+    from engine.execution.attention import torch_backend
+
+    rng, ps, heads, kvh, d = random.Random(7), 4, 6, 2, 64
+    qlens, kvlens = [1, 1, 9, 6, 3], [5, 12, 9, 23, 40]
+    num_pages = sum(-(-n // ps) for n in kvlens)
+    pool = KVPool(1, num_pages, ps, kvh, d, pool_dtype, "cpu")
+    pool.data.normal_(generator=torch.Generator().manual_seed(3))
+    free = list(range(num_pages))
+    rng.shuffle(free)
+    tables = [[free.pop() for _ in range(-(-n // ps))] for n in kvlens]
+    slots = torch.tensor([t[p // ps] * ps + p % ps for t, q, n in zip(tables, qlens, kvlens)
+                          for p in range(n - q, n)])
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(sum(qlens), heads, d, generator=gen)
+    kv = torch.randn(sum(qlens), 2, kvh, d, generator=gen)
+    inputs = AttentionInputs(qlens, kvlens, tables, slots)
+    outs = {}
+    for native_prefill in (True, False):
+        # the bound: every sequence under it, or none
+        monkeypatch.setattr(torch_backend, "NATIVE_PREFILL", 1 << 19 if native_prefill else 8)
+        attn = TorchAttention(pool, heads, kvh, d, d ** -0.5, windows=[window])
+        attn.prepare(inputs)
+        assert (attn.plans[0].pre_pages is not None) == native_prefill
+        outs[native_prefill] = attn.forward(q, kv, 0)
+    torch.testing.assert_close(outs[True], outs[False], atol=1e-5, rtol=1e-5)
