@@ -10,34 +10,44 @@
  * to dt first as the separate torch ops do. gelu: GELU-tanh, else SiLU. */
 static int gated(const void *gate_up, void *out, int64_t rows, int n, int dt, int gelu) {
     size_t es = ferry_elem(dt);
-    float *g = (float *)malloc((size_t)n * 2 * sizeof(float));
-    if (!g) return FERRY_ENOMEM;
-    float *u = g + n;
-    for (int64_t r = 0; r < rows; r++) {
-        const char *src = (const char *)gate_up + (size_t)r * 2 * n * es;
-        ferry_load_row(src, dt, g, n);
-        ferry_load_row(src + (size_t)n * es, dt, u, n);
-        int i = 0;
+    int failed = 0;
+    /* rows are independent: split over the team for a prefill chunk's */
+#pragma omp parallel if (rows * n >= (1 << 15))
+    {
+        float *g = (float *)malloc((size_t)n * 2 * sizeof(float));
+        if (!g) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            if (!g) continue; /* the call fails as a whole; the team still meets the barrier */
+            float *u = g + n;
+            const char *src = (const char *)gate_up + (size_t)r * 2 * n * es;
+            ferry_load_row(src, dt, g, n);
+            ferry_load_row(src + (size_t)n * es, dt, u, n);
+            int i = 0;
 #ifdef FERRY_AVX2
-        for (; i + 8 <= n; i += 8) {
-            __m256 v = _mm256_loadu_ps(g + i), z = v;
-            if (gelu)
-                z = _mm256_mul_ps(_mm256_set1_ps(GELU_C),
-                                  _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(GELU_K), v),
-                                                  _mm256_mul_ps(v, v), v));
-            __m256 e = ferry_exp8(_mm256_sub_ps(_mm256_setzero_ps(), z));
-            _mm256_storeu_ps(g + i, _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
-        }
+            for (; i + 8 <= n; i += 8) {
+                __m256 v = _mm256_loadu_ps(g + i), z = v;
+                if (gelu)
+                    z = _mm256_mul_ps(_mm256_set1_ps(GELU_C),
+                                      _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(GELU_K), v),
+                                                      _mm256_mul_ps(v, v), v));
+                __m256 e = ferry_exp8(_mm256_sub_ps(_mm256_setzero_ps(), z));
+                _mm256_storeu_ps(g + i, _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
+            }
 #endif
-        for (; i < n; i++) {
-            float v = g[i], z = gelu ? GELU_C * fmaf(GELU_K * v, v * v, v) : v;
-            g[i] = v / (1.0f + expf(-z));
+            for (; i < n; i++) {
+                float v = g[i], z = gelu ? GELU_C * fmaf(GELU_K * v, v * v, v) : v;
+                g[i] = v / (1.0f + expf(-z));
+            }
+            for (i = 0; i < n; i++) g[i] = ferry_round_dt(g[i], dt) * u[i];
+            ferry_store_row((char *)out + (size_t)r * n * es, dt, g, n);
         }
-        for (i = 0; i < n; i++) g[i] = ferry_round_dt(g[i], dt) * u[i];
-        ferry_store_row((char *)out + (size_t)r * n * es, dt, g, n);
+        free(g);
     }
-    free(g);
-    return FERRY_OK;
+    return failed ? FERRY_ENOMEM : FERRY_OK;
 }
 
 int ferry_silu_mul(const void *gate_up, void *out, int64_t rows, int n, int dt) {

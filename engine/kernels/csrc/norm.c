@@ -8,26 +8,40 @@
 int ferry_rms_norm(void *x, void *residual, const void *w, void *out, int64_t rows, int dim,
                    float eps, int dt) {
     size_t es = ferry_elem(dt);
-    float *h = (float *)malloc((size_t)dim * 3 * sizeof(float));
-    if (!h) return FERRY_ENOMEM;
-    float *wf = h + dim, *tmp = h + 2 * dim;
-    ferry_load_row(w, dt, wf, dim);
-    for (int64_t r = 0; r < rows; r++) {
-        char *xr = (char *)x + (size_t)r * dim * es;
-        ferry_load_row(xr, dt, h, dim);
-        if (residual) {
-            char *rr = (char *)residual + (size_t)r * dim * es;
-            ferry_load_row(rr, dt, tmp, dim);
-            for (int i = 0; i < dim; i++) h[i] = ferry_round_dt(h[i] + tmp[i], dt);
-            ferry_store_row(rr, dt, h, dim);
+    int failed = 0;
+    /* rows are independent: split over the team where there are enough of them (a prefill
+     * chunk's, or its per-head QK-norm's thousands); each row's steps are the same either way */
+#pragma omp parallel if (rows * dim >= (1 << 15))
+    {
+        float *h = (float *)malloc((size_t)dim * 3 * sizeof(float));
+        float *wf = NULL, *tmp = NULL;
+        if (!h) {
+#pragma omp atomic write
+            failed = 1;
+        } else {
+            wf = h + dim;
+            tmp = h + 2 * dim;
+            ferry_load_row(w, dt, wf, dim);
         }
-        float ss = 0.f;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            if (!h) continue; /* the call fails as a whole; the team still meets the barrier */
+            char *xr = (char *)x + (size_t)r * dim * es;
+            ferry_load_row(xr, dt, h, dim);
+            if (residual) {
+                char *rr = (char *)residual + (size_t)r * dim * es;
+                ferry_load_row(rr, dt, tmp, dim);
+                for (int i = 0; i < dim; i++) h[i] = ferry_round_dt(h[i] + tmp[i], dt);
+                ferry_store_row(rr, dt, h, dim);
+            }
+            float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
-        for (int i = 0; i < dim; i++) ss += h[i] * h[i];
-        float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-        for (int i = 0; i < dim; i++) h[i] = wf[i] * ferry_round_dt(h[i] * inv, dt);
-        ferry_store_row((char *)out + (size_t)r * dim * es, dt, h, dim);
+            for (int i = 0; i < dim; i++) ss += h[i] * h[i];
+            float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+            for (int i = 0; i < dim; i++) h[i] = wf[i] * ferry_round_dt(h[i] * inv, dt);
+            ferry_store_row((char *)out + (size_t)r * dim * es, dt, h, dim);
+        }
+        free(h);
     }
-    free(h);
-    return FERRY_OK;
+    return failed ? FERRY_ENOMEM : FERRY_OK;
 }

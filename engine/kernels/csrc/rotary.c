@@ -7,26 +7,35 @@
  * sin with the model's [tokens, dim] tables in dt (cos = [c | c], sin = [-s | s]). */
 int ferry_rotary(void *x, int64_t row_stride, int64_t tokens, int heads, int dim,
                  const void *cos, const void *sin, int dt) {
-    int half = dim / 2;
+    int half = dim / 2, failed = 0;
     size_t es = ferry_elem(dt);
-    float *v = (float *)malloc((size_t)dim * 3 * sizeof(float));
-    if (!v) return FERRY_ENOMEM;
-    float *c = v + dim, *s = v + 2 * dim;
-    for (int64_t t = 0; t < tokens; t++) {
-        ferry_load_row((const char *)cos + (size_t)t * dim * es, dt, c, dim);
-        ferry_load_row((const char *)sin + (size_t)t * dim * es, dt, s, dim);
-        for (int hd = 0; hd < heads; hd++) {
-            char *p = (char *)x + ((size_t)t * row_stride + (size_t)hd * dim) * es;
-            ferry_load_row(p, dt, v, dim);
-            for (int i = 0; i < half; i++) {
-                float a = v[i], b = v[i + half];
-                /* as torch computes x*cos + roll(x)*sin: the product x*cos rounds to dt */
-                v[i] = ferry_round_dt(a * c[i], dt) + b * s[i];
-                v[i + half] = ferry_round_dt(b * c[i + half], dt) + a * s[i + half];
-            }
-            ferry_store_row(p, dt, v, dim);
+    /* tokens are independent: split over the team for a prefill chunk's */
+#pragma omp parallel if (tokens * heads * dim >= (1 << 15))
+    {
+        float *v = (float *)malloc((size_t)dim * 3 * sizeof(float));
+        if (!v) {
+#pragma omp atomic write
+            failed = 1;
         }
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tokens; t++) {
+            if (!v) continue; /* the call fails as a whole; the team still meets the barrier */
+            float *c = v + dim, *s = v + 2 * dim;
+            ferry_load_row((const char *)cos + (size_t)t * dim * es, dt, c, dim);
+            ferry_load_row((const char *)sin + (size_t)t * dim * es, dt, s, dim);
+            for (int hd = 0; hd < heads; hd++) {
+                char *p = (char *)x + ((size_t)t * row_stride + (size_t)hd * dim) * es;
+                ferry_load_row(p, dt, v, dim);
+                for (int i = 0; i < half; i++) {
+                    float a = v[i], b = v[i + half];
+                    /* as torch computes x*cos + roll(x)*sin: the product x*cos rounds to dt */
+                    v[i] = ferry_round_dt(a * c[i], dt) + b * s[i];
+                    v[i + half] = ferry_round_dt(b * c[i + half], dt) + a * s[i + half];
+                }
+                ferry_store_row(p, dt, v, dim);
+            }
+        }
+        free(v);
     }
-    free(v);
-    return FERRY_OK;
+    return failed ? FERRY_ENOMEM : FERRY_OK;
 }
