@@ -17,9 +17,10 @@ Padded pages repeat a sequence's first page, so they hold finite values, and are
 
 On CPU with Ferry's kernels loaded (engine.kernels), K/V are stored and the decode part is
 attended by C kernels that read the pages in place (no gather copy, one call per layer);
-so is a prefill part of short sequences (NATIVE_PREFILL), each query row as a sequence of
-its own; longer ones keep SDPA. With a local layers' pool, all of this is planned once per pool
-(`Plan`), over that pool's trimmed page tables, with the masks of that pool's layers.
+so is a prefill part of few rows or short contexts (NATIVE_PREFILL_*), each query row as a
+sequence of its own; longer ones keep SDPA. With a local layers' pool, all of this is planned
+once per pool (`Plan`), over that pool's trimmed page tables, with the masks of that pool's
+layers.
 """
 from __future__ import annotations
 
@@ -39,12 +40,14 @@ from engine.execution.cpu import emulated_bf16
 from engine.execution.kv_pool import KVPool
 from engine.kernels import ops
 
-# a prefill part where no sequence has more than this many (query row, position) pairs is
-# attended by the decode kernel, each query row as its own sequence ending at its position
-# (causal by construction), straight from the pages: a speculative round's few rows, prompt
-# chunks up to about 512 x 1024. It widens K/V per row where SDPA, over one gathered copy,
-# reuses them across rows, so longer contexts stay with SDPA (figures in README).
-NATIVE_PREFILL = 1 << 19
+# a prefill part whose sequences each have at most NATIVE_PREFILL_ROWS query rows (a
+# speculative round's) or at most NATIVE_PREFILL_CONTEXT positions (short prompts) is attended
+# by the decode kernel straight from the pages, each query row as a sequence of its own
+# ending at its position (causal by construction). It widens K/V once per row where SDPA,
+# over one gathered copy, reuses them across rows: many rows over a long context stay with
+# SDPA (the crossover measured is in the README).
+NATIVE_PREFILL_ROWS = 32
+NATIVE_PREFILL_CONTEXT = 512
 
 
 class TorchAttention(AttentionBackend):
@@ -126,7 +129,8 @@ class TorchAttention(AttentionBackend):
         if self.n_pre:
             qlens, kvlens = inputs.query_lens[n_dec:], kv_lens[n_dec:]
             tables = page_tables[n_dec:]
-            if self.native and all(q * kv <= NATIVE_PREFILL for q, kv in zip(qlens, kvlens)):
+            if self.native and all(q <= NATIVE_PREFILL_ROWS or kv <= NATIVE_PREFILL_CONTEXT
+                                   for q, kv in zip(qlens, kvlens)):
                 plan.pre_pages = ops.DecodePages(
                     [t for t, q in zip(tables, qlens) for _ in range(q)],
                     [kv - q + r + 1 for q, kv in zip(qlens, kvlens) for r in range(q)],

@@ -409,8 +409,10 @@ def test_short_prefill_parts_through_the_decode_kernel_match_sdpa(
     inputs = AttentionInputs(qlens, kvlens, tables, slots)
     outs = {}
     for native_prefill in (True, False):
-        # the bound: every sequence under it, or none
-        monkeypatch.setattr(torch_backend, "NATIVE_PREFILL", 1 << 19 if native_prefill else 8)
+        # the bounds: every sequence under them, or none
+        monkeypatch.setattr(torch_backend, "NATIVE_PREFILL_ROWS", 32 if native_prefill else 2)
+        monkeypatch.setattr(torch_backend, "NATIVE_PREFILL_CONTEXT",
+                            512 if native_prefill else 8)
         attn = TorchAttention(pool, heads, kvh, d, d ** -0.5, windows=[window])
         attn.prepare(inputs)
         assert (attn.plans[0].pre_pages is not None) == native_prefill
