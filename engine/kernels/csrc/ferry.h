@@ -146,6 +146,17 @@ static inline void ferry_store_row(void *dst, int dt, const float *src, int64_t 
 
 static inline size_t ferry_elem(int dt) { return dt == FERRY_F32 ? 4 : 2; }
 
+/* a thread's scratch of n floats inside a parallel region, or NULL with *failed set (the
+ * thread then skips its rows but still meets the team's barriers; the call fails as a whole) */
+static inline float *ferry_scratch(size_t n, int *failed) {
+    float *p = (float *)malloc(n * sizeof(float));
+    if (!p) {
+#pragma omp atomic write
+        *failed = 1;
+    }
+    return p;
+}
+
 #ifdef FERRY_AVX2
 /* e^x for 8 floats: Cephes' expf (range reduction by ln 2, degree-6 polynomial), within
  * ~2 float ulp; NaN stays NaN through the caller's own arithmetic */

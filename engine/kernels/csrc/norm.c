@@ -13,12 +13,9 @@ int ferry_rms_norm(void *x, void *residual, const void *w, void *out, int64_t ro
      * chunk's, or its per-head QK-norm's thousands); each row's steps are the same either way */
 #pragma omp parallel if (rows * dim >= (1 << 15))
     {
-        float *h = (float *)malloc((size_t)dim * 3 * sizeof(float));
+        float *h = ferry_scratch((size_t)dim * 3, &failed);
         float *wf = NULL, *tmp = NULL;
-        if (!h) {
-#pragma omp atomic write
-            failed = 1;
-        } else {
+        if (h) {
             wf = h + dim;
             tmp = h + 2 * dim;
             ferry_load_row(w, dt, wf, dim);
