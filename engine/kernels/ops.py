@@ -92,18 +92,28 @@ def store_kv(kv: torch.Tensor, slots: torch.Tensor, paged: torch.Tensor) -> None
 
 
 class DecodePages:
-    """One round's page tables for `decode_attention`, flattened once (not per layer)."""
+    """One round's page tables for `decode_attention`, flattened once (not per layer).
+    Consecutive entries given the very same table object (a prefill part's query rows, one
+    entry each) share one copy of it, which the kernel takes as rows of one sequence."""
 
     def __init__(self, page_tables: list[list[int]], kv_lens: list[int], page_size: int,
                  num_pages: int) -> None:
         ids: list[int] = []
         starts: list[int] = []
+        last: list[int] | None = None
+        have = 0  # pages of `last` copied so far (the end of ids)
         for table, n in zip(page_tables, kv_lens):
             need = -(-n // page_size)
             if len(table) < need:
                 raise ValueError(f"{n} positions need {need} pages, the table has {len(table)}")
-            starts.append(len(ids))
-            ids.extend(table[:need])
+            if table is last:
+                starts.append(starts[-1])
+            else:
+                starts.append(len(ids))
+                last, have = table, 0
+            if need > have:
+                ids.extend(table[have:need])
+                have = need
         if ids and not (min(ids) >= 0 and max(ids) < num_pages):
             raise ValueError("a page table points outside the KV pool")
         self.page_ids = torch.tensor(ids, dtype=torch.int32)

@@ -42,10 +42,10 @@ from engine.kernels import ops
 
 # a prefill part whose sequences each have at most NATIVE_PREFILL_ROWS query rows (a
 # speculative round's) or at most NATIVE_PREFILL_CONTEXT positions (short prompts) is attended
-# by the decode kernel straight from the pages, each query row as a sequence of its own
-# ending at its position (causal by construction). It widens K/V once per row where SDPA,
-# over one gathered copy, reuses them across rows: many rows over a long context stay with
-# SDPA (the crossover measured is in the README).
+# by the decode kernel straight from the pages, each query row as an entry of its own ending
+# at its position (causal by construction; the kernel takes a sequence's rows in tiles of 8).
+# SDPA over one gathered copy multiplies more rows at a time: many rows over a long context
+# stay with it (the crossover measured is in the README).
 NATIVE_PREFILL_ROWS = 32
 NATIVE_PREFILL_CONTEXT = 512
 
@@ -131,7 +131,7 @@ class TorchAttention(AttentionBackend):
             tables = page_tables[n_dec:]
             if self.native and all(q <= NATIVE_PREFILL_ROWS or kv <= NATIVE_PREFILL_CONTEXT
                                    for q, kv in zip(qlens, kvlens)):
-                plan.pre_pages = ops.DecodePages(
+                plan.pre_pages = ops.DecodePages(  # a sequence's rows share its table
                     [t for t, q in zip(tables, qlens) for _ in range(q)],
                     [kv - q + r + 1 for q, kv in zip(qlens, kvlens) for r in range(q)],
                     pool.page_size, pool.num_pages)

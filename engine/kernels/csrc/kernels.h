@@ -24,8 +24,9 @@ int ferry_gelu_tanh_mul(const void *gate_up, void *out, int64_t rows, int n, int
 void ferry_store_kv(const void *kv, int64_t row_stride, const int64_t *slots, int64_t tokens,
                     void *pool, int kv_heads, int page_size, int dim, int dt, int pool_dt);
 
-/* attention.c: one new token per sequence attends over its cached K/V in the pool (the last
- * `window` positions; 0: all); q and out in dt, the pool in pool_dt */
+/* attention.c: one query row per entry attends over its cached K/V in the pool (the last
+ * `window` positions; 0: all): a decode step, or a prefill row (entries sharing a table, one
+ * position apart, are taken together); q and out in dt, the pool in pool_dt */
 int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
                            const int32_t *page_ids, const int64_t *page_starts,
                            const int32_t *kv_lens, int64_t seqs, int heads, int kv_heads,

@@ -418,3 +418,27 @@ def test_short_prefill_parts_through_the_decode_kernel_match_sdpa(
         assert (attn.plans[0].pre_pages is not None) == native_prefill
         outs[native_prefill] = attn.forward(q, kv, 0)
     torch.testing.assert_close(outs[True], outs[False], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [0, 6])
+@pytest.mark.parametrize("d", [64, 40])
+def test_a_prefill_rows_tile_gives_each_row_its_bits_alone(window: int, d: int) -> None:
+    """Rows of one sequence given one shared table are attended as a tile (K/V widened once
+    for all of them): each row's output is the same bits as the row attended alone, as a
+    decode step of that length would attend it, also past a tile's 8 rows and with a window."""
+    ps, heads, kvh, total, rows = 4, 6, 2, 45, 11
+    num_pages = -(-total // ps)
+    pool = KVPool(1, num_pages, ps, kvh, d, torch.float16, "cpu")
+    pool.data.normal_(generator=torch.Generator().manual_seed(5))
+    table = list(range(num_pages))
+    random.Random(5).shuffle(table)
+    lens = list(range(total - rows + 1, total + 1))
+    q = torch.randn(rows, heads, d, generator=torch.Generator().manual_seed(6))
+    tiled = ops.decode_attention(q, pool.paged(0),
+                                 ops.DecodePages([table] * rows, lens, ps, num_pages),
+                                 d ** -0.5, window)
+    alone = torch.cat([ops.decode_attention(q[r:r + 1], pool.paged(0),
+                                            ops.DecodePages([list(table)], [n], ps, num_pages),
+                                            d ** -0.5, window)
+                       for r, n in enumerate(lens)])
+    assert torch.equal(tiled, alone)
