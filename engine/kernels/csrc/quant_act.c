@@ -2,8 +2,8 @@
  * routines, so their integer parts agree exactly), and weights to Q8_0 / Q4_0 at load. */
 #include "quant_impl.h"
 
-/* max |v[j]| over n values (n a multiple of 8); a NaN is passed over, as fmaxf would (which
- * stays a libm call per value without -ffinite-math-only) */
+/* max |v[j]| over n values; a NaN is passed over, as fmaxf would (which stays a libm call per
+ * value without -ffinite-math-only) */
 static inline float abs_max(const float *v, int n) {
     float amax = 0.f;
     int j = 0;
@@ -22,13 +22,12 @@ static inline float abs_max(const float *v, int n) {
     }
     return amax;
 }
-#define ABSMAX(amax, v, n) float amax = abs_max((v), (n))
 
 /* per 32 values: d = max|x| / 127, qs = round-to-nearest-even(x / d) */
 void q_act32(const float *x, int64_t n, qa32 *out) {
     for (int64_t b = 0; b < n / 32; b++) {
         const float *v = x + b * 32;
-        ABSMAX(amax, v, 32);
+        float amax = abs_max(v, 32);
         float d = amax / 127.f, id = d > 0.f ? 127.f / amax : 0.f;
         int32_t sum = 0;
         for (int j = 0; j < 32; j++) {
@@ -45,7 +44,7 @@ void q_act32(const float *x, int64_t n, qa32 *out) {
 void q_act256(const float *x, int64_t n, qa256 *out) {
     for (int64_t b = 0; b < n / 256; b++) {
         const float *v = x + b * 256;
-        ABSMAX(amax, v, 256);
+        float amax = abs_max(v, 256);
         float d = amax / 127.f, id = d > 0.f ? 127.f / amax : 0.f;
         for (int j = 0; j < 256; j++) out[b].qs[j] = (int8_t)(int)nearbyintf(v[j] * id);
         for (int g = 0; g < 16; g++) {
@@ -59,7 +58,7 @@ void q_act256(const float *x, int64_t n, qa256 *out) {
 
 /* gguf-py's Q8_0 (= ggml's reference): d = amax / 127 in float32, qs = roundf(x * (1 / d)) */
 static void quantize_q8_0(const float *v, uint8_t *blk) {
-    ABSMAX(amax, v, 32);
+    float amax = abs_max(v, 32);
     float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
     uint16_t h = ferry_f32_to_f16(d);
     memcpy(blk, &h, 2);

@@ -125,14 +125,22 @@ void q_pack_half32(const void *rows, int n, int64_t astride, int64_t nb, ql32 *o
 /* n <= QL_ROWS qa256 rows -> nb qlk for weights of type qt, the lanes past n zero */
 void q_pack_lanes_k(const void *rows, int n, int64_t astride, int64_t nb, int qt, qlk *out);
 
-/* Q4_K / Q5_K packed 6-bit scales and mins of the eight 32-value groups */
+/* Q4_K / Q5_K's 12 bytes of 6-bit scales and mins, decoded on 32-bit words: the 8 scales'
+ * bytes in *sc, the 8 mins' in *m, the first in the low byte (llama.cpp's kmask layout) */
+static inline void q_scale_min_k4_words(const uint8_t *s, uint64_t *sc, uint64_t *m) {
+    uint32_t u[3];
+    memcpy(u, s, 12);
+    *sc = (uint64_t)(u[0] & 0x3f3f3f3fu) |
+          (uint64_t)((u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u)) << 32;
+    *m = (uint64_t)(u[1] & 0x3f3f3f3fu) |
+         (uint64_t)(((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u)) << 32;
+}
+
 static inline void q_scale_min_k4(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = s[j] & 63;
-        m[j] = s[j + 4] & 63;
-        sc[j + 4] = (uint8_t)((s[j + 8] & 0xF) | ((s[j] >> 6) << 4));
-        m[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
-    }
+    uint64_t a, b;
+    q_scale_min_k4_words(s, &a, &b);
+    memcpy(sc, &a, 8); /* little-endian, as every CPU the kernels build for: byte j, scale j */
+    memcpy(m, &b, 8);
 }
 
 static inline float q_f16(const uint8_t *p) {

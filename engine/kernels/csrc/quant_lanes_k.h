@@ -65,13 +65,8 @@ INL void qk_body(const uint8_t *w, int64_t wstride, const int W, int64_t nb, con
                 /* int16 pairs, little end first: (s[2p], s[2p + 1]) */
                 _mm256_storeu_si256((__m256i *)mul[i], _mm256_cvtepi8_epi16(s));
             } else {
-                /* q_scale_min_k4 on 32-bit words: bytes 0-3 scales / mins 0-3, 4-7 the rest */
-                uint32_t u[3];
-                memcpy(u, blk + 4, 12);
-                const uint64_t scs = (uint64_t)(u[0] & 0x3f3f3f3fu) |
-                    (uint64_t)((u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u)) << 32;
-                const uint64_t mins = (uint64_t)(u[1] & 0x3f3f3f3fu) |
-                    (uint64_t)(((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u)) << 32;
+                uint64_t scs, mins;
+                q_scale_min_k4_words(blk + 4, &scs, &mins);
                 _mm256_storeu_si256((__m256i *)sc[i],
                                     _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)scs)));
                 _mm_storeu_si128((__m128i *)mul[i],
