@@ -14,7 +14,7 @@ static int gated(const void *gate_up, void *out, int64_t rows, int n, int dt, in
     /* rows are independent: split over the team for a prefill chunk's */
 #pragma omp parallel if (rows * n >= (1 << 15))
     {
-        float *g = ferry_scratch((size_t)n * 2, &failed);
+        float *g = ferry_scratch((size_t)n * 2 * sizeof(float), &failed);
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             if (!g) continue; /* the call fails as a whole; the team still meets the barrier */

@@ -17,11 +17,16 @@ static void kv_offsets(const int32_t *pages, int lo, int len, int g, int kv_head
     }
 }
 
+/* the row at `off` (elements) */
+static inline const char *kv_at(const char *pool, int pool_dt, int64_t off) {
+    return pool + off * (int64_t)ferry_elem(pool_dt);
+}
+
 /* that row as float32: the pool's own bytes where it holds float32 (no copy), else converted
  * into `buf` */
 static inline const float *kv_row(const char *pool, int pool_dt, int64_t off, int dim,
                                   float *buf) {
-    const char *row = pool + off * (int64_t)ferry_elem(pool_dt);
+    const char *row = kv_at(pool, pool_dt, off);
     if (pool_dt == FERRY_F32) return (const float *)row;
     ferry_load_row(row, pool_dt, buf, dim);
     return buf;
@@ -30,7 +35,7 @@ static inline const float *kv_row(const char *pool, int pool_dt, int64_t off, in
 /* the cache lines of the row at `off`: a sequence's pages lie anywhere in the pool, so the
  * hardware prefetcher loses the thread at every page, and the rows' loads waited on memory */
 static inline void kv_prefetch(const char *pool, int pool_dt, int64_t off, int dim) {
-    const char *row = pool + off * (int64_t)ferry_elem(pool_dt);
+    const char *row = kv_at(pool, pool_dt, off);
     for (int b = 0; b < dim * (int)ferry_elem(pool_dt); b += 64) __builtin_prefetch(row + b);
 }
 
@@ -105,25 +110,22 @@ int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
     /* tiles: first[t] .. first[t + 1] - 1 */
     int64_t *first = (int64_t *)malloc((size_t)(seqs + 1) * sizeof(int64_t));
     if (!first) return FERRY_ENOMEM;
-    int64_t tiles = 0;
-    for (int64_t s = 0; s < seqs; s++)
+    int64_t tiles = 0, rows_cap = 1; /* the largest tile's rows */
+    for (int64_t s = 0; s < seqs; s++) {
         if (s == 0 || s - first[tiles - 1] == ROWS_MAX || page_starts[s] != page_starts[s - 1] ||
             kv_lens[s] != kv_lens[s - 1] + 1)
             first[tiles++] = s;
+        if (s - first[tiles - 1] + 1 > rows_cap) rows_cap = s - first[tiles - 1] + 1;
+    }
     first[tiles] = seqs;
-    const int64_t rows_cap = seqs < ROWS_MAX ? seqs : ROWS_MAX;
 #pragma omp parallel
     {
         const size_t rg = (size_t)rows_cap * group; /* (row, head) pairs of a tile */
-        float *qf = ferry_scratch(rg * dim, &failed);
-        float *acc = ferry_scratch(rg * dim, &failed);
-        float *kf = ferry_scratch((size_t)dim * V_TILE, &failed);
-        float *scores = ferry_scratch(rg * max_len, &failed);
-        int64_t *offs = (int64_t *)malloc((size_t)max_len * sizeof(int64_t));
-        if (!offs) {
-#pragma omp atomic write
-            failed = 1;
-        }
+        float *qf = ferry_scratch(rg * dim * sizeof(float), &failed);
+        float *acc = ferry_scratch(rg * dim * sizeof(float), &failed);
+        float *kf = ferry_scratch((size_t)dim * V_TILE * sizeof(float), &failed);
+        float *scores = ferry_scratch(rg * max_len * sizeof(float), &failed);
+        int64_t *offs = ferry_scratch((size_t)max_len * sizeof(int64_t), &failed);
         int ok = qf && acc && kf && scores && offs;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t work = 0; work < tiles * kv_heads; work++) {

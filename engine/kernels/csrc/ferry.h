@@ -146,10 +146,10 @@ static inline void ferry_store_row(void *dst, int dt, const float *src, int64_t 
 
 static inline size_t ferry_elem(int dt) { return dt == FERRY_F32 ? 4 : 2; }
 
-/* a thread's scratch of n floats inside a parallel region, or NULL with *failed set (the
+/* a thread's scratch of `bytes` inside a parallel region, or NULL with *failed set (the
  * thread then skips its rows but still meets the team's barriers; the call fails as a whole) */
-static inline float *ferry_scratch(size_t n, int *failed) {
-    float *p = (float *)malloc(n * sizeof(float));
+static inline void *ferry_scratch(size_t bytes, int *failed) {
+    void *p = malloc(bytes);
     if (!p) {
 #pragma omp atomic write
         *failed = 1;
@@ -176,21 +176,6 @@ static inline __m256 ferry_exp8(__m256 x) {
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
                                                    _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-/* eight values of a float32 / bf16 / f16 row, from element `at`, as float32 */
-static inline __m256 ferry_load8(const char *row, int dt, int64_t at) {
-    if (dt == FERRY_F32) return _mm256_loadu_ps((const float *)row + at);
-    __m128i v = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + at));
-    if (dt == FERRY_BF16)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
-#ifdef __F16C__
-    return _mm256_cvtph_ps(v);
-#else
-    float f[8];
-    ferry_load_row((const uint16_t *)row + at, FERRY_F16, f, 8);
-    return _mm256_loadu_ps(f);
-#endif
 }
 
 /* lane k of the result = the sum of v[k]'s eight lanes */

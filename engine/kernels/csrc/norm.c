@@ -13,7 +13,7 @@ int ferry_rms_norm(void *x, void *residual, const void *w, void *out, int64_t ro
      * chunk's, or its per-head QK-norm's thousands); each row's steps are the same either way */
 #pragma omp parallel if (rows * dim >= (1 << 15))
     {
-        float *h = ferry_scratch((size_t)dim * 3, &failed);
+        float *h = ferry_scratch((size_t)dim * 3 * sizeof(float), &failed);
         float *wf = NULL, *tmp = NULL;
         if (h) {
             wf = h + dim;

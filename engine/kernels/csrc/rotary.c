@@ -12,7 +12,7 @@ int ferry_rotary(void *x, int64_t row_stride, int64_t tokens, int heads, int dim
     /* tokens are independent: split over the team for a prefill chunk's */
 #pragma omp parallel if (tokens * heads * dim >= (1 << 15))
     {
-        float *v = ferry_scratch((size_t)dim * 3, &failed);
+        float *v = ferry_scratch((size_t)dim * 3 * sizeof(float), &failed);
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tokens; t++) {
             if (!v) continue; /* the call fails as a whole; the team still meets the barrier */
