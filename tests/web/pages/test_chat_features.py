@@ -249,6 +249,9 @@ def test_code_copy_settings_rename_search(server: Any, page: Any, waiter: Any, i
     page.fill(".rename input[name=title]", "Arithmetic in Python")
     page.press(".rename input[name=title]", "Enter")
     page.locator(".conv.active a", has_text="Arithmetic in Python").wait_for()
+    # the rename reloads the page (ClientRedirect): its parsed search box can be filled before
+    # the deferred htmx binds it on DOMContentLoaded, and that input event would be lost
+    page.wait_for_load_state("load")
     assert store.conversation(cid).title == "Arithmetic in Python"
     page.fill(".sidebar .search", "arithmetic")
     page.locator("#conversations .conv").first.wait_for()
