@@ -247,11 +247,12 @@ def test_code_copy_settings_rename_search(server: Any, page: Any, waiter: Any, i
     assert reply.prompt_tokens > base.prompt_tokens + 15  # the system prompt is in it
     # rename, then search by title and by content
     page.fill(".rename input[name=title]", "Arithmetic in Python")
-    page.press(".rename input[name=title]", "Enter")
+    # the rename reloads the page (ClientRedirect). Waiting for the new title is not enough: the
+    # list's own refresh (while the last reply's live mark shows) can show it on the old page, and
+    # a search typed there is lost when the reload lands; so wait for the reload itself
+    with page.expect_navigation(wait_until="load"):
+        page.press(".rename input[name=title]", "Enter")
     page.locator(".conv.active a", has_text="Arithmetic in Python").wait_for()
-    # the rename reloads the page (ClientRedirect): its parsed search box can be filled before
-    # the deferred htmx binds it on DOMContentLoaded, and that input event would be lost
-    page.wait_for_load_state("load")
     assert store.conversation(cid).title == "Arithmetic in Python"
     page.fill(".sidebar .search", "arithmetic")
     page.locator("#conversations .conv").first.wait_for()
