@@ -38,7 +38,7 @@ QUANTIZABLE = (Q8_0, Q4_0)  # what quantize() writes
 # never). Their int8 activations (one scale per 32 or 256 values, as llama.cpp's) round about
 # as much as the bf16 activations of the AMX and bf16 tiles.
 MANY_ROWS_AMX, MANY_ROWS_BF16, MANY_ROWS_F32, MANY_ROWS_LANES = 8, 12, 24, 1 << 62
-AMX_MAX_ROWS = 64  # from here on torch's bf16 matmul (oneDNN) on dequantized tiles is faster
+AMX_MAX_ROWS = 1024  # from here on torch's bf16 matmul (oneDNN) on dequantized tiles is as fast
 _TILE_ELEMS = 1 << 18  # values per dequantized tile: within the L2 cache
 _EQUANT = -2
 

@@ -4,7 +4,7 @@
 
 /* bf16 (dt): P's one part is a bf16 matrix (ferry_gemv_bf16); float32: part by part into y's
  * column slices, as engine.execution.model.linear_kernels multiplies a (split) quantized
- * weight */
+ * weight, each part in the kernel quant.quant_matmul picks for it (ferry_qgemm_takes) */
 int proj_product(const ferry_proj *P, const void *x, int64_t rows, int64_t in, void *y,
                    int64_t out, int dt) {
     if (dt == FERRY_BF16) {
@@ -17,8 +17,8 @@ int proj_product(const ferry_proj *P, const void *x, int64_t rows, int64_t in, v
     for (int i = 0; i < P->parts; i++) {
         const ferry_weight *w = &P->part[i];
         if (w->in != in || col + w->out > out) return FERRY_EQUANT;
-        FERRY_TRY(ferry_qmatmul((const float *)x, rows, in, w, bias ? bias + col : NULL,
-                                (float *)y + col, out));
+        FERRY_TRY((ferry_qgemm_takes(w, rows) ? ferry_qgemm_bf16 : ferry_qmatmul)(
+            (const float *)x, rows, in, w, bias ? bias + col : NULL, (float *)y + col, out));
         col += w->out;
     }
     return col == out ? FERRY_OK : FERRY_EQUANT;

@@ -1,4 +1,4 @@
-/* The mixture-of-experts MLP (Qwen3-MoE) over a few float32 rows, in one call: the router,
+/* The mixture-of-experts MLP (Qwen3-MoE) over float32 rows, in one call: the router,
  * the choice of experts, and each chosen expert's gated MLP over just the rows that chose it
  * (so an expert's blocks are read once per call, and only when some row chose it). Both the
  * layer-by-layer path (engine/execution/model/layers/moe.py) and the fused decode layer call

@@ -32,6 +32,11 @@ int ferry_qgemm_bf16(const float *x, int64_t rows, int64_t x_stride, const ferry
                      const float *bias, float *y, int64_t y_stride);
 int ferry_qgemm_available(void);
 
+/* whether ferry_qgemm_bf16 takes this product of `rows` rows, as quant.quant_matmul decides
+ * for a Linear: AMX here and the best dot products in force (not capped by ferry_qpath or
+ * FERRY_CPU), rows from quant.MANY_ROWS_AMX on, W not float32, its `in` whole 32s */
+int ferry_qgemm_takes(const ferry_weight *w, int64_t rows);
+
 /* out[k] = row ids[k] of W ([n, in]), dt FERRY_F32 (exact) or FERRY_BF16 (rounded to nearest
  * even); ids NULL: rows 0..n-1 */
 int ferry_qdequantize(const ferry_weight *w, const int64_t *ids, int64_t n, void *out, int dt);

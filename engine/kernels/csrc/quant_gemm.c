@@ -125,6 +125,11 @@ G_TGT static void block(const ferry_weight *w, int64_t o0, int64_t n, const uint
 
 int ferry_qgemm_available(void) { return g_cpu(); }
 
+int ferry_qgemm_takes(const ferry_weight *w, int64_t rows) {
+    return rows >= 8 && w->qtype != QT_F32 && w->in % G_K == 0 && q_active_path() == 3 &&
+           g_cpu();
+}
+
 G_TGT int ferry_qgemm_bf16(const float *x, int64_t rows, int64_t x_stride,
                            const ferry_weight *w, const float *bias, float *y,
                            int64_t y_stride) {
@@ -163,6 +168,11 @@ G_TGT int ferry_qgemm_bf16(const float *x, int64_t rows, int64_t x_stride,
 
 #else
 int ferry_qgemm_available(void) { return 0; }
+
+int ferry_qgemm_takes(const ferry_weight *w, int64_t rows) {
+    (void)w, (void)rows;
+    return 0;
+}
 
 int ferry_qgemm_bf16(const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w,
                      const float *bias, float *y, int64_t y_stride) {

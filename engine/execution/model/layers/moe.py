@@ -4,9 +4,10 @@ over all, the top weights renormalised where the config says so), each expert a 
 Tokens are batched by expert: each chosen expert multiplies just the rows of the tokens that
 chose it, so a quantized expert's blocks are read only when some token in the round chose it
 (its weights are views into the file's map, one per expert). A single row (one chat's decode
-step) runs its top_k experts directly, with no sorting or gathering. Quantized experts over a
-few float32 rows run all of it in one native call (csrc/moe.c), which the fused decode layer
-calls too.
+step) runs its top_k experts directly, with no sorting or gathering. Quantized experts over
+float32 rows, decode rounds and prefill chunks alike, run all of it in one native call
+(csrc/moe.c, each expert's product in the kernel quant.quant_matmul would pick), which the
+fused decode layer calls too: no Python per expert.
 """
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from engine.execution.model.layers.linear import Linear
 from engine.execution.model.layers.mlp import GatedMLP
 from engine.kernels import layer_ops, native, quant
 
-NATIVE_ROWS = 64  # rows the native MoE takes (decode rounds); prefill chunks run below
+# rows the native MoE takes in one call (its scratch grows with them); longer prefill chunks
+# go through it in slices of this many
+NATIVE_ROWS = 2048
 
 
 class Router(Linear):
@@ -77,10 +80,15 @@ class MoEMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
-        if x.shape[0] <= NATIVE_ROWS and x.dtype == torch.float32 and x.device.type == "cpu":
-            moe = self.native()
-            if moe is not None:
-                return layer_ops.moe_mlp(moe, x)
+        moe = self.native() if x.dtype == torch.float32 and x.device.type == "cpu" else None
+        if moe is None:
+            return self.by_expert(x)
+        if x.shape[0] <= NATIVE_ROWS:
+            return layer_ops.moe_mlp(moe, x)
+        return torch.cat([layer_ops.moe_mlp(moe, part) for part in x.split(NATIVE_ROWS)])
+
+    def by_expert(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer in torch (float experts, CUDA, no native library): x [T, hidden]."""
         probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # [T, experts]
         weights, chosen = torch.topk(probs, self.spec.top_k, dim=-1)  # [T, top_k]
         if self.spec.normalize:
