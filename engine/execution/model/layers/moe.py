@@ -85,7 +85,7 @@ class MoEMLP(nn.Module):
             return self.by_expert(x)
         if x.shape[0] <= NATIVE_ROWS:
             return layer_ops.moe_mlp(moe, x)
-        return torch.cat([layer_ops.moe_mlp(moe, part) for part in x.split(NATIVE_ROWS)])
+        return torch.cat([layer_ops.moe_mlp(moe, part) for part in torch.split(x, NATIVE_ROWS)])
 
     def by_expert(self, x: torch.Tensor) -> torch.Tensor:
         """The layer in torch (float experts, CUDA, no native library): x [T, hidden]."""
