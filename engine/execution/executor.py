@@ -22,7 +22,8 @@ from engine.execution.kv_pool import KVPool, LocalTables, slot_of
 from engine.execution.loading.loader import load_model, pool_dtype, resolve_model, weight_mode
 from engine.execution.loading.model_files import is_gguf
 from engine.execution.model.decoder import CausalLM
-from engine.execution.model.fused_decode import FusedDecode
+from engine.execution.model.fused_decode import FusedDecode, per_row_rows
+from engine.execution.model.layers.linear import Linear
 from engine.execution.sampling.grammar_masks import MaskWorker, consume
 from engine.execution.sampling.sampler import Sampler
 from engine.execution.sampling.verify import verify_items
@@ -154,7 +155,10 @@ class ModelExecutor:
         """Rows a decode round runs on the few-row path (fused layers, int8 products per
         row): a speculative round's drafts stay within it, so each row's numbers are those
         of plain decoding (and its cost grows little per row)."""
-        return self.fused.max_rows if self.fused is not None else 16
+        if self.fused is not None:
+            return self.fused.max_rows
+        # layer by layer: the quantized projections' per-row limit (7 on AMX CPUs), else 16
+        return per_row_rows((m for m in self.model.modules() if isinstance(m, Linear)), 16)
 
     # --- the forward pass -------------------------------------------------------------------
 

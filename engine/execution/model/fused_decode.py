@@ -24,7 +24,7 @@ backend offers the round to a native decode layer (AttentionBackend.native_decod
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -95,6 +95,16 @@ def describe_layer(attn: Attention, mlp: nn.Module, norms: Sequence[RMSNorm], ro
         mlp.act, ffn, out, rope)
 
 
+def per_row_rows(modules: Iterable[Linear], most: int) -> int:
+    """The most rows (at most `most`) that every quantized one of these projections multiplies
+    as it does one row (int8 products per row): below where quant_matmul turns to AMX or to
+    dequantized tiles for one of them. A speculative round's rows stay within it, so each row's
+    numbers are those of plain decoding."""
+    many = [quant.many_rows(part.qtype) for module in modules
+            for part in module.block_parts(layer_ops.MAX_PARTS) or ()]
+    return min([most, *(n - 1 for n in many)])
+
+
 def _parts(module: Linear, bf16: bool) -> Sequence[torch.Tensor | quant.QuantWeight] | None:
     """The matrices of a projection as the recipe multiplies them, or None where it cannot."""
     w = module.weight
@@ -152,11 +162,9 @@ class FusedDecode:
             return None
         if dtype == torch.bfloat16:  # the layer path's few-row products
             max_rows = linear_kernels.NATIVE_DIRECT_ROWS
-        else:  # below where quant_matmul turns to dequantized tiles for one of the weights
-            max_rows = min(quant.many_rows(part.qtype) for spec in specs
-                           for module in spec.projections
-                           for part in module.block_parts(layer_ops.MAX_PARTS) or ()) - 1
-            max_rows = min(max_rows, MAX_ROWS)
+        else:
+            max_rows = per_row_rows((module for spec in specs for module in spec.projections),
+                                    MAX_ROWS)
         return FusedDecode(cfg, layers, [spec.rope for spec in specs],  # type: ignore[arg-type]
                            dtype, max_rows, keep)
 
