@@ -6,8 +6,34 @@
 #define GELU_C 1.5957691216057308f /* 2 sqrt(2/pi) */
 #define GELU_K 0.044715f
 
-/* out[r, i] = act(gate) * up for gate_up rows [gate (n) | up (n)], rounding act's result
- * to dt first as the separate torch ops do. gelu: GELU-tanh, else SiLU. */
+/* one row: out[i] = act(gate[i]) * up[i] for gate_up's row [gate (n) | up (n)], rounding
+ * act's result to dt first as the separate torch ops do; g: 2n floats of scratch */
+void gated_row(const void *gate_up, void *out, int n, int dt, int gelu, float *g) {
+    size_t es = ferry_elem(dt);
+    float *u = g + n;
+    ferry_load_row(gate_up, dt, g, n);
+    ferry_load_row((const char *)gate_up + (size_t)n * es, dt, u, n);
+    int i = 0;
+#ifdef FERRY_AVX2
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(g + i), z = v;
+        if (gelu)
+            z = _mm256_mul_ps(_mm256_set1_ps(GELU_C),
+                              _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(GELU_K), v),
+                                              _mm256_mul_ps(v, v), v));
+        __m256 e = ferry_exp8(_mm256_sub_ps(_mm256_setzero_ps(), z));
+        _mm256_storeu_ps(g + i, _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
+    }
+#endif
+    for (; i < n; i++) {
+        float v = g[i], z = gelu ? GELU_C * fmaf(GELU_K * v, v * v, v) : v;
+        g[i] = v / (1.0f + expf(-z));
+    }
+    for (i = 0; i < n; i++) g[i] = ferry_round_dt(g[i], dt) * u[i];
+    ferry_store_row(out, dt, g, n);
+}
+
+/* every row of gate_up [rows, 2n] -> out [rows, n]. gelu: GELU-tanh, else SiLU. */
 static int gated(const void *gate_up, void *out, int64_t rows, int n, int dt, int gelu) {
     size_t es = ferry_elem(dt);
     int failed = 0;
@@ -18,28 +44,8 @@ static int gated(const void *gate_up, void *out, int64_t rows, int n, int dt, in
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             if (!g) continue; /* the call fails as a whole; the team still meets the barrier */
-            float *u = g + n;
-            const char *src = (const char *)gate_up + (size_t)r * 2 * n * es;
-            ferry_load_row(src, dt, g, n);
-            ferry_load_row(src + (size_t)n * es, dt, u, n);
-            int i = 0;
-#ifdef FERRY_AVX2
-            for (; i + 8 <= n; i += 8) {
-                __m256 v = _mm256_loadu_ps(g + i), z = v;
-                if (gelu)
-                    z = _mm256_mul_ps(_mm256_set1_ps(GELU_C),
-                                      _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(GELU_K), v),
-                                                      _mm256_mul_ps(v, v), v));
-                __m256 e = ferry_exp8(_mm256_sub_ps(_mm256_setzero_ps(), z));
-                _mm256_storeu_ps(g + i, _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
-            }
-#endif
-            for (; i < n; i++) {
-                float v = g[i], z = gelu ? GELU_C * fmaf(GELU_K * v, v * v, v) : v;
-                g[i] = v / (1.0f + expf(-z));
-            }
-            for (i = 0; i < n; i++) g[i] = ferry_round_dt(g[i], dt) * u[i];
-            ferry_store_row((char *)out + (size_t)r * n * es, dt, g, n);
+            gated_row((const char *)gate_up + (size_t)r * 2 * n * es,
+                      (char *)out + (size_t)r * n * es, n, dt, gelu, g);
         }
         free(g);
     }

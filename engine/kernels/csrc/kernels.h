@@ -19,6 +19,9 @@ int ferry_rotary(void *x, int64_t row_stride, int64_t tokens, int heads, int dim
 /* activation.c: out[r] = silu(gate) * up (gelu_tanh(gate) * up) for rows [gate (n) | up (n)] */
 int ferry_silu_mul(const void *gate_up, void *out, int64_t rows, int n, int dt);
 int ferry_gelu_tanh_mul(const void *gate_up, void *out, int64_t rows, int n, int dt);
+/* one row of either, no OpenMP region (moe.c runs rows inside its own); g: 2n floats of
+ * scratch; gelu: GELU-tanh, else SiLU */
+void gated_row(const void *gate_up, void *out, int n, int dt, int gelu, float *g);
 
 /* kv_store.c: new tokens' K/V rows (in dt) into one layer of the paged pool (in pool_dt) */
 void ferry_store_kv(const void *kv, int64_t row_stride, const int64_t *slots, int64_t tokens,

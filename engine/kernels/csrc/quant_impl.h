@@ -188,6 +188,32 @@ void q_to_bf16_avx2(const float *src, int64_t n, uint16_t *dst);
 void q_row_bf16(int qt, const uint8_t *src, int64_t in, uint16_t *dst, float *tmp);
 int q_cpu_bf16(void);
 
+/* ferry_qmatmul in parts (quant_matmul.c), for a caller that runs many products in one
+ * OpenMP region (moe.c): q_plan_make quantizes (and packs into lanes) x's rows, in a region
+ * of its own only where `parallel` (else call it from one thread); q_plan_chunk(p, c) writes
+ * output columns [Q_CHUNK c, Q_CHUNK (c + 1)) of y, c < p->chunks, from any thread with no
+ * region; q_plan_free. Whichever thread runs a chunk, the bits are ferry_qmatmul's. */
+enum { Q_CHUNK = 8 };
+typedef struct {
+    const ferry_weight *w;
+    const qtype_info *info;
+    const float *bias;
+    float *y;
+    int64_t y_stride, rows, chunks;
+    qdot_fn dot;
+    qlanes_fn lanes, half; /* NULL: none */
+    const void *act;       /* the activation rows the dot products read, astride bytes apart */
+    int64_t astride;
+    void *buf;    /* the quantized rows (NULL where the dot products read x's floats) */
+    char *packed; /* lane groups, then the half group */
+    size_t unit;  /* bytes of one packed block */
+    int64_t groups, halves, full, lane_rows;
+} q_plan;
+int q_plan_make(q_plan *p, const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w,
+                const float *bias, float *y, int64_t y_stride, int parallel);
+void q_plan_chunk(const q_plan *p, int64_t c);
+void q_plan_free(q_plan *p);
+
 /* the dot products' path in force (0 plain, 1 AVX2, 2 AVX-VNNI, 3 AVX-512
  * VNNI; ferry_qpath caps it) */
 int q_active_path(void);

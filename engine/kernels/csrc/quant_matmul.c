@@ -2,7 +2,8 @@
  * per call (int8 per 32 or per 256 values), then output rows are split over the OpenMP team
  * in chunks; each weight row is read once per group of up to 4 activation rows, or, for the
  * block types on the SIMD paths, once per QL_MAX_G groups of QL_ROWS rows in lanes
- * (quant_lanes.h, quant_lanes_k.h). */
+ * (quant_lanes.h, quant_lanes_k.h). The same steps as a q_plan (quant_impl.h) serve a caller
+ * that runs many small products in one region of its own (moe.c). */
 #include "quant_impl.h"
 
 #ifdef Q_HAVE_AVX2
@@ -115,107 +116,147 @@ int q_valid(const ferry_weight *w, const qtype_info **info) {
     return w->row_bytes == w->in / (*info)->block * (*info)->bytes;
 }
 
-enum { CHUNK = 8 }; /* output rows per OpenMP work item */
+/* activation row r of p quantized (into p->buf) */
+static void quantize_row(const q_plan *p, const float *x, int64_t x_stride, int64_t r) {
+    char *dst = (char *)p->buf + r * p->astride;
+    if (p->info->act == ACT_32)
+        q_act32(x + r * x_stride, p->w->in, (qa32 *)dst);
+    else
+        q_act256(x + r * x_stride, p->w->in, (qa256 *)dst);
+}
 
-int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w,
-                  const float *bias, float *y, int64_t y_stride) {
+/* lane group g of p's quantized rows packed (into p->packed); g == p->groups: the half group */
+static void pack_group(const q_plan *p, int64_t g) {
+    int64_t nb = p->w->in / p->info->block, r0 = g * QL_ROWS, n = p->lane_rows - r0;
+    const char *a = (const char *)p->buf + r0 * p->astride;
+    void *dst = p->packed + (size_t)(g * nb) * p->unit;
+    if (g == p->groups)
+        q_pack_half32(a, (int)n, p->astride, nb, dst);
+    else if (p->info->act == ACT_256)
+        q_pack_lanes_k(a, n < QL_ROWS ? (int)n : QL_ROWS, p->astride, nb, p->info->qtype, dst);
+    else
+        q_pack_lanes32(a, n < QL_ROWS ? (int)n : QL_ROWS, p->astride, nb, dst);
+}
+
+int q_plan_make(q_plan *p, const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w,
+                const float *bias, float *y, int64_t y_stride, int parallel) {
     const qtype_info *info;
+    memset(p, 0, sizeof *p);
     if (!q_valid(w, &info) || rows < 0) return FERRY_EQUANT;
-    if (rows == 0 || w->out == 0) return FERRY_OK;
-    qdot_fn dot = pick(info);
+    p->w = w;
+    p->info = info;
+    p->bias = bias;
+    p->y = y;
+    p->y_stride = y_stride;
+    p->rows = rows;
+    if (rows == 0 || w->out == 0) return FERRY_OK; /* no chunks */
+    p->chunks = (w->out + Q_CHUNK - 1) / Q_CHUNK;
+    p->dot = pick(info);
     int64_t nb = w->in / info->block;
-    const void *act = x;
-    int64_t astride = x_stride * 4;
-    void *buf = NULL;
+    p->act = x;
+    p->astride = x_stride * 4;
     if (info->act != ACT_F32) {
         size_t unit = info->act == ACT_32 ? sizeof(qa32) : sizeof(qa256);
-        astride = nb * (int64_t)unit;
-        buf = malloc((size_t)(rows * astride));
-        if (!buf) return FERRY_ENOMEM;
-#pragma omp parallel for schedule(static) if (rows >= 8)
-        for (int64_t r = 0; r < rows; r++) {
-            if (info->act == ACT_32)
-                q_act32(x + r * x_stride, w->in, (qa32 *)((char *)buf + r * astride));
-            else
-                q_act256(x + r * x_stride, w->in, (qa256 *)((char *)buf + r * astride));
+        p->astride = nb * (int64_t)unit;
+        p->act = p->buf = malloc((size_t)(rows * p->astride));
+        if (!p->buf) return FERRY_ENOMEM;
+        if (parallel && rows >= 8) {
+#pragma omp parallel for schedule(static)
+            for (int64_t r = 0; r < rows; r++) quantize_row(p, x, x_stride, r);
+        } else {
+            for (int64_t r = 0; r < rows; r++) quantize_row(p, x, x_stride, r);
         }
-        act = buf;
     }
     /* whole groups of QL_ROWS rows in lanes (a last one of 5-7 rows too, zero rows filling
      * its other lanes), 2-4 left over in a half group where the type has one, the rest (and
      * everything on plain C, or of types without lanes) through the dot products: the same
      * float steps for every row whichever way it goes */
-    qlanes_fn half, lanes = pick_lanes(info, &half);
+    p->lanes = pick_lanes(info, &p->half);
     /* the AVX-512 K-quant dot products (64 values an instruction, a block's weights held in
      * registers for 4 rows) beat a single lane group: the lanes take over from two */
-    if (info->act == ACT_256 && dot == info->avx512 && rows < 2 * QL_ROWS) lanes = NULL;
-    int64_t rem = lanes ? rows % QL_ROWS : rows;
-    int64_t groups = lanes ? rows / QL_ROWS + (rem >= 5) : 0;
-    int64_t halves = lanes && half && rem >= 2 && rem <= 4;
-    int64_t full = groups * QL_ROWS < rows ? groups * QL_ROWS : rows; /* rows in whole lanes */
-    int64_t lane_rows = halves ? rows : full; /* rows in lanes, halves included */
-    size_t unit = info->act == ACT_256 ? sizeof(qlk) : sizeof(ql32); /* a packed block */
-    char *packed = NULL;
-    if (groups + halves) {
-        packed = malloc((size_t)((groups + halves) * nb) * unit);
-        if (!packed) {
-            free(buf);
+    if (info->act == ACT_256 && p->dot == info->avx512 && rows < 2 * QL_ROWS) p->lanes = NULL;
+    int64_t rem = p->lanes ? rows % QL_ROWS : rows;
+    p->groups = p->lanes ? rows / QL_ROWS + (rem >= 5) : 0;
+    p->halves = p->lanes && p->half && rem >= 2 && rem <= 4;
+    p->full = p->groups * QL_ROWS < rows ? p->groups * QL_ROWS : rows; /* rows in whole lanes */
+    p->lane_rows = p->halves ? rows : p->full; /* rows in lanes, halves included */
+    p->unit = info->act == ACT_256 ? sizeof(qlk) : sizeof(ql32); /* a packed block */
+    int64_t packs = p->groups + p->halves;
+    if (packs) {
+        p->packed = malloc((size_t)(packs * nb) * p->unit);
+        if (!p->packed) {
+            q_plan_free(p);
             return FERRY_ENOMEM;
         }
-#pragma omp parallel for schedule(static) if (groups + halves >= 2)
-        for (int64_t g = 0; g < groups + halves; g++) {
-            int64_t r0 = g * QL_ROWS, n = lane_rows - r0;
-            const char *a = (const char *)buf + r0 * astride;
-            void *dst = packed + (size_t)(g * nb) * unit;
-            if (g == groups)
-                q_pack_half32(a, (int)n, astride, nb, dst);
-            else if (info->act == ACT_256)
-                q_pack_lanes_k(a, n < QL_ROWS ? (int)n : QL_ROWS, astride, nb, info->qtype, dst);
-            else
-                q_pack_lanes32(a, n < QL_ROWS ? (int)n : QL_ROWS, astride, nb, dst);
-        }
-    }
-    int64_t chunks = (w->out + CHUNK - 1) / CHUNK;
-    const uint8_t *wd = (const uint8_t *)w->data;
+        if (parallel && packs >= 2) {
 #pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < chunks; c++) {
-        int64_t o1 = (c + 1) * CHUNK < w->out ? (c + 1) * CHUNK : w->out;
-        for (int64_t g0 = 0; g0 < groups; g0 += QL_MAX_G) {
-            int G = groups - g0 < QL_MAX_G ? (int)(groups - g0) : QL_MAX_G;
-            for (int64_t o = c * CHUNK; o < o1; o += QL_MAX_W) {
-                int nw = o1 - o < QL_MAX_W ? (int)(o1 - o) : QL_MAX_W;
-                float part[QL_MAX_W * QL_MAX_G * QL_ROWS];
-                lanes(info->qtype, wd + o * w->row_bytes, w->row_bytes, nw, nb,
-                      packed + (size_t)(g0 * nb) * unit, G, part);
-                for (int i = 0; i < nw; i++) {
-                    float bo = bias ? bias[o + i] : 0.f;
-                    for (int64_t r = 0; r < G * QL_ROWS && g0 * QL_ROWS + r < full; r++)
-                        y[(g0 * QL_ROWS + r) * y_stride + o + i] =
-                            part[i * QL_MAX_G * QL_ROWS + r] + bo;
-                }
-            }
+            for (int64_t g = 0; g < packs; g++) pack_group(p, g);
+        } else {
+            for (int64_t g = 0; g < packs; g++) pack_group(p, g);
         }
-        if (halves) {
-            for (int64_t o = c * CHUNK; o < o1; o++) {
-                float part[4];
-                half(info->qtype, wd + o * w->row_bytes, 0, 1, nb,
-                     packed + (size_t)(groups * nb) * unit, (int)(rows - full), part);
-                float bo = bias ? bias[o] : 0.f;
-                for (int64_t r = full; r < rows; r++) y[r * y_stride + o] = part[r - full] + bo;
-            }
-        }
-        for (int64_t r0 = lane_rows; r0 < rows; r0 += QMAX_R) {
-            int R = rows - r0 < QMAX_R ? (int)(rows - r0) : QMAX_R;
-            const char *a = (const char *)act + r0 * astride;
-            for (int64_t o = c * CHUNK; o < o1; o++) {
-                float part[QMAX_R];
-                dot(wd + o * w->row_bytes, nb, a, astride, R, part);
-                float bo = bias ? bias[o] : 0.f;
-                for (int r = 0; r < R; r++) y[(r0 + r) * y_stride + o] = part[r] + bo;
+    }
+    return FERRY_OK;
+}
+
+void q_plan_chunk(const q_plan *p, int64_t c) {
+    const ferry_weight *w = p->w;
+    const float *bias = p->bias;
+    float *y = p->y;
+    const int64_t nb = w->in / p->info->block, rows = p->rows, y_stride = p->y_stride;
+    const int64_t groups = p->groups, full = p->full;
+    const uint8_t *wd = (const uint8_t *)w->data;
+    int64_t o1 = (c + 1) * Q_CHUNK < w->out ? (c + 1) * Q_CHUNK : w->out;
+    for (int64_t g0 = 0; g0 < groups; g0 += QL_MAX_G) {
+        int G = groups - g0 < QL_MAX_G ? (int)(groups - g0) : QL_MAX_G;
+        for (int64_t o = c * Q_CHUNK; o < o1; o += QL_MAX_W) {
+            int nw = o1 - o < QL_MAX_W ? (int)(o1 - o) : QL_MAX_W;
+            float part[QL_MAX_W * QL_MAX_G * QL_ROWS];
+            p->lanes(p->info->qtype, wd + o * w->row_bytes, w->row_bytes, nw, nb,
+                     p->packed + (size_t)(g0 * nb) * p->unit, G, part);
+            for (int i = 0; i < nw; i++) {
+                float bo = bias ? bias[o + i] : 0.f;
+                for (int64_t r = 0; r < G * QL_ROWS && g0 * QL_ROWS + r < full; r++)
+                    y[(g0 * QL_ROWS + r) * y_stride + o + i] =
+                        part[i * QL_MAX_G * QL_ROWS + r] + bo;
             }
         }
     }
-    free(packed);
-    free(buf);
+    if (p->halves) {
+        for (int64_t o = c * Q_CHUNK; o < o1; o++) {
+            float part[4];
+            p->half(p->info->qtype, wd + o * w->row_bytes, 0, 1, nb,
+                    p->packed + (size_t)(groups * nb) * p->unit, (int)(rows - full), part);
+            float bo = bias ? bias[o] : 0.f;
+            for (int64_t r = full; r < rows; r++) y[r * y_stride + o] = part[r - full] + bo;
+        }
+    }
+    for (int64_t r0 = p->lane_rows; r0 < rows; r0 += QMAX_R) {
+        int R = rows - r0 < QMAX_R ? (int)(rows - r0) : QMAX_R;
+        const char *a = (const char *)p->act + r0 * p->astride;
+        for (int64_t o = c * Q_CHUNK; o < o1; o++) {
+            float part[QMAX_R];
+            p->dot(wd + o * w->row_bytes, nb, a, p->astride, R, part);
+            float bo = bias ? bias[o] : 0.f;
+            for (int r = 0; r < R; r++) y[(r0 + r) * y_stride + o] = part[r] + bo;
+        }
+    }
+}
+
+void q_plan_free(q_plan *p) {
+    free(p->packed);
+    free(p->buf);
+    p->packed = NULL;
+    p->buf = NULL;
+}
+
+int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w,
+                  const float *bias, float *y, int64_t y_stride) {
+    q_plan p;
+    int rc = q_plan_make(&p, x, rows, x_stride, w, bias, y, y_stride, 1);
+    if (rc) return rc;
+    const int64_t chunks = p.chunks; /* output rows split over the team, Q_CHUNK an item */
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < chunks; c++) q_plan_chunk(&p, c);
+    q_plan_free(&p);
     return FERRY_OK;
 }

@@ -71,14 +71,19 @@ def _quantized(spec: MoESpec) -> tuple[MoEMLP, MoEMLP]:
 @pytest.mark.parametrize("spec", [MoESpec(8, 2, INTER), MoESpec(16, 4, INTER, False)])
 def test_native_moe_over_quantized_experts(spec: MoESpec, monkeypatch: pytest.MonkeyPatch
                                            ) -> None:
-    # one call (csrc/moe.c) for any round, in slices of NATIVE_ROWS; without AMX a row's bits
-    # do not depend on the rows beside it (with it, an expert's 8 rows or more multiply in
-    # AMX tiles, as a Linear's do); close to the definition on the dequantized weights
+    # one call (csrc/moe.c) for any round, in slices of NATIVE_ROWS; a row's bits do not
+    # depend on the rows beside it where experts have a few rows each (their products share
+    # one OpenMP region) on any CPU, and without AMX where they have many (with it, an
+    # expert's many rows multiply in AMX tiles, as a Linear's do); close to the definition
+    # on the dequantized weights
     moe, ref = _quantized(spec)
     assert moe.native() is not None and ref.native() is None
     x = torch.randn(80, HIDDEN, generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
         got = moe(x)
+        few = moe(x[:6])  # every expert under 8 rows: all their products share one region
+        for t in (0, 3, 5):
+            assert torch.equal(moe(x[t:t + 1])[0], few[t])
         if not quant.uses_amx(moe.experts[0].gate_up_proj.weight):
             for t in (0, 5, 79):
                 assert torch.equal(moe(x[t:t + 1])[0], got[t])
