@@ -157,7 +157,7 @@ class ModelExecutor:
         of plain decoding (and its cost grows little per row)."""
         if self.fused is not None:
             return self.fused.max_rows
-        # layer by layer: the quantized projections' per-row limit (7 on AMX CPUs), else 16
+        # layer by layer: the quantized projections' per-row limit (15 on AMX CPUs), else 16
         return per_row_rows((m for m in self.model.modules() if isinstance(m, Linear)), 16)
 
     # --- the forward pass -------------------------------------------------------------------

@@ -34,7 +34,8 @@ int ferry_qgemm_available(void);
 
 /* whether ferry_qgemm_bf16 takes this product of `rows` rows, as quant.quant_matmul decides
  * for a Linear: AMX here and the best dot products in force (not capped by ferry_qpath or
- * FERRY_CPU), rows from quant.MANY_ROWS_AMX on, W not float32, its `in` whole 32s. (From
+ * FERRY_CPU), rows from quant.MANY_ROWS_AMX_LANES on for the types in lanes (ferry_qlanes)
+ * and quant.MANY_ROWS_AMX for the others, W not float32, its `in` whole 32s. (From
  * quant.AMX_MAX_ROWS on, quant_matmul turns to torch's tiles, which C has not: it stays.) */
 int ferry_qgemm_takes(const ferry_weight *w, int64_t rows);
 

@@ -126,7 +126,8 @@ G_TGT static void block(const ferry_weight *w, int64_t o0, int64_t n, const uint
 int ferry_qgemm_available(void) { return g_cpu(); }
 
 int ferry_qgemm_takes(const ferry_weight *w, int64_t rows) {
-    return rows >= 8 && w->qtype != QT_F32 && w->in % G_K == 0 && q_active_path() == 3 &&
+    /* quant.MANY_ROWS_AMX_LANES for the types in lanes, quant.MANY_ROWS_AMX for the others */
+    return rows >= (ferry_qlanes(w->qtype) ? 16 : 8) && w->qtype != QT_F32 && w->in % G_K == 0 && q_active_path() == 3 &&
            g_cpu();
 }
 

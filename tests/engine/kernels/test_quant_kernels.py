@@ -177,7 +177,7 @@ def use_product(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 PRODUCTS = [("int8", r) for r in (1, 2, 7, 16, 33, 64)] + [
     ("tiles-f32", 16), ("tiles-f32", 33), ("tiles-bf16", 16), ("tiles-bf16", 64),
-    ("amx", 8), ("amx", 33), ("amx", 64)]
+    ("amx", 16), ("amx", 33), ("amx", 64)]
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=quant.type_name)
