@@ -152,11 +152,11 @@ class ModelExecutor:
 
     @property
     def decode_rows(self) -> int:
-        """Rows a decode round runs on the few-row path (fused layers, int8 products per
-        row): a speculative round's drafts stay within it, so each row's numbers are those
-        of plain decoding (and its cost grows little per row)."""
+        """Rows a decode round multiplies row by row (int8 products, fused layers or not): a
+        speculative round's drafts stay within it, so each row's numbers are those of plain
+        decoding (and its cost grows little per row)."""
         if self.fused is not None:
-            return self.fused.max_rows
+            return self.fused.per_row
         # layer by layer: the quantized projections' per-row limit (15 on AMX CPUs), else 16
         return per_row_rows((m for m in self.model.modules() if isinstance(m, Linear)), 16)
 

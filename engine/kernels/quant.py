@@ -187,6 +187,16 @@ def quant_matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = No
     return y
 
 
+def native_rows(w: QuantWeight) -> int:
+    """The most rows for which quant_matmul multiplies w in Ferry's own kernels, as C's
+    proj_product does: the int8 products, and where AMX takes w's many-row products the AMX
+    kernel (up to AMX_MAX_ROWS; ferry_qgemm_takes agrees); else below many_rows, from where
+    torch multiplies dequantized tiles, which C has not."""
+    if w.qtype != F32 and uses_amx(w):
+        return AMX_MAX_ROWS - 1
+    return many_rows(w.qtype) - 1
+
+
 def uses_amx(w: QuantWeight) -> bool:
     """Whether w's many-row product runs in the native AMX kernel (AMX CPUs, the best
     dot-product path not capped by force_path, rows of whole 32-value groups)."""

@@ -14,9 +14,9 @@ FusedDecode from that where one of two variants applies:
   bf16.
 * float32 activations over quantized weights (engine.kernels.quant.QuantWeight, or a
   linear_kernels.SplitWeight of them: any GGUF block type, F16, BF16, F32), every product by
-  `ferry_qmatmul`, as `quant.quant_matmul` multiplies below `quant.many_rows()` rows (from
-  there it multiplies dequantized tiles, so the fused layer stops below it); the pool float32,
-  bfloat16 or float16.
+  `ferry_qmatmul` or, where quant.quant_matmul would turn to it, the AMX kernel (so up to
+  `quant.native_rows`: from there quant_matmul multiplies dequantized tiles, so the fused
+  layer stops below it); the pool float32, bfloat16 or float16.
 
 Only for rounds of single-token sequences, at most `max_rows` of them, whose attention
 backend offers the round to a native decode layer (AttentionBackend.native_decode).
@@ -95,14 +95,22 @@ def describe_layer(attn: Attention, mlp: nn.Module, norms: Sequence[RMSNorm], ro
         mlp.act, ffn, out, rope)
 
 
+def _block_parts(modules: Iterable[Linear]) -> list[quant.QuantWeight]:
+    return [part for module in modules for part in module.block_parts(layer_ops.MAX_PARTS) or ()]
+
+
+def fused_rows(modules: Iterable[Linear], most: int) -> int:
+    """The most rows (at most `most`) for which each quantized one of these projections runs
+    in the kernels the fused layer has (quant.native_rows)."""
+    return min([most, *(quant.native_rows(part) for part in _block_parts(modules))])
+
+
 def per_row_rows(modules: Iterable[Linear], most: int) -> int:
     """The most rows (at most `most`) that every quantized one of these projections multiplies
     as it does one row (int8 products per row): below where quant_matmul turns to AMX or to
     dequantized tiles for one of them. A speculative round's rows stay within it, so each row's
     numbers are those of plain decoding."""
-    many = [quant.many_rows(part.qtype) for module in modules
-            for part in module.block_parts(layer_ops.MAX_PARTS) or ()]
-    return min([most, *(n - 1 for n in many)])
+    return min([most, *(quant.many_rows(part.qtype) - 1 for part in _block_parts(modules))])
 
 
 def _parts(module: Linear, bf16: bool) -> Sequence[torch.Tensor | quant.QuantWeight] | None:
@@ -137,14 +145,15 @@ def _layer(spec: DecodeLayerSpec, dtype: torch.dtype) -> ctypes.Structure | None
 
 class FusedDecode:
     def __init__(self, cfg: ModelConfig, layers: list[ctypes.Structure], ropes: list[int],
-                 dtype: torch.dtype, max_rows: int, keep: object) -> None:
+                 dtype: torch.dtype, max_rows: int, per_row: int, keep: object) -> None:
         self.dims = layer_ops.LayerDims(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
                                         cfg.num_kv_heads, cfg.head_dim, 0, cfg.rms_norm_eps,
                                         cfg.scale, 0, 0)
         self.layers = layers
         self.ropes = ropes  # per layer: the index of its rotary tables
         self.dtype = dtype  # of the activations: bf16 or float32
-        self.max_rows = max_rows
+        self.max_rows = max_rows  # the most rows of a round it takes
+        self.per_row = per_row  # of those, the most whose products run row by row (int8)
         self._keep = keep  # keeps every tensor the pointers in `layers` point into alive
         self._bound: AttentionBackend | None = None
         self._local: list[bool] = []  # per layer: its K/V live in the local layers' pool
@@ -161,12 +170,13 @@ class FusedDecode:
         if any(layer is None for layer in layers):
             return None
         if dtype == torch.bfloat16:  # the layer path's few-row products
-            max_rows = linear_kernels.NATIVE_DIRECT_ROWS
+            max_rows = per_row = linear_kernels.NATIVE_DIRECT_ROWS
         else:
-            max_rows = per_row_rows((module for spec in specs for module in spec.projections),
-                                    MAX_ROWS)
+            modules = [module for spec in specs for module in spec.projections]
+            max_rows = fused_rows(modules, MAX_ROWS)
+            per_row = per_row_rows(modules, MAX_ROWS)
         return FusedDecode(cfg, layers, [spec.rope for spec in specs],  # type: ignore[arg-type]
-                           dtype, max_rows, keep)
+                           dtype, max_rows, per_row, keep)
 
     def _bind(self, attn: AttentionBackend) -> bool:
         """Point the layers at this backend's pools (once per backend); False if this variant

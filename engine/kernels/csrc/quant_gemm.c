@@ -127,8 +127,8 @@ int ferry_qgemm_available(void) { return g_cpu(); }
 
 int ferry_qgemm_takes(const ferry_weight *w, int64_t rows) {
     /* quant.MANY_ROWS_AMX_LANES for the types in lanes, quant.MANY_ROWS_AMX for the others */
-    return rows >= (ferry_qlanes(w->qtype) ? 16 : 8) && w->qtype != QT_F32 && w->in % G_K == 0 && q_active_path() == 3 &&
-           g_cpu();
+    return rows >= (ferry_qlanes(w->qtype) ? 16 : 8) && w->qtype != QT_F32 &&
+           w->in % G_K == 0 && q_active_path() == 3 && g_cpu();
 }
 
 G_TGT int ferry_qgemm_bf16(const float *x, int64_t rows, int64_t x_stride,

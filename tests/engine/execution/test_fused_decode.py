@@ -244,15 +244,18 @@ def test_fused_layers_on_the_default_gguf_give_the_same_logits(model_dir: Path, 
 
 def test_fused_quantized_layers_up_to_their_row_limit(tiny_models, make_harness,
                                                       monkeypatch) -> None:
-    # the fused layer takes rounds up to max_rows (below quant.many_rows(), from where
-    # quant_matmul multiplies dequantized tiles instead), bit for bit; more go layer by layer
+    # the fused layer takes rounds up to max_rows (MAX_ROWS where the AMX kernel takes the
+    # many-row products, as C can; else below quant.many_rows(), from where quant_matmul
+    # multiplies dequantized tiles instead), bit for bit; more go layer by layer
     path = tiny_models["qwen2"].path
     harness_cls = type(make_harness(path))
     calls = _count_fused_layers(monkeypatch)
+    amx = quant.many_rows() == quant.MANY_ROWS_AMX  # AMX in force
     limit = _quant_executor(path, _mixed).fused.max_rows
-    assert limit == min([quant.many_rows(t) - 1 for t in (quant.F16, quant.Q8_0)] + [MAX_ROWS])
+    assert limit == (MAX_ROWS if amx else min(
+        [quant.many_rows(t) - 1 for t in (quant.F16, quant.Q8_0)] + [MAX_ROWS]))
     q8_limit = _quant_executor(path, "q8_0").fused.max_rows
-    assert q8_limit == min(quant.many_rows(quant.Q8_0) - 1, MAX_ROWS)
+    assert q8_limit == (MAX_ROWS if amx else min(quant.many_rows(quant.Q8_0) - 1, MAX_ROWS))
     for n, weights, most in ((limit, _mixed, limit), (q8_limit, "q8_0", q8_limit),
                              (q8_limit + 1, "q8_0", q8_limit)):
         runs = []
