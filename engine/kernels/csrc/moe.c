@@ -10,7 +10,9 @@
 #include "kernels.h"
 #include "quant_impl.h"
 
-enum { SHARED_ROWS = 16 }; /* experts with fewer rows share the one region */
+/* experts with fewer rows share the one region (which also bounds the buffers they share, at
+ * experts x 15 rows; more rows run one expert at a time from row 0) */
+enum { SHARED_ROWS = 16 };
 #define PARTS (int)(sizeof(((ferry_proj *)0)->part) / sizeof(ferry_weight))
 
 /* the top_k largest of p[0..n) (the lower index first on ties), largest first */
@@ -43,16 +45,15 @@ static void route(const ferry_moe *M, float *logits, int32_t *idx, float *w) {
 }
 
 /* the plans of one expert's product (P's parts side by side in y's columns, as
- * proj_product), no OpenMP region; *items += their chunks */
+ * proj_product), no OpenMP region */
 static int plan_parts(const ferry_proj *P, const float *x, int64_t m, int64_t in, float *y,
-                      int64_t out, q_plan *plans, int64_t *items) {
+                      int64_t out, q_plan *plans) {
     int64_t col = 0;
     for (int i = 0; i < P->parts; i++) {
         const ferry_weight *w = &P->part[i];
         const float *bias = (const float *)P->bias;
         if (w->in != in || col + w->out > out) return FERRY_EQUANT;
         FERRY_TRY(q_plan_make(&plans[i], x, m, in, w, bias ? bias + col : NULL, y + col, out, 0));
-        *items += plans[i].chunks;
         col += w->out;
     }
     return col == out ? FERRY_OK : FERRY_EQUANT;
@@ -88,7 +89,7 @@ static int run_shared(const ferry_moe *M, const int32_t *shared, int ns, const i
     const int64_t inter = M->inter;
     const ferry_proj *gate_up = (const ferry_proj *)M->gate_up;
     const ferry_proj *down = (const ferry_proj *)M->down;
-    const int np = ns * PARTS; /* plan slots: expert j's parts at j * MAX_PARTS */
+    const int np = ns * PARTS; /* plan slots: expert j's parts from j * PARTS */
     q_plan *plans = (q_plan *)calloc((size_t)np * 2, sizeof(q_plan));
     int64_t *first = (int64_t *)malloc((size_t)np * 2 * sizeof(int64_t));
     int rc = FERRY_ENOMEM;
@@ -102,10 +103,8 @@ static int run_shared(const ferry_moe *M, const int32_t *shared, int ns, const i
 #pragma omp for schedule(dynamic, 1)
         for (int j = 0; j < ns; j++) {
             int e = shared[j];
-            int64_t items = 0;
             int r = plan_parts(&gate_up[e], xs + off[e] * hidden, cnt[e], hidden,
-                               gu + off[e] * 2 * inter, 2 * inter, gplans + j * PARTS,
-                               &items);
+                               gu + off[e] * 2 * inter, 2 * inter, gplans + j * PARTS);
             if (r) {
 #pragma omp atomic write
                 bad = r;
@@ -133,10 +132,8 @@ static int run_shared(const ferry_moe *M, const int32_t *shared, int ns, const i
             int e = shared[j];
             for (int64_t i = off[e]; i < off[e] + cnt[e]; i++)
                 gated_row(gu + i * 2 * inter, act + i * inter, (int)inter, FERRY_F32, M->gelu, g);
-            int64_t items = 0;
             int r = plan_parts(&down[e], act + off[e] * inter, cnt[e], inter,
-                               xs + off[e] * hidden, hidden, dplans + j * PARTS,
-                               &items);
+                               xs + off[e] * hidden, hidden, dplans + j * PARTS);
             if (r) {
 #pragma omp atomic write
                 bad = r;
