@@ -254,9 +254,14 @@ def test_code_copy_settings_rename_search(server: Any, page: Any, waiter: Any, i
         page.press(".rename input[name=title]", "Enter")
     page.locator(".conv.active a", has_text="Arithmetic in Python").wait_for()
     assert store.conversation(cid).title == "Arithmetic in Python"
-    page.fill(".sidebar .search", "arithmetic")
-    page.locator("#conversations .conv").first.wait_for()
-    waiter(lambda: page.locator("#conversations .conv").count() == 1, 10, message="title hit")
+    # the search's own response, then the list it left (a failure says what the list shows)
+    with page.expect_response(lambda r: "/conversations?" in r.url and "q=arithmetic" in r.url):
+        page.fill(".sidebar .search", "arithmetic")
+    try:
+        waiter(lambda: page.locator("#conversations .conv").count() == 1, 10, message="title hit")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; search box {page.input_value('.sidebar .search')!r}, "
+                             f"list: {page.inner_text('#conversations')!r}") from exc
     page.fill(".sidebar .search", "return a + b")
     waiter(lambda: page.locator("#conversations .conv").count() == 1 and
            page.locator(f"#conversations a[href='/c/{cid}']").count() == 1, 10,
