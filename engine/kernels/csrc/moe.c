@@ -71,6 +71,17 @@ static int own_products(const ferry_moe *M, int e, int64_t m) {
     return 0;
 }
 
+/* first[p]: the number of plan p's first work item (its chunks follow the plans' before it);
+ * returns the items of all np plans */
+static int64_t number_items(const q_plan *plans, int np, int64_t *first) {
+    int64_t items = 0;
+    for (int p = 0; p < np; p++) {
+        first[p] = items;
+        items += plans[p].chunks;
+    }
+    return items;
+}
+
 /* item i of a product list: the plan it belongs to and its chunk (plans' chunks in order) */
 static void run_item(q_plan *plans, const int64_t *first, int nplans, int64_t i) {
     int lo = 0, hi = nplans - 1; /* the last plan whose first item is <= i */
@@ -95,7 +106,7 @@ static int run_shared(const ferry_moe *M, const int32_t *shared, int ns, const i
     int rc = FERRY_ENOMEM;
     if (!plans || !first) goto done;
     q_plan *gplans = plans, *dplans = plans + np;
-    int64_t *gfirst = first, *dfirst = first + np, gitems = 0, ditems = 0;
+    int64_t *gfirst = first, *dfirst = first + np, gitems = 0, ditems = 0; /* set in the region */
     int bad = FERRY_OK;
 #pragma omp parallel
     {
@@ -110,11 +121,8 @@ static int run_shared(const ferry_moe *M, const int32_t *shared, int ns, const i
                 bad = r;
             }
         }
-#pragma omp single
-        for (int p = 0; p < np; p++) { /* implicit barrier after: every thread sees gfirst */
-            gfirst[p] = gitems;
-            gitems += gplans[p].chunks;
-        }
+#pragma omp single /* implicit barrier after: every thread sees gfirst */
+        gitems = number_items(gplans, np, gfirst);
         if (!bad) {
 #pragma omp for schedule(guided, 4)
             for (int64_t i = 0; i < gitems; i++) run_item(gplans, gfirst, np, i);
@@ -141,10 +149,7 @@ static int run_shared(const ferry_moe *M, const int32_t *shared, int ns, const i
         }
         free(g);
 #pragma omp single
-        for (int p = 0; p < np; p++) {
-            dfirst[p] = ditems;
-            ditems += dplans[p].chunks;
-        }
+        ditems = number_items(dplans, np, dfirst);
         if (!bad) {
 #pragma omp for schedule(guided, 4)
             for (int64_t i = 0; i < ditems; i++) run_item(dplans, dfirst, np, i);
@@ -184,18 +189,18 @@ int ferry_moe_mlp(const ferry_moe *M, const float *x, int64_t rows, int64_t hidd
     int ns = 0, no = 0;
     int64_t S = 0, most = 0; /* the shared experts' rows; the most rows of an own expert */
     for (int e = 0; e < n; e++)
-        if (cnt[e] && !own_products(M, e, cnt[e])) {
+        if (cnt[e] && own_products(M, e, cnt[e])) {
+            own[no++] = e;
+            most = cnt[e] > most ? cnt[e] : most;
+        } else if (cnt[e]) {
             shared[ns++] = e;
             off[e] = S;
             S += cnt[e];
         }
-    for (int e = 0, at = (int)S; e < n; e++)
-        if (cnt[e] && own_products(M, e, cnt[e])) {
-            own[no++] = e;
-            off[e] = at;
-            at += (int)cnt[e];
-            most = cnt[e] > most ? cnt[e] : most;
-        }
+    for (int64_t j = 0, at = S; j < no; j++) { /* own experts' slots after the shared ones */
+        off[own[j]] = at;
+        at += cnt[own[j]];
+    }
     for (int64_t s = 0; s < rows * k; s++) order[off[idx[s]] + fill[idx[s]]++] = s;
     /* xs [B, hidden]: an expert's input rows, then its output rows; gu [B, 2 inter]; act
      * [B, inter]; B: the shared experts' rows together, or one own expert's. ys [rows * k,

@@ -280,8 +280,9 @@ def test_fused_quantized_layers_up_to_their_row_limit(tiny_models, make_harness,
 def test_layer_by_layer_decode_rows_stay_below_the_many_row_products(tiny_models,
                                                                      monkeypatch) -> None:
     # without fused layers a speculative round must still stay below where quant_matmul turns
-    # to AMX or tiles (7 rows on AMX CPUs, not 16): past it its rows' logits are not those of
-    # plain decoding (greedy drafts then keep tokens plain decoding would not write)
+    # to AMX or tiles (on AMX CPUs 15 rows for the types in lanes, 7 for the others: here the
+    # patched figure), not at 16: past it its rows' logits are not those of plain decoding
+    # (greedy drafts then keep tokens plain decoding would not write)
     ex = _quant_executor(tiny_models["qwen2"].path, "q8_0")
     ex.fused = None
     assert ex.decode_rows == min(quant.many_rows(quant.Q8_0) - 1, 16)
