@@ -41,31 +41,23 @@ static inline void kv_prefetch(const char *pool, int pool_dt, int64_t off, int d
 
 enum { AHEAD = 16 }; /* rows prefetched ahead of the one read */
 
-enum { V_TILE = 64 };
 enum { ROWS_MAX = 8 }; /* query rows of one sequence attended together (a prefill tile) */
-
-/* q . k for 8 K rows at once, scaled: each position's dot is the sum of one 8-lane chain over
- * the dim, whichever block and call it falls in, so a row's scores do not depend on the
- * rows beside it */
-#ifdef FERRY_AVX2
-static inline void dots8(const float *qj, const float *const kr[8], int dim, float scale,
-                         float *out) {
-    __m256 dots[8]; /* eight chains side by side, q loaded once */
-    for (int k = 0; k < 8; k++) dots[k] = _mm256_setzero_ps();
-    for (int i = 0; i < dim; i += 8) {
-        __m256 qv = _mm256_loadu_ps(qj + i);
-        for (int k = 0; k < 8; k++)
-            dots[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[k] + i), dots[k]);
-    }
-    _mm256_storeu_ps(out, _mm256_mul_ps(ferry_sum8x8(dots), _mm256_set1_ps(scale)));
-}
-#endif
 
 /* softmax of sc[0..len) in place */
 static void softmax(float *sc, int len) {
     float mx = -INFINITY, sum = 0.f;
-    for (int p = 0; p < len; p++) mx = sc[p] > mx ? sc[p] : mx;
     int p = 0;
+#ifdef FERRY_AVX2
+    if (len >= 8) { /* the maximum is the same in any order; one scalar chain was ~5% here */
+        __m256 vm = _mm256_loadu_ps(sc);
+        for (p = 8; p + 8 <= len; p += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(sc + p));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, vm);
+        for (int k = 0; k < 8; k++) mx = lanes[k] > mx ? lanes[k] : mx;
+    }
+#endif
+    for (; p < len; p++) mx = sc[p] > mx ? sc[p] : mx;
+    p = 0;
 #ifdef FERRY_AVX2
     __m256 vsum = _mm256_setzero_ps(), vmx = _mm256_set1_ps(mx);
     for (; p + 8 <= len; p += 8) {
@@ -83,6 +75,196 @@ static void softmax(float *sc, int len) {
     }
     float inv = 1.0f / sum;
     for (p = 0; p < len; p++) sc[p] *= inv;
+}
+
+/* The vector path (AVX2 + F16C, head size a multiple of 8) reads K and V rows straight from
+ * the pool, widening eight values at a time in registers, and blocks the work so that one
+ * load serves several query rows (K) or several positions' sums stay in registers (V).
+ * Bits: a score is one 8-lane FMA chain over the dim, summed as ferry_sum8x8 sums, times
+ * scale; an output value is one FMA chain over the tile's positions in order. Neither depends
+ * on which rows or positions share a block, so a row's result is the same alone or in a
+ * prefill tile. */
+#if defined(FERRY_AVX2) && defined(__F16C__)
+#define ATT_VECTOR 1
+#define ATT_INLINE static inline __attribute__((always_inline))
+
+#ifdef __AVX512VL__ /* 32 vector registers */
+enum { K_POS = 4, V_VECS = 4 };
+#else
+enum { K_POS = 2, V_VECS = 2 };
+#endif
+enum { Q_BLOCK = 4 };  /* query rows a block: K_POS * Q_BLOCK chains, 8 per ferry_sum8x8 */
+enum { V_BLOCK = 16 }; /* V rows summed while the next block's are fetched */
+
+/* eight values of a pool row from element i, as float32 (the widenings are exact) */
+ATT_INLINE __m256 kv_load8(const char *row, int pool_dt, int i) {
+    if (pool_dt == FERRY_F32) return _mm256_loadu_ps((const float *)row + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
+    return pool_dt == FERRY_F16
+        ? _mm256_cvtph_ps(h)
+        : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* out[j][a] = scale * (qs[j] . kr[a]) for j < nq, a < npos */
+ATT_INLINE void k_block(const float *const qs[Q_BLOCK], int nq, const char *const kr[K_POS],
+                        int npos, int pool_dt, int dim, float scale, float *const out[Q_BLOCK]) {
+    __m256 acc[K_POS][Q_BLOCK]; /* [position][row]: two positions' rows = 8 chains in a row */
+    for (int a = 0; a < K_POS; a++)
+        for (int j = 0; j < Q_BLOCK; j++) acc[a][j] = _mm256_setzero_ps();
+    for (int i = 0; i < dim; i += 8) {
+        __m256 k[K_POS];
+        for (int a = 0; a < K_POS; a++) k[a] = kv_load8(kr[a], pool_dt, i);
+        for (int j = 0; j < nq; j++) {
+            __m256 qv = _mm256_loadu_ps(qs[j] + i);
+            for (int a = 0; a < K_POS; a++) acc[a][j] = _mm256_fmadd_ps(qv, k[a], acc[a][j]);
+        }
+    }
+    for (int a = 0; a < K_POS; a += 2) {
+        float sums[8];
+        _mm256_storeu_ps(sums, _mm256_mul_ps(ferry_sum8x8(acc[a]), _mm256_set1_ps(scale)));
+        for (int b = 0; b < 2 && a + b < npos; b++)
+            for (int j = 0; j < nq; j++) out[j][a + b] = sums[b * Q_BLOCK + j];
+    }
+}
+
+/* scores[rj][p] for the tile's nrows query rows (qf, dim apart) and positions [0, len) */
+ATT_INLINE void k_scores(const float *qf, int nrows, const char *kv, int pool_dt,
+                         const int64_t *offs, int len, int dim, float scale, float *scores,
+                         int64_t max_len) {
+    for (int p0 = 0; p0 < len; p0 += K_POS) {
+        const char *kr[K_POS];
+        int npos = len - p0 < K_POS ? len - p0 : K_POS;
+        for (int a = 0; a < K_POS; a++) {
+            if (p0 + a + AHEAD < len) kv_prefetch(kv, pool_dt, offs[p0 + a + AHEAD], dim);
+            kr[a] = kv_at(kv, pool_dt, offs[a < npos ? p0 + a : p0]); /* a short block repeats */
+        }
+        for (int j0 = 0; j0 < nrows; j0 += Q_BLOCK) {
+            int nq = nrows - j0 < Q_BLOCK ? nrows - j0 : Q_BLOCK;
+            const float *qs[Q_BLOCK];
+            float *out[Q_BLOCK];
+            for (int j = 0; j < Q_BLOCK; j++) {
+                int rj = j0 + (j < nq ? j : 0);
+                qs[j] = qf + (size_t)rj * dim;
+                out[j] = scores + (size_t)rj * max_len + p0;
+            }
+            switch (nq) { /* constant row counts: the chains stay in registers */
+            case 1: k_block(qs, 1, kr, npos, pool_dt, dim, scale, out); break;
+            case 2: k_block(qs, 2, kr, npos, pool_dt, dim, scale, out); break;
+            case 3: k_block(qs, 3, kr, npos, pool_dt, dim, scale, out); break;
+            default: k_block(qs, 4, kr, npos, pool_dt, dim, scale, out); break;
+            }
+        }
+    }
+}
+
+/* acc[j][c] += w[j][u] * V_u[c] over u < m in order, for j < nq, VECS vectors of values a
+ * pass from c0 to c1 */
+ATT_INLINE void v_pass(const char *const *vr, int m, int pool_dt, const float *const w[Q_BLOCK],
+                       float *const acc[Q_BLOCK], int nq, int vecs, int c0, int c1) {
+    for (int c = c0; c + 8 * vecs <= c1; c += 8 * vecs) {
+        __m256 x[Q_BLOCK][V_VECS];
+        for (int j = 0; j < nq; j++)
+            for (int k = 0; k < vecs; k++) x[j][k] = _mm256_loadu_ps(acc[j] + c + 8 * k);
+        for (int u = 0; u < m; u++) {
+            __m256 v[V_VECS];
+            for (int k = 0; k < vecs; k++) v[k] = kv_load8(vr[u], pool_dt, c + 8 * k);
+            for (int j = 0; j < nq; j++) {
+                __m256 wj = _mm256_set1_ps(w[j][u]);
+                for (int k = 0; k < vecs; k++) x[j][k] = _mm256_fmadd_ps(wj, v[k], x[j][k]);
+            }
+        }
+        for (int j = 0; j < nq; j++)
+            for (int k = 0; k < vecs; k++) _mm256_storeu_ps(acc[j] + c + 8 * k, x[j][k]);
+    }
+}
+
+ATT_INLINE void v_block(const char *const *vr, int m, int pool_dt, int dim,
+                        const float *const w[Q_BLOCK], float *const acc[Q_BLOCK], int nq) {
+    int wide = dim - dim % (8 * V_VECS);
+    v_pass(vr, m, pool_dt, w, acc, nq, V_VECS, 0, wide);
+    v_pass(vr, m, pool_dt, w, acc, nq, 1, wide, dim);
+}
+
+/* acc[rj] = sum over positions [0, len) of scores[rj][p] * V_p (a row's weights are zero
+ * outside its own range) */
+ATT_INLINE void v_sums(const float *scores, int64_t max_len, int nrows, const char *kv,
+                       int pool_dt, const int64_t *offs, int64_t v_step, int len, int dim,
+                       float *acc) {
+    for (int t0 = 0; t0 < len; t0 += V_BLOCK) {
+        int m = len - t0 < V_BLOCK ? len - t0 : V_BLOCK;
+        const char *vr[V_BLOCK];
+        for (int u = 0; u < m; u++) vr[u] = kv_at(kv, pool_dt, offs[t0 + u] + v_step);
+        for (int u = t0 + V_BLOCK; u < len && u < t0 + 2 * V_BLOCK; u++)
+            kv_prefetch(kv, pool_dt, offs[u] + v_step, dim);
+        for (int j0 = 0; j0 < nrows; j0 += Q_BLOCK) {
+            int nq = nrows - j0 < Q_BLOCK ? nrows - j0 : Q_BLOCK;
+            const float *w[Q_BLOCK];
+            float *a[Q_BLOCK];
+            for (int j = 0; j < Q_BLOCK; j++) {
+                int rj = j0 + (j < nq ? j : 0);
+                w[j] = scores + (size_t)rj * max_len + t0;
+                a[j] = acc + (size_t)rj * dim;
+            }
+            switch (nq) {
+            case 1: v_block(vr, m, pool_dt, dim, w, a, 1); break;
+            case 2: v_block(vr, m, pool_dt, dim, w, a, 2); break;
+            case 3: v_block(vr, m, pool_dt, dim, w, a, 3); break;
+            default: v_block(vr, m, pool_dt, dim, w, a, 4); break;
+            }
+        }
+    }
+}
+
+/* both, for one pool dtype known at compile time (the loads' widening folds) */
+ATT_INLINE void attend_vector(const float *qf, int nrows, const char *kv, int pool_dt,
+                              const int64_t *offs, int64_t v_step, int len, int dim,
+                              float scale, float *scores, int64_t max_len, float *acc,
+                              const int *lo_r, const int *end_r, int lo, int group) {
+    k_scores(qf, nrows, kv, pool_dt, offs, len, dim, scale, scores, max_len);
+    for (int u = 0; u < len && u < V_BLOCK; u++) kv_prefetch(kv, pool_dt, offs[u] + v_step, dim);
+    for (int rj = 0; rj < nrows; rj++) {
+        float *sc = scores + (size_t)rj * max_len;
+        int a = lo_r[rj / group] - lo, b = end_r[rj / group] - lo;
+        softmax(sc + a, b - a);
+        memset(sc, 0, (size_t)a * sizeof(float));
+        memset(sc + b, 0, (size_t)(len - b) * sizeof(float));
+    }
+    v_sums(scores, max_len, nrows, kv, pool_dt, offs, v_step, len, dim, acc);
+}
+#endif /* vector path */
+
+/* The same without vectors (no AVX2, or a head size off the 8-value blocks) */
+static void attend_plain(const float *qf, int nrows, const char *kv, int pool_dt,
+                         const int64_t *offs, int64_t v_step, int len, int dim, float scale,
+                         float *scores, int64_t max_len, float *acc, float *kf,
+                         const int *lo_r, const int *end_r, int lo, int group) {
+    for (int p = 0; p < len; p++) {
+        if (p + AHEAD < len) kv_prefetch(kv, pool_dt, offs[p + AHEAD], dim);
+        const float *kr = kv_row(kv, pool_dt, offs[p], dim, kf);
+        for (int rj = 0; rj < nrows; rj++) {
+            const float *qj = qf + (size_t)rj * dim;
+            float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+            for (int i = 0; i < dim; i++) dot += qj[i] * kr[i];
+            scores[(size_t)rj * max_len + p] = dot * scale;
+        }
+    }
+    for (int rj = 0; rj < nrows; rj++) {
+        float *sc = scores + (size_t)rj * max_len;
+        int a = lo_r[rj / group] - lo, b = end_r[rj / group] - lo;
+        softmax(sc + a, b - a);
+        memset(sc, 0, (size_t)a * sizeof(float));
+        memset(sc + b, 0, (size_t)(len - b) * sizeof(float));
+    }
+    for (int p = 0; p < len; p++) {
+        if (p + AHEAD < len) kv_prefetch(kv, pool_dt, offs[p + AHEAD] + v_step, dim);
+        const float *vr = kv_row(kv, pool_dt, offs[p] + v_step, dim, kf);
+        for (int rj = 0; rj < nrows; rj++) {
+            float w = scores[(size_t)rj * max_len + p], *aj = acc + (size_t)rj * dim;
+#pragma omp simd
+            for (int i = 0; i < dim; i++) aj[i] += w * vr[i];
+        }
+    }
 }
 
 /* One new token per sequence over its cached K/V. Entry s has kv_lens[s] positions on pages
@@ -123,7 +305,7 @@ int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
         const size_t rg = (size_t)rows_cap * group; /* (row, head) pairs of a tile */
         float *qf = ferry_scratch(rg * dim * sizeof(float), &failed);
         float *acc = ferry_scratch(rg * dim * sizeof(float), &failed);
-        float *kf = ferry_scratch((size_t)dim * V_TILE * sizeof(float), &failed);
+        float *kf = ferry_scratch((size_t)dim * sizeof(float), &failed);
         float *scores = ferry_scratch(rg * max_len * sizeof(float), &failed);
         int64_t *offs = ferry_scratch((size_t)max_len * sizeof(int64_t), &failed);
         int ok = qf && acc && kf && scores && offs;
@@ -131,7 +313,7 @@ int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
         for (int64_t work = 0; work < tiles * kv_heads; work++) {
             if (!ok) continue; /* the call fails as a whole; other threads finish their share */
             int64_t t = work / kv_heads, s0 = first[t];
-            int n = (int)(first[t + 1] - s0), g = (int)(work % kv_heads);
+            int n = (int)(first[t + 1] - s0), g = (int)(work % kv_heads), nrows = n * group;
             /* row r attends positions [lo_r, end_r); the tile reads [lo, end) */
             int lo_r[ROWS_MAX], end_r[ROWS_MAX];
             for (int r = 0; r < n; r++) {
@@ -141,89 +323,37 @@ int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
             const int lo = lo_r[0], end = end_r[n - 1], len = end - lo;
             kv_offsets(page_ids + page_starts[s0], lo, len, g, kv_heads, page_size, dim, offs);
             for (int p = 0; p < len && p < AHEAD; p++) kv_prefetch(kv, pool_dt, offs[p], dim);
+            /* query rows rj = r * group + j, float32 */
             for (int r = 0; r < n; r++)
                 for (int j = 0; j < group; j++)
                     ferry_load_row((const char *)q + ((size_t)(s0 + r) * q_stride +
                                                       (size_t)(g * group + j) * dim) * es,
                                    dt, qf + ((size_t)r * group + j) * dim, dim);
-            /* scores[(r, j)][p - lo] for every position of the tile (a row ignores those
-             * outside its own range) */
-            int p0 = 0;
-#ifdef FERRY_AVX2
-            if (dim % 8 == 0) /* blocks of eight positions; a last short block padded */
-                for (; p0 < len; p0 += 8) {
-                    const float *kr[8];
-                    for (int k = 0; k < 8; k++) {
-                        if (p0 + k + AHEAD < len) kv_prefetch(kv, pool_dt, offs[p0 + k + AHEAD], dim);
-                        kr[k] = p0 + k < len ? kv_row(kv, pool_dt, offs[p0 + k], dim, kf + k * dim)
-                                             : kr[0];
-                    }
-                    for (int rj = 0; rj < n * group; rj++)
-                        dots8(qf + (size_t)rj * dim, kr, dim, scale,
-                              scores + (size_t)rj * max_len + p0);
+            memset(acc, 0, (size_t)nrows * dim * sizeof(float));
+#ifdef ATT_VECTOR
+            if (dim % 8 == 0) {
+                switch (pool_dt) { /* each dtype's loads compiled in */
+                case FERRY_F16:
+                    attend_vector(qf, nrows, kv, FERRY_F16, offs, v_step, len, dim, scale,
+                                  scores, max_len, acc, lo_r, end_r, lo, group);
+                    break;
+                case FERRY_BF16:
+                    attend_vector(qf, nrows, kv, FERRY_BF16, offs, v_step, len, dim, scale,
+                                  scores, max_len, acc, lo_r, end_r, lo, group);
+                    break;
+                default:
+                    attend_vector(qf, nrows, kv, FERRY_F32, offs, v_step, len, dim, scale,
+                                  scores, max_len, acc, lo_r, end_r, lo, group);
+                    break;
                 }
+            } else
 #endif
-            for (int p = p0; p < len; p++) {
-                if (p + AHEAD < len) kv_prefetch(kv, pool_dt, offs[p + AHEAD], dim);
-                const float *kr = kv_row(kv, pool_dt, offs[p], dim, kf);
-                for (int rj = 0; rj < n * group; rj++) {
-                    const float *qj = qf + (size_t)rj * dim;
-                    float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-                    for (int i = 0; i < dim; i++) dot += qj[i] * kr[i];
-                    scores[(size_t)rj * max_len + p] = dot * scale;
-                }
-            }
-            for (int p = 0; p < len && p < AHEAD; p++) kv_prefetch(kv, pool_dt, offs[p] + v_step, dim);
-            for (int r = 0; r < n; r++)
-                for (int j = 0; j < group; j++)
-                    softmax(scores + ((size_t)r * group + j) * max_len + (lo_r[r] - lo),
-                            end_r[r] - lo_r[r]);
-            /* acc[(r, j)] = sum over its positions p of score * V[p], each value summed in
-             * position order; V widened a tile at a time into kf, once for every row and head */
-            memset(acc, 0, (size_t)n * group * dim * sizeof(float));
-            for (int t0 = 0; t0 < len; t0 += V_TILE) {
-                int m = len - t0 < V_TILE ? len - t0 : V_TILE;
-                const float *vr[V_TILE];
-                for (int u = 0; u < m; u++) {
-                    if (t0 + u + AHEAD < len)
-                        kv_prefetch(kv, pool_dt, offs[t0 + u + AHEAD] + v_step, dim);
-                    vr[u] = kv_row(kv, pool_dt, offs[t0 + u] + v_step, dim, kf + (size_t)u * dim);
-                }
-                for (int r = 0; r < n; r++) {
-                    /* this row's positions within the V tile: [a, b) */
-                    int a = lo_r[r] - lo - t0, b = end_r[r] - lo - t0;
-                    a = a < 0 ? 0 : a;
-                    b = b > m ? m : b;
-                    for (int j = 0; a < b && j < group; j++) {
-                        const float *sc = scores + ((size_t)r * group + j) * max_len + t0;
-                        float *aj = acc + ((size_t)r * group + j) * dim;
-                        int c = 0;
-#ifdef FERRY_AVX2
-                        for (; c + 64 <= dim; c += 64) { /* 64 values in registers a pass */
-                            __m256 x[8];
-                            for (int k = 0; k < 8; k++) x[k] = _mm256_loadu_ps(aj + c + k * 8);
-                            for (int u = a; u < b; u++) {
-                                __m256 w = _mm256_set1_ps(sc[u]);
-                                for (int k = 0; k < 8; k++)
-                                    x[k] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr[u] + c + k * 8), x[k]);
-                            }
-                            for (int k = 0; k < 8; k++) _mm256_storeu_ps(aj + c + k * 8, x[k]);
-                        }
-#endif
-                        for (int u = a; u < b; u++) {
-                            float w = sc[u];
-                            const float *v = vr[u];
-#pragma omp simd
-                            for (int i = c; i < dim; i++) aj[i] += w * v[i];
-                        }
-                    }
-                }
-            }
-            for (int r = 0; r < n; r++)
-                for (int j = 0; j < group; j++)
-                    ferry_store_row((char *)out + ((size_t)(s0 + r) * heads + (size_t)(g * group + j)) * dim * es,
-                                    dt, acc + ((size_t)r * group + j) * dim, dim);
+                attend_plain(qf, nrows, kv, pool_dt, offs, v_step, len, dim, scale, scores,
+                             max_len, acc, kf, lo_r, end_r, lo, group);
+            for (int rj = 0; rj < nrows; rj++)
+                ferry_store_row((char *)out + ((size_t)(s0 + rj / group) * heads +
+                                               (size_t)(g * group + rj % group)) * dim * es,
+                                dt, acc + (size_t)rj * dim, dim);
         }
         free(qf);
         free(acc);
