@@ -77,6 +77,20 @@ static void softmax(float *sc, int len) {
     for (p = 0; p < len; p++) sc[p] *= inv;
 }
 
+/* each query row's scores over the tile's positions [0, len) -> its attention weights: the
+ * softmax over its own range [lo_r - lo, end_r - lo) (row rj belongs to tile row rj / group),
+ * zero elsewhere, so summing V over the whole tile adds exact zeros for it */
+static void weights(float *scores, int64_t max_len, int nrows, int len, const int *lo_r,
+                    const int *end_r, int lo, int group) {
+    for (int rj = 0; rj < nrows; rj++) {
+        float *sc = scores + (size_t)rj * max_len;
+        int a = lo_r[rj / group] - lo, b = end_r[rj / group] - lo;
+        softmax(sc + a, b - a);
+        memset(sc, 0, (size_t)a * sizeof(float));
+        memset(sc + b, 0, (size_t)(len - b) * sizeof(float));
+    }
+}
+
 /* The vector path (AVX2 + F16C, head size a multiple of 8) reads K and V rows straight from
  * the pool, widening eight values at a time in registers, and blocks the work so that one
  * load serves several query rows (K) or several positions' sums stay in registers (V).
@@ -103,6 +117,14 @@ ATT_INLINE __m256 kv_load8(const char *row, int pool_dt, int i) {
     return pool_dt == FERRY_F16
         ? _mm256_cvtph_ps(h)
         : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* the query rows of the block from j0: rj[j] for j < the returned count (at most Q_BLOCK),
+ * a short block's other entries repeating j0 (read, never written) */
+ATT_INLINE int row_block(int j0, int nrows, int rj[Q_BLOCK]) {
+    int nq = nrows - j0 < Q_BLOCK ? nrows - j0 : Q_BLOCK;
+    for (int j = 0; j < Q_BLOCK; j++) rj[j] = j0 + (j < nq ? j : 0);
+    return nq;
 }
 
 /* out[j][a] = scale * (qs[j] . kr[a]) for j < nq, a < npos */
@@ -139,13 +161,12 @@ ATT_INLINE void k_scores(const float *qf, int nrows, const char *kv, int pool_dt
             kr[a] = kv_at(kv, pool_dt, offs[a < npos ? p0 + a : p0]); /* a short block repeats */
         }
         for (int j0 = 0; j0 < nrows; j0 += Q_BLOCK) {
-            int nq = nrows - j0 < Q_BLOCK ? nrows - j0 : Q_BLOCK;
+            int rj[Q_BLOCK], nq = row_block(j0, nrows, rj);
             const float *qs[Q_BLOCK];
             float *out[Q_BLOCK];
             for (int j = 0; j < Q_BLOCK; j++) {
-                int rj = j0 + (j < nq ? j : 0);
-                qs[j] = qf + (size_t)rj * dim;
-                out[j] = scores + (size_t)rj * max_len + p0;
+                qs[j] = qf + (size_t)rj[j] * dim;
+                out[j] = scores + (size_t)rj[j] * max_len + p0;
             }
             switch (nq) { /* constant row counts: the chains stay in registers */
             case 1: k_block(qs, 1, kr, npos, pool_dt, dim, scale, out); break;
@@ -197,13 +218,12 @@ ATT_INLINE void v_sums(const float *scores, int64_t max_len, int nrows, const ch
         for (int u = t0 + V_BLOCK; u < len && u < t0 + 2 * V_BLOCK; u++)
             kv_prefetch(kv, pool_dt, offs[u] + v_step, dim);
         for (int j0 = 0; j0 < nrows; j0 += Q_BLOCK) {
-            int nq = nrows - j0 < Q_BLOCK ? nrows - j0 : Q_BLOCK;
+            int rj[Q_BLOCK], nq = row_block(j0, nrows, rj);
             const float *w[Q_BLOCK];
             float *a[Q_BLOCK];
             for (int j = 0; j < Q_BLOCK; j++) {
-                int rj = j0 + (j < nq ? j : 0);
-                w[j] = scores + (size_t)rj * max_len + t0;
-                a[j] = acc + (size_t)rj * dim;
+                w[j] = scores + (size_t)rj[j] * max_len + t0;
+                a[j] = acc + (size_t)rj[j] * dim;
             }
             switch (nq) {
             case 1: v_block(vr, m, pool_dt, dim, w, a, 1); break;
@@ -222,13 +242,7 @@ ATT_INLINE void attend_vector(const float *qf, int nrows, const char *kv, int po
                               const int *lo_r, const int *end_r, int lo, int group) {
     k_scores(qf, nrows, kv, pool_dt, offs, len, dim, scale, scores, max_len);
     for (int u = 0; u < len && u < V_BLOCK; u++) kv_prefetch(kv, pool_dt, offs[u] + v_step, dim);
-    for (int rj = 0; rj < nrows; rj++) {
-        float *sc = scores + (size_t)rj * max_len;
-        int a = lo_r[rj / group] - lo, b = end_r[rj / group] - lo;
-        softmax(sc + a, b - a);
-        memset(sc, 0, (size_t)a * sizeof(float));
-        memset(sc + b, 0, (size_t)(len - b) * sizeof(float));
-    }
+    weights(scores, max_len, nrows, len, lo_r, end_r, lo, group);
     v_sums(scores, max_len, nrows, kv, pool_dt, offs, v_step, len, dim, acc);
 }
 #endif /* vector path */
@@ -249,13 +263,7 @@ static void attend_plain(const float *qf, int nrows, const char *kv, int pool_dt
             scores[(size_t)rj * max_len + p] = dot * scale;
         }
     }
-    for (int rj = 0; rj < nrows; rj++) {
-        float *sc = scores + (size_t)rj * max_len;
-        int a = lo_r[rj / group] - lo, b = end_r[rj / group] - lo;
-        softmax(sc + a, b - a);
-        memset(sc, 0, (size_t)a * sizeof(float));
-        memset(sc + b, 0, (size_t)(len - b) * sizeof(float));
-    }
+    weights(scores, max_len, nrows, len, lo_r, end_r, lo, group);
     for (int p = 0; p < len; p++) {
         if (p + AHEAD < len) kv_prefetch(kv, pool_dt, offs[p + AHEAD] + v_step, dim);
         const float *vr = kv_row(kv, pool_dt, offs[p] + v_step, dim, kf);
@@ -274,7 +282,7 @@ static void attend_plain(const float *qf, int nrows, const char *kv, int pool_dt
  * float32; q and out ([entries, heads * dim]) are in dt, the pool in pool_dt.
  * A prefill part comes as one entry per query row, each ending at its own position: entries
  * that share a page table (the same page_starts) and follow one another position by position
- * form a tile of up to ROWS_MAX rows, whose K/V rows are found and widened once for all of
+ * form a tile of up to ROWS_MAX rows, whose K/V rows are found and read once for all of
  * them. Each row's arithmetic is the same alone or in a tile.
  * Work is split over (tile, kv head) pairs across the OpenMP team. */
 int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
