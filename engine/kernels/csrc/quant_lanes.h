@@ -7,10 +7,19 @@
  * Included after quant_x86.h's helpers by quant_dot_avx2.c (QL_VNNI 0), quant_dot_vnni.c
  * (1: AVX-VNNI) and quant_dot_avx512.c (2: AVX512-VNNI on 256-bit vectors, 32 registers);
  * the includer defines INL, TGT and QL_SUFFIX. */
-/* four groups in a pass need more than 16 vector registers: the AVX2 and AVX-VNNI paths
- * run them as two passes of two (each row's floats are the same either way) */
+/* four groups in a pass need more than 16 vector registers: the AVX2 and AVX-VNNI paths run
+ * them as two passes of two (each row's floats are the same either way), except the 4-bit
+ * types on AVX2 (16-bit sums, Q4_1's offsets in a pass of their own), which fit in one */
 #ifndef QL_SPLIT4
 #define QL_SPLIT4 (QL_VNNI != 2)
+#endif
+#define QL_SPLIT4_32(qt) (QL_SPLIT4 && (qt) == QT_Q5_0)
+/* a sum kept in a register where it is made: else GCC reorders the chains into trees whose
+ * products, all live at once, spill out of AVX2's 16 registers (AVX-512's 32 hold them) */
+#if QL_VNNI == 2
+#define QL_PIN(v) ((void)0)
+#else
+#define QL_PIN(v) __asm__("" : "+x"(v))
 #endif
 #define QL_CAT(a, b) a##b
 #define QL_CAT2(a, b) QL_CAT(a, b)
@@ -41,22 +50,53 @@ INL __m256i ql_unpack(const uint8_t *blk, const int qt) {
     }
 }
 
+/* a block's 4-byte group k of weights broadcast to all 8 lanes. The 4-bit types hold their 16
+ * bytes in both 128-bit halves (lo: the low nibbles, values 0..15; hi: the high ones), so an
+ * in-half shuffle broadcasts any group (cheaper than a cross-half permute, and no round trip
+ * through memory); Q5_0 permutes its unpacked bytes u; Q8_0 loads the 4 bytes */
+INL __m256i ql_quad(const uint8_t *blk, const int qt, __m256i lo, __m256i hi, __m256i u,
+                    const int k) {
+    if (qt == QT_Q8_0) {
+        int32_t q;
+        memcpy(&q, blk + 2 + 4 * k, 4);
+        __m256i b = _mm256_set1_epi32(q);
+        return QL_VNNI ? _mm256_xor_si256(b, _mm256_set1_epi8((char)0x80)) : b;
+    }
+    if (qt == QT_Q5_0) return _mm256_permutevar8x32_epi32(u, _mm256_set1_epi32(k));
+    return _mm256_shuffle_epi32(k < 4 ? lo : hi, (k & 3) * 0x55);
+}
+
 INL void ql_body(const uint8_t *w, int64_t nb, const ql32 *act, const int G, const int qt,
                  float *out) {
     const int bytes = qt == QT_Q4_0 ? 18 : qt == QT_Q4_1 ? 20 : qt == QT_Q5_0 ? 22 : 34;
     /* log2 of the zero point the unsigned weights carry; -1: none */
     const int zshift = qt == QT_Q4_0 ? 3 : qt == QT_Q5_0 ? 4 : qt == QT_Q8_0 && QL_VNNI ? 7 : -1;
     enum { NC_MAX = 4 };
-    const int NC = G <= 2 ? 4 : 2;
+    const int NC = G <= 2 ? 4 : QL_VNNI == 2 ? 2 : 1;
     __m256 acc[QL_MAX_G], off[QL_MAX_G];
     for (int g = 0; g < G; g++) acc[g] = off[g] = _mm256_setzero_ps();
+    /* Q4_1's offsets (its mins times the rows' scaled sums): the same chain per row, in a pass
+     * of its own so the main loop holds G fewer registers */
+    if (qt == QT_Q4_1)
+        for (int64_t b = 0; b < nb; b++) {
+            __m256 m = _mm256_set1_ps(f16(w + b * bytes + 2));
+            for (int g = 0; g < G; g++)
+                off[g] = _mm256_fmadd_ps(m, _mm256_loadu_ps(act[g * nb + b].s), off[g]);
+        }
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * bytes;
         Q_PREFETCH(blk, bytes);
-        uint32_t quad[8];
-        _mm256_storeu_si256((__m256i *)quad, ql_unpack(blk, qt));
-        /* the integer sums in NC chains per group (about 8 in all), so the multiply-adds
-         * do not wait on one another; exact, so the split changes nothing */
+        __m256i lo = _mm256_setzero_si256(), hi = lo, u = lo;
+        if (qt == QT_Q4_0 || qt == QT_Q4_1) {
+            __m256i v = _mm256_broadcastsi128_si256(
+                _mm_loadu_si128((const __m128i *)(blk + (qt == QT_Q4_0 ? 2 : 4))));
+            lo = _mm256_and_si256(v, _mm256_set1_epi8(15));
+            hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15));
+        } else if (qt == QT_Q5_0) {
+            u = ql_unpack(blk, qt);
+        }
+        /* the integer sums in NC chains per group, so the multiply-adds do not wait on one
+         * another; exact, so the split changes nothing */
         __m256i isum[QL_MAX_G][NC_MAX];
         for (int g = 0; g < G; g++) {
             for (int c = 1; c < NC; c++) isum[g][c] = _mm256_setzero_si256();
@@ -73,10 +113,12 @@ INL void ql_body(const uint8_t *w, int64_t nb, const ql32 *act, const int G, con
             __m256i h[QL_MAX_G];
             for (int g = 0; g < G; g++) h[g] = _mm256_setzero_si256();
             for (int k = 0; k < 8; k++) {
-                __m256i wq = _mm256_set1_epi32((int)quad[k]);
-                for (int g = 0; g < G; g++)
+                __m256i wq = ql_quad(blk, qt, lo, hi, u, k);
+                for (int g = 0; g < G; g++) {
                     h[g] = _mm256_add_epi16(h[g], _mm256_maddubs_epi16(wq, _mm256_loadu_si256(
                         (const __m256i *)act[g * nb + b].qs[k])));
+                    QL_PIN(h[g]);
+                }
             }
             for (int g = 0; g < G; g++)
                 isum[g][0] = _mm256_add_epi32(isum[g][0],
@@ -84,17 +126,21 @@ INL void ql_body(const uint8_t *w, int64_t nb, const ql32 *act, const int G, con
         } else
 #endif
         for (int k = 0; k < 8; k++) {
-            __m256i wq = _mm256_set1_epi32((int)quad[k]);
+            __m256i wq = ql_quad(blk, qt, lo, hi, u, k);
             const int c = k % NC;
             if (qt == QT_Q8_0 && !QL_VNNI) {
                 __m256i wa = _mm256_sign_epi8(wq, wq);
-                for (int g = 0; g < G; g++)
+                for (int g = 0; g < G; g++) {
                     isum[g][c] = ql_dot(isum[g][c], wa, _mm256_sign_epi8(_mm256_loadu_si256(
                         (const __m256i *)act[g * nb + b].qs[k]), wq));
+                    QL_PIN(isum[g][c]);
+                }
             } else {
-                for (int g = 0; g < G; g++)
+                for (int g = 0; g < G; g++) {
                     isum[g][c] = ql_dot(isum[g][c], wq, _mm256_loadu_si256(
                         (const __m256i *)act[g * nb + b].qs[k]));
+                    QL_PIN(isum[g][c]);
+                }
             }
         }
         for (int g = 0; g < G; g++)
@@ -103,11 +149,6 @@ INL void ql_body(const uint8_t *w, int64_t nb, const ql32 *act, const int G, con
         for (int g = 0; g < G; g++)
             acc[g] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(act[g * nb + b].d)),
                                      _mm256_cvtepi32_ps(isum[g][0]), acc[g]);
-        if (qt == QT_Q4_1) {
-            __m256 m = _mm256_set1_ps(f16(blk + 2));
-            for (int g = 0; g < G; g++)
-                off[g] = _mm256_fmadd_ps(m, _mm256_loadu_ps(act[g * nb + b].s), off[g]);
-        }
     }
     for (int g = 0; g < G; g++) _mm256_storeu_ps(out + QL_ROWS * g, _mm256_add_ps(acc[g], off[g]));
 }
@@ -119,7 +160,7 @@ INL void ql_body(const uint8_t *w, int64_t nb, const ql32 *act, const int G, con
     case 2: ql_body(w, nb, act, 2, qt, out); break;                                          \
     case 3: ql_body(w, nb, act, 3, qt, out); break;                                          \
     default:                                                                                 \
-        if (QL_SPLIT4) {                                                                     \
+        if (QL_SPLIT4_32(qt)) {                                                                     \
             ql_body(w, nb, act, 2, qt, out);                                                 \
             ql_body(w, nb, act + 2 * nb, 2, qt, out + 2 * QL_ROWS);                          \
         } else {                                                                             \

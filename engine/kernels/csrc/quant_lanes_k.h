@@ -100,20 +100,34 @@ INL void qk_body(const uint8_t *w, int64_t wstride, const int W, int64_t nb, con
                     tot[i][g] = _mm256_add_epi32(tot[i][g], _mm256_mullo_epi32(s[i][g], scale));
             }
 #else
-            /* the scale in vpmaddwd's multiplier, where ql_dot has ones */
+            /* the scale in vpmaddwd's multiplier, where ql_dot has ones; before it, NH of
+             * vpmaddubsw's 16-bit pair sums added in 16 bits (|.| <= 2 * 15 * 127 each for
+             * Q4_K, 2 * 31 * 127 for Q5_K, 2 * 63 * 127 for Q6_K: no overflow), one widening
+             * for NH of them; exact, so the sums are the same */
+            const int NH = qt == QT_Q4_K ? 8 : qt == QT_Q5_K ? 4 : 2;
             __m256i scale[QL_MAX_W];
             for (int i = 0; i < W; i++) scale[i] = _mm256_set1_epi16((int16_t)sc[i][j]);
+            for (int k0 = 0; k0 < QS; k0 += NH) {
+                __m256i h[QL_MAX_W][QL_MAX_G];
+                for (int i = 0; i < W; i++)
+                    for (int g = 0; g < G; g++) h[i][g] = _mm256_setzero_si256();
 #pragma GCC unroll 8
-            for (int kk = 0; kk < QS; kk++) {
-                const int k = QS * j + kk;
-                __m256i wq[QL_MAX_W];
-                for (int i = 0; i < W; i++) wq[i] = _mm256_set1_epi32((int)quad[i][k]);
-                for (int g = 0; g < G; g++) {
-                    __m256i y = _mm256_loadu_si256((const __m256i *)act[g * nb + b].qs[k]);
-                    for (int i = 0; i < W; i++)
-                        tot[i][g] = _mm256_add_epi32(tot[i][g], _mm256_madd_epi16(
-                            _mm256_maddubs_epi16(wq[i], y), scale[i]));
+                for (int kk = 0; kk < NH; kk++) {
+                    const int k = QS * j + k0 + kk;
+                    __m256i wq[QL_MAX_W];
+                    for (int i = 0; i < W; i++) wq[i] = _mm256_set1_epi32((int)quad[i][k]);
+                    for (int g = 0; g < G; g++) {
+                        __m256i y = _mm256_loadu_si256((const __m256i *)act[g * nb + b].qs[k]);
+                        for (int i = 0; i < W; i++) {
+                            h[i][g] = _mm256_add_epi16(h[i][g], _mm256_maddubs_epi16(wq[i], y));
+                            QL_PIN(h[i][g]);
+                        }
+                    }
                 }
+                for (int i = 0; i < W; i++)
+                    for (int g = 0; g < G; g++)
+                        tot[i][g] = _mm256_add_epi32(tot[i][g],
+                                                     _mm256_madd_epi16(h[i][g], scale[i]));
             }
 #endif
         }

@@ -403,3 +403,33 @@ def test_lanes_at_the_extremes_of_their_16_bit_sums(qtype: int, sign: float,
     want = quant.dequantize(w) @ x[0]  # every weight 0.5 * (15 - 8) or 0.5 * 15
     got = quant.quant_matmul(x, w)
     assert torch.equal(got, want.expand(16, out)), (got[0], want)
+
+
+def _k_block_at_most(qtype: int) -> bytes:
+    """A K-quant block whose every value is its largest (Q4_K 15, Q5_K 31, Q6_K 63 before its
+    -32), every scale 1, the mins 0 and d 0.5."""
+    d, zero = np.float16(0.5).tobytes(), np.float16(0.0).tobytes()
+    if qtype == quant.Q6_K:  # ql, qh, int8 scales, d
+        return b"\xff" * 128 + b"\xff" * 64 + b"\x01" * 16 + d
+    # scales 0-3 and (low nibbles of bytes 8-11) 4-7 are 1; mins 0
+    scales = b"\x01" * 4 + b"\x00" * 4 + b"\x01" * 4
+    high = b"\xff" * 32 if qtype == quant.Q5_K else b""
+    return d + zero + scales + high + b"\xff" * 128
+
+
+@pytest.mark.parametrize("qtype", [quant.Q4_K, quant.Q5_K, quant.Q6_K], ids=quant.type_name)
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_k_lanes_at_the_extremes_of_their_16_bit_sums(qtype: int, sign: float,
+                                                      path: str) -> None:
+    """Every value at its largest against activations all quantized to +-127: the AVX2 lanes'
+    16-bit sums (8 products of Q4_K, 4 of Q5_K, 2 of Q6_K added before widening) reach their
+    largest, and 16 rows in lanes must give one row's dot-product bits, close to the float
+    product."""
+    out, inn = 3, 512
+    row = np.frombuffer(_k_block_at_most(qtype) * (inn // 256), dtype=np.uint8)
+    w = QuantWeight(qtype, torch.from_numpy(np.stack([row] * out).copy()), inn, out)
+    x = torch.full((16, inn), sign)
+    want = quant.dequantize(w) @ x[0]  # every weight 0.5 * 15, 0.5 * 31 or 0.5 * 31
+    got = quant.quant_matmul(x, w)
+    assert torch.equal(got, quant.quant_matmul(x[:1], w).expand(16, out)), (got[0], want)
+    torch.testing.assert_close(got[0], want, rtol=1e-5, atol=0)
