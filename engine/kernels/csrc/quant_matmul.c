@@ -206,19 +206,24 @@ void q_plan_chunk(const q_plan *p, int64_t c) {
     const int64_t groups = p->groups, full = p->full;
     const uint8_t *wd = (const uint8_t *)w->data;
     int64_t o1 = (c + 1) * Q_CHUNK < w->out ? (c + 1) * Q_CHUNK : w->out;
+    const int64_t o0 = c * Q_CHUNK, n = o1 - o0;
+    float bo[Q_CHUNK];
+    for (int64_t i = 0; i < n; i++) bo[i] = bias ? bias[o0 + i] : 0.f;
     for (int64_t g0 = 0; g0 < groups; g0 += QL_MAX_G) {
         int G = groups - g0 < QL_MAX_G ? (int)(groups - g0) : QL_MAX_G;
-        for (int64_t o = c * Q_CHUNK; o < o1; o += QL_MAX_W) {
+        /* the chunk's columns for G groups' rows, then written row by row: a row's columns
+         * are adjacent in y (column by column, every store went to another row's line) */
+        float part[Q_CHUNK * QL_MAX_G * QL_ROWS];
+        for (int64_t o = o0; o < o1; o += QL_MAX_W) {
             int nw = o1 - o < QL_MAX_W ? (int)(o1 - o) : QL_MAX_W;
-            float part[QL_MAX_W * QL_MAX_G * QL_ROWS];
             p->lanes(p->info->qtype, wd + o * w->row_bytes, w->row_bytes, nw, nb,
-                     p->packed + (size_t)(g0 * nb) * p->unit, G, part);
-            for (int i = 0; i < nw; i++) {
-                float bo = bias ? bias[o + i] : 0.f;
-                for (int64_t r = 0; r < G * QL_ROWS && g0 * QL_ROWS + r < full; r++)
-                    y[(g0 * QL_ROWS + r) * y_stride + o + i] =
-                        part[i * QL_MAX_G * QL_ROWS + r] + bo;
-            }
+                     p->packed + (size_t)(g0 * nb) * p->unit, G,
+                     part + (o - o0) * QL_MAX_G * QL_ROWS);
+        }
+        int64_t r1 = full - g0 * QL_ROWS < G * QL_ROWS ? full - g0 * QL_ROWS : G * QL_ROWS;
+        for (int64_t r = 0; r < r1; r++) {
+            float *yr = y + (g0 * QL_ROWS + r) * y_stride + o0;
+            for (int64_t i = 0; i < n; i++) yr[i] = part[i * QL_MAX_G * QL_ROWS + r] + bo[i];
         }
     }
     if (p->halves) {
