@@ -10,8 +10,9 @@ int ferry_rms_norm(void *x, void *residual, const void *w, void *out, int64_t ro
     size_t es = ferry_elem(dt);
     int failed = 0;
     /* rows are independent: split over the team where there are enough of them (a prefill
-     * chunk's, or its per-head QK-norm's thousands); each row's steps are the same either way */
-#pragma omp parallel if (rows * dim >= (1 << 15))
+     * chunk's, a big decode round's, or their per-head QK-norm's); each row's steps are the same
+     * either way */
+#pragma omp parallel if (rows * dim >= (1 << 13))
     {
         float *h = ferry_scratch((size_t)dim * 3 * sizeof(float), &failed);
         float *wf = NULL, *tmp = NULL;

@@ -259,9 +259,18 @@ int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_we
     q_plan p;
     int rc = q_plan_make(&p, x, rows, x_stride, w, bias, y, y_stride, 1);
     if (rc) return rc;
-    const int64_t chunks = p.chunks; /* output rows split over the team, Q_CHUNK an item */
+    /* output rows split over the team, Q_CHUNK an item. A few rows stream the weight at
+     * memory speed: one contiguous share a thread. Many rows compute longer per weight row:
+     * runs of a 32nd taken as threads come free, so a thread the OS lends to another for a
+     * while (the server's own threads share the cores) does not hold the others up */
+    const int64_t chunks = p.chunks, run = chunks >= 64 ? chunks / 32 : 2;
+    if (rows < QL_ROWS) {
 #pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < chunks; c++) q_plan_chunk(&p, c);
+        for (int64_t c = 0; c < chunks; c++) q_plan_chunk(&p, c);
+    } else {
+#pragma omp parallel for schedule(dynamic, run)
+        for (int64_t c = 0; c < chunks; c++) q_plan_chunk(&p, c);
+    }
     q_plan_free(&p);
     return FERRY_OK;
 }

@@ -9,8 +9,8 @@ int ferry_rotary(void *x, int64_t row_stride, int64_t tokens, int heads, int dim
                  const void *cos, const void *sin, int dt) {
     int half = dim / 2, failed = 0;
     size_t es = ferry_elem(dt);
-    /* tokens are independent: split over the team for a prefill chunk's */
-#pragma omp parallel if (tokens * heads * dim >= (1 << 15))
+    /* tokens are independent: split over the team for a prefill chunk's or a big round's */
+#pragma omp parallel if (tokens * heads * dim >= (1 << 13))
     {
         float *v = ferry_scratch((size_t)dim * 3 * sizeof(float), &failed);
 #pragma omp for schedule(static)
