@@ -7,9 +7,10 @@
  * Included after quant_x86.h's helpers by quant_dot_avx2.c (QL_VNNI 0), quant_dot_vnni.c
  * (1: AVX-VNNI) and quant_dot_avx512.c (2: AVX512-VNNI on 256-bit vectors, 32 registers);
  * the includer defines INL, TGT and QL_SUFFIX. */
-/* four groups in a pass need more than 16 vector registers: the AVX2 and AVX-VNNI paths run
- * them as two passes of two (each row's floats are the same either way), except the 4-bit
- * types on AVX2 (16-bit sums, Q4_1's offsets in a pass of their own), which fit in one */
+/* where four groups in a pass need more than 16 vector registers, the AVX2 and AVX-VNNI paths
+ * run them as two passes of two (each row's floats are the same either way): the K-quants
+ * (quant_lanes_k.h, two weight rows a pass) and, here, Q5_0; the other 32-value types fit
+ * four groups in one pass (Q4_1's offsets in a pass of their own, sums pinned: QL_PIN) */
 #ifndef QL_SPLIT4
 #define QL_SPLIT4 (QL_VNNI != 2)
 #endif
@@ -160,7 +161,7 @@ INL void ql_body(const uint8_t *w, int64_t nb, const ql32 *act, const int G, con
     case 2: ql_body(w, nb, act, 2, qt, out); break;                                          \
     case 3: ql_body(w, nb, act, 3, qt, out); break;                                          \
     default:                                                                                 \
-        if (QL_SPLIT4_32(qt)) {                                                                     \
+        if (QL_SPLIT4_32(qt)) {                                                              \
             ql_body(w, nb, act, 2, qt, out);                                                 \
             ql_body(w, nb, act + 2 * nb, 2, qt, out + 2 * QL_ROWS);                          \
         } else {                                                                             \

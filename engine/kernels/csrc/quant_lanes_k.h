@@ -8,7 +8,8 @@
  * products do (quant_simd.h dot_q45k, dot_q6k; quant_dot_avx512.c):
  *     acc = fma(d * d_x, total, acc), Q4_K / Q5_K also macc = fma(dmin * d_x, mins, macc);
  *     y = acc - macc (Q6_K: y = acc).
- * Included after quant_lanes.h (its ql_dot, QL_SPLIT4, QL_CAT2) by the same three files. */
+ * Included after quant_lanes.h (its ql_dot, QL_SPLIT4, QL_PIN, QL_CAT2) by the same three
+ * files. */
 
 /* the 256 weights of a block in order, one byte each */
 INL void qk_unpack(const uint8_t *blk, const int qt, uint32_t quad[64]) {
