@@ -207,7 +207,7 @@ void q_plan_chunk(const q_plan *p, int64_t c) {
     const uint8_t *wd = (const uint8_t *)w->data;
     int64_t o1 = (c + 1) * Q_CHUNK < w->out ? (c + 1) * Q_CHUNK : w->out;
     const int64_t o0 = c * Q_CHUNK, n = o1 - o0;
-    float bo[Q_CHUNK];
+    float bo[Q_CHUNK]; /* the chunk's bias, for all three kinds of rows below */
     for (int64_t i = 0; i < n; i++) bo[i] = bias ? bias[o0 + i] : 0.f;
     for (int64_t g0 = 0; g0 < groups; g0 += QL_MAX_G) {
         int G = groups - g0 < QL_MAX_G ? (int)(groups - g0) : QL_MAX_G;
@@ -227,22 +227,20 @@ void q_plan_chunk(const q_plan *p, int64_t c) {
         }
     }
     if (p->halves) {
-        for (int64_t o = c * Q_CHUNK; o < o1; o++) {
+        for (int64_t o = o0; o < o1; o++) {
             float part[4];
             p->half(p->info->qtype, wd + o * w->row_bytes, 0, 1, nb,
                     p->packed + (size_t)(groups * nb) * p->unit, (int)(rows - full), part);
-            float bo = bias ? bias[o] : 0.f;
-            for (int64_t r = full; r < rows; r++) y[r * y_stride + o] = part[r - full] + bo;
+            for (int64_t r = full; r < rows; r++) y[r * y_stride + o] = part[r - full] + bo[o - o0];
         }
     }
     for (int64_t r0 = p->lane_rows; r0 < rows; r0 += QMAX_R) {
         int R = rows - r0 < QMAX_R ? (int)(rows - r0) : QMAX_R;
         const char *a = (const char *)p->act + r0 * p->astride;
-        for (int64_t o = c * Q_CHUNK; o < o1; o++) {
+        for (int64_t o = o0; o < o1; o++) {
             float part[QMAX_R];
             p->dot(wd + o * w->row_bytes, nb, a, p->astride, R, part);
-            float bo = bias ? bias[o] : 0.f;
-            for (int r = 0; r < R; r++) y[(r0 + r) * y_stride + o] = part[r] + bo;
+            for (int r = 0; r < R; r++) y[(r0 + r) * y_stride + o] = part[r] + bo[o - o0];
         }
     }
 }
@@ -263,11 +261,12 @@ int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_we
      * memory speed: one contiguous share a thread. Many rows compute longer per weight row:
      * runs of a 32nd taken as threads come free, so a thread the OS lends to another for a
      * while (the server's own threads share the cores) does not hold the others up */
-    const int64_t chunks = p.chunks, run = chunks >= 64 ? chunks / 32 : 2;
+    const int64_t chunks = p.chunks;
     if (rows < QL_ROWS) {
 #pragma omp parallel for schedule(static)
         for (int64_t c = 0; c < chunks; c++) q_plan_chunk(&p, c);
     } else {
+        const int64_t run = chunks >= 64 ? chunks / 32 : 2;
 #pragma omp parallel for schedule(dynamic, run)
         for (int64_t c = 0; c < chunks; c++) q_plan_chunk(&p, c);
     }
