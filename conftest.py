@@ -33,6 +33,12 @@ from engine.scheduling.batch import Batch, BatchItem
 from engine.scheduling.request import Request, SamplingParams
 from tests.tools.random_hf import random_hf
 
+# Every `ferry` process a test starts (each with its own FERRY_HOME) loads the kernels this
+# process builds instead of compiling its own copy.
+KERNEL_CACHE = "FERRY_KERNEL_CACHE"
+os.environ.setdefault(KERNEL_CACHE, str(Path(tempfile.gettempdir()) / (
+    f"ferry-kernels-{os.getuid() if hasattr(os, 'getuid') else 'user'}")))
+
 
 @pytest.fixture(autouse=True)
 def _restore_torch_threads() -> object:
@@ -306,7 +312,7 @@ def tokenizer(model_dir: Path) -> Any:
 @pytest.fixture
 def ferry_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The test's own FERRY_HOME (its tmp_path) and no FERRY_* variables from outside."""
-    for name in [n for n in os.environ if n.startswith("FERRY_")]:
+    for name in [n for n in os.environ if n.startswith("FERRY_") and n != KERNEL_CACHE]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("FERRY_HOME", str(tmp_path))
     return tmp_path

@@ -14,6 +14,7 @@ from web.config import USERS_FILE
 
 APP_NAME = "ferry"
 HOME_ENV = "FERRY_HOME"
+KERNELS_ENV = "FERRY_KERNEL_CACHE"  # one compiled-kernels folder for several homes
 CONFIG_FILE = "ferry.toml"
 
 
@@ -23,6 +24,8 @@ class Paths:
     config: Path  # ferry.toml
     cache: Path  # converted models (cache/models/<name>)
     log: Path  # rotating ferry.log
+    kernels: Path | None = None  # compiled kernels, when not cache/kernels
+
 
     @property
     def config_file(self) -> Path:
@@ -38,8 +41,10 @@ class Paths:
 
     @property
     def kernels_cache(self) -> Path:
-        """Ferry's fused CPU kernels, compiled once per machine (engine.kernels.native)."""
-        return self.cache / "kernels"
+        """Ferry's fused CPU kernels, compiled once per machine (engine.kernels.native);
+        FERRY_KERNEL_CACHE names another folder (tests and portable installs share one build
+        across many FERRY_HOMEs instead of compiling once per home)."""
+        return self.kernels or self.cache / "kernels"
 
     @property
     def log_file(self) -> Path:
@@ -57,14 +62,16 @@ class Paths:
 def get_paths(env: dict[str, str] | None = None) -> Paths:
     """The folders for this user; FERRY_HOME=<dir> puts all four under that one folder."""
     environ = os.environ if env is None else env
-    home = environ.get(HOME_ENV)
+    home, kernels = environ.get(HOME_ENV), environ.get(KERNELS_ENV)
+    shared = Path(kernels).expanduser().resolve() if kernels else None
     if home:
         root = Path(home).expanduser().resolve()
-        return Paths(root / "data", root / "config", root / "cache", root / "log")
+        return Paths(root / "data", root / "config", root / "cache", root / "log", shared)
     # appauthor=False: no extra vendor folder level on Windows
     return Paths(
         data=Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)),
         config=Path(platformdirs.user_config_dir(APP_NAME, appauthor=False)),
         cache=Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False)),
         log=Path(platformdirs.user_log_dir(APP_NAME, appauthor=False)),
+        kernels=shared,
     )

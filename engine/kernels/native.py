@@ -95,7 +95,26 @@ def _target(cc: str, compile_flags: list[str], link: list[str]) -> Path:
                                     platform.machine()]).encode()).hexdigest()[:16]
     user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
     base = _build_dir or Path(tempfile.gettempdir()) / f"ferry-kernels-{user}"
-    return base / f"ferry_kernels-{key}.so"
+    return base / f"ferry_kernels-{_flavour()}-{key}.so"
+
+
+def _flavour() -> str:
+    """The build's CPU target in its file name: a capped build (FERRY_CPU) and the native one
+    are kept side by side, so switching between them does not recompile each time."""
+    level = cpu_level.cap()
+    return level.name if level is not None else "native"
+
+
+def stale_builds(target: Path) -> list[Path]:
+    """The builds beside `target` that it replaces: older sources for the same CPU target, and
+    unnamed ones (from before builds named their target). Other targets' builds stay."""
+    flavour = target.stem.removeprefix("ferry_kernels-").rpartition("-")[0]
+    stale = []
+    for old in target.parent.glob("ferry_kernels-*.so"):
+        theirs, dash, _ = old.stem.removeprefix("ferry_kernels-").rpartition("-")
+        if old != target and (not dash or theirs == flavour):
+            stale.append(old)
+    return stale
 
 
 def _check_private(path: Path) -> None:
@@ -120,9 +139,8 @@ def _build(cc: str, compile_flags: list[str], link: list[str], target: Path) -> 
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
         os.replace(tmp, target)
-        for old in target.parent.glob("ferry_kernels-*.so"):  # builds of older sources
-            if old != target:
-                old.unlink(missing_ok=True)
+        for old in stale_builds(target):
+            old.unlink(missing_ok=True)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

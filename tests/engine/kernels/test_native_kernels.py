@@ -444,3 +444,23 @@ def test_a_prefill_rows_tile_gives_each_row_its_bits_alone(window: int, d: int) 
                                             d ** -0.5, window)
                        for r, n in enumerate(lens)])
     assert torch.equal(tiled, alone)
+
+
+def test_a_build_replaces_older_builds_for_its_cpu_target_only(tmp_path) -> None:
+    names = ["ferry_kernels-native-0123456789abcdef.so", "ferry_kernels-native-fedcba9876543210.so",
+             "ferry_kernels-avx-vnni-0123456789abcdef.so", "ferry_kernels-avx2-0123456789abcdef.so",
+             "ferry_kernels-00112233aabbccdd.so"]  # the last: named before targets were
+    for name in names:
+        (tmp_path / name).touch()
+    stale = native.stale_builds(tmp_path / "ferry_kernels-avx-vnni-aaaaaaaaaaaaaaaa.so")
+    assert sorted(p.name for p in stale) == sorted([names[2], names[4]])
+    stale = native.stale_builds(tmp_path / names[0])
+    assert sorted(p.name for p in stale) == sorted([names[1], names[4]])
+
+
+def test_the_app_shares_one_kernel_build_across_homes_when_asked(tmp_path) -> None:
+    from app.paths import get_paths
+    home = {"FERRY_HOME": str(tmp_path / "home")}
+    assert get_paths(home).kernels_cache == tmp_path / "home" / "cache" / "kernels"
+    shared = get_paths({**home, "FERRY_KERNEL_CACHE": str(tmp_path / "k")})
+    assert shared.kernels_cache == tmp_path / "k" and shared.cache == tmp_path / "home" / "cache"
