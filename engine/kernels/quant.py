@@ -39,9 +39,10 @@ QUANTIZABLE = (Q8_0, Q4_0)  # what quantize() writes
 # as much as the bf16 activations of the AMX and bf16 tiles.
 # With AMX the block types in lanes keep their lanes up to MANY_ROWS_AMX_LANES: the AMX
 # kernel's cost is mostly dequantizing W (flat up to 32 rows), which the lanes beat below 16
-# rows (README, "How the engine works"); the types without lanes turn to AMX from 8.
+# rows (README, "How the engine works"), the K-quants' (AVX-512 VNNI lanes) below 24; the
+# types without lanes turn to AMX from 8.
 MANY_ROWS_AMX, MANY_ROWS_BF16, MANY_ROWS_F32, MANY_ROWS_LANES = 8, 12, 24, 1 << 62
-MANY_ROWS_AMX_LANES = 16  # csrc/quant_gemm.c ferry_qgemm_takes says the same
+MANY_ROWS_AMX_LANES, MANY_ROWS_AMX_K = 16, 24  # csrc/quant_gemm.c ferry_qgemm_takes agrees
 AMX_MAX_ROWS = 1024  # from here on torch's bf16 matmul (oneDNN) on dequantized tiles is as fast
 _TILE_ELEMS = 1 << 18  # values per dequantized tile: within the L2 cache
 _EQUANT = -2
@@ -228,7 +229,9 @@ def many_rows(qtype: int | None = None) -> int:
     of `qtype`; None: the lowest over all types)."""
     lanes = qtype is not None and uses_lanes(qtype)
     if _amx_in_force():
-        return MANY_ROWS_AMX_LANES if lanes else MANY_ROWS_AMX
+        if lanes:
+            return MANY_ROWS_AMX_K if qtype in (Q4_K, Q5_K, Q6_K) else MANY_ROWS_AMX_LANES
+        return MANY_ROWS_AMX
     if lanes:
         return MANY_ROWS_LANES
     return MANY_ROWS_BF16 if tile_dtype() == torch.bfloat16 else MANY_ROWS_F32

@@ -126,9 +126,12 @@ G_TGT static void block(const ferry_weight *w, int64_t o0, int64_t n, const uint
 int ferry_qgemm_available(void) { return g_cpu(); }
 
 int ferry_qgemm_takes(const ferry_weight *w, int64_t rows) {
-    /* quant.MANY_ROWS_AMX_LANES for the types in lanes, quant.MANY_ROWS_AMX for the others */
-    return rows >= (ferry_qlanes(w->qtype) ? 16 : 8) && w->qtype != QT_F32 &&
-           w->in % G_K == 0 && q_active_path() == 3 && g_cpu();
+    /* quant.many_rows: MANY_ROWS_AMX_K for the K-quants in lanes, MANY_ROWS_AMX_LANES for
+     * the other types in lanes, MANY_ROWS_AMX for the rest */
+    const int k_quant = w->qtype == QT_Q4_K || w->qtype == QT_Q5_K || w->qtype == QT_Q6_K;
+    const int from = ferry_qlanes(w->qtype) ? (k_quant ? 24 : 16) : 8;
+    return rows >= from && w->qtype != QT_F32 && w->in % G_K == 0 && q_active_path() == 3 &&
+           g_cpu();
 }
 
 G_TGT int ferry_qgemm_bf16(const float *x, int64_t rows, int64_t x_stride,

@@ -10,6 +10,7 @@ float step is exact too, and then both must equal the exact integer result bit f
 """
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterator
 
 import gguf
@@ -382,6 +383,23 @@ def test_lanes_run_where_the_path_has_them(path: str) -> None:
         assert quant.uses_lanes(qtype) == lanes, quant.type_name(qtype)
         if not quant._amx_in_force():
             assert (quant.many_rows(qtype) == quant.MANY_ROWS_LANES) == lanes
+
+
+def test_c_and_python_agree_where_the_amx_kernel_takes_over(path: str) -> None:
+    # C's fused layers (proj_product) and Python's quant_matmul must pick the same kernel
+    # for every round size, or the two paths' bits part
+    lib = native.library()
+    assert lib is not None
+    for qtype in ALL_TYPES:
+        if qtype == quant.F32:
+            continue
+        w = quant.QuantWeight(qtype, torch.zeros(4, quant.row_bytes(qtype, 256),
+                                                 dtype=torch.uint8), 256, 4)
+        cw = quant._c(w)
+        for rows in range(1, 40):
+            amx = quant.uses_amx(w) and rows >= quant.many_rows(qtype)
+            assert bool(lib.ferry_qgemm_takes(ctypes.byref(cw), rows)) == amx, (
+                quant.type_name(qtype), rows)
 
 
 @pytest.mark.parametrize("qtype", [quant.Q4_0, quant.Q4_1], ids=quant.type_name)
