@@ -26,7 +26,6 @@ class Paths:
     log: Path  # rotating ferry.log
     kernels: Path | None = None  # compiled kernels, when not cache/kernels
 
-
     @property
     def config_file(self) -> Path:
         return self.config / CONFIG_FILE
