@@ -229,9 +229,10 @@ def many_rows(qtype: int | None = None) -> int:
     of `qtype`; None: the lowest over all types)."""
     lanes = qtype is not None and uses_lanes(qtype)
     if _amx_in_force():
-        if lanes:
-            return MANY_ROWS_AMX_K if qtype in (Q4_K, Q5_K, Q6_K) else MANY_ROWS_AMX_LANES
-        return MANY_ROWS_AMX
+        if not lanes or qtype is None:
+            return MANY_ROWS_AMX
+        # the K-quants (256-value blocks, C's ACT_256) keep their lanes longer
+        return MANY_ROWS_AMX_K if _info(qtype)[1] == 256 else MANY_ROWS_AMX_LANES
     if lanes:
         return MANY_ROWS_LANES
     return MANY_ROWS_BF16 if tile_dtype() == torch.bfloat16 else MANY_ROWS_F32

@@ -126,10 +126,9 @@ G_TGT static void block(const ferry_weight *w, int64_t o0, int64_t n, const uint
 int ferry_qgemm_available(void) { return g_cpu(); }
 
 int ferry_qgemm_takes(const ferry_weight *w, int64_t rows) {
-    /* quant.many_rows: MANY_ROWS_AMX_K for the K-quants in lanes, MANY_ROWS_AMX_LANES for
-     * the other types in lanes, MANY_ROWS_AMX for the rest */
-    const int k_quant = w->qtype == QT_Q4_K || w->qtype == QT_Q5_K || w->qtype == QT_Q6_K;
-    const int from = ferry_qlanes(w->qtype) ? (k_quant ? 24 : 16) : 8;
+    /* quant.many_rows: MANY_ROWS_AMX_K for the K-quants (256-value blocks) in lanes,
+     * MANY_ROWS_AMX_LANES for the other types in lanes, MANY_ROWS_AMX for the rest */
+    const int from = !ferry_qlanes(w->qtype) ? 8 : q_info(w->qtype)->act == ACT_256 ? 24 : 16;
     return rows >= from && w->qtype != QT_F32 && w->in % G_K == 0 && q_active_path() == 3 &&
            g_cpu();
 }
