@@ -29,6 +29,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.execution.executor import ModelExecutor
+from engine.kernels import native
 from engine.scheduling.batch import Batch, BatchItem
 from engine.scheduling.request import Request, SamplingParams
 from tests.tools.random_hf import random_hf
@@ -36,8 +37,7 @@ from tests.tools.random_hf import random_hf
 # Every `ferry` process a test starts (each with its own FERRY_HOME) loads the kernels this
 # process builds instead of compiling its own copy.
 KERNEL_CACHE = "FERRY_KERNEL_CACHE"
-os.environ.setdefault(KERNEL_CACHE, str(Path(tempfile.gettempdir()) / (
-    f"ferry-kernels-{os.getuid() if hasattr(os, 'getuid') else 'user'}")))
+os.environ.setdefault(KERNEL_CACHE, str(native.default_build_dir()))
 
 
 @pytest.fixture(autouse=True)

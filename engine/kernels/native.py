@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
 DISABLE_ENV = "FERRY_NATIVE_KERNELS"  # "0" turns the kernels off
+PREFIX = "ferry_kernels-"  # a build's file: PREFIX + its CPU target + "-" + source hash + ".so"
 
 _build_dir: Path | None = None
 _status = "not loaded yet"
@@ -93,9 +94,14 @@ def _target(cc: str, compile_flags: list[str], link: list[str]) -> Path:
     code = [f"{p.name}\0{p.read_text()}" for p in [*sources(), *headers()]]
     key = hashlib.sha256("\0".join([*code, cc, *version, *compile_flags, *link,
                                     platform.machine()]).encode()).hexdigest()[:16]
+    return (_build_dir or default_build_dir()) / f"{PREFIX}{_flavour()}-{key}.so"
+
+
+def default_build_dir() -> Path:
+    """Where builds go when no folder was set (set_build_dir): one per user in the temp
+    folder."""
     user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
-    base = _build_dir or Path(tempfile.gettempdir()) / f"ferry-kernels-{user}"
-    return base / f"ferry_kernels-{_flavour()}-{key}.so"
+    return Path(tempfile.gettempdir()) / f"ferry-kernels-{user}"
 
 
 def _flavour() -> str:
@@ -108,10 +114,10 @@ def _flavour() -> str:
 def stale_builds(target: Path) -> list[Path]:
     """The builds beside `target` that it replaces: older sources for the same CPU target, and
     unnamed ones (from before builds named their target). Other targets' builds stay."""
-    flavour = target.stem.removeprefix("ferry_kernels-").rpartition("-")[0]
+    flavour = target.stem.removeprefix(PREFIX).rpartition("-")[0]
     stale = []
-    for old in target.parent.glob("ferry_kernels-*.so"):
-        theirs, dash, _ = old.stem.removeprefix("ferry_kernels-").rpartition("-")
+    for old in target.parent.glob(f"{PREFIX}*.so"):
+        theirs, dash, _ = old.stem.removeprefix(PREFIX).rpartition("-")
         if old != target and (not dash or theirs == flavour):
             stale.append(old)
     return stale
