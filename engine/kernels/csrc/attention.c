@@ -95,7 +95,8 @@ static void weights(float *scores, int64_t max_len, int nrows, int len, const in
  * the pool, widening eight values at a time in registers, and blocks the work so that one
  * load serves several query rows (K) or several positions' sums stay in registers (V).
  * Bits: a score is one 8-lane FMA chain over the dim, summed as ferry_sum8x8 sums, times
- * scale; an output value is one FMA chain over the tile's positions in order. Neither depends
+ * scale; an output value is one FMA chain over the tile's positions in order (with AVX-512,
+ * 16 output values to a vector: the same chain in every lane). Neither depends
  * on which rows or positions share a block, so a row's result is the same alone or in a
  * prefill tile. */
 #if defined(FERRY_AVX2) && defined(__F16C__)
@@ -199,10 +200,48 @@ ATT_INLINE void v_pass(const char *const *vr, int m, int pool_dt, const float *c
     }
 }
 
+#ifdef __AVX512F__
+/* sixteen values of a pool row from element i, as float32 */
+ATT_INLINE __m512 kv_load16(const char *row, int pool_dt, int i) {
+    if (pool_dt == FERRY_F32) return _mm512_loadu_ps((const float *)row + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i));
+    return pool_dt == FERRY_F16
+        ? _mm512_cvtph_ps(h)
+        : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* v_pass on 16-value vectors: each lane's chain is the one v_pass runs (a 16-value vector is
+ * two 8-value ones side by side), so the sums are the same bits, in half the instructions */
+ATT_INLINE void v_pass16(const char *const *vr, int m, int pool_dt,
+                         const float *const w[Q_BLOCK], float *const acc[Q_BLOCK], int nq,
+                         int c0, int c1) {
+    for (int c = c0; c + 16 * V_VECS <= c1; c += 16 * V_VECS) {
+        __m512 x[Q_BLOCK][V_VECS];
+        for (int j = 0; j < nq; j++)
+            for (int k = 0; k < V_VECS; k++) x[j][k] = _mm512_loadu_ps(acc[j] + c + 16 * k);
+        for (int u = 0; u < m; u++) {
+            __m512 v[V_VECS];
+            for (int k = 0; k < V_VECS; k++) v[k] = kv_load16(vr[u], pool_dt, c + 16 * k);
+            for (int j = 0; j < nq; j++) {
+                __m512 wj = _mm512_set1_ps(w[j][u]);
+                for (int k = 0; k < V_VECS; k++) x[j][k] = _mm512_fmadd_ps(wj, v[k], x[j][k]);
+            }
+        }
+        for (int j = 0; j < nq; j++)
+            for (int k = 0; k < V_VECS; k++) _mm512_storeu_ps(acc[j] + c + 16 * k, x[j][k]);
+    }
+}
+#endif
+
 ATT_INLINE void v_block(const char *const *vr, int m, int pool_dt, int dim,
                         const float *const w[Q_BLOCK], float *const acc[Q_BLOCK], int nq) {
-    int wide = dim - dim % (8 * V_VECS);
-    v_pass(vr, m, pool_dt, w, acc, nq, V_VECS, 0, wide);
+    int done = 0;
+#ifdef __AVX512F__
+    done = dim - dim % (16 * V_VECS);
+    v_pass16(vr, m, pool_dt, w, acc, nq, 0, done);
+#endif
+    int wide = done + (dim - done) - (dim - done) % (8 * V_VECS);
+    v_pass(vr, m, pool_dt, w, acc, nq, V_VECS, done, wide);
     v_pass(vr, m, pool_dt, w, acc, nq, 1, wide, dim);
 }
 
