@@ -33,9 +33,14 @@ IDLE = "idle (waiting for work)"
 OTHER = "other"
 
 
-# engine/kernels/ops.py holds small kernels of several parts: filed by function
-OPS = {"store_kv": "attention", "decode_attention": "attention", "gemv_bf16": "products",
-       "argmax": "sampling"}
+MOE = "mixture-of-experts MLPs (layer by layer)"
+# files holding the kernels of several parts: filed by function (the rest of layer_ops.py is
+# the fused decode layers; the fused layer runs its MoE inside its one C call)
+BY_FUNCTION: dict[str, dict[str, str]] = {
+    "engine/kernels/ops.py": {"store_kv": "attention", "decode_attention": "attention",
+                              "gemv_bf16": "products", "argmax": "sampling"},
+    "engine/kernels/layer_ops.py": {"moe_mlp": MOE},
+}
 
 
 def part_of(frame: FrameType | None) -> str:
@@ -43,8 +48,9 @@ def part_of(frame: FrameType | None) -> str:
     innermost = frame
     while frame is not None:
         name = frame.f_code.co_filename.replace("\\", "/")
-        if name.endswith("engine/kernels/ops.py") and frame.f_code.co_name in OPS:
-            return OPS[frame.f_code.co_name]
+        for path, parts in BY_FUNCTION.items():
+            if name.endswith(path) and frame.f_code.co_name in parts:
+                return parts[frame.f_code.co_name]
         for part, fragments in PARTS:
             if any(f in name for f in fragments):
                 return part

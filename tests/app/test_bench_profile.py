@@ -2,13 +2,16 @@
 part of Ferry, C time under its Python caller, a waiting thread as idle."""
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 import pytest
 
-from app.bench.profile import IDLE, OTHER, StackSampler, part_of
+from app.bench.profile import IDLE, MOE, OTHER, StackSampler, part_of
 from engine.scheduling.prefix_cache import PrefixCache
 
 
@@ -47,6 +50,26 @@ def test_a_waiting_thread_is_idle_and_unknown_code_is_other() -> None:
     assert set(sampler.counts) == {IDLE} and sampler.breakdown() == []
     assert "100.0% idle" in sampler.report()
     assert part_of(None) == OTHER
+
+
+def frame_in(path: str, function: str) -> FrameType:
+    """A live frame of a function named `function` in a file at `path`."""
+    code = compile(f"def {function}():\n    return sys._getframe()\n", path, "exec")
+    scope: dict[str, Any] = {"sys": sys}
+    exec(code, scope)
+    frame: FrameType = scope[function]()
+    return frame
+
+
+def test_shared_kernel_files_are_filed_by_function() -> None:
+    # layer_ops.py holds both the fused decode layer and the MoE MLP the layer-by-layer path
+    # calls (a prefill's experts): the latter is not a fused decode layer
+    layer_ops = "/src/ferry/engine/kernels/layer_ops.py"
+    assert part_of(frame_in(layer_ops, "moe_mlp")) == MOE
+    assert part_of(frame_in(layer_ops, "decode_layer")) == "fused decode layers"
+    ops = "/src/ferry/engine/kernels/ops.py"
+    assert part_of(frame_in(ops, "decode_attention")) == "attention"
+    assert part_of(frame_in(ops, "rms_norm")) == OTHER
 
 
 def test_a_missing_thread_is_refused() -> None:
