@@ -19,7 +19,7 @@
 #undef QD_TARGET
 #undef QD_SUFFIX
 #undef QD_CVT512
-#define QD_TARGET QS_TARGET ",avx512f,avx512vl,avx512bf16"
+#define QD_TARGET QS_TARGET ",avx512f,avx512vl,avx512bw,avx512bf16"
 #define QD_SUFFIX avx512bf16
 #define QD_CVT512 1
 #include "quant_deq.h"

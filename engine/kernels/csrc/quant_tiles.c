@@ -5,13 +5,13 @@
 
 #ifdef Q_HAVE_AVX2
 /* AVX512-BF16 (vcvtneps2bf16: round to nearest even, as torch; it flushes subnormals, which
- * a block's d * q never is) */
+ * a block's d * q never is), with AVX512-BW's word permutes for the K-quants' tables */
 int q_cpu_bf16(void) {
     static int has = -1;
     if (has < 0) {
         __builtin_cpu_init();
         has = FERRY_CPU_BF16 && __builtin_cpu_supports("avx512bf16") &&
-              __builtin_cpu_supports("avx512vl");
+              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
     }
     return has;
 }
