@@ -1,6 +1,7 @@
 /* One decoder layer of a decode round in one call: bf16 activations over bf16 weights, or
  * float32 activations over ferry_weight (quant.h) weights; the KV pool in dims->pool_dt. */
 #include "kernels.h"
+#include "quant_impl.h"
 
 /* bf16 (dt): P's one part is a bf16 matrix (ferry_gemv_bf16); float32: part by part into y's
  * column slices, as engine.execution.model.linear_kernels multiplies a (split) quantized
@@ -14,6 +15,14 @@ int proj_product(const ferry_proj *P, const void *x, int64_t rows, int64_t in, v
     }
     const float *bias = (const float *)P->bias;
     int64_t col = 0;
+    int together = P->parts > 1; /* every part in the AMX kernel: one region for all */
+    for (int i = 0; i < P->parts; i++) {
+        together &= P->part[i].in == in && ferry_qgemm_takes(&P->part[i], rows);
+        col += P->part[i].out;
+    }
+    if (together && col == out)
+        return q_gemm_parts((const float *)x, rows, in, P->part, P->parts, bias, (float *)y, out);
+    col = 0;
     for (int i = 0; i < P->parts; i++) {
         const ferry_weight *w = &P->part[i];
         if (w->in != in || col + w->out > out) return FERRY_EQUANT;

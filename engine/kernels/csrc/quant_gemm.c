@@ -133,17 +133,25 @@ int ferry_qgemm_takes(const ferry_weight *w, int64_t rows) {
            g_cpu();
 }
 
-G_TGT int ferry_qgemm_bf16(const float *x, int64_t rows, int64_t x_stride,
-                           const ferry_weight *w, const float *bias, float *y,
-                           int64_t y_stride) {
+/* parts w[0..n) side by side in y's columns (part i from column `col` = the outs before it),
+ * one bias over all of them: x packed once, every part's blocks in one region */
+G_TGT int q_gemm_parts(const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w,
+                       int n, const float *bias, float *y, int64_t y_stride) {
     const qtype_info *info;
-    if (!g_cpu() || !q_valid(w, &info) || w->in % G_K != 0 || rows < 0) return FERRY_EQUANT;
-    if (rows == 0 || w->out == 0) return FERRY_OK;
-    const int64_t in = w->in, groups = (rows + G_R - 1) / G_R * 2;
+    if (!g_cpu() || n < 1 || n > Q_GEMM_PARTS || rows < 0) return FERRY_EQUANT;
+    int64_t first[Q_GEMM_PARTS + 1], col[Q_GEMM_PARTS]; /* part i's blocks from first[i] */
+    first[0] = 0;
+    for (int i = 0; i < n; i++) {
+        if (!q_valid(&w[i], &info) || w[i].in % G_K != 0 || w[i].in != w[0].in)
+            return FERRY_EQUANT;
+        first[i + 1] = first[i] + (w[i].out + G_O - 1) / G_O;
+        col[i] = i ? col[i - 1] + w[i - 1].out : 0;
+    }
+    if (rows == 0 || first[n] == 0) return FERRY_OK;
+    const int64_t in = w[0].in, groups = (rows + G_R - 1) / G_R * 2, blocks = first[n];
     uint16_t *xp = (uint16_t *)malloc((size_t)(groups * G_T * in) * 2);
     if (!xp) return FERRY_ENOMEM;
     int failed = 0;
-    const int64_t blocks = (w->out + G_O - 1) / G_O;
 #pragma omp parallel
     {
         uint16_t *wb = (uint16_t *)malloc((size_t)(G_O * in) * 2);
@@ -158,8 +166,12 @@ G_TGT int ferry_qgemm_bf16(const float *x, int64_t rows, int64_t x_stride,
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; b++) {
             if (!wb || !tmp) continue;
-            int64_t n = w->out - b * G_O < G_O ? w->out - b * G_O : G_O;
-            block(w, b * G_O, n, xp, groups, bias, y, y_stride, rows, wb, tmp);
+            int i = 0;
+            while (b >= first[i + 1]) i++;
+            const int64_t o0 = (b - first[i]) * G_O;
+            const int64_t m = w[i].out - o0 < G_O ? w[i].out - o0 : G_O;
+            block(&w[i], o0, m, xp, groups, bias ? bias + col[i] : NULL, y + col[i], y_stride,
+                  rows, wb, tmp);
         }
         _tile_release();
         free(wb);
@@ -167,6 +179,11 @@ G_TGT int ferry_qgemm_bf16(const float *x, int64_t rows, int64_t x_stride,
     }
     free(xp);
     return failed ? FERRY_ENOMEM : FERRY_OK;
+}
+
+int ferry_qgemm_bf16(const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w,
+                     const float *bias, float *y, int64_t y_stride) {
+    return q_gemm_parts(x, rows, x_stride, w, 1, bias, y, y_stride);
 }
 
 #else
@@ -180,6 +197,12 @@ int ferry_qgemm_takes(const ferry_weight *w, int64_t rows) {
 int ferry_qgemm_bf16(const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w,
                      const float *bias, float *y, int64_t y_stride) {
     (void)x, (void)rows, (void)x_stride, (void)w, (void)bias, (void)y, (void)y_stride;
+    return FERRY_EQUANT;
+}
+
+int q_gemm_parts(const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w, int n,
+                 const float *bias, float *y, int64_t y_stride) {
+    (void)x, (void)rows, (void)x_stride, (void)w, (void)n, (void)bias, (void)y, (void)y_stride;
     return FERRY_EQUANT;
 }
 #endif

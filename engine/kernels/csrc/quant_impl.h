@@ -188,6 +188,14 @@ void q_to_bf16_avx2(const float *src, int64_t n, uint16_t *dst);
 void q_row_bf16(int qt, const uint8_t *src, int64_t in, uint16_t *dst, float *tmp);
 int q_cpu_bf16(void);
 
+/* ferry_qgemm_bf16 over n <= Q_GEMM_PARTS weights of one `in` side by side in y's columns
+ * (part i from the sum of the outs before it; bias, if any, over all of them), in one OpenMP
+ * region that rounds and packs x once: a split projection's parts (q/k/v, gate/up) as one
+ * product, each output's bits those of its part's own call */
+enum { Q_GEMM_PARTS = 4 };
+int q_gemm_parts(const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w, int n,
+                 const float *bias, float *y, int64_t y_stride);
+
 /* ferry_qmatmul in parts (quant_matmul.c), for a caller that runs many products in one
  * OpenMP region (moe.c): q_plan_make quantizes (and packs into lanes) x's rows, in a region
  * of its own only where `parallel` (else call it from one thread); q_plan_chunk(p, c) writes
