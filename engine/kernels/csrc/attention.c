@@ -240,7 +240,7 @@ ATT_INLINE void v_block(const char *const *vr, int m, int pool_dt, int dim,
     done = dim - dim % (16 * V_VECS);
     v_pass16(vr, m, pool_dt, w, acc, nq, 0, done);
 #endif
-    int wide = done + (dim - done) - (dim - done) % (8 * V_VECS);
+    int wide = dim - (dim - done) % (8 * V_VECS);
     v_pass(vr, m, pool_dt, w, acc, nq, V_VECS, done, wide);
     v_pass(vr, m, pool_dt, w, acc, nq, 1, wide, dim);
 }

@@ -14,15 +14,15 @@ int proj_product(const ferry_proj *P, const void *x, int64_t rows, int64_t in, v
         return ferry_gemv_bf16(x, w->data, P->bias, y, (int)rows, in, out);
     }
     const float *bias = (const float *)P->bias;
-    int64_t col = 0;
     int together = P->parts > 1; /* every part in the AMX kernel: one region for all */
+    int64_t total = 0;
     for (int i = 0; i < P->parts; i++) {
         together &= P->part[i].in == in && ferry_qgemm_takes(&P->part[i], rows);
-        col += P->part[i].out;
+        total += P->part[i].out;
     }
-    if (together && col == out)
+    if (together && total == out)
         return q_gemm_parts((const float *)x, rows, in, P->part, P->parts, bias, (float *)y, out);
-    col = 0;
+    int64_t col = 0;
     for (int i = 0; i < P->parts; i++) {
         const ferry_weight *w = &P->part[i];
         if (w->in != in || col + w->out > out) return FERRY_EQUANT;

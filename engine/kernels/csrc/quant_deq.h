@@ -122,19 +122,18 @@ QD_TGT int QS_CAT2(q_deq_row_, QD_SUFFIX)(int qt, const uint8_t *src, int64_t in
             for (int c = 0; c < 4; c++) {
                 Q45K_CHUNK(lo, hi, qs, hb, c, five);
                 int64_t at = 256 * b + 64 * c;
+                const float d1 = d * (float)sc[2 * c], m1 = dmin * (float)mn[2 * c];
+                const float d2 = d * (float)sc[2 * c + 1], m2 = dmin * (float)mn[2 * c + 1];
 #if QD_CVT512
                 if (bf) { /* a sub-block's values are one of 16 (32): look them up */
-                    QS_CAT2(lut64_, QD_SUFFIX)(dst, at, lo, hi, d * (float)sc[2 * c],
-                                               dmin * (float)mn[2 * c], d * (float)sc[2 * c + 1],
-                                               dmin * (float)mn[2 * c + 1], five);
+                    QS_CAT2(lut64_, QD_SUFFIX)(dst, at, lo, hi, d1, m1, d2, m2, five);
                     continue;
                 }
 #endif
-                QS_CAT2(store32_, QD_SUFFIX)(dst, at, bf, lo, _mm256_set1_ps(d * (float)sc[2 * c]),
-                        _mm256_set1_ps(dmin * (float)mn[2 * c]), -1);
-                QS_CAT2(store32_, QD_SUFFIX)(dst, at + 32, bf, hi,
-                                             _mm256_set1_ps(d * (float)sc[2 * c + 1]),
-                        _mm256_set1_ps(dmin * (float)mn[2 * c + 1]), -1);
+                QS_CAT2(store32_, QD_SUFFIX)(dst, at, bf, lo, _mm256_set1_ps(d1),
+                                             _mm256_set1_ps(m1), -1);
+                QS_CAT2(store32_, QD_SUFFIX)(dst, at + 32, bf, hi, _mm256_set1_ps(d2),
+                                             _mm256_set1_ps(m2), -1);
             }
         }
         return 1;
