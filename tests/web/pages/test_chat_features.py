@@ -245,18 +245,19 @@ def test_code_copy_settings_rename_search(server: Any, page: Any, waiter: Any, i
     reply = store.messages(cid)[-1]
     assert reply.completion_tokens == 5 and reply.ended == "cut at the 5-token limit"
     assert reply.prompt_tokens > base.prompt_tokens + 15  # the system prompt is in it
-    # rename, then search by title and by content
-    page.fill(".rename input[name=title]", "Arithmetic in Python")
+    # rename, then search by title and by content. The title's word is one no model reply
+    # writes: the server is shared, and another test's real reply can say "arithmetic"
+    page.fill(".rename input[name=title]", "Quokkasum in Python")
     # the rename reloads the page (ClientRedirect). Waiting for the new title is not enough: the
     # list's own refresh (while the last reply's live mark shows) can show it on the old page, and
     # a search typed there is lost when the reload lands; so wait for the reload itself
     with page.expect_navigation(wait_until="load"):
         page.press(".rename input[name=title]", "Enter")
-    page.locator(".conv.active a", has_text="Arithmetic in Python").wait_for()
-    assert store.conversation(cid).title == "Arithmetic in Python"
+    page.locator(".conv.active a", has_text="Quokkasum in Python").wait_for()
+    assert store.conversation(cid).title == "Quokkasum in Python"
     # the search's own response, then the list it left (a failure says what the list shows)
-    with page.expect_response(lambda r: "/conversations?" in r.url and "q=arithmetic" in r.url):
-        page.fill(".sidebar .search", "arithmetic")
+    with page.expect_response(lambda r: "/conversations?" in r.url and "q=quokkasum" in r.url):
+        page.fill(".sidebar .search", "quokkasum")
     try:
         waiter(lambda: page.locator("#conversations .conv").count() == 1, 10, message="title hit")
     except AssertionError as exc:
