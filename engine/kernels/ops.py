@@ -48,6 +48,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return out
 
 
+def head_norm_(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """rms_norm(v) * weight for each head vector v of x [tokens, heads, dim], in place (tokens
+    may be rows of a wider tensor: the q or k columns of a fused qkv; heads and dim
+    contiguous). The same steps per vector as rms_norm."""
+    t, heads, dim = x.shape
+    if x.stride(2) != 1 or x.stride(1) != dim:
+        raise ValueError("head_norm_: x must be [tokens, heads, dim] with contiguous heads")
+    check(native.loaded().ferry_head_norm(x.data_ptr(), x.stride(0), t, heads, dim,
+                                          weight.data_ptr(), eps, _DT[x.dtype]), "head_norm")
+
+
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     """Rotate x [tokens, heads, dim] in place (tokens may be rows of a wider tensor; heads
     and dim contiguous) with the [tokens, 1, dim] tables of layers.RotaryEmbedding."""

@@ -29,7 +29,8 @@ void gated_row(const void *gate_up, void *out, int n, int dt, int gelu, float *g
         float v = g[i], z = gelu ? GELU_C * fmaf(GELU_K * v, v * v, v) : v;
         g[i] = v / (1.0f + expf(-z));
     }
-    for (i = 0; i < n; i++) g[i] = ferry_round_dt(g[i], dt) * u[i];
+    ferry_round_row(g, n, dt);
+    for (i = 0; i < n; i++) g[i] *= u[i];
     ferry_store_row(out, dt, g, n);
 }
 

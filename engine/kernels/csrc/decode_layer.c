@@ -59,12 +59,11 @@ int ferry_decode_layer(const ferry_layer *L, const ferry_dims *D, int dt, int64_
                                  dt));
     }
     FERRY_TRY(proj_product(&L->qkv, normed, rows, hidden, qkv, qkv_n, dt));
-    if (L->q_norm)
-        for (int64_t t = 0; t < rows; t++) {
-            char *row = qkv + t * qkv_n * es, *k = row + (int64_t)h * d * es;
-            FERRY_TRY(ferry_rms_norm(row, NULL, L->q_norm, row, h, d, D->eps, dt));
-            FERRY_TRY(ferry_rms_norm(k, NULL, L->k_norm, k, kvh, d, D->eps, dt));
-        }
+    if (L->q_norm) {
+        FERRY_TRY(ferry_head_norm(qkv, qkv_n, rows, h, d, L->q_norm, D->eps, dt));
+        FERRY_TRY(ferry_head_norm(qkv + (int64_t)h * d * es, qkv_n, rows, kvh, d, L->k_norm,
+                                  D->eps, dt));
+    }
     FERRY_TRY(ferry_rotary(qkv, qkv_n, rows, h + kvh, d, cos, sin, dt));
     ferry_store_kv(qkv + (int64_t)h * d * es, qkv_n, slots, rows, L->pages, kvh, D->page_size, d,
                    dt, D->pool_dt);

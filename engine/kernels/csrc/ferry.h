@@ -104,6 +104,14 @@ static inline float ferry_round_dt(float f, int dt) {
     return f;
 }
 
+/* v[0..n) rounded to dt and back, in place (nothing to do for float32). A pass of its own:
+ * a loop that rounds each value as it computes it keeps a dt test per value and does not
+ * vectorize even for float32 */
+static inline void ferry_round_row(float *v, int64_t n, int dt) {
+    if (dt == FERRY_F32) return;
+    for (int64_t i = 0; i < n; i++) v[i] = ferry_round_dt(v[i], dt);
+}
+
 /* rows of n values between float32 and a storage dtype (FERRY_F32 / BF16 / F16) */
 static inline void ferry_load_row(const void *src, int dt, float *dst, int64_t n) {
     const uint16_t *s = (const uint16_t *)src;

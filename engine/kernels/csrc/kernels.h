@@ -11,6 +11,10 @@
 /* norm.c: out[r] = rms_norm(x[r]) * w (residual: residual += x first, norm of the sum) */
 int ferry_rms_norm(void *x, void *residual, const void *w, void *out, int64_t rows, int dim,
                    float eps, int dt);
+/* norm.c: each of `heads` head vectors (dim values, contiguous) of each token row (row_stride
+ * elements apart) through rms_norm(v) * w, in place: Qwen3's and Gemma 3's QK-norm */
+int ferry_head_norm(void *x, int64_t row_stride, int64_t tokens, int heads, int dim,
+                    const void *w, float eps, int dt);
 
 /* rotary.c: rotate `heads` head vectors of each token row in place (rotate_half convention) */
 int ferry_rotary(void *x, int64_t row_stride, int64_t tokens, int heads, int dim,

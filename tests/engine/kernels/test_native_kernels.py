@@ -65,6 +65,24 @@ def test_rms_norm_rejects_a_mismatched_residual() -> None:
         ops.rms_norm(torch.randn(2, 8), torch.ones(8), 1e-6, torch.randn(3, 8))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_head_norm_in_place_on_strided_rows(dtype: torch.dtype) -> None:
+    # QK-norm on q's columns of a fused qkv: each head vector as rms_norm and Hugging Face's
+    # norm make it, the other columns untouched; enough rows to split over the team
+    g = torch.Generator().manual_seed(3)
+    heads, d, t = 6, 64, 40
+    rows = torch.randn(t, (heads + 3) * d, generator=g).to(dtype)
+    x = rows[:, :heads * d].view(t, heads, d)
+    w = (1 + 0.3 * torch.randn(d, generator=g)).to(dtype)
+    before = x.clone()
+    untouched = rows[:, heads * d:].clone()
+    ops.head_norm_(x, w, 1e-6)
+    assert torch.equal(x, ops.rms_norm(before.view(t * heads, d), w, 1e-6).view(t, heads, d))
+    tol = {"atol": 0, "rtol": 0} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-5}
+    torch.testing.assert_close(x, hf_rms_norm(before, w, 1e-6), **tol)
+    assert torch.equal(rows[:, heads * d:], untouched)
+
+
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gated_activations(dtype: torch.dtype, act: str) -> None:

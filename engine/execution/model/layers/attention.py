@@ -41,9 +41,8 @@ class Attention(nn.Module):
         # then stores both with one scatter from the view `kv`
         qk = qkv[:, :(h + kvh) * d].view(t, h + kvh, d)
         if self.qk_norm:  # per-head RMSNorm before rotary
-            q, k = qk[:, :h], qk[:, h:]
-            q.copy_(self.q_norm(q))
-            k.copy_(self.k_norm(k))
+            self.q_norm.norm_heads_(qk[:, :h])
+            self.k_norm.norm_heads_(qk[:, h:])
         rotate_(qk, cos, sin)  # q and k together: one call for both
         q = qkv[:, :h * d].view(t, h, d)
         kv = qkv[:, h * d:].view(t, 2, kvh, d)

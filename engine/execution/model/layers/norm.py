@@ -26,6 +26,14 @@ class RMSNorm(nn.Module):
             return ops.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x, (self.dim,), self.weight, self.eps)
 
+    def norm_heads_(self, x: torch.Tensor) -> None:
+        """The norm of each head vector of x [tokens, heads, dim] in place (QK-norm; x may
+        be a view of the fused qkv)."""
+        if ops.usable(x) and x.stride(2) == 1 and x.stride(1) == self.dim:
+            ops.head_norm_(x, self.weight, self.eps)
+        else:
+            x.copy_(self.forward(x))
+
     def add_and_norm(self, x: torch.Tensor,
                      residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The decoder's residual add and the next norm: residual + x, and its norm.
