@@ -8,11 +8,20 @@ pays a futex wake-up. Measured here (2 cores): a bf16 batch-1 step took 67 ms on
 thread after the model was loaded on the main thread, 35 ms when no other team existed. So all
 torch work runs on the engine thread, and one-off work before it (loading, converting) runs on
 a short-lived thread whose team ends with it (`on_fresh_thread`).
+
+Why freed memory is kept: every round allocates and frees the same activations, megabytes each
+in a prefill chunk. glibc serves such a block with a fresh mmap and hands a freed heap top back
+to the kernel, so each round faulted its tensors in again page by page (zeroed by the kernel).
+`reuse_freed_memory` has glibc keep blocks up to 32 MB in its heaps and trim only above
+256 MB; unloading a model still returns everything (engine.models.release_memory).
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import os
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -48,6 +57,29 @@ def cpu_has_native_bf16() -> bool:
     except OSError:
         return False  # no flags to read (macOS, Windows): assume emulated, the safe choice
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})  # bf16: Arm's flag
+
+
+# mallopt's parameters (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+
+
+@functools.cache
+def reuse_freed_memory(mmap_above: int = 32 << 20, trim_above: int = 256 << 20) -> bool:
+    """Have glibc serve blocks below `mmap_above` bytes from its heaps and keep up to
+    `trim_above` bytes of a heap's free top, instead of returning them to the kernel (once per
+    process). False where the C library is not glibc (musl, macOS, Windows): nothing to tune."""
+    if not sys.platform.startswith("linux"):
+        return False
+    name = ctypes.util.find_library("c")
+    try:
+        mallopt = ctypes.CDLL(name).mallopt if name else None
+    except (OSError, AttributeError):  # musl has no mallopt
+        mallopt = None
+    if mallopt is None:
+        return False
+    # glibc refuses an mmap threshold above half its heap size (32 MB on 64-bit)
+    return bool(mallopt(M_MMAP_THRESHOLD, mmap_above)) and bool(
+        mallopt(M_TRIM_THRESHOLD, trim_above))
 
 
 def on_fresh_thread(fn: Callable[[], T], name: str = "ferry-load") -> T:

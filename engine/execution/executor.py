@@ -17,7 +17,7 @@ import torch
 from engine.config import EngineConfig
 from engine.execution.attention import default_backend, get_backend
 from engine.execution.attention.base import AttentionInputs, LocalInputs
-from engine.execution.cpu import default_threads, on_fresh_thread
+from engine.execution.cpu import default_threads, on_fresh_thread, reuse_freed_memory
 from engine.execution.kv_pool import KVPool, LocalTables, slot_of
 from engine.execution.loading.loader import load_model, pool_dtype, resolve_model, weight_mode
 from engine.execution.loading.model_files import is_gguf
@@ -90,6 +90,7 @@ class ModelExecutor:
         def load() -> ModelExecutor:
             if torch.device(device).type == "cpu":
                 torch.set_num_threads(threads or default_threads())
+                reuse_freed_memory()
             path = resolve_model(model, cache_dir, progress)
             torch_dtype, quant = weight_mode(path, dtype, device, quantize)
             net = load_model(path, torch_dtype, device, quant)
