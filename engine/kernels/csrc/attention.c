@@ -1,4 +1,6 @@
 /* Decode attention straight from the paged KV pool (no gather copy). */
+#include <omp.h>
+
 #include "kernels.h"
 
 /* The pool is [pages, 2 (K, V), kv_heads, page_size, dim]: a sequence's K rows for one kv
@@ -323,7 +325,10 @@ static void attend_plain(const float *qf, int nrows, const char *kv, int pool_dt
  * that share a page table (the same page_starts) and follow one another position by position
  * form a tile of up to ROWS_MAX rows, whose K/V rows are found and read once for all of
  * them. Each row's arithmetic is the same alone or in a tile.
- * Work is split over (tile, kv head) pairs across the OpenMP team. */
+ * Work is split over (tile, kv head) pairs across the OpenMP team, and where there are fewer
+ * pairs than threads (one chat's step on a model with one or two KV heads, as Gemma 3's) over
+ * parts of each pair's query heads too: a part reads the same K/V rows, and each head's
+ * arithmetic is the same in any part. */
 int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
                            const int32_t *page_ids, const int64_t *page_starts,
                            const int32_t *kv_lens, int64_t seqs, int heads, int kv_heads,
@@ -347,9 +352,17 @@ int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
         if (s - first[tiles - 1] + 1 > rows_cap) rows_cap = s - first[tiles - 1] + 1;
     }
     first[tiles] = seqs;
+    /* parts: the fewest that divide the group and give every thread an item */
+    const int64_t pairs = tiles * kv_heads, threads = omp_get_max_threads();
+    int parts = 1;
+    while (pairs * parts < threads && parts < group) {
+        parts++;
+        while (group % parts) parts++;
+    }
+    const int sub = group / parts; /* query heads of a part */
 #pragma omp parallel
     {
-        const size_t rg = (size_t)rows_cap * group; /* (row, head) pairs of a tile */
+        const size_t rg = (size_t)rows_cap * sub; /* (row, head) pairs of a part */
         float *qf = ferry_scratch(rg * dim * sizeof(float), &failed);
         float *acc = ferry_scratch(rg * dim * sizeof(float), &failed);
         float *kf = ferry_scratch((size_t)dim * sizeof(float), &failed);
@@ -357,10 +370,11 @@ int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
         int64_t *offs = ferry_scratch((size_t)max_len * sizeof(int64_t), &failed);
         int ok = qf && acc && kf && scores && offs;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t work = 0; work < tiles * kv_heads; work++) {
+        for (int64_t work = 0; work < pairs * parts; work++) {
             if (!ok) continue; /* the call fails as a whole; other threads finish their share */
-            int64_t t = work / kv_heads, s0 = first[t];
-            int n = (int)(first[t + 1] - s0), g = (int)(work % kv_heads), nrows = n * group;
+            int64_t t = work / parts / kv_heads, s0 = first[t];
+            int n = (int)(first[t + 1] - s0), g = (int)(work / parts % kv_heads), nrows = n * sub;
+            int h0 = g * group + (int)(work % parts) * sub; /* the part's first query head */
             /* row r attends positions [lo_r, end_r); the tile reads [lo, end) */
             int lo_r[ROWS_MAX], end_r[ROWS_MAX];
             for (int r = 0; r < n; r++) {
@@ -370,36 +384,36 @@ int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
             const int lo = lo_r[0], end = end_r[n - 1], len = end - lo;
             kv_offsets(page_ids + page_starts[s0], lo, len, g, kv_heads, page_size, dim, offs);
             for (int p = 0; p < len && p < AHEAD; p++) kv_prefetch(kv, pool_dt, offs[p], dim);
-            /* query rows rj = r * group + j, float32 */
+            /* query rows rj = r * sub + j, float32 */
             for (int r = 0; r < n; r++)
-                for (int j = 0; j < group; j++)
+                for (int j = 0; j < sub; j++)
                     ferry_load_row((const char *)q + ((size_t)(s0 + r) * q_stride +
-                                                      (size_t)(g * group + j) * dim) * es,
-                                   dt, qf + ((size_t)r * group + j) * dim, dim);
+                                                      (size_t)(h0 + j) * dim) * es,
+                                   dt, qf + ((size_t)r * sub + j) * dim, dim);
             memset(acc, 0, (size_t)nrows * dim * sizeof(float));
 #ifdef ATT_VECTOR
             if (dim % 8 == 0) {
                 switch (pool_dt) { /* each dtype's loads compiled in */
                 case FERRY_F16:
                     attend_vector(qf, nrows, kv, FERRY_F16, offs, v_step, len, dim, scale,
-                                  scores, max_len, acc, lo_r, end_r, lo, group);
+                                  scores, max_len, acc, lo_r, end_r, lo, sub);
                     break;
                 case FERRY_BF16:
                     attend_vector(qf, nrows, kv, FERRY_BF16, offs, v_step, len, dim, scale,
-                                  scores, max_len, acc, lo_r, end_r, lo, group);
+                                  scores, max_len, acc, lo_r, end_r, lo, sub);
                     break;
                 default:
                     attend_vector(qf, nrows, kv, FERRY_F32, offs, v_step, len, dim, scale,
-                                  scores, max_len, acc, lo_r, end_r, lo, group);
+                                  scores, max_len, acc, lo_r, end_r, lo, sub);
                     break;
                 }
             } else
 #endif
                 attend_plain(qf, nrows, kv, pool_dt, offs, v_step, len, dim, scale, scores,
-                             max_len, acc, kf, lo_r, end_r, lo, group);
+                             max_len, acc, kf, lo_r, end_r, lo, sub);
             for (int rj = 0; rj < nrows; rj++)
-                ferry_store_row((char *)out + ((size_t)(s0 + rj / group) * heads +
-                                               (size_t)(g * group + rj % group)) * dim * es,
+                ferry_store_row((char *)out + ((size_t)(s0 + rj / sub) * heads +
+                                               (size_t)(h0 + rj % sub)) * dim * es,
                                 dt, acc + (size_t)rj * dim, dim);
         }
         free(qf);

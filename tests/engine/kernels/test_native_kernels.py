@@ -464,6 +464,36 @@ def test_a_prefill_rows_tile_gives_each_row_its_bits_alone(window: int, d: int) 
     assert torch.equal(tiled, alone)
 
 
+@pytest.mark.parametrize(("heads", "d"), [(4, 256), (3, 40), (8, 64)])
+def test_one_sequence_split_by_query_heads_keeps_its_bits(heads: int, d: int) -> None:
+    """One chat's step on a model with one KV head is a single (sequence, KV head) item:
+    its query heads are split over the threads (parts read the same K/V). Each head's output
+    is the same bits as in a round of several sequences, where nothing is split."""
+    ps, n = 4, 37
+    others = [9, 20, 14]
+    num_pages = sum(-(-k // ps) for k in [n, *others])
+    pool = KVPool(1, num_pages, ps, 1, d, torch.float16, "cpu")
+    pool.data.normal_(generator=torch.Generator().manual_seed(8))
+    pages = list(range(num_pages))
+    random.Random(8).shuffle(pages)
+    tables, at = [], 0
+    for k in [n, *others]:
+        tables.append(pages[at:at + -(-k // ps)])
+        at += -(-k // ps)
+    q = torch.randn(1 + len(others), heads, d, generator=torch.Generator().manual_seed(9))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the split needs a team of two, whatever the machine has
+    try:
+        alone = ops.decode_attention(q[:1], pool.paged(0),
+                                     ops.DecodePages(tables[:1], [n], ps, num_pages), d ** -0.5)
+        batch = ops.decode_attention(q, pool.paged(0),
+                                     ops.DecodePages(tables, [n, *others], ps, num_pages),
+                                     d ** -0.5)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(alone, batch[:1])
+
+
 def test_a_build_replaces_older_builds_for_its_cpu_target_only(tmp_path) -> None:
     names = ["ferry_kernels-native-0123456789abcdef.so", "ferry_kernels-native-fedcba9876543210.so",
              "ferry_kernels-avx-vnni-0123456789abcdef.so", "ferry_kernels-avx2-0123456789abcdef.so",
