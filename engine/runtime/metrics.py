@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine.runtime.snapshot import MetricsView
@@ -40,11 +41,13 @@ class Histogram:
         return tuple(out)
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
+def _percentiles(values: Iterable[float], *qs: float) -> tuple[float | None, ...]:
+    """The q-quantiles of values, sorted once for all of them (a view is built every round,
+    over up to a window's worth of inter-token gaps)."""
+    ordered = sorted(values)
+    if not ordered:
+        return tuple(None for _ in qs)
+    return tuple(ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in qs)
 
 
 class MetricsRecorder:
@@ -116,23 +119,22 @@ class MetricsRecorder:
         span = self.window
         out_rate = sum(r[1] for r in self.rounds) / span
         pre_rate = sum(r[2] for r in self.rounds) / span
-        ttfts = [v for _, v in self.ttfts]
-        itls = [v for _, v in self.itls]
+        ttft_p50, ttft_p95 = _percentiles((v for _, v in self.ttfts), 0.5, 0.95)
+        itl_p50, itl_p95 = _percentiles((v for _, v in self.itls), 0.5, 0.95)
+        mask_p50, mask_p99 = _percentiles(self.masks, 0.5, 0.99)
         if now >= self._next_point:  # a chart point every history_step seconds
-            self.history.append((now, out_rate, _percentile(ttfts, 0.5), _percentile(itls, 0.5)))
+            self.history.append((now, out_rate, ttft_p50, itl_p50))
             self._next_point = now + self.history_step
         return MetricsView(
             output_tokens_per_s=out_rate, prefill_tokens_per_s=pre_rate,
-            ttft_p50=_percentile(ttfts, 0.5), ttft_p95=_percentile(ttfts, 0.95),
-            itl_p50=_percentile(itls, 0.5), itl_p95=_percentile(itls, 0.95),
+            ttft_p50=ttft_p50, ttft_p95=ttft_p95, itl_p50=itl_p50, itl_p95=itl_p95,
             completed=self.completed, cancelled=self.cancelled, errors=self.errors,
             rejected=self.rejected, output_tokens_total=self.output_total,
             prefill_tokens_total=self.prefill_total, history=tuple(self.history),
             ttft_buckets=self.ttft_hist.cumulative(), ttft_sum=self.ttft_hist.total,
             itl_buckets=self.itl_hist.cumulative(), itl_sum=self.itl_hist.total,
             mask_buckets=self.mask_hist.cumulative(), mask_sum=self.mask_hist.total,
-            mask_p50=_percentile(list(self.masks), 0.5),
-            mask_p99=_percentile(list(self.masks), 0.99),
+            mask_p50=mask_p50, mask_p99=mask_p99,
             structured_requests=tuple(sorted(self.structured.items())),
             decode_steps=self.decode_steps, decode_tokens=self.decode_tokens,
             drafted_tokens=self.drafted, accepted_tokens=self.accepted)
