@@ -149,7 +149,8 @@ static inline float q_f16(const uint8_t *p) {
     return ferry_f16_to_f32(h);
 }
 
-/* the dot products, one per type: quant_dot.c plain C; quant_simd.h AVX2 and AVX-VNNI */
+/* the dot products, one per type: quant_dot.c plain C; quant_simd.h AVX2 and AVX-VNNI (and
+ * AVX512-VNNI for the 32-value blocks); quant_dot_avx512.c AVX512-VNNI for the K-quants */
 #define Q_DOTS(suffix)                                                                      \
     void q_dot_f32_##suffix(const uint8_t *, int64_t, const void *, int64_t, int, float *);  \
     void q_dot_f16_##suffix(const uint8_t *, int64_t, const void *, int64_t, int, float *);  \
@@ -166,6 +167,10 @@ Q_DOTS(plain)
 #define Q_HAVE_AVX2 1
 Q_DOTS(avx2)
 Q_DOTS(vnni)
+void q_dot_q4_0_avx512(const uint8_t *, int64_t, const void *, int64_t, int, float *);
+void q_dot_q4_1_avx512(const uint8_t *, int64_t, const void *, int64_t, int, float *);
+void q_dot_q5_0_avx512(const uint8_t *, int64_t, const void *, int64_t, int, float *);
+void q_dot_q8_0_avx512(const uint8_t *, int64_t, const void *, int64_t, int, float *);
 void q_dot_q4_k_avx512(const uint8_t *, int64_t, const void *, int64_t, int, float *);
 void q_dot_q5_k_avx512(const uint8_t *, int64_t, const void *, int64_t, int, float *);
 void q_dot_q6_k_avx512(const uint8_t *, int64_t, const void *, int64_t, int, float *);

@@ -1,8 +1,10 @@
 /* The SIMD dot products of one weight row with R <= 4 activation rows, written once and
- * compiled twice: quant_dot_avx2.c (AVX2) and quant_dot_vnni.c (AVX-VNNI: one vpdpbusd where
- * AVX2 needs vpmaddubsw + vpmaddwd). Each weight block is decoded once into bytes and
- * multiplied with every row (unsigned weight bytes x signed activation bytes). The includer
- * defines QS_TARGET (a target attribute string), QS_VNNI (0/1) and QS_SUFFIX.
+ * compiled three times: quant_dot_avx2.c (AVX2), quant_dot_vnni.c (AVX-VNNI: one vpdpbusd
+ * where AVX2 needs vpmaddubsw + vpmaddwd) and quant_dot_avx512_32.c (AVX512-VNNI on 256-bit
+ * vectors, the 32-value block types only: QS_BLOCKS32_ONLY). Each weight block is decoded once
+ * into bytes and multiplied with every row (unsigned weight bytes x signed activation bytes).
+ * The includer defines QS_TARGET (a target attribute string), QS_VNNI (0, 1: AVX-VNNI, 2:
+ * AVX512-VNNI) and QS_SUFFIX.
  * Same integer sums per block as quant_dot.c; the block types' float steps across blocks are
  * those of the rows-in-lanes kernels (see dot32, dot_q45k). */
 #include "quant_impl.h"
@@ -20,7 +22,9 @@
 
 /* 8 int32 lanes of sum(u * s) over 32 bytes: u unsigned (< 128 here), s signed */
 INL __m256i dot_us(__m256i u, __m256i s) {
-#if QS_VNNI
+#if QS_VNNI == 2
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif QS_VNNI
     return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
@@ -29,7 +33,9 @@ INL __m256i dot_us(__m256i u, __m256i s) {
 
 /* acc + sum of pairs p * s (16-bit lanes, 8 int32 sums): one vpdpwssd with VNNI */
 INL __m256i madd_acc(__m256i acc, __m256i p, __m256i s) {
-#if QS_VNNI
+#if QS_VNNI == 2
+    return _mm256_dpwssd_epi32(acc, p, s);
+#elif QS_VNNI
     return _mm256_dpwssd_avx_epi32(acc, p, s);
 #else
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
@@ -95,9 +101,18 @@ INL __m256i decode32(const uint8_t *blk, int qt) {
     switch (qt) {
     case QT_Q4_0: return _mm256_sub_epi8(nibbles(blk + 2), _mm256_set1_epi8(8));
     case QT_Q4_1: return nibbles(blk + 4);
-    case QT_Q5_0:
+    case QT_Q5_0: {
+#if QS_VNNI == 2
+        /* byte j loses 16 where bit j of the fifth bits is clear: one masked subtract */
+        uint32_t qh;
+        memcpy(&qh, blk + 2, 4);
+        __m256i n = nibbles(blk + 6);
+        return _mm256_mask_sub_epi8(n, (__mmask32)~qh, n, _mm256_set1_epi8(16));
+#else
         return _mm256_sub_epi8(_mm256_or_si256(nibbles(blk + 6), bits16(blk + 2)),
                                _mm256_set1_epi8(16));
+#endif
+    }
     default: return _mm256_loadu_si256((const __m256i *)(blk + 2));
     }
 }
@@ -293,14 +308,16 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
 #define B_Q5_K(R) dot_q45k(w, nb, act, astride, R, out, 1)
 #define B_Q6_K(R) dot_q6k(w, nb, act, astride, R, out)
 
-Q_ENTRY(TGT, QS_CAT2(q_dot_f32_, QS_SUFFIX), B_F32)
-Q_ENTRY(TGT, QS_CAT2(q_dot_f16_, QS_SUFFIX), B_F16)
-Q_ENTRY(TGT, QS_CAT2(q_dot_bf16_, QS_SUFFIX), B_BF16)
 Q_ENTRY(TGT, QS_CAT2(q_dot_q4_0_, QS_SUFFIX), B_Q4_0)
 Q_ENTRY(TGT, QS_CAT2(q_dot_q4_1_, QS_SUFFIX), B_Q4_1)
 Q_ENTRY(TGT, QS_CAT2(q_dot_q5_0_, QS_SUFFIX), B_Q5_0)
 Q_ENTRY(TGT, QS_CAT2(q_dot_q8_0_, QS_SUFFIX), B_Q8_0)
+#ifndef QS_BLOCKS32_ONLY
+Q_ENTRY(TGT, QS_CAT2(q_dot_f32_, QS_SUFFIX), B_F32)
+Q_ENTRY(TGT, QS_CAT2(q_dot_f16_, QS_SUFFIX), B_F16)
+Q_ENTRY(TGT, QS_CAT2(q_dot_bf16_, QS_SUFFIX), B_BF16)
 Q_ENTRY(TGT, QS_CAT2(q_dot_q4_k_, QS_SUFFIX), B_Q4_K)
 Q_ENTRY(TGT, QS_CAT2(q_dot_q5_k_, QS_SUFFIX), B_Q5_K)
 Q_ENTRY(TGT, QS_CAT2(q_dot_q6_k_, QS_SUFFIX), B_Q6_K)
+#endif
 #endif /* Q_HAVE_AVX2 */

@@ -63,11 +63,12 @@ def test_native_quant_kernels_build_where_the_kernels_do() -> None:
 
 
 def test_kernel_path_per_type_names_what_runs() -> None:
-    """Only the K-quants have AVX-512 dot products; the other types name the path they run."""
+    """The block types have AVX-512 dot products, the float types not: they name the path
+    they run."""
     best = quant.kernel_path()
     for qtype in ALL_TYPES:
         got = quant.kernel_path(qtype)
-        if qtype in (quant.Q4_K, quant.Q5_K, quant.Q6_K) or best != "avx512-vnni":
+        if qtype not in (quant.F32, quant.F16, quant.BF16) or best != "avx512-vnni":
             assert got == best
         else:
             assert got in ("avx2", "avx-vnni")
@@ -271,6 +272,8 @@ def test_paths_agree_on_random_blocks(qtype: int, rows: int,
         assert (np.abs(y - got["plain"]) <= 2e-6 * scale).all(), name
     if "avx-vnni" in got:  # the same float steps as AVX2, only the integer instruction differs
         np.testing.assert_array_equal(got["avx-vnni"], got["avx2"])
+    if "avx512-vnni" in got and qtype in BLOCK_TYPES:  # so too AVX-512's dot products
+        np.testing.assert_array_equal(got["avx512-vnni"], got["avx2"])
 
 
 @pytest.mark.parametrize("qtype", quant.QUANTIZABLE, ids=quant.type_name)
