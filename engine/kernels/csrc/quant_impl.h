@@ -72,6 +72,11 @@ typedef struct {
 enum { QL_MAX_W = 2 };
 typedef void (*qlanes_fn)(int qt, const uint8_t *w, int64_t wstride, int nw, int64_t nb,
                           const void *act, int G, float *out);
+/* out[i] = dot(weight row i < n <= Q_CHUNK of nb blocks of the 32-value type qt at
+ * w + i * wstride, the one qa32 activation row at act): quant_simd.h's rows32, the same bits
+ * as its dot32 */
+typedef void (*qrows_fn)(int qt, const uint8_t *w, int64_t wstride, int n, int64_t nb,
+                         const void *act, float *out);
 
 typedef struct {
     int qtype;
@@ -180,6 +185,9 @@ void q_lanes32_avx512(int, const uint8_t *, int64_t, int, int64_t, const void *,
 void q_half32_avx2(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
 void q_half32_vnni(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
 void q_half32_avx512(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
+void q_rows32_avx2(int, const uint8_t *, int64_t, int, int64_t, const void *, float *);
+void q_rows32_vnni(int, const uint8_t *, int64_t, int, int64_t, const void *, float *);
+void q_rows32_avx512(int, const uint8_t *, int64_t, int, int64_t, const void *, float *);
 void q_lanes_k_avx2(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
 void q_lanes_k_vnni(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
 void q_lanes_k_avx512(int, const uint8_t *, int64_t, int, int64_t, const void *, int, float *);
@@ -215,6 +223,7 @@ typedef struct {
     int64_t y_stride, rows, chunks;
     qdot_fn dot;
     qlanes_fn lanes, half; /* NULL: none */
+    qrows_fn rows1;        /* one row left past the lanes (a one-token product); NULL: none */
     const void *act;       /* the activation rows the dot products read, astride bytes apart */
     int64_t astride;
     void *buf;    /* the quantized rows (NULL where the dot products read x's floats) */

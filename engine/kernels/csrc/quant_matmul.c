@@ -97,6 +97,20 @@ static qlanes_fn pick_lanes(const qtype_info *info, qlanes_fn *half) {
     return NULL;
 }
 
+/* quant_simd.h's rows32 of the path pick() takes, for the 32-value block types; NULL else */
+static qrows_fn pick_rows1(const qtype_info *info) {
+#ifdef Q_HAVE_AVX2
+    if (info->act != ACT_32 || info->block != 32) return NULL;
+    qdot_fn dot = pick(info);
+    if (dot == info->avx512) return q_rows32_avx512;
+    if (dot == info->vnni) return q_rows32_vnni;
+    if (dot == info->avx2) return q_rows32_avx2;
+#else
+    (void)info;
+#endif
+    return NULL;
+}
+
 int ferry_qlanes(int qtype) {
     const qtype_info *info = q_info(qtype);
     qlanes_fn half;
@@ -180,6 +194,7 @@ int q_plan_make(q_plan *p, const float *x, int64_t rows, int64_t x_stride, const
     p->halves = p->lanes && p->half && rem >= 2 && rem <= 4;
     p->full = p->groups * QL_ROWS < rows ? p->groups * QL_ROWS : rows; /* rows in whole lanes */
     p->lane_rows = p->halves ? rows : p->full; /* rows in lanes, halves included */
+    p->rows1 = rows - p->lane_rows == 1 ? pick_rows1(info) : NULL;
     p->unit = info->act == ACT_256 ? sizeof(qlk) : sizeof(ql32); /* a packed block */
     int64_t packs = p->groups + p->halves;
     if (packs) {
@@ -233,6 +248,14 @@ void q_plan_chunk(const q_plan *p, int64_t c) {
                     p->packed + (size_t)(groups * nb) * p->unit, (int)(rows - full), part);
             for (int64_t r = full; r < rows; r++) y[r * y_stride + o] = part[r - full] + bo[o - o0];
         }
+    }
+    if (p->rows1) { /* the chunk's weight rows against the one row left, at once */
+        float part[Q_CHUNK];
+        const int64_t r = p->lane_rows;
+        p->rows1(p->info->qtype, wd + o0 * w->row_bytes, w->row_bytes, (int)n, nb,
+                 (const char *)p->act + r * p->astride, part);
+        for (int64_t i = 0; i < n; i++) y[r * y_stride + o0 + i] = part[i] + bo[i];
+        return;
     }
     for (int64_t r0 = p->lane_rows; r0 < rows; r0 += QMAX_R) {
         int R = rows - r0 < QMAX_R ? (int)(rows - r0) : QMAX_R;

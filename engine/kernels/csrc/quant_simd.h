@@ -209,6 +209,105 @@ INL void dot32(const uint8_t *w, int64_t nb, const void *act, int64_t astride, c
     for (int r = 0; r < R; r++) out[r] = acc[r] + off[r];
 }
 
+/* One activation row against n <= 8 weight rows (a chunk of a one-token product): a block's
+ * integer sums of the 8 rows in the lanes of one vector (one add tree for 8 rows, where the
+ * one-row loop above spends one on 4 blocks), the activation block loaded once for all rows,
+ * and the float steps of all rows at once: lane by lane those of dot32, so a row's result is
+ * the same bits. Rows past n repeat row 0 (their lanes are dropped). */
+INL __m128i f16x8(const uint8_t *const *row, int64_t at) {
+    uint16_t h;
+    memcpy(&h, row[0] + at, 2);
+    __m128i v = _mm_cvtsi32_si128(h);
+#define F16X8_LANE(i) memcpy(&h, row[i] + at, 2), v = _mm_insert_epi16(v, h, i)
+    F16X8_LANE(1); F16X8_LANE(2); F16X8_LANE(3); F16X8_LANE(4);
+    F16X8_LANE(5); F16X8_LANE(6); F16X8_LANE(7);
+#undef F16X8_LANE
+    return v;
+}
+
+/* acc + the 8 lanes' sums of 4 products u * s (u unsigned, s signed bytes) */
+INL __m256i dot_us_acc(__m256i acc, __m256i u, __m256i s) {
+#if QS_VNNI == 2
+    return _mm256_dpbusd_epi32(acc, u, s);
+#elif QS_VNNI
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s),
+                                                   _mm256_set1_epi16(1)));
+#endif
+}
+
+/* a block's weights as unsigned bytes, value = byte - zero32(qt) (Q4_1: its min aside);
+ * Q8_0 only where vpdpbusd takes 255 * 127 without saturating (VNNI) */
+#define ZERO32(qt) ((qt) == QT_Q4_0 ? 8 : (qt) == QT_Q5_0 ? 16 : (qt) == QT_Q8_0 ? 128 : 0)
+#define UNSIGNED32(qt) ((qt) != QT_Q8_0 || QS_VNNI)
+INL __m256i decode32_u(const uint8_t *blk, int qt) {
+    switch (qt) {
+    case QT_Q4_0: return nibbles(blk + 2);
+    case QT_Q4_1: return nibbles(blk + 4);
+    case QT_Q5_0: {
+#if QS_VNNI == 2
+        uint32_t qh;
+        memcpy(&qh, blk + 2, 4);
+        __m256i n = nibbles(blk + 6);
+        return _mm256_mask_add_epi8(n, (__mmask32)qh, n, _mm256_set1_epi8(16));
+#else
+        return _mm256_or_si256(nibbles(blk + 6), bits16(blk + 2));
+#endif
+    }
+    default:
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)),
+                                _mm256_set1_epi8((char)0x80));
+    }
+}
+
+INL void rows32(const uint8_t *w, int64_t wstride, int n, int64_t nb, const qa32 *a, float *out,
+                const int qt, const int bytes) {
+    const uint8_t *row[8];
+    for (int i = 0; i < 8; i++) row[i] = w + (i < n ? i : 0) * wstride;
+    __m256 acc = _mm256_setzero_ps(), off = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i y = _mm256_loadu_si256((const __m256i *)a[b].qs);
+        /* every row's sums start at -zero * y's (so they end exact), where weights run
+         * unsigned: no sign moves per row */
+        const __m256i base = UNSIGNED32(qt) && ZERO32(qt)
+            ? _mm256_sub_epi32(_mm256_setzero_si256(),
+                               dot_us(_mm256_set1_epi8((char)ZERO32(qt)), y))
+            : _mm256_setzero_si256();
+        __m256i p[8];
+        for (int i = 0; i < 8; i++) {
+            const uint8_t *blk = row[i] + b * bytes;
+            Q_PREFETCH(blk, bytes);
+            if (UNSIGNED32(qt)) {
+                p[i] = dot_us_acc(base, decode32_u(blk, qt), y);
+            } else {
+                __m256i q = decode32(blk, qt);
+                p[i] = dot_us(_mm256_sign_epi8(q, q), _mm256_sign_epi8(y, q));
+            }
+        }
+        const __m256 dw = _mm256_cvtph_ps(f16x8(row, b * bytes));
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a[b].d)),
+                              _mm256_cvtepi32_ps(hsum8_i32(p)), acc);
+        if (qt == QT_Q4_1)
+            off = _mm256_fmadd_ps(_mm256_cvtph_ps(f16x8(row, b * bytes + 2)),
+                                  _mm256_set1_ps(a[b].s), off);
+    }
+    float y[8];
+    _mm256_storeu_ps(y, _mm256_add_ps(acc, off));
+    for (int i = 0; i < n; i++) out[i] = y[i];
+}
+
+TGT void QS_CAT2(q_rows32_, QS_SUFFIX)(int qt, const uint8_t *w, int64_t wstride, int n,
+                                       int64_t nb, const void *act, float *out) {
+    const qa32 *a = (const qa32 *)act;
+    switch (qt) {
+    case QT_Q4_0: rows32(w, wstride, n, nb, a, out, QT_Q4_0, 18); break;
+    case QT_Q4_1: rows32(w, wstride, n, nb, a, out, QT_Q4_1, 20); break;
+    case QT_Q5_0: rows32(w, wstride, n, nb, a, out, QT_Q5_0, 22); break;
+    default: rows32(w, wstride, n, nb, a, out, QT_Q8_0, 34); break;
+    }
+}
+
 /* --- K-quants -------------------------------------------------------------------------- */
 /* Per row and block the exact integer total and mins, then acc = fma(d * d_x, total, acc),
  * macc = fma(dmin * d_x, mins, macc); y = acc - macc (Q6_K: no mins, the -32 in the total):

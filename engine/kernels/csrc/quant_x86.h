@@ -26,6 +26,25 @@ INL __m128i hsum4_i32(__m256i a, __m256i b, __m256i c, __m256i d) {
     return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
+/* the sums of the 8 int32 lanes of each of p[0..7], in lanes 0..7 (exact). Blends and one
+ * in-lane shuffle a step rather than vphaddd, whose two shuffles a step all queue on the one
+ * shuffle port the block decoding needs too */
+INL __m256i pair_sums(__m256i a, __m256i b) { /* [a01 b01 a23 b23 | a45 b45 a67 b67] */
+    __m256i x = _mm256_blend_epi32(a, b, 0xaa), y = _mm256_blend_epi32(b, a, 0xaa);
+    return _mm256_add_epi32(x, _mm256_shuffle_epi32(y, 0xb1));
+}
+
+INL __m256i quad_sums(__m256i ab, __m256i cd) { /* [a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 ...] */
+    __m256i x = _mm256_blend_epi32(ab, cd, 0xcc), y = _mm256_blend_epi32(cd, ab, 0xcc);
+    return _mm256_add_epi32(x, _mm256_shuffle_epi32(y, 0x4e));
+}
+
+INL __m256i hsum8_i32(const __m256i *p) {
+    __m256i u = quad_sums(pair_sums(p[0], p[1]), pair_sums(p[2], p[3]));
+    __m256i v = quad_sums(pair_sums(p[4], p[5]), pair_sums(p[6], p[7]));
+    return _mm256_add_epi32(_mm256_blend_epi32(u, v, 0xf0), _mm256_permute2x128_si256(u, v, 0x21));
+}
+
 /* the float16 at p (a block's scale), in one F16C instruction */
 INL float f16(const uint8_t *p) {
     uint16_t h;
@@ -35,9 +54,10 @@ INL float f16(const uint8_t *p) {
 
 /* 16 bytes of nibbles -> 32 bytes: the low nibbles (values 0..15), then the high ones */
 INL __m256i nibbles(const uint8_t *qs) {
-    __m128i t = _mm_loadu_si128((const __m128i *)qs);
-    __m256i b = _mm256_insertf128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
-    return _mm256_and_si256(b, _mm256_set1_epi8(15));
+    /* a broadcast load and a blend: no cross-half insert on the shuffle port */
+    __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    t = _mm256_blend_epi32(t, _mm256_srli_epi16(t, 4), 0xf0);
+    return _mm256_and_si256(t, _mm256_set1_epi8(15));
 }
 
 /* bit j of 32 -> byte j = 0x10 or 0 */
