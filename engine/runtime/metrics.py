@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine.runtime.snapshot import MetricsView
@@ -41,13 +40,37 @@ class Histogram:
         return tuple(out)
 
 
-def _percentiles(values: Iterable[float], *qs: float) -> tuple[float | None, ...]:
-    """The q-quantiles of values, sorted once for all of them (a view is built every round,
-    over up to a window's worth of inter-token gaps)."""
-    ordered = sorted(values)
-    if not ordered:
-        return tuple(None for _ in qs)
-    return tuple(ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in qs)
+class Window:
+    """Timed values in arrival order, kept sorted as well: the percentiles a view is built
+    with every round are read off, not sorted (an insort and a drop move pointers in C)."""
+    __slots__ = ("_arrived", "_maxlen", "_sorted")
+
+    def __init__(self, maxlen: int | None = None) -> None:
+        self._arrived: deque[tuple[float, float]] = deque()  # (time, value)
+        self._sorted: list[float] = []
+        self._maxlen = maxlen
+
+    def __len__(self) -> int:
+        return len(self._arrived)
+
+    def add(self, when: float, value: float) -> None:
+        self._arrived.append((when, value))
+        bisect.insort(self._sorted, value)
+        if self._maxlen is not None and len(self._arrived) > self._maxlen:
+            self._drop_oldest()
+
+    def drop_before(self, edge: float) -> None:
+        while self._arrived and self._arrived[0][0] < edge:
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        _, value = self._arrived.popleft()
+        del self._sorted[bisect.bisect_left(self._sorted, value)]
+
+    def percentiles(self, *qs: float) -> tuple[float | None, ...]:
+        """values[int(q * n)] of the sorted values for each q; None for no values."""
+        ordered, n = self._sorted, len(self._sorted)
+        return tuple(ordered[min(n - 1, int(q * n))] if n else None for q in qs)
 
 
 class MetricsRecorder:
@@ -56,14 +79,15 @@ class MetricsRecorder:
         self.window = window  # seconds for the rates and percentiles
         self.history_step = history_step  # one chart point per step (6 minutes by default)
         self.rounds: deque[tuple[float, int, int]] = deque()  # (time, output, prefill tokens)
-        self.ttfts: deque[tuple[float, float]] = deque()
-        self.itls: deque[tuple[float, float]] = deque()
+        self._window_out = self._window_prefill = 0  # the tokens of self.rounds
+        self.ttfts = Window()
+        self.itls = Window()
         self.history: deque[tuple[float, float, float | None, float | None]] = deque(
             maxlen=history_len)
         self.ttft_hist = Histogram()
         self.itl_hist = Histogram()
         self.mask_hist = Histogram(MASK_BUCKETS)
-        self.masks: deque[float] = deque(maxlen=MASK_SAMPLES)
+        self.masks = Window(maxlen=MASK_SAMPLES)
         self.structured: dict[str, int] = {}  # constraint kind -> requests finished
         self.completed = self.cancelled = self.errors = self.rejected = 0
         self.output_total = self.prefill_total = 0
@@ -73,6 +97,8 @@ class MetricsRecorder:
 
     def on_round(self, now: float, output_tokens: int, prefill_tokens: int) -> None:
         self.rounds.append((now, output_tokens, prefill_tokens))
+        self._window_out += output_tokens
+        self._window_prefill += prefill_tokens
         self.output_total += output_tokens
         self.prefill_total += prefill_tokens
 
@@ -86,16 +112,16 @@ class MetricsRecorder:
     def on_token(self, req: Request, now: float) -> None:
         if req.num_outputs == 1:
             ttft = now - req.arrival
-            self.ttfts.append((now, ttft))
+            self.ttfts.add(now, ttft)
             self.ttft_hist.observe(ttft)
         elif req.itl is not None:
-            self.itls.append((now, req.itl))
+            self.itls.add(now, req.itl)
             self.itl_hist.observe(req.itl)
 
     def on_mask(self, seconds: float) -> None:
-        """One constrained token's mask time."""
+        """One constrained token's mask time (the last MASK_SAMPLES, whenever they came)."""
         self.mask_hist.observe(seconds)
-        self.masks.append(seconds)
+        self.masks.add(0.0, seconds)
 
     def on_finish(self, req: Request) -> None:
         if req.params.constraint is not None:
@@ -110,18 +136,21 @@ class MetricsRecorder:
 
     def _trim(self, now: float) -> None:
         edge = now - self.window
-        for q in (self.rounds, self.ttfts, self.itls):
-            while q and q[0][0] < edge:
-                q.popleft()
+        while self.rounds and self.rounds[0][0] < edge:
+            _, out, prefill = self.rounds.popleft()
+            self._window_out -= out
+            self._window_prefill -= prefill
+        self.ttfts.drop_before(edge)
+        self.itls.drop_before(edge)
 
     def view(self, now: float) -> MetricsView:
         self._trim(now)
         span = self.window
-        out_rate = sum(r[1] for r in self.rounds) / span
-        pre_rate = sum(r[2] for r in self.rounds) / span
-        ttft_p50, ttft_p95 = _percentiles((v for _, v in self.ttfts), 0.5, 0.95)
-        itl_p50, itl_p95 = _percentiles((v for _, v in self.itls), 0.5, 0.95)
-        mask_p50, mask_p99 = _percentiles(self.masks, 0.5, 0.99)
+        out_rate = self._window_out / span
+        pre_rate = self._window_prefill / span
+        ttft_p50, ttft_p95 = self.ttfts.percentiles(0.5, 0.95)
+        itl_p50, itl_p95 = self.itls.percentiles(0.5, 0.95)
+        mask_p50, mask_p99 = self.masks.percentiles(0.5, 0.99)
         if now >= self._next_point:  # a chart point every history_step seconds
             self.history.append((now, out_rate, ttft_p50, itl_p50))
             self._next_point = now + self.history_step
