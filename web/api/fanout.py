@@ -55,6 +55,10 @@ def cancel_all(handles: list[RequestHandle]) -> None:
 
 async def merge(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, TextDelta | FinalEvent]]:
     """Every handle's events as they come, tagged with the handle's index (its choice)."""
+    if len(handles) == 1:  # one choice (nearly every call): no task and wait per event
+        async for event in handles[0]:
+            yield 0, event
+        return
     iters = [aiter(h) for h in handles]
     pending = {asyncio.ensure_future(anext(it)): i for i, it in enumerate(iters)}
     try:

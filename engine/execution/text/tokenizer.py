@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +132,13 @@ class Tokenizer:
         self.eos_ids: frozenset[int] = frozenset(eos)
         vocab = self.hf.get_vocab()
         self._think_tokens = OPEN in vocab and CLOSE in vocab
+        # transformers' decode is the Rust backend's plus a space clean-up and argument
+        # checks; a streamed token is decoded twice, so the backend's own where the
+        # clean-up is off (the same text)
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        self._backend_decode: Callable[..., str] | None = backend.decode if (
+            backend is not None and not getattr(self.hf, "clean_up_tokenization_spaces", True)) \
+            else None
 
     @property
     def vocab_size(self) -> int:
@@ -170,6 +177,8 @@ class Tokenizer:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        if self._backend_decode is not None:
+            return self._backend_decode(list(ids), skip_special_tokens=skip_special_tokens)
         text = self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
         if not isinstance(text, str):  # one sequence of ids decodes to one str
             raise TypeError(f"tokenizer decode gave {type(text).__name__}, not str")

@@ -53,6 +53,21 @@ def test_tokenizer_matches_hf_chat_template(tokenizer: Tokenizer) -> None:
     assert 2 in tokenizer.eos_ids
 
 
+def test_decode_is_transformers_decode(tokenizer: Tokenizer) -> None:
+    """The detokenizer calls the tokenizers backend directly (no space clean-up here): the
+    same text as transformers' decode, special tokens kept or skipped, odd byte splits too."""
+    import random
+
+    assert tokenizer._backend_decode is not None
+    rng = random.Random(0)
+    vocab = len(tokenizer.hf)
+    for _ in range(200):
+        ids = [rng.randrange(vocab) for _ in range(rng.randrange(1, 10))] + [2]
+        for skip in (True, False):
+            assert tokenizer.decode(ids, skip) == tokenizer.hf.decode(
+                ids, skip_special_tokens=skip)
+
+
 def test_greedy_and_logits_match_hf(model_dir: Path, hf_model, tokenizer, make_harness,
                                     ) -> None:
     h = make_harness(model_dir, page_size=16, kv_tokens=4096)
