@@ -1,4 +1,4 @@
-"""Python entry point to the fused decoder layer (csrc/decode_layer.c): one C call per layer.
+"""Python entry point to the fused decoder layers (csrc/decode_layer.c): one C call a round.
 
 One recipe for two activation types: bf16 activations over bf16 weights, or float32
 activations over quant.h's `ferry_weight` products (float or block-quantized). The structs
@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 LayerWeights = native.struct("ferry_layer")  # None = absent (no bias, no q/k norm)
 LayerDims = native.struct("ferry_dims")
+Round = native.struct("ferry_round")
+MAX_ROPES = len(Round().rope)  # rotary tables a round hands the layers (and KV pools)
 MoE = native.struct("ferry_moe")
 Projection = native.struct("ferry_proj")
 MAX_PARTS = len(Projection().part)
@@ -64,18 +66,32 @@ def layer_scratch(dims: ctypes.Structure, rows: int, dtype: torch.dtype) -> torc
     return torch.empty(n, dtype=dtype)
 
 
-def decode_layer(weights: ctypes.Structure, dims: ctypes.Structure, x: torch.Tensor,
-                 residual: torch.Tensor, first: bool, cos: torch.Tensor, sin: torch.Tensor,
-                 slots: torch.Tensor, pages: DecodePages, scratch: torch.Tensor) -> None:
-    """One decoder layer for a decode round of x.shape[0] sequences, in place: x (the previous
-    layer's output) becomes this layer's output, residual the running sum (`first`: started
-    from x). cos/sin: the round's rotary tables; slots/pages: the round's K/V places. x,
-    residual, cos, sin and scratch share one dtype (bf16 or float32), the weights' norms too."""
-    check(native.loaded().ferry_decode_layer(
-        ctypes.byref(weights), ctypes.byref(dims), DT[x.dtype], x.shape[0], x.data_ptr(),
-        residual.data_ptr(), int(first), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
-        pages.page_ids.data_ptr(), pages.page_starts.data_ptr(), pages.kv_lens.data_ptr(),
-        scratch.data_ptr()), "decode_layer")
+def decode_round(tables: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                 places: Sequence[tuple[torch.Tensor, DecodePages]]) -> ctypes.Structure:
+    """A ferry_round: each rope's (cos, sin), each pool's (slots, pages): the full layers'
+    pool, then the local layers' where the model has one. The tensors must outlive it."""
+    if len(tables) > MAX_ROPES or len(places) > MAX_ROPES:
+        raise ValueError(f"a round takes at most {MAX_ROPES} ropes and pools")
+    out = Round()
+    for i, (cos, sin) in enumerate(tables):
+        out.rope[i].cos, out.rope[i].sin = cos.data_ptr(), sin.data_ptr()
+    for i, (slots, pages) in enumerate(places):
+        p = out.pool[i]
+        p.slots, p.page_ids = slots.data_ptr(), pages.page_ids.data_ptr()
+        p.page_starts, p.kv_lens = pages.page_starts.data_ptr(), pages.kv_lens.data_ptr()
+    return out
+
+
+def decode_layers(layers: ctypes.Array[ctypes.Structure], dims: ctypes.Structure,
+                  x: torch.Tensor, residual: torch.Tensor, round_: ctypes.Structure,
+                  scratch: torch.Tensor) -> None:
+    """One decoder layer after another over x [rows, hidden] for a decode round, in place: x
+    becomes the last layer's output, residual the running sum (started from x). Each layer
+    takes its rope's tables and its pool's places from `round_` (its `rope` and `local`
+    fields)."""
+    check(native.loaded().ferry_decode_layers(
+        layers, len(layers), ctypes.byref(dims), DT[x.dtype], x.shape[0], x.data_ptr(),
+        residual.data_ptr(), ctypes.byref(round_), scratch.data_ptr()), "decode_layers")
 
 
 def moe(router: Sequence[QuantWeight], experts: Sequence[tuple[Sequence[QuantWeight],

@@ -66,7 +66,7 @@ def test_shared_kernel_files_are_filed_by_function() -> None:
     # calls (a prefill's experts): the latter is not a fused decode layer
     layer_ops = "/src/ferry/engine/kernels/layer_ops.py"
     assert part_of(frame_in(layer_ops, "moe_mlp")) == MOE
-    assert part_of(frame_in(layer_ops, "decode_layer")) == "fused decode layers"
+    assert part_of(frame_in(layer_ops, "decode_layers")) == "fused decode layers"
     ops = "/src/ferry/engine/kernels/ops.py"
     assert part_of(frame_in(ops, "decode_attention")) == "attention"
     assert part_of(frame_in(ops, "rms_norm")) == OTHER

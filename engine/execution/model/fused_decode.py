@@ -1,8 +1,8 @@
-"""Decode rounds of a few sequences on CPU: one C call per decoder layer.
+"""Decode rounds of a few sequences on CPU: one C call for all decoder layers.
 
 A decode step calls ~10 kernels per layer; from Python each call costs its own dispatch and
-ctypes overhead. `layer_ops.decode_layer` runs the same kernels in the same order inside one
-call, so its results are those of the layer-by-layer path, bit for bit.
+ctypes overhead. `layer_ops.decode_layers` runs the same kernels in the same order, every
+layer in one call, so its results are those of the layer-by-layer path, bit for bit.
 
 The model describes its layers neutrally (`DecodeLayerSpec`: the norms, a sandwich layer's
 four, the projections or a native mixture of experts, the activation, the rope, the window;
@@ -157,6 +157,7 @@ class FusedDecode:
         self._keep = keep  # keeps every tensor the pointers in `layers` point into alive
         self._bound: AttentionBackend | None = None
         self._local: list[bool] = []  # per layer: its K/V live in the local layers' pool
+        self._array: ctypes.Array[ctypes.Structure] | None = None  # self.layers, bound
 
     @staticmethod
     def build(cfg: ModelConfig, specs: list[DecodeLayerSpec] | None, dtype: torch.dtype,
@@ -165,6 +166,8 @@ class FusedDecode:
         variants applies; else None. `keep`: the model owning the tensors."""
         if not specs or dtype not in (torch.bfloat16, torch.float32) \
                 or not ops.usable(specs[0].input_norm):
+            return None
+        if max(spec.rope for spec in specs) >= layer_ops.MAX_ROPES:
             return None
         layers = [_layer(spec, dtype) for spec in specs]
         if any(layer is None for layer in layers):
@@ -192,7 +195,11 @@ class FusedDecode:
         for i, weights in enumerate(self.layers):
             pool, index, local = attn.place(i)
             weights.pages = pool.paged(index).data_ptr()
+            weights.rope, weights.local = self.ropes[i], int(local)
             self._local.append(local)
+        # the layers side by side for the one call a round (copies of the structs: the
+        # pointers in them stay valid while self.layers keeps the tensors)
+        self._array = (layer_ops.LayerWeights * len(self.layers))(*self.layers)
         self.dims.page_size = attn.pool.page_size
         self.dims.pool_dt = ops.POOL_DT[attn.pool.dtype]
         self._bound = attn
@@ -213,8 +220,8 @@ class FusedDecode:
         residual = torch.empty_like(x)
         scratch = layer_ops.layer_scratch(self.dims, rows, self.dtype)
         tables = [(cos.contiguous(), sin.contiguous()) for cos, sin in tables]
-        for i, weights in enumerate(self.layers):
-            slots, pages = decode.at(self._local[i])
-            layer_ops.decode_layer(weights, self.dims, x, residual, i == 0, *tables[self.ropes[i]],
-                                   slots, pages, scratch)
+        places = [decode.at(False)] + ([decode.at(True)] if any(self._local) else [])
+        assert self._array is not None
+        layer_ops.decode_layers(self._array, self.dims, x, residual,
+                                layer_ops.decode_round(tables, places), scratch)
         return x, residual

@@ -92,3 +92,18 @@ int ferry_decode_layer(const ferry_layer *L, const ferry_dims *D, int dt, int64_
         FERRY_TRY(ferry_rms_norm(x, NULL, L->out_norm, x, rows, (int)hidden, D->eps, dt));
     return FERRY_OK;
 }
+
+int ferry_decode_layers(const ferry_layer *layers, int n, const ferry_dims *D, int dt,
+                        int64_t rows, void *x, void *residual, const ferry_round *round,
+                        void *scratch) {
+    for (int i = 0; i < n; i++) {
+        const ferry_layer *L = &layers[i];
+        if (L->rope < 0 || L->rope > 1 || L->local < 0 || L->local > 1) return FERRY_EQUANT;
+        const ferry_rope *r = &round->rope[L->rope];
+        const ferry_places *p = &round->pool[L->local];
+        FERRY_TRY(ferry_decode_layer(L, D, dt, rows, x, residual, i == 0, r->cos, r->sin,
+                                     p->slots, p->page_ids, p->page_starts, p->kv_lens,
+                                     scratch));
+    }
+    return FERRY_OK;
+}

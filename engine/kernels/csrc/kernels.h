@@ -85,6 +85,8 @@ typedef struct {
     void *pages; /* this layer of the KV pool, [pages, 2, kv_heads, page_size, dim] */
     int32_t window; /* attention over the last `window` positions (0: all) */
     int32_t gelu;   /* the MLP's activation: 1 GELU-tanh, 0 SiLU */
+    int32_t rope;   /* ferry_decode_layers: its rotary tables, round->rope[rope] */
+    int32_t local;  /* ferry_decode_layers: its K/V places, round->pool[local] */
 } ferry_layer;
 
 typedef struct {
@@ -98,5 +100,29 @@ int ferry_decode_layer(const ferry_layer *L, const ferry_dims *D, int dt, int64_
                        void *x, void *residual, int first, const void *cos, const void *sin,
                        const int64_t *slots, const int32_t *page_ids, const int64_t *page_starts,
                        const int32_t *kv_lens, void *scratch);
+
+/* A decode round's inputs that layers share: the rotary tables (cos, sin) of each of the
+ * model's ropes, and the K/V places of each pool (the full layers', then the local ones') */
+typedef struct {
+    const void *cos, *sin;
+} ferry_rope;
+
+typedef struct {
+    const int64_t *slots;
+    const int32_t *page_ids;
+    const int64_t *page_starts;
+    const int32_t *kv_lens;
+} ferry_places;
+
+typedef struct {
+    ferry_rope rope[2];
+    ferry_places pool[2];
+} ferry_round;
+
+/* ferry_decode_layer over layers[0..n) in turn (the first starts the residual): one call a
+ * round instead of one a layer */
+int ferry_decode_layers(const ferry_layer *layers, int n, const ferry_dims *D, int dt,
+                        int64_t rows, void *x, void *residual, const ferry_round *round,
+                        void *scratch);
 
 #endif /* FERRY_KERNELS_H */

@@ -20,6 +20,7 @@ import copy
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -234,13 +235,13 @@ def test_fused_decode_masks_the_window_as_the_layer_path_does(
     assert fused.executor.fused is not None
     plain.executor.fused = None
     calls = [0]
-    real = layer_ops.decode_layer
+    real = layer_ops.decode_layers
 
-    def counting(*args: object) -> None:
-        calls[0] += 1
-        real(*args)  # type: ignore[arg-type]
+    def counting(layers: Any, *args: Any) -> None:
+        calls[0] += len(layers)
+        real(layers, *args)
 
-    monkeypatch.setattr(layer_ops, "decode_layer", counting)
+    monkeypatch.setattr(layer_ops, "decode_layers", counting)
     a, b = _run(fused), _run(plain)
     assert calls[0] == 4 * 2  # 4 decode rounds x 2 layers
     for ra, rb in zip(a, b):

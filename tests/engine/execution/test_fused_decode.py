@@ -56,13 +56,13 @@ def _run(harness, fused: bool) -> list[dict[int, torch.Tensor]]:
 def _count_fused_layers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """calls[0] counts the layers the fused decode runs from now on."""
     calls = [0]
-    real = layer_ops.decode_layer
+    real = layer_ops.decode_layers
 
-    def counting(*args: Any, **kwargs: Any) -> None:
-        calls[0] += 1
-        real(*args, **kwargs)
+    def counting(layers: Any, *args: Any, **kwargs: Any) -> None:
+        calls[0] += len(layers)
+        real(layers, *args, **kwargs)
 
-    monkeypatch.setattr(layer_ops, "decode_layer", counting)
+    monkeypatch.setattr(layer_ops, "decode_layers", counting)
     return calls
 
 

@@ -274,7 +274,7 @@ def test_argmax_matches_torch_with_ties_infinities_and_nan(dtype: torch.dtype) -
 def test_every_header_prototype_is_bound_with_its_declared_types() -> None:
     lib = native.library()
     decls = native.declarations()
-    assert {"ferry_rms_norm", "ferry_decode_layer", "ferry_qmatmul"} <= decls.functions.keys()
+    assert {"ferry_rms_norm", "ferry_decode_layers", "ferry_qmatmul"} <= decls.functions.keys()
     for fn in decls.functions.values():
         bound = getattr(lib, fn.name)
         assert bound.argtypes == fn.argtypes and bound.restype == fn.restype, fn.name
