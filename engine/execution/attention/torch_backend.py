@@ -99,8 +99,8 @@ class TorchAttention(AttentionBackend):
         if self.native:
             # the kernels trust their indices: check them once per round, not per layer
             plan.slots = slot_mapping
-            if slot_mapping.numel() and not (int(slot_mapping.min()) >= 0
-                                             and int(slot_mapping.max()) < pool.num_slots):
+            slots = slot_mapping.tolist()  # a CPU tensor here: cheaper than two reductions
+            if slots and not (min(slots) >= 0 and max(slots) < pool.num_slots):
                 raise ValueError("slot_mapping points outside the KV pool")
             if n_dec:
                 plan.dec_pages = ops.DecodePages(page_tables[:n_dec], kv_lens[:n_dec],
