@@ -20,16 +20,21 @@
 
 #include "quant_x86.h"
 
-/* 8 int32 lanes of sum(u * s) over 32 bytes: u unsigned (< 128 here), s signed */
-INL __m256i dot_us(__m256i u, __m256i s) {
+/* acc + the 8 int32 lanes' sums of 4 products u * s over 32 bytes: u unsigned, s signed
+ * (without VNNI, vpmaddubsw's pair sums saturate past 32,767: u < 128 there, or small) */
+INL __m256i dot_us_acc(__m256i acc, __m256i u, __m256i s) {
 #if QS_VNNI == 2
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+    return _mm256_dpbusd_epi32(acc, u, s);
 #elif QS_VNNI
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
 #else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s),
+                                                   _mm256_set1_epi16(1)));
 #endif
 }
+
+/* the same from zero */
+INL __m256i dot_us(__m256i u, __m256i s) { return dot_us_acc(_mm256_setzero_si256(), u, s); }
 
 /* acc + sum of pairs p * s (16-bit lanes, 8 int32 sums): one vpdpwssd with VNNI */
 INL __m256i madd_acc(__m256i acc, __m256i p, __m256i s) {
@@ -223,18 +228,6 @@ INL __m128i f16x8(const uint8_t *const *row, int64_t at) {
     F16X8_LANE(5); F16X8_LANE(6); F16X8_LANE(7);
 #undef F16X8_LANE
     return v;
-}
-
-/* acc + the 8 lanes' sums of 4 products u * s (u unsigned, s signed bytes) */
-INL __m256i dot_us_acc(__m256i acc, __m256i u, __m256i s) {
-#if QS_VNNI == 2
-    return _mm256_dpbusd_epi32(acc, u, s);
-#elif QS_VNNI
-    return _mm256_dpbusd_avx_epi32(acc, u, s);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s),
-                                                   _mm256_set1_epi16(1)));
-#endif
 }
 
 /* a block's weights as unsigned bytes, value = byte - zero32(qt) (Q4_1: its min aside);
