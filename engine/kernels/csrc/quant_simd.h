@@ -1,12 +1,13 @@
-/* The SIMD dot products of one weight row with R <= 4 activation rows, written once and
- * compiled three times: quant_dot_avx2.c (AVX2), quant_dot_vnni.c (AVX-VNNI: one vpdpbusd
+/* The SIMD dot products of one weight row with R <= 4 activation rows, and of up to 8 weight
+ * rows of the 32-value types with one activation row (rows32), written once and compiled
+ * three times: quant_dot_avx2.c (AVX2), quant_dot_vnni.c (AVX-VNNI: one vpdpbusd
  * where AVX2 needs vpmaddubsw + vpmaddwd) and quant_dot_avx512_32.c (AVX512-VNNI on 256-bit
  * vectors, the 32-value block types only: QS_BLOCKS32_ONLY). Each weight block is decoded once
  * into bytes and multiplied with every row (unsigned weight bytes x signed activation bytes).
  * The includer defines QS_TARGET (a target attribute string), QS_VNNI (0, 1: AVX-VNNI, 2:
  * AVX512-VNNI) and QS_SUFFIX.
  * Same integer sums per block as quant_dot.c; the block types' float steps across blocks are
- * those of the rows-in-lanes kernels (see dot32, dot_q45k). */
+ * those of the rows-in-lanes kernels (see rows32, dot_q45k). */
 #include "quant_impl.h"
 
 #ifdef Q_HAVE_AVX2
@@ -122,103 +123,14 @@ INL __m256i decode32(const uint8_t *blk, int qt) {
     }
 }
 
-/* Every row: acc = fma(d_w * d_x, block's exact integer sum, acc) block after block, plus
- * Q4_1's off = fma(min, s_x, off); y = acc + off. These are the float operations of the
- * rows-in-lanes kernels (quant_lanes.h) too, lane by lane, so a row's result is the same
- * bits whichever kernel takes it and however many rows come along. Blocks go four at a time
- * here, so one horizontal add tree yields the four integer sums. */
-INL __m256i row_dot32(const __m256i q, const __m256i qa, const qa32 *a, int qt) {
-    __m256i y = _mm256_loadu_si256((const __m256i *)a->qs);
-    return qt == QT_Q4_1 ? dot_us(q, y) : dot_us(qa, _mm256_sign_epi8(y, q));
-}
-
-/* 2..4 rows: their integer sums of a block in the lanes of one vector (one add tree), and
- * the float steps of all of them at once */
-INL void dot32_rows(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
-                    const int R, float *out, int qt, int bytes) {
-    const qa32 *a[4];
-    for (int r = 0; r < 4; r++) a[r] = (const qa32 *)ROW(act, astride, r < R ? r : 0);
-    __m128 acc = _mm_setzero_ps(), off = _mm_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = w + b * bytes;
-        Q_PREFETCH(blk, bytes);
-        __m256i q = decode32(blk, qt), qa = _mm256_sign_epi8(q, q), p[4];
-        for (int r = 0; r < 4; r++)
-            p[r] = r < R ? row_dot32(q, qa, a[r] + b, qt) : _mm256_setzero_si256();
-        __m128i is;
-        if (R == 2) { /* lanes 0, 1 (and again in 2, 3) */
-            __m256i h = _mm256_hadd_epi32(p[0], p[1]);
-            is = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-            is = _mm_hadd_epi32(is, is);
-        } else {
-            is = hsum4_i32(p[0], p[1], p[2], p[3]);
-        }
-        __m128 dx = _mm_setr_ps(a[0][b].d, a[1][b].d, R > 2 ? a[2][b].d : 0.f,
-                                R > 3 ? a[3][b].d : 0.f);
-        acc = _mm_fmadd_ps(_mm_mul_ps(_mm_set1_ps(f16(blk)), dx), _mm_cvtepi32_ps(is), acc);
-        if (qt == QT_Q4_1)
-            off = _mm_fmadd_ps(_mm_set1_ps(f16(blk + 2)),
-                               _mm_setr_ps(a[0][b].s, a[1][b].s, R > 2 ? a[2][b].s : 0.f,
-                                           R > 3 ? a[3][b].s : 0.f), off);
-    }
-    float y[4];
-    _mm_storeu_ps(y, _mm_add_ps(acc, off));
-    for (int r = 0; r < R; r++) out[r] = y[r];
-}
-
-INL void dot32(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
-               float *out, int qt, int bytes) {
-    if (R > 1) {
-        dot32_rows(w, nb, act, astride, R, out, qt, bytes);
-        return;
-    }
-    float acc[QMAX_R], off[QMAX_R];
-    for (int r = 0; r < R; r++) acc[r] = off[r] = 0.f;
-    int64_t b = 0;
-    for (; b + 4 <= nb; b += 4) {
-        __m256i q[4], qa[4];
-        float d[4], m[4];
-        for (int j = 0; j < 4; j++) {
-            const uint8_t *blk = w + (b + j) * bytes;
-            Q_PREFETCH(blk, bytes);
-            q[j] = decode32(blk, qt);
-            qa[j] = _mm256_sign_epi8(q[j], q[j]);
-            d[j] = f16(blk);
-            m[j] = qt == QT_Q4_1 ? f16(blk + 2) : 0.f;
-        }
-        for (int r = 0; r < R; r++) {
-            const qa32 *a = (const qa32 *)ROW(act, astride, r) + b;
-            __m256i h = _mm256_hadd_epi32(
-                _mm256_hadd_epi32(row_dot32(q[0], qa[0], a, qt), row_dot32(q[1], qa[1], a + 1, qt)),
-                _mm256_hadd_epi32(row_dot32(q[2], qa[2], a + 2, qt),
-                                  row_dot32(q[3], qa[3], a + 3, qt)));
-            float p[4]; /* the four blocks' integer sums */
-            _mm_storeu_ps(p, _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h),
-                                                           _mm256_extracti128_si256(h, 1))));
-            for (int j = 0; j < 4; j++) {
-                acc[r] = __builtin_fmaf(d[j] * a[j].d, p[j], acc[r]);
-                if (qt == QT_Q4_1) off[r] = __builtin_fmaf(m[j], a[j].s, off[r]);
-            }
-        }
-    }
-    for (; b < nb; b++) {
-        const uint8_t *blk = w + b * bytes;
-        __m256i q = decode32(blk, qt), qa = _mm256_sign_epi8(q, q);
-        float d = f16(blk), m = qt == QT_Q4_1 ? f16(blk + 2) : 0.f;
-        for (int r = 0; r < R; r++) {
-            const qa32 *a = (const qa32 *)ROW(act, astride, r) + b;
-            acc[r] = __builtin_fmaf(d * a->d, (float)hsum_i32(row_dot32(q, qa, a, qt)), acc[r]);
-            if (qt == QT_Q4_1) off[r] = __builtin_fmaf(m, a->s, off[r]);
-        }
-    }
-    for (int r = 0; r < R; r++) out[r] = acc[r] + off[r];
-}
-
 /* One activation row against n <= 8 weight rows (a chunk of a one-token product): a block's
- * integer sums of the 8 rows in the lanes of one vector (one add tree for 8 rows, where the
- * one-row loop above spends one on 4 blocks), the activation block loaded once for all rows,
- * and the float steps of all rows at once: lane by lane those of dot32, so a row's result is
- * the same bits. Rows past n repeat row 0 (their lanes are dropped). */
+ * integer sums of the 8 rows in the lanes of one vector (one add tree for 8 rows), the
+ * activation block loaded once for all rows, and the float steps of all rows at once. Every
+ * row: acc = fma(d_w * d_x, the block's exact integer sum, acc) block after block, plus Q4_1's
+ * off = fma(min, s_x, off); y = acc + off: lane by lane the float operations of the
+ * rows-in-lanes kernels (quant_lanes.h), so a row's result is the same bits whichever kernel
+ * takes it and however many rows come along. Rows past n repeat row 0 (their lanes are
+ * dropped). */
 INL __m128i f16x8(const uint8_t *const *row, int64_t at) {
     uint16_t h;
     memcpy(&h, row[0] + at, 2);
@@ -275,7 +187,7 @@ INL void rows32(const uint8_t *w, int64_t wstride, int n, int64_t nb, const qa32
                 p[i] = dot_us_acc(base, decode32_u(blk, qt), y);
             } else {
                 __m256i q = decode32(blk, qt);
-                p[i] = dot_us(_mm256_sign_epi8(q, q), _mm256_sign_epi8(y, q));
+                p[i] = dot_ss(q, y);
             }
         }
         const __m256 dw = _mm256_cvtph_ps(f16x8(row, b * bytes));
@@ -392,10 +304,16 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
 #define B_F32(R) dot_float(w, nb, act, astride, R, out, QT_F32)
 #define B_F16(R) dot_float(w, nb, act, astride, R, out, QT_F16)
 #define B_BF16(R) dot_float(w, nb, act, astride, R, out, QT_BF16)
-#define B_Q4_0(R) dot32(w, nb, act, astride, R, out, QT_Q4_0, 18)
-#define B_Q4_1(R) dot32(w, nb, act, astride, R, out, QT_Q4_1, 20)
-#define B_Q5_0(R) dot32(w, nb, act, astride, R, out, QT_Q5_0, 22)
-#define B_Q8_0(R) dot32(w, nb, act, astride, R, out, QT_Q8_0, 34)
+/* the 32-value types' dot products: each activation row against the one weight row through
+ * rows32 (ferry_qmatmul itself takes these types through the lanes, the half groups and
+ * rows32's 8 weight rows; the entries name the path and serve any other caller) */
+#define B_ROWS32(R, qt, bytes)                                                                \
+    for (int r = 0; r < (R); r++)                                                             \
+    rows32(w, 0, 1, nb, (const qa32 *)ROW(act, astride, r), out + r, qt, bytes)
+#define B_Q4_0(R) B_ROWS32(R, QT_Q4_0, 18)
+#define B_Q4_1(R) B_ROWS32(R, QT_Q4_1, 20)
+#define B_Q5_0(R) B_ROWS32(R, QT_Q5_0, 22)
+#define B_Q8_0(R) B_ROWS32(R, QT_Q8_0, 34)
 #define B_Q4_K(R) dot_q45k(w, nb, act, astride, R, out, 0)
 #define B_Q5_K(R) dot_q45k(w, nb, act, astride, R, out, 1)
 #define B_Q6_K(R) dot_q6k(w, nb, act, astride, R, out)
