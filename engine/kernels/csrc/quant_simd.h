@@ -102,47 +102,7 @@ INL void dot_float(const uint8_t *w, int64_t n, const void *act, int64_t astride
 }
 
 /* --- 32-value blocks ------------------------------------------------------------------- */
-/* decoded block: signed (Q4_0, Q5_0, Q8_0) or unsigned with a min (Q4_1) */
-INL __m256i decode32(const uint8_t *blk, int qt) {
-    switch (qt) {
-    case QT_Q4_0: return _mm256_sub_epi8(nibbles(blk + 2), _mm256_set1_epi8(8));
-    case QT_Q4_1: return nibbles(blk + 4);
-    case QT_Q5_0: {
-#if QS_VNNI == 2
-        /* byte j loses 16 where bit j of the fifth bits is clear: one masked subtract */
-        uint32_t qh;
-        memcpy(&qh, blk + 2, 4);
-        __m256i n = nibbles(blk + 6);
-        return _mm256_mask_sub_epi8(n, (__mmask32)~qh, n, _mm256_set1_epi8(16));
-#else
-        return _mm256_sub_epi8(_mm256_or_si256(nibbles(blk + 6), bits16(blk + 2)),
-                               _mm256_set1_epi8(16));
-#endif
-    }
-    default: return _mm256_loadu_si256((const __m256i *)(blk + 2));
-    }
-}
-
-/* One activation row against n <= 8 weight rows (a chunk of a one-token product): a block's
- * integer sums of the 8 rows in the lanes of one vector (one add tree for 8 rows), the
- * activation block loaded once for all rows, and the float steps of all rows at once. Every
- * row: acc = fma(d_w * d_x, the block's exact integer sum, acc) block after block, plus Q4_1's
- * off = fma(min, s_x, off); y = acc + off: lane by lane the float operations of the
- * rows-in-lanes kernels (quant_lanes.h), so a row's result is the same bits whichever kernel
- * takes it and however many rows come along. Rows past n repeat row 0 (their lanes are
- * dropped). */
-INL __m128i f16x8(const uint8_t *const *row, int64_t at) {
-    uint16_t h;
-    memcpy(&h, row[0] + at, 2);
-    __m128i v = _mm_cvtsi32_si128(h);
-#define F16X8_LANE(i) memcpy(&h, row[i] + at, 2), v = _mm_insert_epi16(v, h, i)
-    F16X8_LANE(1); F16X8_LANE(2); F16X8_LANE(3); F16X8_LANE(4);
-    F16X8_LANE(5); F16X8_LANE(6); F16X8_LANE(7);
-#undef F16X8_LANE
-    return v;
-}
-
-/* a block's weights as unsigned bytes, value = byte - zero32(qt) (Q4_1: its min aside);
+/* a block's weights as unsigned bytes, value = byte - ZERO32(qt) (Q4_1: its min aside);
  * Q8_0 only where vpdpbusd takes 255 * 127 without saturating (VNNI) */
 #define ZERO32(qt) ((qt) == QT_Q4_0 ? 8 : (qt) == QT_Q5_0 ? 16 : (qt) == QT_Q8_0 ? 128 : 0)
 #define UNSIGNED32(qt) ((qt) != QT_Q8_0 || QS_VNNI)
@@ -166,6 +126,33 @@ INL __m256i decode32_u(const uint8_t *blk, int qt) {
     }
 }
 
+/* decoded block: signed (Q4_0, Q5_0, Q8_0) or unsigned with a min (Q4_1) */
+INL __m256i decode32(const uint8_t *blk, int qt) {
+    if (qt == QT_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    __m256i u = decode32_u(blk, qt);
+    return ZERO32(qt) ? _mm256_sub_epi8(u, _mm256_set1_epi8((char)ZERO32(qt))) : u;
+}
+
+/* the float16 at offset `at` of 8 rows, in one vector */
+INL __m128i f16x8(const uint8_t *const *row, int64_t at) {
+    uint16_t h;
+    memcpy(&h, row[0] + at, 2);
+    __m128i v = _mm_cvtsi32_si128(h);
+#define F16X8_LANE(i) memcpy(&h, row[i] + at, 2), v = _mm_insert_epi16(v, h, i)
+    F16X8_LANE(1); F16X8_LANE(2); F16X8_LANE(3); F16X8_LANE(4);
+    F16X8_LANE(5); F16X8_LANE(6); F16X8_LANE(7);
+#undef F16X8_LANE
+    return v;
+}
+
+/* One activation row against n <= 8 weight rows (a chunk of a one-token product): a block's
+ * integer sums of the 8 rows in the lanes of one vector (one add tree for 8 rows), the
+ * activation block loaded once for all rows, and the float steps of all rows at once. Every
+ * row: acc = fma(d_w * d_x, the block's exact integer sum, acc) block after block, plus Q4_1's
+ * off = fma(min, s_x, off); y = acc + off: lane by lane the float operations of the
+ * rows-in-lanes kernels (quant_lanes.h), so a row's result is the same bits whichever kernel
+ * takes it and however many rows come along. Rows past n repeat row 0 (their lanes are
+ * dropped). */
 INL void rows32(const uint8_t *w, int64_t wstride, int n, int64_t nb, const qa32 *a, float *out,
                 const int qt, const int bytes) {
     const uint8_t *row[8];
