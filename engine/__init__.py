@@ -40,6 +40,7 @@ from engine.models import (
 from engine.runtime.engine import Engine, QueueFull
 from engine.runtime.events import FinalEvent, Timings, TokenEvent, Usage
 from engine.runtime.handle import RequestHandle, TextDelta
+from engine.runtime.metrics import Histogram, Window
 from engine.runtime.reasoning import Reasoning, ReasoningSplitter, continuation
 from engine.runtime.snapshot import EngineSnapshot, KVView, MetricsView, RequestView, RoundView
 from engine.scheduling.admission import WaitReason
@@ -119,6 +120,7 @@ __all__ = [
     "EngineSnapshot",
     "FinalEvent",
     "FinishReason",
+    "Histogram",
     "KVView",
     "LoadedModel",
     "MetricsView",
@@ -146,6 +148,7 @@ __all__ = [
     "UnknownModel",
     "Usage",
     "WaitReason",
+    "Window",
     "apply_cpu_cap",
     "continuation",
     "cpu_has_native_bf16",

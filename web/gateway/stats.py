@@ -3,37 +3,9 @@ and the upstream's; ITL is the gap between stream chunks (one token each from vL
 llama.cpp and Ferry)."""
 from __future__ import annotations
 
-import bisect
 from collections import deque
 
-from engine import MetricsView
-
-BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
-                              2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
-class Histogram:
-    def __init__(self) -> None:
-        self.counts = [0] * (len(BUCKETS) + 1)
-        self.total = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(BUCKETS, value)] += 1
-        self.total += value
-
-    def cumulative(self) -> tuple[tuple[float, int], ...]:
-        out, acc = [], 0
-        for bound, count in zip((*BUCKETS, float("inf")), self.counts):
-            acc += count
-            out.append((bound, acc))
-        return tuple(out)
+from engine import Histogram, MetricsView, Window
 
 
 class GatewayStats:
@@ -41,8 +13,7 @@ class GatewayStats:
         self.window = window
         self.history_step = history_step
         self.tokens: deque[float] = deque()  # time of each output chunk in the window
-        self.ttfts: deque[tuple[float, float]] = deque()
-        self.itls: deque[tuple[float, float]] = deque()
+        self.ttfts, self.itls = Window(), Window()
         self.history: deque[tuple[float, float, float | None, float | None]] = deque(maxlen=72)
         self.ttft_hist, self.itl_hist = Histogram(), Histogram()
         self.completed = self.cancelled = self.errors = self.rejected = 0
@@ -53,10 +24,10 @@ class GatewayStats:
         self.tokens.append(now)
         self.output_total += 1
         if ttft is not None:
-            self.ttfts.append((now, ttft))
+            self.ttfts.add(now, ttft)
             self.ttft_hist.observe(ttft)
         if itl is not None:
-            self.itls.append((now, itl))
+            self.itls.add(now, itl)
             self.itl_hist.observe(itl)
 
     def on_finish(self, reason: str, prompt_tokens: int) -> None:
@@ -72,18 +43,17 @@ class GatewayStats:
         edge = now - self.window
         while self.tokens and self.tokens[0] < edge:
             self.tokens.popleft()
-        for q in (self.ttfts, self.itls):
-            while q and q[0][0] < edge:
-                q.popleft()
+        self.ttfts.drop_before(edge)
+        self.itls.drop_before(edge)
         rate = len(self.tokens) / self.window
-        ttfts, itls = [v for _, v in self.ttfts], [v for _, v in self.itls]
+        ttft_p50, ttft_p95 = self.ttfts.percentiles(0.5, 0.95)
+        itl_p50, itl_p95 = self.itls.percentiles(0.5, 0.95)
         if now >= self._next_point:
-            self.history.append((now, rate, percentile(ttfts, 0.5), percentile(itls, 0.5)))
+            self.history.append((now, rate, ttft_p50, itl_p50))
             self._next_point = now + self.history_step
         return MetricsView(
             output_tokens_per_s=rate, prefill_tokens_per_s=0.0,
-            ttft_p50=percentile(ttfts, 0.5), ttft_p95=percentile(ttfts, 0.95),
-            itl_p50=percentile(itls, 0.5), itl_p95=percentile(itls, 0.95),
+            ttft_p50=ttft_p50, ttft_p95=ttft_p95, itl_p50=itl_p50, itl_p95=itl_p95,
             completed=self.completed, cancelled=self.cancelled, errors=self.errors,
             rejected=self.rejected, output_tokens_total=self.output_total,
             prefill_tokens_total=self.prompt_total, history=tuple(self.history),
