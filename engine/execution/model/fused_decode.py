@@ -156,7 +156,7 @@ class FusedDecode:
         self.per_row = per_row  # of those, the most whose products run row by row (int8)
         self._keep = keep  # keeps every tensor the pointers in `layers` point into alive
         self._bound: AttentionBackend | None = None
-        self._local: list[bool] = []  # per layer: its K/V live in the local layers' pool
+        self._any_local = False  # some layer's K/V live in the local layers' pool
         self._array: ctypes.Array[ctypes.Structure] | None = None  # self.layers, bound
 
     @staticmethod
@@ -191,12 +191,11 @@ class FusedDecode:
             if pool.dtype not in ops.POOL_DT or (self.dtype == torch.bfloat16
                                                  and pool.dtype != torch.bfloat16):
                 return False
-        self._local = []
         for i, weights in enumerate(self.layers):
             pool, index, local = attn.place(i)
             weights.pages = pool.paged(index).data_ptr()
             weights.rope, weights.local = self.ropes[i], int(local)
-            self._local.append(local)
+        self._any_local = any(weights.local for weights in self.layers)
         # the layers side by side for the one call a round (copies of the structs: the
         # pointers in them stay valid while self.layers keeps the tensors)
         self._array = (layer_ops.LayerWeights * len(self.layers))(*self.layers)
@@ -220,7 +219,7 @@ class FusedDecode:
         residual = torch.empty_like(x)
         scratch = layer_ops.layer_scratch(self.dims, rows, self.dtype)
         tables = [(cos.contiguous(), sin.contiguous()) for cos, sin in tables]
-        places = [decode.at(False)] + ([decode.at(True)] if any(self._local) else [])
+        places = [decode.at(False)] + ([decode.at(True)] if self._any_local else [])
         assert self._array is not None
         layer_ops.decode_layers(self._array, self.dims, x, residual,
                                 layer_ops.decode_round(tables, places), scratch)

@@ -74,7 +74,7 @@ typedef void (*qlanes_fn)(int qt, const uint8_t *w, int64_t wstride, int nw, int
                           const void *act, int G, float *out);
 /* out[i] = dot(weight row i < n <= Q_CHUNK of nb blocks of the 32-value type qt at
  * w + i * wstride, the one qa32 activation row at act): quant_simd.h's rows32, the same bits
- * as its dot32 */
+ * as the rows-in-lanes kernels */
 typedef void (*qrows_fn)(int qt, const uint8_t *w, int64_t wstride, int n, int64_t nb,
                          const void *act, float *out);
 

@@ -249,6 +249,7 @@ void q_plan_chunk(const q_plan *p, int64_t c) {
             for (int64_t r = full; r < rows; r++) y[r * y_stride + o] = part[r - full] + bo[o - o0];
         }
     }
+    _Static_assert(Q_CHUNK == 8, "rows32 takes a chunk's weight rows in 8 lanes");
     if (p->rows1) { /* the chunk's weight rows against the one row left, at once */
         float part[Q_CHUNK];
         const int64_t r = p->lane_rows;
