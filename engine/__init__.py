@@ -2,7 +2,7 @@
 
 Torch-free names (config, requests, the facade, events, snapshots) import at once; the
 execution side (model executor, tokenizer, kernels) loads on first use, so the scheduler and
-the simulator stay importable without torch (design.md §1).
+the simulator stay importable without torch (docs/development.md, Layout).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`ferry bench --chat TEXT`: one chat at temperature 0, with speculative decoding and without,
-alternating in one sitting on one engine (the request's `speculative` field switches it), so
+alternating on one engine in one run (the request's `speculative` field switches it), so
 both see the same machine load. Greedy outputs are the same tokens either way; the rows give
 decode tok/s and the share of drafted tokens kept; a speculative row names its drafter
 (`--speculative ngram` or `draft` with `--draft-model`)."""

@@ -1,7 +1,7 @@
 """The engine facade: a scheduler thread that owns all state, an inbox, and snapshots.
 
 Other threads call submit / cancel / snapshot; only the scheduler thread touches the
-scheduler. Events go out per request through its handle (design.md §6).
+scheduler. Events go out per request through its handle (docs/architecture.md, The engine thread).
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The consumer side of one request: events from the scheduler thread, text for the caller.
 
 Detokenizing, splitting a thinking model's reasoning from its answer, and stop-string
-matching happen here, off the scheduler thread (design §6). Stop strings match the answer,
-not the reasoning: a stop string in the model's thoughts would end it before it answers.
+matching happen here, off the scheduler thread (docs/architecture.md). Stop strings match the
+answer, not the reasoning: a stop string in the model's thoughts would end it before it answers.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Engine metrics (design.md §7), recorded on the scheduler thread, read through snapshots."""
+"""Engine metrics (docs/architecture.md), kept on the scheduler thread, read via snapshots."""
 from __future__ import annotations
 
 import bisect

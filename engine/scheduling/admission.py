@@ -1,4 +1,6 @@
-"""Admission checks in the chapter's order (budget, slot, KV) and why a request waits."""
+"""Admission checks in order (budget, slot, KV) and why a request waits.
+
+The rules are written out in docs/architecture.md, Scheduling."""
 from __future__ import annotations
 
 from collections.abc import Iterable

@@ -1,7 +1,7 @@
 """The scheduler: waiting queue, running set, admission, and result processing.
 
 Pure bookkeeping over ints (no torch): `select` forms a round's batch, the executor runs it,
-`process` applies the sampled tokens. Rules are design.md §3, the chapter made exact.
+`process` applies the sampled tokens. The rules are written out in docs/architecture.md, Scheduling.
 """
 from __future__ import annotations
 

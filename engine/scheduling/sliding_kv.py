@@ -2,7 +2,7 @@
 
 A local layer's query at position p sees positions (p - window, p]. So once a request has
 computed `n` positions, its next query sees nothing before n - window + 1, and every page
-wholly before that lies outside its window: it goes back to the free list (design.md §5).
+wholly before that lies outside its window: it goes back to the free list (docs/models.md).
 No two live requests share a local page (models with local layers run without the prefix
 cache), so "outside the window of every sequence using it" is its owner's window.
 

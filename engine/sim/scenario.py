@@ -1,4 +1,4 @@
-"""Simulator input files (design.md §4): parsed and validated, unknown fields refused."""
+"""Simulator input files (docs/architecture.md): parsed and validated, unknown fields refused."""
 from __future__ import annotations
 
 import json

@@ -180,7 +180,7 @@ def simulate(scenario: Scenario, detail: bool = True) -> dict[str, Any]:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """A chapter-style table: one line per round."""
+    """A table of rounds, one line each (as in docs/architecture.md)."""
     head = (f"{'round':>5}  {'phase':<8} {'batch':<24} {'running':<14} {'waiting (why)':<30} "
             "finished")
     lines = [head, "-" * len(head)]

@@ -19,7 +19,7 @@ from app.settings import engine_config
 from web.access.users import UserStore
 
 REPO = Path(__file__).resolve().parents[2]
-SCENARIOS = REPO.parent / "shared" / "scenarios"
+SCENARIOS = REPO / "tests" / "data" / "scenarios"
 FERRY = Path(sys.executable).parent / "ferry"
 
 
@@ -248,10 +248,7 @@ def test_passthrough_hands_over_argv(capsys: pytest.CaptureFixture[str],
 def test_entry_point_simulate_json() -> None:
     """The installed console script runs, and `simulate` reaches the engine's simulator."""
     scenario = SCENARIOS / "fig3-abc.json"
-    if not scenario.is_file():
-        # make test installs it and CI has shared/ beside the repo: absent there is a failure
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(
-            f"{scenario} not present (shared/ is expected beside the repo)")
+    assert scenario.is_file(), f"{scenario} is missing"
     done = subprocess.run([str(FERRY), "simulate", str(scenario), "--json"],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr

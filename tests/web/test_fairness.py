@@ -5,7 +5,7 @@ User b is decoding when user a submits a prompt much longer than the prefill bud
 it is chunked over several rounds. Under `interleave` b never waits more than one prefill
 chunk between two of its decode rounds (no two non-decode rounds in a row while b runs);
 under `mixed` every round of a's chunks carries b's decode too. Under `prefill-first`
-(the chapter's default, for contrast) b waits through a's chunks back to back.
+(the default policy, for contrast) b waits through a's chunks back to back.
 `ferry bench --stall` measures the same thing in milliseconds.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Upstream mode (design.md §10): Ferry's web layer in front of OpenAI-compatible servers.
+"""Upstream mode (docs/upstreams.md): Ferry's web layer in front of OpenAI-compatible servers.
 
 Gateway offers the Engine facade the web layer uses (submit, cancel, snapshot) over one or
 more upstreams; GatewayTokenizer stands in for the tokenizer (the upstreams apply the chat

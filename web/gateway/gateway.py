@@ -1,4 +1,4 @@
-"""The gateway: Engine's facade in front of upstream servers (design.md §10).
+"""The gateway: Engine's facade in front of upstream servers (docs/upstreams.md).
 
 One owner of the state: the server's event loop. submit, cancel and every upstream stream
 run on it (web/gateway/core.py), so the waiting queue, the in-flight sets and the upstreams'

@@ -1,4 +1,4 @@
-"""The gateway's own metrics (design.md §7 measured at the front): TTFT includes Ferry's queue
+"""The gateway's own metrics (the engine's, measured at the front): TTFT includes Ferry's queue
 and the upstream's; ITL is the gap between stream chunks (one token each from vLLM, SGLang,
 llama.cpp and Ferry)."""
 from __future__ import annotations

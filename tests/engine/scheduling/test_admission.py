@@ -1,5 +1,5 @@
-"""Admission (design.md §3.2): the budget, slot and KV checks in order, the chapter's §5.2
-arithmetic, impossible requests, and that the scheduler side needs no torch."""
+"""Admission (docs/architecture.md, Scheduling): the budget, slot and KV checks in order, the
+worked KV example, impossible requests, and that the scheduler side needs no torch."""
 from __future__ import annotations
 
 import subprocess
@@ -17,7 +17,7 @@ from engine.scheduling.scheduler import Scheduler
 from engine.sim.scenario import parse
 from engine.sim.simulator import Simulation
 
-# -- §5.2 arithmetic -------------------------------------------------------------------------
+# -- the worked KV example----------------------------------------------------------------------
 SHARED_256 = list(range(50_000, 50_256))
 
 
@@ -193,7 +193,7 @@ def test_scheduler_refuses_impossible_requests() -> None:
 
 
 def test_no_torch_imported() -> None:
-    """The scheduler side must run without torch (design.md §1: scheduler tests need none)."""
+    """The scheduler side must run without torch (scheduler tests need none)."""
     Simulation(parse({"requests": [{"id": "A", "prompt": 2, "output": 2}]})).run()
     assert reservation(make("r", 2, 2), 1) == 2 + 2 + 0
     code = ("import sys; import engine.sim.simulator, engine.runtime.core, "

@@ -1,4 +1,4 @@
-"""Property tests over random scenarios, for every policy (design.md §3 and §4).
+"""Property tests over random scenarios, for every policy (docs/architecture.md, Scheduling).
 
 Each example runs the real scheduler through engine.sim.simulator.Simulation, with hooks that
 check the accounting after every round and compare each phase choice against an oracle that
@@ -110,7 +110,7 @@ def head_can_prefill(sched: Scheduler, budget: int) -> bool:
 
 
 def assert_decode_space(sched: Scheduler) -> None:
-    """Design §3.7: admission guarantees decode space. Every admitted request may still need
+    """Admission guarantees decode space. Every admitted request may still need
     pages up to position prompt + max_tokens - 2 (the last sampled token is never written);
     those pages must all be obtainable from the free list and the evictable cache."""
     ps = sched.config.page_size

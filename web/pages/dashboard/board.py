@@ -53,7 +53,8 @@ def _mark(rnd: RoundView, rid: str) -> str:
 
 
 def timeline(rounds: tuple[RoundView, ...]) -> dict[str, Any]:
-    """The chapter's figure 8: a row per request, a column per round, P / D marks."""
+    """The rounds timeline (as worked example 2 in docs/architecture.md): a row per request,
+    a column per round, P / D marks."""
     recent = rounds[-TIMELINE_ROUNDS:]
     order: list[str] = []
     cells: dict[str, dict[int, tuple[str, int, bool]]] = {}
