@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = PAGE.read_text(encoding="utf-8") if PAGE.exists() else ""
         if current != text:
-            print(f"{PAGE.relative_to(ROOT)} is stale: run python scripts/gen_config_docs.py",
+            print(f"{PAGE.name} is stale: run python scripts/gen_config_docs.py",
                   file=sys.stderr)
             return 1
         return 0
