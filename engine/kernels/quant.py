@@ -39,7 +39,7 @@ QUANTIZABLE = (Q8_0, Q4_0)  # what quantize() writes
 # as much as the bf16 activations of the AMX and bf16 tiles.
 # With AMX the block types in lanes keep their lanes up to MANY_ROWS_AMX_LANES: the AMX
 # kernel's cost is mostly dequantizing W (flat up to 32 rows), which the lanes beat below 16
-# rows (README, "How the engine works"), the K-quants' (AVX-512 VNNI lanes) below 24; the
+# rows (docs/kernels.md, Thresholds), the K-quants' (AVX-512 VNNI lanes) below 24; the
 # types without lanes turn to AMX from 8.
 MANY_ROWS_AMX, MANY_ROWS_BF16, MANY_ROWS_F32, MANY_ROWS_LANES = 8, 12, 24, 1 << 62
 MANY_ROWS_AMX_LANES, MANY_ROWS_AMX_K = 16, 24  # csrc/quant_gemm.c ferry_qgemm_takes agrees

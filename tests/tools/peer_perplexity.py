@@ -2,10 +2,10 @@
 very tokens llama.cpp scored (read back from its `--kl-divergence-base` dump) and by its
 method: chunks of CTX, BOS in front where the file asks for one, each chunk's second half
 scored. Ferry runs as `ferry serve --model FILE` (a real server, echo + logprobs,
-max_tokens 0). For the benchmark-size files of README's model-family table:
+max_tokens 0). For the benchmark-size files of docs/benchmarks.md:
 
   .venv/bin/python -m tests.tools.peer_perplexity FILE.gguf \\
-      --llama-cpp /tmp/llama-peer/llama.cpp [--ctx 1024 --chunks 4 --threads 2]
+      --llama-cpp LLAMA_CPP_DIR [--ctx 1024 --chunks 4 --threads 2]
 """
 from __future__ import annotations
 

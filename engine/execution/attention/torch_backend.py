@@ -45,7 +45,7 @@ from engine.kernels import ops
 # by the decode kernel straight from the pages, each query row as an entry of its own ending
 # at its position (causal by construction; the kernel takes a sequence's rows in tiles of 8).
 # SDPA over one gathered copy multiplies more rows at a time: many rows over a long context
-# stay with it (the crossover measured is in the README).
+# stay with it (the crossover measured is in docs/kernels.md, Thresholds).
 NATIVE_PREFILL_ROWS = 32
 NATIVE_PREFILL_CONTEXT = 512
 

@@ -98,7 +98,7 @@ int q_valid(const ferry_weight *w, const qtype_info **info);
  * rows of a thread's share are read back to back, so the bytes ahead are the next ones it
  * reads. 8 KB ahead: a one-token product that streams its weights from memory (8 weight rows
  * a step in rows32) keeps more of them in flight than at 4 KB, and the rounds of many rows,
- * which compute more per byte, lose nothing (README, "Speed"). (Prefetches never fault, past
+ * which compute more per byte, lose nothing (docs/kernels.md, Thresholds). (Prefetches never fault, past
  * the end of the weight neither.) */
 #ifndef Q_AHEAD
 #define Q_AHEAD 8192
