@@ -84,7 +84,7 @@ def readme_table(records: list[Record]) -> str:
         f"- Machine: {_joined(chosen, lambda r: r.cpu)}; measured "
         f"{_joined(chosen, lambda r: r.date)}.",
         f"- Peer: {_joined(chosen, lambda r: r.peer)}, build "
-        f"{_joined(chosen, lambda r: r.peer_build)}.",
+        f"{_joined(chosen, lambda r: f'{r.peer_build} (against Ferry {r.ferry_cpu})')}.",
         f"- Method: {_joined(chosen, lambda r: r.method)}.",
         "",
         "| model | workload | unit | Ferry | llama.cpp | Ferry / llama.cpp |",
