@@ -59,16 +59,20 @@ import socket
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 from benchmarks.records import Record, append, this_commit, this_cpu
 
+httpx: Any
 try:
     import httpx
 except ImportError:  # --compare works without it
     httpx = None
 
 TOOL_VERSION = 1
+Counter = Callable[[str], int]  # text -> its token count
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 SENTENCES = (
@@ -108,7 +112,7 @@ SENTENCES = (
 
 
 # ----------------------------------------------------------------------------- helpers
-def pct(xs, p):
+def pct(xs: Sequence[float], p: float) -> float | None:
     """Percentile with linear interpolation; None for an empty list."""
     if not xs:
         return None
@@ -119,15 +123,15 @@ def pct(xs, p):
     return xs[f] + (xs[c] - xs[f]) * (k - f)
 
 
-def mean(xs):
+def mean(xs: Sequence[float]) -> float | None:
     return statistics.fmean(xs) if xs else None
 
 
-def scale(x, f):
+def scale(x: float | None, f: float) -> float | None:
     return None if x is None else x * f
 
 
-def rnd(x, nd=6):
+def rnd(x: float | None, nd: int = 6) -> float | None:
     return None if x is None else round(x, nd)
 
 
@@ -149,7 +153,7 @@ def check_loopback(base: str) -> None:
         except OSError as e:
             raise SystemExit(f"peerbench: cannot resolve localhost: {e}") from None
         for info in infos:
-            if not ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback:
+            if not ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback:
                 raise SystemExit(f"peerbench: localhost resolves to {info[4][0]}, not loopback")
 
 
@@ -160,7 +164,7 @@ def api_root(base: str) -> str:
 
 # ----------------------------------------------------------------------------- prompts
 class TokenCounter:
-    def __init__(self, tokenizer_dir):
+    def __init__(self, tokenizer_dir: str | None) -> None:
         self.tok = None
         self.mode = "estimate: 1 token ~ 4 chars"
         if tokenizer_dir:
@@ -187,7 +191,7 @@ def filler_words(rng: random.Random, n_chars: int) -> list[str]:
     return words
 
 
-def fit(count, head: str, words: list[str], target: int) -> str:
+def fit(count: Counter, head: str, words: list[str], target: int) -> str:
     """head + the longest run of words whose token count stays <= target."""
     lo, hi = 0, len(words)
     while lo < hi:
@@ -203,7 +207,8 @@ def nonce() -> str:
     return secrets.token_hex(6) + ": "
 
 
-def build_prompts(n, prompt_tokens, shared_prefix, count, rng):
+def build_prompts(n: int, prompt_tokens: int, shared_prefix: int, count: Counter,
+                  rng: random.Random) -> tuple[list[str], str]:
     """n prompts of ~prompt_tokens tokens; returns (prompts, shared_prefix_text)."""
     prefix = ""
     if shared_prefix > 0:
@@ -217,7 +222,8 @@ def build_prompts(n, prompt_tokens, shared_prefix, count, rng):
 
 
 # ----------------------------------------------------------------------------- requests
-def make_body(args, model, prompt, max_tokens, stream_usage):
+def make_body(args: argparse.Namespace, model: str, prompt: str, max_tokens: int,
+              stream_usage: bool) -> dict[str, Any]:
     body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True}
     if args.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
@@ -232,7 +238,8 @@ def make_body(args, model, prompt, max_tokens, stream_usage):
     return body
 
 
-async def do_request(client, url, body, endpoint, timeout, t0):
+async def do_request(client: Any, url: str, body: dict[str, Any], endpoint: str,
+                     timeout: float, t0: float) -> dict[str, Any]:
     """One streamed request.  All times are seconds relative to t0 (perf_counter)."""
     now = time.perf_counter
     t_submit = now()
@@ -316,14 +323,14 @@ async def do_request(client, url, body, endpoint, timeout, t0):
     return rec
 
 
-def cached_tokens(usage):
+def cached_tokens(usage: Any) -> int | None:
     """usage.prompt_tokens_details.cached_tokens (llama.cpp, vLLM with prefix caching)."""
     d = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
     v = d.get("cached_tokens") if isinstance(d, dict) else None
     return v if isinstance(v, int) else None
 
 
-async def detect_model(client, root):
+async def detect_model(client: Any, root: str) -> tuple[str, str]:
     try:
         r = await client.get(root + "/models", timeout=10.0)
         if r.status_code == 200:
@@ -335,7 +342,8 @@ async def detect_model(client, root):
     return "default", "fallback (no /v1/models)"
 
 
-async def run(args, prompts, warm_prompts):
+async def run(args: argparse.Namespace, prompts: list[str],
+              warm_prompts: list[str]) -> dict[str, Any]:
     root = api_root(args.base)
     url = root + ("/chat/completions" if args.endpoint == "chat" else "/completions")
     limits = httpx.Limits(max_connections=args.concurrency + 2,
@@ -378,7 +386,7 @@ async def run(args, prompts, warm_prompts):
         done = 0
         progress = sys.stderr.isatty()
 
-        async def one(i):
+        async def one(i: int) -> dict[str, Any]:
             nonlocal done
             delay = t0 + arrivals[i] - time.perf_counter()
             if delay > 0:
@@ -406,9 +414,12 @@ async def run(args, prompts, warm_prompts):
 
 
 # ----------------------------------------------------------------------------- figures
-def summarize(recs, wall, client_cpu, prompt_est):
+def summarize(recs: list[dict[str, Any]], wall: float, client_cpu: float,
+              prompt_est: list[int]) -> dict[str, Any]:
     ok = [r for r in recs if r["ok"]]
-    status, errs, fins = {}, {}, {}
+    status: dict[str, int] = {}
+    errs: dict[str, int] = {}
+    fins: dict[str, int] = {}
     for r in recs:
         k = str(r["status"]) if r["status"] is not None else "none"
         status[k] = status.get(k, 0) + 1
@@ -493,7 +504,7 @@ ROWS = (
 )
 
 
-def fmt(v, f):
+def fmt(v: Any, f: str) -> str:
     if v is None:
         return "-"
     try:
@@ -502,7 +513,7 @@ def fmt(v, f):
         return str(v)
 
 
-def workload_line(w):
+def workload_line(w: dict[str, Any]) -> str:
     rate = "all-at-once" if not w.get("rate") else f"{w['rate']:g}/s"
     bits = [f"{w.get('endpoint')}", f"n={w.get('n')}", f"c={w.get('concurrency')}", f"rate={rate}",
             f"max_tokens={w.get('max_tokens')}", f"prompt~{w.get('prompt_tokens')}"]
@@ -514,14 +525,14 @@ def workload_line(w):
     return " ".join(bits)
 
 
-def short(s, n=48):
+def short(s: str, n: int = 48) -> str:
     s = str(s)
     if s.startswith("/"):  # llama-server reports the model file path as its id
         s = os.path.basename(s)
     return s if len(s) <= n else "..." + s[-(n - 3):]
 
 
-def print_single(res):
+def print_single(res: dict[str, Any]) -> None:
     m, w, s = res["meta"], res["workload"], res["summary"]
     print(f"peerbench  {m['label']}  {m['url']}  model={short(m['model'])}")
     print(f"workload   {workload_line(w)}  (prompt {m['prompt_counter']})")
@@ -536,7 +547,7 @@ def print_single(res):
         print(f"  {label:<{width}}  {fmt(s.get(key), f):>10}")
 
 
-def compare(paths):
+def compare(paths: list[str]) -> None:
     runs = []
     for p in paths:
         with open(p) as fh:
@@ -579,7 +590,7 @@ def compare(paths):
 
 
 # ----------------------------------------------------------------------------- main
-def parse_args(argv=None):
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="peerbench.py",
         description="Streaming load benchmark for OpenAI-compatible servers (loopback only).")
@@ -650,9 +661,9 @@ def parse_args(argv=None):
     return args
 
 
-def make_record(args):
+def make_record(args: argparse.Namespace) -> Record:
     """One record from the run files of --ferry and --peer (alternating runs, same workload)."""
-    def runs(paths):
+    def runs(paths: list[str]) -> list[dict[str, Any]]:
         out = []
         for path in paths:
             with open(path) as fh:
@@ -682,7 +693,7 @@ def make_record(args):
         notes=args.notes)
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.compare:
         compare(args.compare)

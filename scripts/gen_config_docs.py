@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import MISSING, fields
 from pathlib import Path
 
@@ -129,7 +130,9 @@ def _flags() -> dict[str, str]:
 
 def _default(name: str) -> str:
     field = next(f for f in fields(Settings) if f.name == name)
-    value = field.default_factory() if field.default is MISSING else field.default
+    factory: Callable[[], object] | None = None if field.default_factory is MISSING \
+        else field.default_factory
+    value = field.default if factory is None else factory()
     if name in ("policy", "admission") and value == "":
         return '`""` (by host)'
     return f"`{toml_value(value)}`"
