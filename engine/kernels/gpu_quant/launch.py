@@ -22,6 +22,14 @@ def _tiles(rows: int) -> tuple[bool, int, int, int]:
     return True, block_m, 64, 32
 
 
+def _dot_f32(dtype: torch.dtype) -> bool:
+    """Widen bf16 tiles for tl.dot: Triton's interpreter multiplies bf16 as its integer bits
+    (numpy has no bf16); a GPU multiplies them in bf16 on its tensor cores."""
+    from engine.kernels.gpu_quant import interpreted
+
+    return dtype == torch.bfloat16 and interpreted()
+
+
 def _part(x: torch.Tensor, part: DeviceBlocks, bias: torch.Tensor | None,
           out: torch.Tensor, col: int) -> None:
     rows, n = x.shape[0], part.out_features
@@ -34,8 +42,8 @@ def _part(x: torch.Tensor, part: DeviceBlocks, bias: torch.Tensor | None,
     qmatmul_kernel[grid](x, part.data, bias_part, out_part, rows, n, part.in_features,
                          x.stride(0), out.stride(0), part.data.shape[1],
                          QTYPE=part.qtype, QK=qk, BLOCK_BYTES=block_bytes,
-                         HAS_BIAS=bias is not None, USE_DOT=use_dot, BLOCK_M=bm, BLOCK_N=bn,
-                         BLOCK_K=bk)
+                         HAS_BIAS=bias is not None, USE_DOT=use_dot,
+                         DOT_F32=_dot_f32(x.dtype), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
 
 
 def matmul(x: torch.Tensor, weight: DeviceQuantWeight,
