@@ -36,15 +36,22 @@ if not gpu_quant.interpreted():  # pragma: no cover
 VOCAB = 320  # a small head: the interpreter runs each of its tiles in Python
 
 
-@pytest.fixture(scope="module")
-def small_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-layer Llama GGUF in Q4_1 (tied head), with a small vocabulary and no tokenizer
-    (the forward needs none)."""
-    path = tmp_path_factory.mktemp("gguf") / "small-q4_1.gguf"
+@pytest.fixture(scope="module", params=["llama", "qwen3moe"])
+def small_gguf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2-layer GGUFs with a small vocabulary and no tokenizer (the forward needs none): a
+    Llama in Q4_1 with its head tied to the embedding (attn_q / attn_k rows reordered at
+    load), a Qwen3-MoE in Q8_0 (4 experts, 2 a token; q/k norms) with its own head."""
+    arch = request.param
+    path = tmp_path_factory.mktemp("gguf") / f"small-{arch}.gguf"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(synthetic_gguf, "copy_tokenizer", lambda writer, source, template=True: VOCAB)
-        synthetic_gguf.write(path, hidden=64, layers=2, ff=96, heads=4, kv_heads=2,
-                             qtype=GGMLQuantizationType.Q4_1, untied=False)
+        if arch == "llama":
+            synthetic_gguf.write(path, hidden=64, layers=2, ff=96, heads=4, kv_heads=2,
+                                 qtype=GGMLQuantizationType.Q4_1, untied=False)
+        else:
+            synthetic_gguf.write(path, hidden=64, layers=2, ff=32, heads=4, kv_heads=2,
+                                 qtype=GGMLQuantizationType.Q8_0, untied=True, arch=arch,
+                                 head_dim=16, experts=4, top_k=2)
     return path
 
 
@@ -73,8 +80,9 @@ def test_forward_on_device_blocks_matches_the_dequantised_model(small_gguf: Path
     blocks = load_model(small_gguf, torch.float32, "cpu", GGUF_DEVICE)
     blocks.pack_weights()
     assert blocks.device_quantized and not blocks.quantized
-    assert isinstance(blocks.lm_head.weight, gpu_quant.DeviceQuantWeight)  # tied: the table
-    assert blocks.lm_head.weight is blocks.model.embed_tokens.weight
+    assert isinstance(blocks.lm_head.weight, gpu_quant.DeviceQuantWeight)
+    if blocks.config.tie_word_embeddings:
+        assert blocks.lm_head.weight is blocks.model.embed_tokens.weight
     reference = load_model(small_gguf, torch.float32, "cpu", None)
     got, want = _logits(blocks, [1, 5, 9, 200, 300, 7]), _logits(reference, [1, 5, 9, 200,
                                                                                300, 7])
