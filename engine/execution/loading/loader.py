@@ -166,7 +166,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
 
     quantize None: float weights in `dtype` (a GGUF dequantised in memory: the reference
     path); GGUF: a GGUF's own blocks (CPU, float32 activations); GGUF_DEVICE: a GGUF's own
-    blocks on `device`, activations in `dtype`; "q8_0" / "q4_0": a float folder's
+    blocks on `device`, activations in `dtype`, where the kernels pass their self-test there
+    (else dequantised); "q8_0" / "q4_0": a float folder's
     projections and embeddings quantized once, here."""
     path = Path(path)
     if is_gguf(path):
@@ -181,7 +182,14 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
         if quantize == GGUF:
             return load_quantized(file)
         if quantize == GGUF_DEVICE:
-            return load_device_blocks(file, dtype, device)
+            from engine.kernels import gpu_quant
+
+            # the kernels for the file's block types, tried on this device first
+            reason = gpu_quant.self_test(device, dtype, {t.qtype for t in file.tensors.values()})
+            if reason is None:
+                return load_device_blocks(file, dtype, device)
+            log.warning("%s is dequantised on %s: %s", path.name, device, reason)
+            return load_dequantized(file, dtype, device)
         if quantize is not None:
             raise ValueError(f"{path.name} is already quantized; --quantize does not apply")
         return load_dequantized(file, dtype, device)

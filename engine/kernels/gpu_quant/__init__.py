@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Iterable
 
 import torch
 
 from engine.kernels.gpu_quant.layouts import supported
 from engine.kernels.gpu_quant.weight import DeviceBlocks, DeviceQuantWeight, to_device
 
-__all__ = ["DeviceBlocks", "DeviceQuantWeight", "dequantize_rows", "matmul", "supported",
-           "to_device", "unusable_reason"]
+__all__ = ["DeviceBlocks", "DeviceQuantWeight", "dequantize_rows", "matmul", "self_test",
+           "supported", "to_device", "unusable_reason"]
 
 
 def interpreted() -> bool:
@@ -35,6 +36,16 @@ def unusable_reason(device: torch.device | str) -> str | None:
     if kind == "cuda" or (kind == "cpu" and interpreted()):
         return None
     return f"Triton's kernels do not run on {kind}"
+
+
+def self_test(device: torch.device | str, dtype: torch.dtype,
+              qtypes: Iterable[int]) -> str | None:
+    """Why the kernels for these block types cannot be trusted on `device` with `dtype`
+    activations (None: each multiplied a small weight right there, against gguf-py)."""
+    from engine.kernels.gpu_quant.probe import failure
+
+    wanted = frozenset(q for q in qtypes if supported(q))
+    return failure(torch.device(device), dtype, wanted) if wanted else None
 
 
 def matmul(x: torch.Tensor, weight: DeviceQuantWeight,

@@ -65,6 +65,28 @@ def test_a_gguf_on_cuda_keeps_its_blocks(monkeypatch: pytest.MonkeyPatch) -> Non
     assert weight_mode(path, "auto", "cuda") == (torch.bfloat16, None)  # dequantised
 
 
+def test_kernels_failing_their_self_test_mean_a_dequantised_load(
+        small_gguf: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A device whose kernels compute wrongly (a fault injected: every product zero) gets the
+    float weights, with the reason in the log, instead of wrong answers every round."""
+    from engine.kernels.gpu_quant import launch, probe
+
+    def zeros(x: torch.Tensor, weight: gpu_quant.DeviceQuantWeight,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.zeros(x.shape[0], weight.out_features, dtype=x.dtype, device=x.device)
+
+    probe.failure.cache_clear()
+    monkeypatch.setattr(launch, "matmul", zeros)
+    try:
+        model = load_model(small_gguf, torch.float32, "cpu", GGUF_DEVICE)
+    finally:
+        probe.failure.cache_clear()
+    assert not model.device_quantized
+    assert isinstance(model.lm_head.weight, torch.Tensor)
+    assert "failed its self-test" in caplog.text
+
+
 def _logits(model: torch.nn.Module, prompt: list[int]) -> dict[int, torch.Tensor]:
     """Logits of a prefill and two greedy decode steps, by position."""
     cfg = EngineConfig(page_size=4, kv_tokens=256, max_running=4,
