@@ -1,5 +1,6 @@
-"""A GGUF loaded for a GPU keeps its blocks in device memory (engine.kernels.gpu_quant), run
-here by Triton's interpreter on CPU tensors: the load a CUDA device gets, the same kernels.
+"""A GGUF loaded for a GPU keeps its blocks in device memory (engine.kernels.gpu_quant): on a
+CUDA GPU where there is one, else run by Triton's interpreter on CPU tensors (the load a CUDA
+device gets, the same kernels).
 
 Against the float32 reference (the same file dequantised by gguf-py's arithmetic): a whole
 model's forward on a small synthetic GGUF (the interpreter is far too slow for the default
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from pathlib import Path
 
 import pytest
-import torch
 from gguf import GGMLQuantizationType
 
 from conftest import Harness
@@ -29,9 +32,9 @@ from engine.kernels import gpu_quant
 from tests.tools import synthetic_gguf
 
 pytest.importorskip("triton", reason="the gpu_quant kernels need Triton (the dev extra)")
-if not gpu_quant.interpreted():  # pragma: no cover
-    pytest.skip("these run the kernels on CPU tensors: TRITON_INTERPRET=1",
-                allow_module_level=True)
+DEVICE = "cpu" if gpu_quant.interpreted() else "cuda"
+if gpu_quant.unusable_reason(DEVICE):
+    pytest.skip(f"{gpu_quant.unusable_reason(DEVICE)}", allow_module_level=True)
 
 VOCAB = 320  # a small head: the interpreter runs each of its tiles in Python
 
@@ -79,7 +82,7 @@ def test_kernels_failing_their_self_test_mean_a_dequantised_load(
     probe.failure.cache_clear()
     monkeypatch.setattr(launch, "matmul", zeros)
     try:
-        model = load_model(small_gguf, torch.float32, "cpu", GGUF_DEVICE)
+        model = load_model(small_gguf, torch.float32, DEVICE, GGUF_DEVICE)
     finally:
         probe.failure.cache_clear()
     assert not model.device_quantized
@@ -91,7 +94,7 @@ def _logits(model: torch.nn.Module, prompt: list[int]) -> dict[int, torch.Tensor
     """Logits of a prefill and two greedy decode steps, by position."""
     cfg = EngineConfig(page_size=4, kv_tokens=256, max_running=4,
                        kv_dtype="float32")  # type: ignore[arg-type]
-    harness = Harness(ModelExecutor(model, cfg, "cpu", backend="torch"))  # type: ignore[arg-type]
+    harness = Harness(ModelExecutor(model, cfg, DEVICE, backend="torch"))  # type: ignore[arg-type]
     req = harness.new(prompt)
     harness.prefill([req])
     harness.decode([req], 2)
@@ -99,13 +102,13 @@ def _logits(model: torch.nn.Module, prompt: list[int]) -> dict[int, torch.Tensor
 
 
 def test_forward_on_device_blocks_matches_the_dequantised_model(small_gguf: Path) -> None:
-    blocks = load_model(small_gguf, torch.float32, "cpu", GGUF_DEVICE)
+    blocks = load_model(small_gguf, torch.float32, DEVICE, GGUF_DEVICE)
     blocks.pack_weights()
     assert blocks.device_quantized and not blocks.quantized
     assert isinstance(blocks.lm_head.weight, gpu_quant.DeviceQuantWeight)
     if blocks.config.tie_word_embeddings:
         assert blocks.lm_head.weight is blocks.model.embed_tokens.weight
-    reference = load_model(small_gguf, torch.float32, "cpu", None)
+    reference = load_model(small_gguf, torch.float32, DEVICE, None)
     got, want = _logits(blocks, [1, 5, 9, 200, 300, 7]), _logits(reference, [1, 5, 9, 200,
                                                                                300, 7])
     assert sorted(got) == sorted(want) == [5, 6, 7]
@@ -120,8 +123,8 @@ def test_default_model_layer_products_on_device_blocks() -> None:
     """The default file's own blocks (Q4_1 projections, Q8_0 embedding and tied head): layer
     0's products at decode and prefill row counts, and embedding rows."""
     path = loader.default_gguf_path()
-    blocks = load_model(path, torch.float32, "cpu", GGUF_DEVICE)
-    reference = load_model(path, torch.float32, "cpu", None)
+    blocks = load_model(path, torch.float32, DEVICE, GGUF_DEVICE)
+    reference = load_model(path, torch.float32, DEVICE, None)
     assert describe_weights(blocks, "GGUF") == \
         "llama: GGUF Q4_1 + Q8_0 head, Triton block kernels on the GPU, 97 MB"
     layer, ref_layer = blocks.model.layers[0], reference.model.layers[0]
@@ -132,10 +135,11 @@ def test_default_model_layer_products_on_device_blocks() -> None:
         assert isinstance(module.weight, gpu_quant.DeviceQuantWeight)
         assert module.weight.type_names == ("Q4_1",)
         x = torch.randn(rows, module.weight.in_features, generator=gen, device="cpu")
-        want = torch.nn.functional.linear(x.double(), ref.weight.double())
+        want = torch.nn.functional.linear(x.double(), ref.weight.double().cpu())
         scale = float(want.abs().max())
-        torch.testing.assert_close(module(x).double(), want, rtol=1e-5, atol=1e-5 * scale)
-    ids = torch.tensor([0, 17, 49151, 17], device="cpu")
+        got = module(x.to(DEVICE)).double().cpu()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * scale)
+    ids = torch.tensor([0, 17, 49151, 17], device=DEVICE)
     embed = blocks.model.embed_tokens
     assert embed.weight.type_names == ("Q8_0",)  # type: ignore[union-attr]
     assert torch.equal(embed(ids), reference.model.embed_tokens(ids))
