@@ -1,6 +1,7 @@
-"""A GGUF file into its architecture's model: in its own block format, or dequantised to floats.
+"""A GGUF file into its architecture's model: in its own block format (on the host or on a
+GPU), or dequantised to floats.
 
-Both go through the one weight loop (model/weights.py) with a `GGUFSource`:
+All go through the one weight loop (model/weights.py) with a `GGUFSource`:
 
 * quantized: every quantized tensor is kept as a quant.QuantWeight, a view into the file's
   memory map where the bytes are used as stored, fresh memory read from the file where they
@@ -8,6 +9,10 @@ Both go through the one weight loop (model/weights.py) with a `GGUFSource`:
   whose parts share a block type; parts of different types become a SplitWeight). No float
   copy of a quantized weight is ever made. Vectors become float32 tensors; a float32 matrix
   stays a float tensor (packed for oneDNN later).
+* on the device (a GPU): the quantized path's blocks copied to the device as they are
+  (gpu_quant.DeviceQuantWeight, the parts of a fused projection in one), for the block types
+  its kernels multiply; a matrix of any other type (F16, Q5_1, Q3_K...) dequantised to the
+  model's dtype. Vectors in the model's dtype.
 * dequantised, the float reference path: every tensor dequantised in memory, in HF layout.
 """
 from __future__ import annotations
@@ -106,13 +111,14 @@ def _dequantized(t: GGUFTensor) -> torch.Tensor:
 
 
 class GGUFSource:
-    """A GGUFFile's tensors for the weight loop, in their own blocks (`quantized`) or
-    dequantised to floats."""
+    """A GGUFFile's tensors for the weight loop, in their own blocks (`quantized`; on the
+    device where `device_blocks`) or dequantised to floats."""
 
-    def __init__(self, file: GGUFFile, quantized: bool) -> None:
+    def __init__(self, file: GGUFFile, quantized: bool, device_blocks: bool = False) -> None:
         self.file = file
         self.where = str(file.path)
         self.quantized = quantized
+        self.device_blocks = device_blocks
 
     def keys(self) -> list[str]:
         return list(self.file.tensors)
@@ -121,6 +127,8 @@ class GGUFSource:
         file = self.file
         parts = [file.tensors[k] for k in keys]
         kinds = {p.qtype for p in parts}
+        if self.device_blocks:
+            return self._device_matrix(parts, dtype, device)
         if not self.quantized or kinds == {F32}:  # float32 matrices stay float
             return torch.cat([_dequantized(p) if not self.quantized else _float(file, p)
                               for p in parts]).to(device=device, dtype=dtype)
@@ -131,16 +139,29 @@ class GGUFSource:
             return _stacked(file, parts)
         return SplitWeight(tuple(_quant_weight(file, p) for p in parts))
 
+    def _device_matrix(self, parts: list[GGUFTensor], dtype: torch.dtype,
+                       device: torch.device | str) -> Weight:
+        from engine.kernels import gpu_quant
+
+        file = self.file
+        if not all(gpu_quant.supported(p.qtype) for p in parts):
+            return torch.cat([_dequantized(p) for p in parts]).to(device=device, dtype=dtype)
+        if len(parts) == 1:
+            return gpu_quant.to_device([_quant_weight(file, parts[0])], device)
+        if len({p.qtype for p in parts}) == 1:  # one launch for the stacked rows
+            return gpu_quant.to_device([_stacked(file, parts)], device)
+        return gpu_quant.to_device([_quant_weight(file, p) for p in parts], device)
+
     def vector(self, keys: list[str], dtype: torch.dtype,
                device: torch.device | str) -> torch.Tensor:
         return torch.cat([_float(self.file, self.file.tensors[k]) for k in keys]).to(
             device=device, dtype=dtype)
 
 
-def _load(file: GGUFFile, quantized: bool, dtype: torch.dtype,
-          device: torch.device | str) -> CausalLM:
+def _load(file: GGUFFile, quantized: bool, dtype: torch.dtype, device: torch.device | str,
+          device_blocks: bool = False) -> CausalLM:
     model = file.architecture(file.config, dtype, "meta")  # no float storage at all
-    load_weights(model, GGUFSource(file, quantized), device, file.rope_factors)
+    load_weights(model, GGUFSource(file, quantized, device_blocks), device, file.rope_factors)
     model.eos_ids = file.eos_ids
     return model
 
@@ -148,6 +169,13 @@ def _load(file: GGUFFile, quantized: bool, dtype: torch.dtype,
 def load_quantized(file: GGUFFile) -> CausalLM:
     """The model with float32 activations over the file's own blocks (CPU)."""
     return _load(file, True, torch.float32, "cpu")
+
+
+def load_device_blocks(file: GGUFFile, dtype: torch.dtype,
+                       device: torch.device | str) -> CausalLM:
+    """The model in float `dtype` on `device` (a GPU; a CPU under Triton's interpreter) with
+    the file's blocks kept as they are in device memory (engine.kernels.gpu_quant)."""
+    return _load(file, True, dtype, device, device_blocks=True)
 
 
 def load_dequantized(file: GGUFFile, dtype: torch.dtype, device: torch.device | str) -> CausalLM:

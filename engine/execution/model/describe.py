@@ -10,6 +10,7 @@ from engine.execution.model.decoder import CausalLM
 KERNELS = {"avx2": "native AVX2 kernels", "avx-vnni": "native AVX-VNNI kernels",
            "avx512-vnni": "native AVX-512 VNNI kernels",
            "plain": "native plain-C kernels", "torch": "torch fallback kernels (slow)"}
+DEVICE_KERNELS = "Triton block kernels on the GPU"  # engine.kernels.gpu_quant
 
 
 def describe_weights(model: CausalLM, source: str = "") -> str:
@@ -23,7 +24,7 @@ def _weights(model: CausalLM, source: str) -> str:
     size = f"{total / 1e6:.0f} MB"
     kinds = [k for k, _ in sorted(layers.items(), key=lambda kv: -kv[1])]
     main = " + ".join(kinds) if kinds else head
-    if not model.quantized:
+    if not model.quantized and not model.device_quantized:
         dtype = str(model.dtype).removeprefix("torch.")
         if source == "GGUF":
             return f"GGUF dequantised to {dtype}, {size}"
@@ -33,6 +34,8 @@ def _weights(model: CausalLM, source: str) -> str:
         what = f"GGUF {what}"
     elif source:
         what = f"{source} quantized to {what} at load"
+    if model.device_quantized:
+        return f"{what}, {DEVICE_KERNELS}, {size}"
     return f"{what}, {_kernels([*kinds, *head.split('/')])}, {size}"
 
 
@@ -67,7 +70,7 @@ def model_architecture(path: str | Path) -> str:
 def _file(path: Path, dtype: str, device: str, quantize: str | None) -> str:
     import torch
 
-    from engine.execution.loading.loader import GGUF, weight_mode
+    from engine.execution.loading.loader import GGUF, GGUF_DEVICE, weight_mode
 
     torch_dtype, mode = weight_mode(path, dtype, device, quantize)
     name = str(torch_dtype).removeprefix("torch.")
@@ -78,7 +81,7 @@ def _file(path: Path, dtype: str, device: str, quantize: str | None) -> str:
     from engine.execution.loading.gguf_file import GGUFFile
 
     file = GGUFFile(path)
-    if mode != GGUF:
+    if mode not in (GGUF, GGUF_DEVICE):
         n = sum(int(torch.Size(t.shape).numel()) for t in file.tensors.values())
         size = n * torch.empty((), dtype=torch_dtype).element_size()
         return f"GGUF dequantised to {name}, {size / 1e6:.0f} MB"
@@ -94,7 +97,8 @@ def _file(path: Path, dtype: str, device: str, quantize: str | None) -> str:
     head_kind = quant.type_name(head.qtype)
     what = " + ".join(kinds) if head_kind in kinds[:1] else \
         f"{' + '.join(kinds)} + {head_kind} head"
-    return f"GGUF {what}, {_kernels([*kinds, head_kind])}, {file.total_bytes() / 1e6:.0f} MB"
+    kernels = DEVICE_KERNELS if mode == GGUF_DEVICE else _kernels([*kinds, head_kind])
+    return f"GGUF {what}, {kernels}, {file.total_bytes() / 1e6:.0f} MB"
 
 
 def _kernels(type_names: list[str] | None = None) -> str:

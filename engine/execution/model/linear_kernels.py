@@ -20,6 +20,10 @@ Quantized weights (a GGUF's blocks, or float weights quantized at load) are an
 engine.kernels.quant.QuantWeight, multiplied by `quant.quant_matmul` (which picks its few-row
 or many-row path itself), or a SplitWeight: the parts of a fused projection (qkv, gate_up)
 whose block types differ, multiplied one by one into column slices of the output.
+
+On a GPU a GGUF's blocks stay as they are in device memory (engine.kernels.gpu_quant's
+DeviceQuantWeight, all parts of a fused projection in one): Triton kernels dequantize tiles
+inside the product, in the activations' dtype.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ import torch.nn.functional as F
 
 from engine.execution.cpu import emulated_bf16
 from engine.kernels import ops
+from engine.kernels.gpu_quant.weight import DeviceQuantWeight
 
 if TYPE_CHECKING:
     from engine.kernels.quant import QuantWeight
@@ -68,13 +73,26 @@ class SplitWeight:
         return sum(p.nbytes for p in self.parts)
 
 
-# what a Linear multiplies by: a float tensor (maybe oneDNN-packed) or quantized blocks
-Weight: TypeAlias = "torch.Tensor | QuantWeight | SplitWeight"
+# what a Linear multiplies by: a float tensor (maybe oneDNN-packed), quantized blocks on the
+# host, or blocks on the device
+Weight: TypeAlias = "torch.Tensor | QuantWeight | SplitWeight | DeviceQuantWeight"
 
 
 def is_quantized(weight: object) -> bool:
-    """A QuantWeight or a SplitWeight (anything but a float tensor)."""
+    """Blocks on the host or on the device (anything but a float tensor)."""
     return not isinstance(weight, torch.Tensor)
+
+
+def on_host_blocks(weight: object) -> bool:
+    """A QuantWeight or a SplitWeight: blocks the native CPU kernels multiply."""
+    return is_quantized(weight) and not isinstance(weight, DeviceQuantWeight)
+
+
+def _device(x: torch.Tensor, weight: DeviceQuantWeight,
+            bias: torch.Tensor | None) -> torch.Tensor:
+    from engine.kernels import gpu_quant
+
+    return gpu_quant.matmul(x, weight, bias)
 
 
 def _quant(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
@@ -162,6 +180,8 @@ def product_for(weight: Weight, wide: torch.Tensor | None = None) -> Product:
     oneDNN-packed float32 copy of a bf16 weight (`wide_copy`) for products of many rows."""
     if isinstance(weight, SplitWeight):
         return _split
+    if isinstance(weight, DeviceQuantWeight):
+        return _device
     if not isinstance(weight, torch.Tensor):  # is_quantized
         return _quant
     if is_packed(weight):

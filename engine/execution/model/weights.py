@@ -96,11 +96,14 @@ def _set_matrix(module: Linear | Embedding, weight: Weight, want: tuple[int, ...
         return
     _check((weight.out_features, weight.in_features), want, keys, where)
     if isinstance(module, Embedding):
+        from engine.kernels.gpu_quant import DeviceQuantWeight
         from engine.kernels.quant import QuantWeight
 
-        if not isinstance(weight, QuantWeight):
+        if (isinstance(weight, DeviceQuantWeight) and len(weight.parts) == 1) \
+                or isinstance(weight, QuantWeight):
+            module.set_quantized(weight)
+        else:
             raise ModelFileError(f"{where}: {keys[0]} must be one tensor")
-        module.set_quantized(weight)
     else:
         module.set_quantized(weight)
 

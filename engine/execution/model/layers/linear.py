@@ -25,7 +25,8 @@ class Linear(nn.Module):
     """y = x W^T (+ b); a plain projection whose checkpoint tensor maps one to one.
 
     `weight` is a float parameter, or after loading a plain attribute: a oneDNN-packed
-    tensor, a quant.QuantWeight or a linear_kernels.SplitWeight (`set_quantized`)."""
+    tensor, a quant.QuantWeight, a linear_kernels.SplitWeight or blocks on the device
+    (gpu_quant.DeviceQuantWeight; `set_quantized`)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
                  device: torch.device | str | None = None) -> None:
@@ -71,8 +72,8 @@ class Linear(nn.Module):
         float32 activations (one, or a SplitWeight's), or None where they cannot: a float
         tensor weight, too many parts, a bias not float32."""
         w = self.weight
-        if isinstance(w, torch.Tensor):
-            return None
+        if not isinstance(w, (quant.QuantWeight, linear_kernels.SplitWeight)):
+            return None  # float, or blocks on the device
         parts = w.parts if isinstance(w, linear_kernels.SplitWeight) else (w,)
         if len(parts) > max_parts or (self.bias is not None
                                       and self.bias.dtype != torch.float32):
