@@ -48,4 +48,7 @@ def test_another_users_prompt_is_not_a_cache_hit(make_server: Any, tmp_path_fact
     assert cached("bob") == 0  # alice's prompt, token for token: not a hit for bob
     assert cached("alice") > 0  # her own prompt again: a hit
     assert cached("bob") > 0  # bob's own copy, now cached for him
+    board = httpx.get(server.url + "/dashboard", timeout=30, headers={
+        "Authorization": f"Bearer {tokens['bob']}", "Accept": "text/html"}).text
+    assert "on, per user" in board  # the settings panel says how the cache is kept
     idle_check(server.engine)

@@ -163,6 +163,8 @@ def board_context(snap: EngineSnapshot, engine: Serving, user: User,
                                                                      time.localtime(e.time))}
               for e in reversed(list(catalog.events)[-8:])] if catalog else []
     chart_model, own = rounds_of(snap, catalog, model)
+    per_user = getattr(cfg, "prefix_cache_per_owner", False)  # a gateway's config has none
+    prefix = ("on, per user" if per_user else "on") if snap.prefix_cache else "off"
     return {
         "models": model_rows(snap, catalog, user) if catalog else [], "model_events": events,
         "snap": snap, "running": running, "waiting": waiting, "slots": slots,
@@ -174,7 +176,7 @@ def board_context(snap: EngineSnapshot, engine: Serving, user: User,
                      ("Slots", snap.max_running),
                      ("Prefill budget", f"{snap.max_prefill_tokens} tokens / round"),
                      ("KV pool", f"{snap.kv.total:,} positions · pages of {snap.page_size}"),
-                     ("Prefix cache", "on" if snap.prefix_cache else "off"),
+                     ("Prefix cache", prefix),
                      ("Context", f"{cfg.max_context:,} tokens"),
                      ("Queue bound", f"{cfg.max_waiting} waiting")],
     }
