@@ -15,7 +15,7 @@ from web.access.users import User
 
 HIDDEN = "<path>"
 # an absolute path (POSIX, home-relative or a Windows drive), not a part of a word or URL
-_PATH = re.compile(r"(?<![\w/\\.:~])(?:[A-Za-z]:[/\\]|~?/|\\\\)[^\s'\"`,;:()\[\]{}<>]*")
+_PATH = re.compile(r"(?<![\w/\\.:~])(?:[A-Za-z]:[/\\]|~?/|\\\\)[^\s'\"`,;:()\[\]{}<>]+")
 UNAVAILABLE = "model_unavailable"  # FinalEvent.extra: the model whose load failed
 
 
