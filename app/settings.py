@@ -256,6 +256,8 @@ def engine_config(settings: Settings, *, max_context: int | None = None) -> Engi
             policy=settings.policy,  # type: ignore[arg-type]  # validated against POLICIES
             admission=settings.admission,  # type: ignore[arg-type]
             prefix_cache=settings.prefix_cache,
+            # a shared server keeps each user's prefixes apart (no hit on another's prompt)
+            prefix_cache_per_owner=settings.shared,
             speculative=settings.speculative,  # type: ignore[arg-type]  # in SPECULATIVE
             kv_dtype=settings.kv_dtype,  # type: ignore[arg-type]  # in KV_DTYPES
             max_waiting=settings.max_waiting,

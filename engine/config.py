@@ -27,6 +27,9 @@ class EngineConfig:
     policy: Policy = "prefill-first"
     admission: AdmissionOrder = "fifo"
     prefix_cache: bool = True
+    # one prefix cache per request owner (a shared server: no user hits, or times, another's
+    # prompt); False: every request shares one cache
+    prefix_cache_per_owner: bool = False
     max_context: int = 8192  # prompt + output limit per request (the model's context)
     max_waiting: int = 256  # global queue bound; submit beyond it is refused
     rounds_kept: int = 64  # recent rounds kept for the dashboard timeline

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.model_stores import stored_models
+from app.model_stores import refused_models, stored_models
 from app.models import (
     DEFAULT_GGUF,
     DEFAULT_NAME,
@@ -56,6 +56,12 @@ def describe(settings: Settings, paths: Paths) -> list[str]:
         lines.append(f"  {model.name:<40} {human_size(model.size):>10}  {model.store}"
                      + (f"  {model.path}" if model.name != str(model.path) else ""))
         lines.append(f"      {runs(model.path)}")
+    refused = refused_models()
+    if refused:
+        lines.append("Refused (never served)")
+    for bad in refused:
+        lines.append(f"  {bad.name:<40} {bad.store}  {bad.path}")
+        lines.append(f"      refused: {bad.reason}")
     served = "on: those it runs are in the chat's picker and /v1/models" \
         if settings.discover_models else "off (discover_models = false)"
     lines.append(f"Serving models found on disk: {served}")

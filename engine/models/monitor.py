@@ -104,7 +104,8 @@ class Monitor:
                 entry.error = f"{type(exc).__name__}: {exc}"
                 pending, entry.pending = entry.pending, []
             for p in pending:
-                p.end(self.clock(), "error", f"loading {entry.name} failed: {entry.error}")
+                p.end(self.clock(), "error", f"loading {entry.name} failed: {entry.error}",
+                      unavailable=entry.name)
             self._event(entry.name, "failed", f"loading {entry.name} failed: {entry.error}")
             return
         with self._lock:

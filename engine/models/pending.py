@@ -36,11 +36,15 @@ class Pending:
             constraint=self.params.constraint.kind if self.params.constraint else None,
             model=model)
 
-    def end(self, now: float, reason: FinishReason, error: str | None) -> None:
-        """Finish without running (cancelled, or the load failed)."""
+    def end(self, now: float, reason: FinishReason, error: str | None,
+            unavailable: str | None = None) -> None:
+        """Finish without running (cancelled, or the load failed: `unavailable` names the
+        model, in the final event's extra "model_unavailable", for an answer that names it)."""
         waited = now - self.arrival
+        extra: dict[str, object] = {} if unavailable is None else \
+            {"model_unavailable": unavailable}
         self.handle.put(FinalEvent(reason, Usage(len(self.prompt_ids), 0),
-                                   Timings(waited, None, None, waited), error))
+                                   Timings(waited, None, None, waited), error, extra))
 
 
 def named(views: Sequence[RequestView], model: str) -> tuple[RequestView, ...]:

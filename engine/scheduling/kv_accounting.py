@@ -21,10 +21,15 @@ class PrefixMatch:
 
 class KVAccounting(PagePool):
     def __init__(self, num_pages: int, page_size: int, prefix_cache: bool,
-                 cache_outputs: bool = True) -> None:
+                 cache_outputs: bool = True, per_owner: bool = False) -> None:
         super().__init__(num_pages, page_size)
         self.cache = PrefixCache(page_size) if prefix_cache else None
         self.cache_outputs = cache_outputs  # the simulator knows only prompt ids
+        self.per_owner = per_owner  # each owner's prefixes in a tree of its own
+
+    def scope(self, req: Request) -> str:
+        """The prefix-cache tree `req` reads and writes: its owner's, or the shared one."""
+        return req.owner if self.per_owner else ""
 
     # held (PagePool) counts locked shared prefixes too: only unlocked ones are evictable
     @property
@@ -43,7 +48,7 @@ class KVAccounting(PagePool):
             return PrefixMatch(None, [], 0)
         # At least the last prompt token is computed, to give logits.
         max_pages = (req.prompt_len - 1) // self.page_size
-        node, pages = self.cache.match(req.prompt_ids, max_pages, touch)
+        node, pages = self.cache.match(req.prompt_ids, max_pages, touch, self.scope(req))
         return PrefixMatch(node, pages, len(pages) * self.page_size)
 
     def admit(self, req: Request, match: PrefixMatch) -> None:
@@ -100,7 +105,8 @@ class KVAccounting(PagePool):
 
     def _insert(self, req: Request, ids: list[int], num_pages: int, relock: bool) -> Node:
         assert self.cache is not None
-        start = req.cache_node if isinstance(req.cache_node, Node) else self.cache.root
+        start = req.cache_node if isinstance(req.cache_node, Node) \
+            else self.cache.root_for(self.scope(req))
         if relock:
             num_pages = self._lockable(start, ids, num_pages)
         if num_pages <= start.depth:

@@ -3,6 +3,11 @@
 Each node is one full page: its key is that page's token ids and it owns that pool page.
 A node is locked while a live request uses it (the lock counts on every ancestor too), so
 only unlocked nodes are evictable, and an unlocked node's whole subtree is unlocked.
+
+The tree has one root per scope: a prefix cached in one scope is never matched from another.
+Shared-mode servers scope by the request's owner, so one user can never hit (or time) another
+user's tokens; the default scope "" is the one cache every request of a local server shares.
+All scopes draw on the one pool and one LRU order.
 """
 from __future__ import annotations
 
@@ -29,22 +34,31 @@ class Node:
 class PrefixCache:
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
-        self.root = Node((), -1, None)
-        self.root.lock_ref = 1  # never evicted
+        self.roots: dict[str, Node] = {}
+        self.root = self.root_for("")  # the default scope's
         self.num_pages = 0
         self.num_evictable = 0  # pages in unlocked nodes
         self._clock = itertools.count(1)
         # Candidate leaves for eviction, checked lazily when popped (entries may be stale).
         self._heap: list[tuple[int, int, Node]] = []
 
+    def root_for(self, scope: str) -> Node:
+        """The root of `scope`'s tree (made on first use; roots are never evicted)."""
+        root = self.roots.get(scope)
+        if root is None:
+            root = self.roots[scope] = Node((), -1, None)
+            root.lock_ref = 1  # never evicted
+        return root
+
     def _keys(self, token_ids: Sequence[int], num_pages: int) -> list[PageKey]:
         p = self.page_size
         return [tuple(token_ids[i * p:(i + 1) * p]) for i in range(num_pages)]
 
-    def match(self, token_ids: Sequence[int], max_pages: int,
-              touch: bool = True) -> tuple[Node, list[int]]:
-        """Deepest node matching whole pages of `token_ids`, at most `max_pages` deep."""
-        node, pages = self.root, []
+    def match(self, token_ids: Sequence[int], max_pages: int, touch: bool = True,
+              scope: str = "") -> tuple[Node, list[int]]:
+        """Deepest node of `scope`'s tree matching whole pages of `token_ids`, at most
+        `max_pages` deep."""
+        node, pages = self.root_for(scope), []
         stamp = next(self._clock) if touch else 0
         for key in self._keys(token_ids, max_pages):
             child = node.children.get(key)
@@ -124,6 +138,6 @@ class PrefixCache:
             self.num_pages -= 1
             self.num_evictable -= 1
             evicted += 1
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 self._push(parent)
         return evicted

@@ -34,7 +34,8 @@ class Scheduler:
         self.drafter = None if config.sliding_window else drafter  # None: never drafts
         self.decode_rows: int | None = None  # rows a decode round may take with drafts
         self.kv = KVAccounting(config.num_pages, config.page_size,
-                               config.prefix_cache and not config.sliding_window, cache_outputs)
+                               config.prefix_cache and not config.sliding_window, cache_outputs,
+                               config.prefix_cache_per_owner)
         self.local = SlidingKV(config) if config.sliding_window else None
         self.slots = SlotTable(config.max_running)
         self.waiting: list[Request] = []  # arrival order; mid-chunk requests kept in front

@@ -16,6 +16,8 @@ from litestar.types import ASGIApp
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from engine import Constraint, FinalEvent, Reasoning, RequestHandle, TextDelta, Tokenizer
+from web.access.disclosure import final_error, model_info
+from web.access.identity import User, current_user
 from web.api.choices import ChatShape, CompletionShape, usage_of
 from web.api.errors import APIError, error_docs
 from web.api.fanout import cancel_all, collect_all, merge, submit_all
@@ -49,8 +51,19 @@ TEXT: Literal["text_completion"] = "text_completion"
 Render = Callable[[int, Any], list[Any]]
 
 
-def _error(final: FinalEvent) -> APIError:
-    return APIError(final.error or "generation failed", 500, type="server_error")
+def _failure(final: FinalEvent, user: User) -> APIError:
+    """A failed choice's answer: 503 naming the model when it could not be loaded (a file
+    gone, say), else 500; for a normal user of a shared server, never a path."""
+    message, unavailable = final_error(final, user)
+    if unavailable:
+        return APIError(message, 503, code="model_unavailable", type="server_error",
+                        headers={"Retry-After": "5"})
+    return APIError(message, 500, type="server_error")
+
+
+def _on_error(request: Request[Any, Any, Any]) -> Callable[[FinalEvent], APIError]:
+    user = current_user(request)
+    return lambda final: _failure(final, user)
 
 
 @lru_cache(maxsize=4)
@@ -59,7 +72,8 @@ def token_texts(tokenizer: Tokenizer) -> TokenTexts:
 
 
 async def stream(handles: list[RequestHandle], render: Render, include_usage: bool,
-                 shutdown: anyio.Event, first: list[Any]) -> AsyncIterator[ServerSentEvent]:
+                 shutdown: anyio.Event, first: list[Any],
+                 on_error: Callable[[FinalEvent], APIError]) -> AsyncIterator[ServerSentEvent]:
     """OpenAI stream chunks of every choice, `data: [DONE]` at the end; a disconnect cancels
     every choice's request, and so does a server shutdown (the client still gets the last
     chunks and [DONE])."""
@@ -70,7 +84,8 @@ async def stream(handles: list[RequestHandle], render: Render, include_usage: bo
             yield ServerSentEvent(encode(chunk))
         async for index, event in merge(handles):
             if isinstance(event, FinalEvent) and event.finish_reason == "error":
-                detail = ErrorDetail(event.error or "generation failed", "server_error")
+                failed = on_error(event)
+                detail = ErrorDetail(failed.message, failed.type, code=failed.code)
                 yield ServerSentEvent(encode(ErrorResponse(detail)))
                 continue
             if isinstance(event, FinalEvent):
@@ -124,13 +139,15 @@ def _route_docs(body: type, chunk: str) -> dict[str, Any]:
                           **error_docs(400, 404, 413, 429, 500, 503)}}
 
 
-def _event_stream(data: ChatCompletionRequest | CompletionRequest,
+def _event_stream(request: Request[Any, Any, Any],
+                  data: ChatCompletionRequest | CompletionRequest,
                   handles: list[RequestHandle], render: Render,
                   first: list[Any]) -> EventSourceResponse:
     """The SSE answer of a stream=true completion (usage at the end if the client asked)."""
     include = bool(data.stream_options and data.stream_options.include_usage)
-    return event_stream(lambda shutdown: stream(handles, render, include, shutdown, first),
-                        _headers(handles))
+    on_error = _on_error(request)
+    return event_stream(lambda shutdown: stream(handles, render, include, shutdown, first,
+                                                on_error), _headers(handles))
 
 
 def _served(s: Services) -> tuple[Any, ...]:
@@ -158,15 +175,16 @@ class OpenAIController(Controller):
                          reasoning=thinks,
                          upstreams=list(served.upstreams) if served else None)
 
-    def _cards(self, s: Services) -> list[ModelCard]:
-        """Every model served; with several, each says whether it is loaded, and its size."""
+    def _cards(self, s: Services, user: User) -> list[ModelCard]:
+        """Every model served; with several, each says whether it is loaded, and its size
+        (a normal user of a shared server: no path in it)."""
         served = _served(s)
         if served:  # upstream mode: the union of the upstreams' models
             return [self._card(s, m) for m in served]
         if s.catalog is None:
             return [self._card(s)]
         cards = []
-        for m in s.catalog.models():
+        for m in (model_info(m, user) for m in s.catalog.models()):
             runs = m.runs or str(m.details.get("runs") or "") or None
             one = dataclasses.replace(s, engine=s.catalog.serving(m.name))
             card = self._card(s) if m.default else ModelCard(
@@ -181,14 +199,14 @@ class OpenAIController(Controller):
 
     @get("/models", summary="The models this server serves (loaded or not)")
     async def models(self, request: Request[Any, Any, Any]) -> ModelList:
-        return ModelList(self._cards(services(request)))
+        return ModelList(self._cards(services(request), current_user(request)))
 
     @get("/models/{model_id:path}", summary="One model, by id",
          responses=error_docs(404))
     async def model(self, request: Request[Any, Any, Any], model_id: str) -> ModelCard:
         s = services(request)
         model_id = model_id.lstrip("/")
-        cards = self._cards(s)
+        cards = self._cards(s, current_user(request))
         for card in cards:
             if card.id == model_id:
                 return card
@@ -224,8 +242,8 @@ class OpenAIController(Controller):
                                          [ChatChunkChoice(i, ChatDelta("assistant", ""))], CHUNK)
                      for i in range(len(handles))]
             # an ASGI app; sse-starlette types it with Starlette's ASGI types, not Litestar's
-            return _event_stream(data, handles, render, first)  # type: ignore[return-value]
-        finals = await collect_all(request, handles, _error)
+            return _event_stream(request, data, handles, render, first)  # type: ignore[return-value]
+        finals = await collect_all(request, handles, _on_error(request))
         body = ChatCompletion(cid, created, model,
                               [shape.choice(i, h, f) for i, (h, f) in
                                enumerate(zip(handles, finals))], usage_of(finals))
@@ -258,8 +276,8 @@ class OpenAIController(Controller):
             first = [Completion(cid, created, model, [c], TEXT) for i in range(len(handles))
                      if (c := shape.echo_first(i)) is not None]
             # an ASGI app; sse-starlette types it with Starlette's ASGI types, not Litestar's
-            return _event_stream(data, handles, render, first)  # type: ignore[return-value]
-        finals = await collect_all(request, handles, _error)
+            return _event_stream(request, data, handles, render, first)  # type: ignore[return-value]
+        finals = await collect_all(request, handles, _on_error(request))
         body = Completion(cid, created, model,
                           [shape.choice(i, h, f) for i, (h, f) in
                            enumerate(zip(handles, finals))], TEXT, usage_of(finals))

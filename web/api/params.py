@@ -1,6 +1,7 @@
 """Turning OpenAI-style request bodies into prompt ids and SamplingParams, with clear 400s."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,8 @@ from web.api.errors import APIError, unsupported
 from web.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from web.config import WebConfig
 from web.services import Services
+
+log = logging.getLogger(__name__)
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
          "tool": "tool"}
@@ -194,3 +197,9 @@ async def route_model(s: Services, body: SamplingFields, known: Sequence[str] = 
         known = ", ".join(repr(n) for n in exc.known)
         raise APIError(f"the model {body.model!r} does not exist; this server serves {known}",
                        404, param="model", code="model_not_found") from None
+    except Exception:  # its tokenizer does not open (its file gone, say): the server's fault
+        name = body.model or s.catalog.default
+        log.exception("opening the model %s failed", name)
+        raise APIError(f"the model {name} is not available now: its files could not be "
+                       "opened", 503, param="model", code="model_unavailable",
+                       type="server_error", headers={"Retry-After": "5"}) from None

@@ -38,10 +38,10 @@ class ConversationModel:
             return type(self)(self.s.for_model(conv.model))
         except UnknownModel:
             return type(self)(self.s.for_model(None))
-        except Exception as exc:  # its tokenizer would not open (a file found on disk, say)
+        except Exception:  # its tokenizer would not open (a file found on disk, say)
             log.warning("opening %s's tokenizer failed", conv.model, exc_info=True)
             raise ChatError(f"the model {conv.model} cannot be used: its tokenizer does not "
-                            f"open ({type(exc).__name__}: {exc})", 503) from None
+                            "open (the server's log says why)", 503) from None
 
     def model_name(self, model: str) -> str | None:
         """The stored name for a picked model ("" or the default: None); ChatError if

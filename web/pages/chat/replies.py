@@ -11,6 +11,7 @@ its answer (the page shows it in a collapsed "Thinking" block).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -20,6 +21,8 @@ import anyio
 from sse_starlette import ServerSentEvent
 
 from engine import FinalEvent, RequestHandle, TextDelta
+from web.access.disclosure import final_error
+from web.access.identity import User
 from web.pages.chat import reply_status
 from web.pages.chat.rules import version_nav
 from web.sse import done_event, html_event, on_event, text_event
@@ -42,8 +45,10 @@ def _log_failure(task: asyncio.Task[None]) -> None:
 class Reply:
     def __init__(self, replies: Replies, handle: RequestHandle, message_id: int,
                  conversation_id: int, max_tokens: int | None = None, prefix: str = "",
-                 earlier_tokens: int = 0, reasoning_prefix: str = "") -> None:
+                 earlier_tokens: int = 0, reasoning_prefix: str = "",
+                 user: User | None = None) -> None:
         self.handle = handle
+        self.user = user  # whom its error is worded for (None: as the engine said it)
         self.message_id = message_id
         self.conversation_id = conversation_id
         self.max_tokens = max_tokens
@@ -130,6 +135,9 @@ class Reply:
                     and final.finish_reason in ("stop", "length"))
         self.status = "complete" if complete else "incomplete"
         reason = final.finish_reason if final is not None else "cancelled"
+        if final is not None and final.error is not None and self.user is not None:
+            # a normal user's words: the model that failed to load, never a path
+            final = dataclasses.replace(final, error=final_error(final, self.user)[0])
         error = final.error if final is not None else None
         ended = reply_status.ended_words(final, self.max_tokens, self.stopped_by_owner,
                                          self.shut_down, None if complete else self._canceller())
@@ -152,9 +160,10 @@ class Replies:
 
     def start(self, handle: RequestHandle, message_id: int, conversation_id: int,
               max_tokens: int | None = None, prefix: str = "",
-              earlier_tokens: int = 0, reasoning_prefix: str = "") -> Reply:
+              earlier_tokens: int = 0, reasoning_prefix: str = "",
+              user: User | None = None) -> Reply:
         reply = Reply(self, handle, message_id, conversation_id, max_tokens, prefix,
-                      earlier_tokens, reasoning_prefix)
+                      earlier_tokens, reasoning_prefix, user)
         self._live[message_id] = reply  # before its task first runs: forget() comes later
         return reply
 

@@ -34,7 +34,7 @@ class ChatService(ConversationModel):
         msg = self.s.store.add_message(conv.id, "assistant", "", "streaming", handle.id,
                                        version_group, p.note, p.max_tokens,
                                        model=chat.s.model if chat.s.catalog else None)
-        self.s.replies.start(handle, msg.id, conv.id, p.max_tokens)
+        self.s.replies.start(handle, msg.id, conv.id, p.max_tokens, user=user)
         return msg
 
     # -- checks --------------------------------------------------------------------------
@@ -124,7 +124,7 @@ class ChatService(ConversationModel):
         self.s.store.restart_message(msg.id, p.max_tokens)
         self.s.replies.start(handle, msg.id, conv.id, p.max_tokens, prefix=msg.content,
                              earlier_tokens=msg.completion_tokens or 0,
-                             reasoning_prefix=msg.reasoning or "")
+                             reasoning_prefix=msg.reasoning or "", user=user)
         again = self.s.store.message(msg.id)
         assert again is not None
         return again

@@ -13,6 +13,7 @@ from litestar.plugins.htmx import ClientRedirect, HTMXRequest, HTMXTemplate
 from litestar.response import Redirect, Template
 
 from engine import QueueFull, RequestError, UnknownModel
+from web.access.disclosure import model_info
 from web.access.identity import User, current_user
 from web.pages.chat.rules import ChatError, version_nav
 from web.services import EngineUnavailable, Services, services
@@ -89,7 +90,7 @@ def page(request: HTMXRequest, user: User, conv: Conversation | None,
     s = services(request)
     messages = s.store.messages(conv.id) if conv else []
     cfg = s.config
-    models = s.catalog.models() if s.catalog else []
+    models = [model_info(m, user) for m in s.catalog.models()] if s.catalog else []
     return Template("chat.html", status_code=status_code, context={
         "page": "chat", "user": user, "model_name": cfg.model_name, "notice": notice,
         "thinking_switch": thinking_switch(s, conv),

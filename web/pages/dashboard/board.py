@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import EngineSnapshot, KVView, RequestView, RoundView
+from web.access.disclosure import model_info, shown
 from web.access.identity import User
 from web.pages.dashboard.charts import sparkline
 from web.serving import ModelCatalog, Serving
@@ -113,12 +114,14 @@ def kv_bars(snap: EngineSnapshot) -> list[dict[str, Any]]:
     return bars
 
 
-def model_rows(snap: EngineSnapshot, catalog: ModelCatalog) -> list[dict[str, Any]]:
+def model_rows(snap: EngineSnapshot, catalog: ModelCatalog,
+               user: User) -> list[dict[str, Any]]:
     """The Models panel: each model's queue, running set, slots and KV, from its own
-    snapshot (its waiting requests, those waiting for its load included, from the whole)."""
+    snapshot (its waiting requests, those waiting for its load included, from the whole);
+    for a normal user of a shared server, no path in it."""
     own = dict(catalog.model_snapshots())
     rows = []
-    for m in catalog.models():
+    for m in (model_info(m, user) for m in catalog.models()):
         mine = own.get(m.name)
         rows.append({
             "name": m.name, "default": m.default, "state": m.state, "loaded": m.loaded,
@@ -157,12 +160,14 @@ def board_context(snap: EngineSnapshot, engine: Serving, user: User,
     slots = [(i, by_id.get(rid) if rid else None, rid) for i, rid in enumerate(snap.slots)]
     cfg = engine.config
     catalog = engine if isinstance(engine, ModelCatalog) else None
-    events = [{"kind": e.kind, "text": e.text, "clock": time.strftime("%H:%M:%S",
+    events = [{"kind": e.kind, "text": shown(e.text, user), "clock": time.strftime("%H:%M:%S",
                                                                      time.localtime(e.time))}
               for e in reversed(list(catalog.events)[-8:])] if catalog else []
     chart_model, own = rounds_of(snap, catalog, model)
+    per_user = getattr(cfg, "prefix_cache_per_owner", False)  # a gateway's config has none
+    prefix = ("on, per user" if per_user else "on") if snap.prefix_cache else "off"
     return {
-        "models": model_rows(snap, catalog) if catalog else [], "model_events": events,
+        "models": model_rows(snap, catalog, user) if catalog else [], "model_events": events,
         "snap": snap, "running": running, "waiting": waiting, "slots": slots,
         "kv_bars": kv_bars(snap), "chart_model": chart_model,
         "timeline": timeline(own.rounds if own else ()), "charts": charts(own) if own else [],
@@ -172,7 +177,7 @@ def board_context(snap: EngineSnapshot, engine: Serving, user: User,
                      ("Slots", snap.max_running),
                      ("Prefill budget", f"{snap.max_prefill_tokens} tokens / round"),
                      ("KV pool", f"{snap.kv.total:,} positions · pages of {snap.page_size}"),
-                     ("Prefix cache", "on" if snap.prefix_cache else "off"),
+                     ("Prefix cache", prefix),
                      ("Context", f"{cfg.max_context:,} tokens"),
                      ("Queue bound", f"{cfg.max_waiting} waiting")],
     }
