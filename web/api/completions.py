@@ -16,6 +16,7 @@ from litestar.types import ASGIApp
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from engine import Constraint, FinalEvent, Reasoning, RequestHandle, TextDelta, Tokenizer
+from web.access.identity import current_user
 from web.api.choices import ChatShape, CompletionShape, usage_of
 from web.api.errors import APIError, error_docs
 from web.api.fanout import cancel_all, collect_all, merge, submit_all
@@ -121,7 +122,7 @@ def _route_docs(body: type, chunk: str) -> dict[str, Any]:
     return {"description": SSE_DOC.format(chunk),
             "responses": {200: ResponseSpec(body, description="The completion; with "
                                             "stream=true a text/event-stream of chunks"),
-                          **error_docs(400, 404, 413, 429, 500, 503)}}
+                          **error_docs(400, 404, 409, 413, 429, 500, 503)}}
 
 
 def _event_stream(data: ChatCompletionRequest | CompletionRequest,
@@ -201,7 +202,11 @@ class OpenAIController(Controller):
     async def chat_completions(self, request: Request[Any, Any, Any],
                                data: JSONBody[ChatCompletionRequest]) -> ASGIApp:
         s = services(request)
-        s = await route_model(s, data, _known(s))
+        async with route_model(s, data, current_user(request), _known(s)) as routed:
+            return await self._chat(request, routed, data)
+
+    async def _chat(self, request: Request[Any, Any, Any], s: Services,
+                    data: ChatCompletionRequest) -> ASGIApp:
         chat = await chat_input(data, s)
         ids = chat.ids
         max_tokens = data.max_tokens if data.max_tokens is not None else \
@@ -236,7 +241,11 @@ class OpenAIController(Controller):
     async def completions(self, request: Request[Any, Any, Any],
                           data: JSONBody[CompletionRequest]) -> ASGIApp:
         s = services(request)
-        s = await route_model(s, data, _known(s))
+        async with route_model(s, data, current_user(request), _known(s)) as routed:
+            return await self._complete(request, routed, data)
+
+    async def _complete(self, request: Request[Any, Any, Any], s: Services,
+                        data: CompletionRequest) -> ASGIApp:
         ids = await anyio.to_thread.run_sync(check_completion, data, s.tokenizer)
         constraint = await constraint_of(data, s)
         if upstream(s):
