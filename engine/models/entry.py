@@ -76,8 +76,11 @@ class ModelEntry:
         return self.state == "loading" or self.live > 0
 
     def alone(self, owner: str) -> bool:
-        """Loaded for `owner`, a normal user, and used by no one else since."""
-        return self.loaded_for == owner and self.users <= {owner}
+        """Loaded (or about to load) for `owner`, a normal user, and used by no one else
+        since."""
+        about_to = self.state == "unloaded" and not self.admin_demand and \
+            self.demand_owners() <= {owner}
+        return (self.loaded_for == owner or about_to) and self.users <= {owner}
 
     def demand_owners(self) -> set[str]:
         return {p.owner for p in self.pending} | {a.owner for a in self.arrivals}

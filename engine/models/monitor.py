@@ -95,7 +95,8 @@ class Monitor:
                 e.users = owners
                 e.loaded_for = owners.pop() if len(owners) == 1 and not e.admin_demand \
                     else None
-                e.user_keep_alive = None
+                if e.loaded_for is None:
+                    e.user_keep_alive = None
                 load.append(e)
         for entry, why in unload:
             self._unload(entry, why)

@@ -164,14 +164,14 @@ class Sharing:
         """Under the lock: a request's keep_alive. An admin's sets the model's (naming
         none restores the configured one, as Ollama does). A normal user's may only shorten
         the life of a model loaded for that user alone, and only below the admin's; anything
-        else leaves the model's lifetime as it is."""
+        else (the default model's, above all) leaves the model's lifetime as it is."""
         if admin:
             entry.admin_keep_alive = entry.configured_keep_alive if asked is KEEP \
                 else asked  # type: ignore[assignment]
             entry.user_keep_alive = None
             return
-        if not entry.alone(owner):
-            return
+        if entry.name == self.default or not entry.alone(owner):
+            return  # the default model is everyone's, even when one user brought it back
         limit = entry.admin_keep_alive
         shorter = isinstance(asked, float | int) and (limit is None or asked < limit)
         entry.user_keep_alive = float(asked) if shorter else None  # type: ignore[arg-type]

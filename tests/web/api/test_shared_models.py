@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -162,10 +163,14 @@ def test_only_an_admins_load_evicts_the_default_model(shared_models: Any, waiter
     assert reply.status_code == 200 and reply.json()["model"] == "beta"
     assert (cards(ann)["alpha"]["state"], cards(ann)["beta"]["state"]) == \
         ("unloaded", "loaded")
-    # bringing the default back evicts only beta: bob may
-    assert ask(bob, "alpha").status_code == 200
+    # bringing the default back evicts only beta: bob may; but the default is everyone's,
+    # so his keep_alive 0 does not unload it even though his request loaded it
+    assert ask(bob, "alpha", keep_alive=0).status_code == 200
     assert (cards(ann)["alpha"]["state"], cards(ann)["beta"]["state"]) == \
         ("loaded", "unloaded")
+    assert cards(ann)["alpha"]["keep_alive"] is None
+    time.sleep(0.5)  # ten turns of the monitor: a keep_alive of 0 would have unloaded it
+    assert cards(ann)["alpha"]["state"] == "loaded"
     idle_check(server.engine)
 
 
