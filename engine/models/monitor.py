@@ -83,7 +83,8 @@ class Monitor:
                     busy = ", ".join(r.name for r in resident if r.busy)
                     e.memory_wait = f"memory: {len(resident)} models loaded, " \
                         f"busy: {busy or 'none'}" + \
-                        (f" (the default {default} stays)" if keep else "")
+                        (f" (the default {default} stays)"
+                         if keep and any(r.name == default for r in resident) else "")
                     continue
                 for name in victims:
                     self._entries[name].state = "unloading"
@@ -114,6 +115,7 @@ class Monitor:
             log.exception("loading %s failed", entry.name)
             with self._lock:
                 entry.state, entry.wanted = "unloaded", False
+                entry.loaded_for, entry.users = None, set()
                 entry.error = f"{type(exc).__name__}: {exc}"
                 pending, entry.pending = entry.pending, []
                 failed = f"loading {entry.name} failed: {entry.error}"

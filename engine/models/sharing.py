@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from engine.config import EngineConfig
 from engine.models.budget import Budget, Resident
@@ -20,9 +20,6 @@ from engine.models.entry import ModelEntry
 from engine.models.pending import Arrival
 from engine.runtime.engine import QueueFull
 from engine.scheduling.request import FinishReason, new_request_id
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
 
 KEEP = object()  # submit's keep_alive when the request names none
 
@@ -134,14 +131,6 @@ class Sharing:
                               f"{self.budget.max_memory / 2**30:.1f} GiB) is full, and "
                               f"making room would unload the default model {self.default!r}, "
                               "which only an admin may do", "no_room")
-
-    def _resident(self, but: ModelEntry, keep_default: bool) -> Sequence[Resident]:
-        """The loaded (and loading) models other than `but`, as the budget sees them; with
-        `keep_default`, the default model counts as busy (never a victim)."""
-        return [Resident(r.name, r.size, r.busy or (keep_default and r.name == self.default),
-                         r.last_used)
-                for r in self._entries.values()
-                if r is not but and r.state in ("loaded", "loading")]
 
     def _blocked_by_default(self, entry: ModelEntry) -> bool:
         """Whether `entry` can never fit while the default model stays, even once every
