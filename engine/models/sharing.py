@@ -127,7 +127,7 @@ class Sharing:
                               "use a loaded model", "not_loaded")
         if self._blocked_by_default(entry):
             raise LoadRefused(name, f"the model {name!r} cannot be loaded now: the memory "
-                              f"budget ({self.budget.max_loaded} models, "
+                              f"budget (at most {self.budget.max_loaded} loaded, "
                               f"{self.budget.max_memory / 2**30:.1f} GiB) is full, and "
                               f"making room would unload the default model {self.default!r}, "
                               "which only an admin may do", "no_room")
