@@ -570,9 +570,11 @@ def browser(request: pytest.FixtureRequest) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def make_models_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory
                        ) -> Iterator[Any]:
-    """A factory: make_models_server(names, web=..., budget=..., **engine fields) -> a running
-    Server over an engine.ModelSet of real models: the first name is the default SmolLM2 GGUF
-    (loaded at start), the others copies of it under their own names (loaded on demand)."""
+    """A factory: make_models_server(names, web=..., budget=..., rules=..., data_dir=...,
+    **engine fields) -> a running Server over an engine.ModelSet of real models: the first
+    name is the default SmolLM2 GGUF (loaded at start), the others copies of it under their
+    own names (loaded on demand); `rules`: engine.SharingRules; `data_dir`: the web layer's
+    (a shared server's users file in it)."""
     from engine.config import EngineConfig
     from engine.models import Budget, ModelSet
     from tests.tools.model_sources import copy_model, gguf_source
@@ -584,14 +586,16 @@ def make_models_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     folder = tmp_path_factory.mktemp("models")
 
     def make(names: tuple[str, ...] = ("alpha", "beta"), web: dict[str, Any] | None = None,
-             budget: Any = None, **engine_fields: Any) -> Server:
+             budget: Any = None, rules: Any = None, data_dir: Path | None = None,
+             **engine_fields: Any) -> Server:
         config = EngineConfig(**{"kv_tokens": 4096, "max_context": 2048, **engine_fields})
         files = [model_dir] + [copy_model(model_dir, folder, n) for n in names[1:]]
         sources = [gguf_source(n, f, config, cache) for n, f in zip(names, files, strict=True)]
         loaded, tokenizer = sources[0].load(), sources[0].open_tokenizer()
         models = ModelSet(sources, loaded.config, budget or Budget(2, 8 << 30),
-                          preloaded={names[0]: (loaded, tokenizer)}, poll=0.05)
-        web_config = WebConfig(data_dir=tmp_path_factory.mktemp("data"), model_name=names[0],
+                          preloaded={names[0]: (loaded, tokenizer)}, poll=0.05, rules=rules)
+        web_config = WebConfig(data_dir=data_dir or tmp_path_factory.mktemp("data"),
+                               model_name=names[0],
                                model_runs=loaded.runs, **(web or {}))
         running = serve_in_thread(create_app(models, tokenizer, web_config), models,
                                   "uvicorn-models", 60)

@@ -90,6 +90,11 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     serve.add_argument("--keep-alive", metavar="DURATION",
                        help="several models: idle time before a model (not the default) "
                             "unloads, e.g. 5m, 30s, 0 (default 5m)")
+    serve.add_argument("--users-load-models", action=argparse.BooleanOptionalAction,
+                       default=None,
+                       help="several models, shared: a normal user's request for a model not "
+                            "loaded loads it (default on); off: only admins load models, "
+                            "the others' requests for one are refused (409)")
     serve.add_argument("--discover", action=argparse.BooleanOptionalAction, default=None,
                        dest="discover_models",
                        help="also serve the models found on disk (Ollama, LM Studio, the "
@@ -163,7 +168,7 @@ def serve_flags(args: argparse.Namespace) -> dict[str, object]:
                                  "kv_tokens", "kv_dtype",
                                  "max_prefill_tokens", "open", "upstreams", "allowed_hosts",
                                  "max_loaded", "max_memory", "keep_alive",
-                                 "discover_models")}
+                                 "users_load_models", "discover_models")}
     named: list[str] = args.model or []
     flags["model"] = named[0] if named else None  # one --model: exactly as before
     flags["models"] = named if len(named) > 1 else None

@@ -147,7 +147,7 @@ def build_several(settings: Settings, paths: Paths, models: list[ModelRef],
     the others when a request names them (engine.ModelSet); `found`: models on disk, checked
     and added after the start (app.discovery)."""
     from app.settings import parse_bytes
-    from engine import Budget, ModelSet, parse_keep_alive, set_kernel_build_dir
+    from engine import Budget, ModelSet, SharingRules, parse_keep_alive, set_kernel_build_dir
     from web.app import create_app
 
     config = engine_config(settings)
@@ -161,7 +161,8 @@ def build_several(settings: Settings, paths: Paths, models: list[ModelRef],
                                 else None)
     model_set = ModelSet(sources, loaded.config, budget,
                          keep_alive=parse_keep_alive(settings.keep_alive),
-                         preloaded={first.name: (loaded, tokenizer)})
+                         preloaded={first.name: (loaded, tokenizer)},
+                         rules=SharingRules(users_load=settings.users_load_models))
     web = dataclasses.replace(web_config(settings, paths, first.name), model_runs=loaded.runs)
     app = create_app(model_set, tokenizer, web)
 

@@ -87,6 +87,9 @@ class Settings:
     max_loaded: int = 0  # models loaded at once; 0: from the machine's memory
     max_memory: str = ""  # bytes the loaded models may hold ("8G", "512M"); "": 3/4 of RAM
     keep_alive: str = "5m"  # idle time before a model other than the default unloads
+    # shared mode: a normal user's request for a model not loaded loads it (off: only an
+    # admin's request or the dashboard's Load does; the others get 409 naming the model)
+    users_load_models: bool = True
     dtype: str = "auto"  # auto on CPU: a GGUF in its own quantization, a folder as float
     quantize: str = "none"
     device: str = "auto"

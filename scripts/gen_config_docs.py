@@ -71,6 +71,8 @@ HELP: dict[str, str] = {
     "draft_model": "With `speculative = \"draft\"`: the draft model, a `.gguf` file or a "
                    "safetensors folder with the model's tokenizer (`default`: the embedded "
                    "SmolLM2-135M).",
+    "users_load_models": "Shared mode: whether a normal user's request may load a model that "
+                         "is not loaded (off: 409 `model_not_loaded`; admins always may).",
     "max_waiting": "Bound of the waiting queue; beyond it requests get 429 with Retry-After.",
     "per_user_limit": "Waiting plus running requests per user (429 beyond it; an API call "
                       "whose `n` alone exceeds it gets 400).",

@@ -44,15 +44,33 @@ class Services:
         """The model this request's services serve (the default one's name when not routed)."""
         return self.model or self.config.model_name
 
-    def for_model(self, model: str | None, keep_alive: object = KEEP) -> Services:
+    def for_model(self, model: str | None, keep_alive: object = KEEP,
+                  user: User | None = None) -> Services:
         """These services as a request for `model` sees them: its engine (one model of the
-        set), its tokenizer and chat template. Raises engine.UnknownModel; opening a model's
-        tokenizer the first time takes seconds (call it off the event loop)."""
+        set), its tokenizer and chat template. With `user`, the request is announced first:
+        listed as waiting for its model (and the load started) while the tokenizer opens,
+        until submitted or `leave()`. Raises engine.UnknownModel, LoadRefused, QueueFull;
+        opening a model's tokenizer the first time takes seconds (call it off the event
+        loop)."""
         if self.catalog is None:
             return self
         name = self.catalog.resolve(model)
-        return dataclasses.replace(self, engine=self.catalog.serving(name, keep_alive),
-                                   tokenizer=self.catalog.tokenizer(name), model=name)
+        view = self.catalog.serving(name, keep_alive, user.is_admin if user else True)
+        if user is not None:
+            view.arrive(user.name, self.config.per_user_limit if self.config.shared else None)
+        try:
+            tokenizer = self.catalog.tokenizer(name)
+        except BaseException:
+            view.leave()
+            raise
+        return dataclasses.replace(self, engine=view, tokenizer=tokenizer, model=name)
+
+    def leave(self) -> None:
+        """A request announced by for_model that was not submitted (refused, or its client
+        left) is no longer listed; nothing once it was submitted."""
+        leave = getattr(self.engine, "leave", None)  # one model of a set only
+        if leave is not None:
+            leave()
 
     @property
     def context_limit(self) -> int:

@@ -3,7 +3,8 @@
 `Serving` is met by the single Engine facade, by engine.ModelSet (several models) and by
 one model of a set (engine.ModelView), and by the gateway of upstream mode (its handles and
 limits are its own types, hence the loose return types). `ModelCatalog` is what a server of
-several models adds: the list, the per-request view of one model, load and unload.
+several models adds: the list, the per-request view of one model (`ModelServing`: a request
+announced before its prompt is ready), load and unload.
 """
 from __future__ import annotations
 
@@ -41,6 +42,14 @@ class Serving(Protocol):
     def reconfigure(self, policy: str | None = None, admission: str | None = None) -> None: ...
 
 
+class ModelServing(Serving, Protocol):
+    """One model of a set, for one request (engine.ModelView)."""
+
+    def arrive(self, owner: str, owner_limit: int | None = None) -> None: ...
+
+    def leave(self) -> None: ...
+
+
 @runtime_checkable
 class ModelCatalog(Protocol):
     """Several models in one server (engine.ModelSet)."""
@@ -55,7 +64,8 @@ class ModelCatalog(Protocol):
 
     def resolve(self, model: str | None) -> str: ...  # raises engine.UnknownModel
 
-    def serving(self, model: str | None, keep_alive: object = ...) -> Serving: ...
+    def serving(self, model: str | None, keep_alive: object = ...,
+                admin: bool = ...) -> ModelServing: ...
 
     def tokenizer(self, model: str | None = None) -> Tokenizer: ...
 

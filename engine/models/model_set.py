@@ -22,7 +22,8 @@ from engine.models.budget import Budget
 from engine.models.entry import ModelEntry, ModelEvent
 from engine.models.keep_alive import DEFAULT_KEEP_ALIVE
 from engine.models.monitor import Monitor
-from engine.models.pending import Pending, empty_snapshot, merge
+from engine.models.pending import Arrival, Pending, empty_snapshot, merge
+from engine.models.sharing import KEEP, Sharing, SharingRules
 from engine.models.source import LoadedModel, ModelSource
 from engine.models.turns import FairTurns
 from engine.models.views import ModelView, SetViews
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from engine.structured.compiler import GrammarCompiler
 
 log = logging.getLogger(__name__)
-KEEP = object()  # submit's keep_alive when the request names none
+__all__ = ["KEEP", "ModelSet", "UnknownModel"]
 
 
 class UnknownModel(LookupError):
@@ -46,15 +47,17 @@ class UnknownModel(LookupError):
         self.name, self.known = name, tuple(known)
 
 
-class ModelSet(SetViews, Monitor):
+class ModelSet(SetViews, Monitor, Sharing):
     def __init__(self, sources: Sequence[ModelSource], config: EngineConfig, budget: Budget,
                  keep_alive: float | None = DEFAULT_KEEP_ALIVE,
                  preloaded: Mapping[str, tuple[LoadedModel, Tokenizer]] | None = None,
-                 clock: Callable[[], float] = time.monotonic, poll: float = 0.2) -> None:
+                 clock: Callable[[], float] = time.monotonic, poll: float = 0.2,
+                 rules: SharingRules | None = None) -> None:
         if not sources:
             raise ValueError("a model set needs at least one model")
         self.config = config  # the default model's (policy and limits for all)
         self.budget = budget
+        self.rules = rules or SharingRules()  # what normal users' requests may load
         self.clock = clock
         self.turns = FairTurns()
         self._poll = poll
@@ -68,10 +71,10 @@ class ModelSet(SetViews, Monitor):
         self._compilers: dict[str, GrammarCompiler] = {}
         self.events: collections.deque[ModelEvent] = collections.deque(maxlen=40)
         # the default model (first) stays loaded unless a request's keep_alive says otherwise
-        self._entries = {s.name: ModelEntry(s, keep_alive=None, configured_keep_alive=None)
-                         for s in sources}
+        self._entries = {s.name: ModelEntry(s, configured_keep_alive=None,
+                                            admin_keep_alive=None) for s in sources}
         for entry in list(self._entries.values())[1:]:
-            entry.keep_alive = entry.configured_keep_alive = keep_alive
+            entry.admin_keep_alive = entry.configured_keep_alive = keep_alive
         for name, (loaded, tokenizer) in (preloaded or {}).items():
             entry = self._entries[name]
             entry.tokenizer = tokenizer
@@ -135,36 +138,54 @@ class ModelSet(SetViews, Monitor):
     def submit(self, prompt_ids: list[int], params: SamplingParams, owner: str = "local",
                request_id: str | None = None, owner_limit: int | None = None,
                reasoning: Reasoning | None = None, model: str | None = None,
-               keep_alive: object = KEEP) -> RequestHandle:
+               keep_alive: object = KEEP, admin: bool = True,
+               arrival: Arrival | None = None) -> RequestHandle:
         """Queue a request for `model` (None: the default); `keep_alive`: seconds the model
-        stays loaded once idle after it (None: always); a request naming none restores the
-        configured keep_alive (as Ollama does)."""
+        stays loaded once idle after it (None: always; the rules in engine.models.sharing
+        say whose counts); `admin`: an admin's request (local mode: every one); `arrival`:
+        what arrive() gave for this request (it keeps that id). Raises LoadRefused, QueueFull,
+        RequestError."""
         if not self.alive:
             raise RuntimeError("the model set is not running")
         entry = self._entries[self.resolve(model)]
         tokenizer = self.tokenizer(entry.name)
+        if arrival is not None:
+            request_id = request_id or arrival.id
         with self._lock:
+            ended = self._take_arrival(entry, arrival)
+            if ended is not None:  # cancelled (or its load failed) while its prompt was made
+                handle = RequestHandle(request_id or new_request_id(), owner, list(prompt_ids),
+                                       tokenizer, params.stop, self.cancel, reasoning)
+                Pending(handle, list(prompt_ids), params, owner, owner_limit, reasoning,
+                        self.clock()).end(self.clock(), *ended)
+                return handle
             if owner_limit is not None and self._owner_live(owner) >= owner_limit:
                 # across the set: requests waiting for a load count as much as running ones
                 raise QueueFull(f"{owner} already has {owner_limit} requests queued or running")
-            entry.keep_alive = entry.configured_keep_alive if keep_alive is KEEP \
-                else keep_alive  # type: ignore[assignment]
+            loaded = entry.state == "loaded" and entry.engine is not None
+            if not loaded and arrival is None:
+                self._check_load(entry, admin)
+            self._join(entry, owner)
+            self._keep(entry, owner, admin, keep_alive)
             entry.last_used = self.clock()
-            if entry.state == "loaded" and entry.engine is not None:
+            if loaded:
+                assert entry.engine is not None
                 return entry.engine.submit(prompt_ids, params, owner, request_id, owner_limit,
                                            reasoning)
-            if len(entry.pending) >= self.config.max_waiting:
-                raise QueueFull(f"{len(entry.pending)} requests already wait for "
+            if entry.waiting >= self.config.max_waiting:
+                raise QueueFull(f"{entry.waiting} requests already wait for "
                                 f"{entry.name} to load")
             handle = RequestHandle(request_id or new_request_id(), owner, list(prompt_ids),
                                    tokenizer, params.stop, self.cancel, reasoning)
             entry.pending.append(Pending(handle, list(prompt_ids), params, owner, owner_limit,
-                                         reasoning, self.clock()))
+                                         reasoning, self.clock(), admin))
         self._wake.set()
         return handle
 
     def cancel(self, request_id: str, reason: str = "cancelled") -> bool:
         with self._lock:
+            if self._cancel_arrival(request_id):
+                return True
             for entry in self._entries.values():
                 for p in entry.pending:
                     if p.handle.id == request_id:
@@ -211,9 +232,11 @@ class ModelSet(SetViews, Monitor):
         self._merged = (key, merged, snaps)
         return merged
 
-    def serving(self, model: str | None, keep_alive: object = KEEP) -> ModelView:
-        """`model` (None: the default) shaped like one Engine, for one request's handling."""
-        return ModelView(self, self.resolve(model), keep_alive)
+    def serving(self, model: str | None, keep_alive: object = KEEP,
+                admin: bool = True) -> ModelView:
+        """`model` (None: the default) shaped like one Engine, for one request's handling;
+        `admin`: whether the one asking is an admin (engine.models.sharing's rules)."""
+        return ModelView(self, self.resolve(model), keep_alive, admin)
 
     def grammars(self, model: str) -> GrammarCompiler:
         """A grammar compiler from the model's tokenizer (checks before it is loaded)."""
@@ -236,8 +259,8 @@ class ModelSet(SetViews, Monitor):
         with self._lock:
             if source.name in self._entries:
                 return False
-            entry = ModelEntry(source, keep_alive=self._keep_alive,
-                               configured_keep_alive=self._keep_alive)
+            entry = ModelEntry(source, configured_keep_alive=self._keep_alive,
+                               admin_keep_alive=self._keep_alive)
             self._entries = {**self._entries, source.name: entry}
         return True
 

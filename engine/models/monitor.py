@@ -68,22 +68,36 @@ class Monitor:
                     e.state = "unloading"
                     unload.append((e, f"idle for {e.keep_alive:g} s (keep_alive)"))
             waiting = sorted((e for e in self._entries.values()
-                              if e.state == "unloaded" and (e.pending or e.wanted)),
-                             key=lambda e: e.pending[0].arrival if e.pending else now)
+                              if e.state == "unloaded" and e.demanded),
+                             key=lambda e: min([p.arrival for p in e.pending]
+                                               + [a.arrival for a in e.arrivals], default=now))
+            default = next(iter(self._entries))
             for e in waiting:
-                resident = [Resident(r.name, r.size, r.busy or r in load, r.last_used)
+                # only an admin's load may unload the default model to make room
+                keep = not e.admin_demand
+                resident = [Resident(r.name, r.size, r.busy or r in load
+                                     or (keep and r.name == default), r.last_used)
                             for r in self._entries.values() if r.state in ("loaded", "loading")]
                 victims = self.budget.make_room(resident, e.source.size)
                 if victims is None:
                     busy = ", ".join(r.name for r in resident if r.busy)
                     e.memory_wait = f"memory: {len(resident)} models loaded, " \
-                        f"busy: {busy or 'none'}"
+                        f"busy: {busy or 'none'}" + \
+                        (f" (the default {default} stays)"
+                         if keep and any(r.name == default for r in resident) else "")
                     continue
                 for name in victims:
                     self._entries[name].state = "unloading"
                     unload.append((self._entries[name], f"making room for {e.name} (least "
                                    "recently used)"))
                 e.state, e.loading_since, e.memory_wait = "loading", now, None
+                # loaded for one normal user alone: that user's keep_alive may shorten it
+                owners = e.demand_owners()
+                e.users = owners
+                e.loaded_for = owners.pop() if len(owners) == 1 and not e.admin_demand \
+                    else None
+                if e.loaded_for is None:
+                    e.user_keep_alive = None
                 load.append(e)
         for entry, why in unload:
             self._unload(entry, why)
@@ -101,11 +115,15 @@ class Monitor:
             log.exception("loading %s failed", entry.name)
             with self._lock:
                 entry.state, entry.wanted = "unloaded", False
+                entry.loaded_for, entry.users = None, set()
                 entry.error = f"{type(exc).__name__}: {exc}"
                 pending, entry.pending = entry.pending, []
+                failed = f"loading {entry.name} failed: {entry.error}"
+                for arrival in entry.arrivals:  # their submits end with the same error
+                    arrival.ended = ("error", failed)
+                entry.arrivals = []
             for p in pending:
-                p.end(self.clock(), "error", f"loading {entry.name} failed: {entry.error}",
-                      unavailable=entry.name)
+                p.end(self.clock(), "error", failed, unavailable=entry.name)
             self._event(entry.name, "failed", f"loading {entry.name} failed: {entry.error}")
             return
         with self._lock:
@@ -146,6 +164,7 @@ class Monitor:
         self._event(entry.name, "unloaded", f"unloaded {entry.name}: {why}")
         with self._lock:  # after the event: whoever sees "unloaded" finds the event too
             entry.state, entry.size = "unloaded", 0
+            entry.loaded_for, entry.users, entry.user_keep_alive = None, set(), None
         self._wake.set()
 
     def _event(self, model: str, kind: str, text: str) -> None:

@@ -15,6 +15,27 @@ from engine.scheduling.admission import WaitReason
 from engine.scheduling.request import FinishReason, SamplingParams
 
 
+@dataclass(eq=False, slots=True)
+class Arrival:
+    """A request announced before its prompt is ready (its model's tokenizer opening): listed
+    as waiting for the model from its first moment, and a demand for its load."""
+
+    id: str
+    owner: str
+    admin: bool
+    arrival: float  # when it was announced (the set's clock)
+    # how it ended before its submit (cancelled, or its model failed to load): the submit
+    # then ends at once, the same way
+    ended: tuple[FinishReason, str | None] | None = None
+
+    def view(self, model: str, now: float, reason: WaitReason, position: int) -> RequestView:
+        return RequestView(
+            id=self.id, owner=self.owner, state="waiting", position=position, reason=reason,
+            slot=None, prompt_tokens=0, cached_tokens=0, prefill_done=0, chunk=0,
+            num_chunks=1, output_tokens=0, max_tokens=0, arrival=self.arrival,
+            waited=now - self.arrival, ttft=None, itl=None, model=model)
+
+
 @dataclass(slots=True)
 class Pending:
     handle: RequestHandle
@@ -24,6 +45,7 @@ class Pending:
     owner_limit: int | None
     reasoning: Reasoning | None
     arrival: float
+    admin: bool = True  # an admin's request (shared mode): its load may evict the default
 
     def view(self, model: str, now: float, reason: WaitReason,
              position: int) -> RequestView:

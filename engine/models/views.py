@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from engine.config import ADMISSIONS, POLICIES, EngineConfig
-from engine.models.entry import ModelEntry, ModelInfo
+from engine.models.entry import ModelEntry, ModelInfo, ModelState
+from engine.models.pending import Arrival, Pending
 from engine.runtime.handle import RequestHandle
 from engine.runtime.reasoning import Reasoning
 from engine.runtime.snapshot import EngineSnapshot, RequestView
@@ -36,21 +37,35 @@ class SetViews:
             since = entry.loading_since if entry.state == "loading" and entry.loading_since \
                 is not None else now
             reason = WaitReason("loading", f"loading {entry.name}, {now - since:.0f} s")
-        return [p.view(entry.name, now, reason, i + 1) for i, p in enumerate(entry.pending)]
+        # in arrival order: announced requests (prompt not ready yet) came before those
+        # queued, unless they arrived later
+        waiting: list[Pending | Arrival] = sorted([*entry.pending, *entry.arrivals],
+                                                  key=lambda w: w.arrival)
+        return [w.view(entry.name, now, reason, i + 1) for i, w in enumerate(waiting)]
 
     def _owner_live(self, owner: str) -> int:
         """`owner`'s requests in the whole set: waiting for a load (or memory), queued or
         running on any model."""
         return sum(sum(1 for p in e.pending if p.owner == owner)
+                   + sum(1 for a in e.arrivals if a.owner == owner)
                    + (len(e.engine.live_ids(owner)) if e.engine is not None else 0)
                    for e in self._entries.values())
 
     def models(self) -> list[ModelInfo]:
         with self._lock:
             default = next(iter(self._entries))
-            return [ModelInfo(e.name, e.name == default, e.state, e.size or e.source.size,
-                              e.runs, e.keep_alive, e.live, e.source.details, e.error,
-                              e.memory_wait) for e in self._entries.values()]
+            return [ModelInfo(e.name, e.name == default, self._shown_state(e),
+                              e.size or e.source.size, e.runs, e.keep_alive, e.live,
+                              e.source.details, e.error, e.memory_wait)
+                    for e in self._entries.values()]
+
+    @staticmethod
+    def _shown_state(e: ModelEntry) -> ModelState:
+        """`loading` from the moment a request asks for it (its load starts on the monitor's
+        next turn, milliseconds later), as its requests' wait reason already says."""
+        if e.state == "unloaded" and (e.pending or e.arrivals) and not e.memory_wait:
+            return "loading"
+        return e.state
 
     def opened_tokenizer(self, model: str) -> Tokenizer | None:
         """The model's tokenizer if opened already (never waits to open one), else None."""
@@ -62,6 +77,8 @@ class SetViews:
         with self._lock:
             ids = [p.handle.id for e in self._entries.values() for p in e.pending
                    if owner is None or p.owner == owner]
+            ids += [a.id for e in self._entries.values() for a in e.arrivals
+                    if owner is None or a.owner == owner]
             for e in self._entries.values():
                 if e.engine is not None:
                     ids += e.engine.live_ids(owner)
@@ -73,7 +90,7 @@ class SetViews:
         while time.monotonic() < deadline:
             with self._lock:
                 engines = [e.engine for e in self._entries.values() if e.engine is not None]
-                pending = any(e.pending for e in self._entries.values())
+                pending = any(e.pending or e.arrivals for e in self._entries.values())
             if not pending and all(e.wait_idle(max(0.0, deadline - time.monotonic()))
                                    for e in engines) and not self.live_ids():
                 return True
@@ -109,8 +126,21 @@ class ModelView:
     """One model of a set, shaped like a single Engine for the code that serves a request:
     submit goes to that model; the rest (snapshot, cancel, handle) is the whole set's."""
 
-    def __init__(self, models: ModelSet, name: str, keep_alive: object) -> None:
-        self.models, self.name, self.keep_alive = models, name, keep_alive
+    def __init__(self, models: ModelSet, name: str, keep_alive: object,
+                 admin: bool = True) -> None:
+        self.models, self.name, self.keep_alive, self.admin = models, name, keep_alive, admin
+        self.arrival: Arrival | None = None  # announced by arrive(), until submitted
+
+    def arrive(self, owner: str, owner_limit: int | None = None) -> None:
+        """Announce the request now, before its prompt is ready (ModelSet.arrive); raises
+        LoadRefused, QueueFull."""
+        self.arrival = self.models.arrive(self.name, owner, self.admin, owner_limit)
+
+    def leave(self) -> None:
+        """The announced request will not be submitted: no longer listed."""
+        arrival, self.arrival = self.arrival, None
+        if arrival is not None:
+            self.models.withdraw(arrival)
 
     @property
     def alive(self) -> bool:
@@ -127,8 +157,9 @@ class ModelView:
     def submit(self, prompt_ids: list[int], params: SamplingParams, owner: str = "local",
                request_id: str | None = None, owner_limit: int | None = None,
                reasoning: Reasoning | None = None) -> RequestHandle:
+        arrival, self.arrival = self.arrival, None  # the first submit is the announced one
         return self.models.submit(prompt_ids, params, owner, request_id, owner_limit,
-                                  reasoning, self.name, self.keep_alive)
+                                  reasoning, self.name, self.keep_alive, self.admin, arrival)
 
     def check_constraint(self, constraint: Constraint) -> None:
         """Checked by the loaded engine's compiler, else by one built from the tokenizer."""

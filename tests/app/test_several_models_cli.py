@@ -40,8 +40,23 @@ def test_models_from_file_and_environment(tmp_path: Path) -> None:
     assert s.served_models == ["ollama:qwen3:0.6b", "default"]
 
 
+def test_users_load_models_from_flag_file_and_environment(tmp_path: Path) -> None:
+    """On by default (loading on demand, as before); off from a flag, the file or the
+    environment."""
+    assert settings_for([], tmp_path).users_load_models is True
+    assert settings_for(["--no-users-load-models"], tmp_path).users_load_models is False
+    assert settings_for([], tmp_path, toml="users_load_models = false\n").users_load_models \
+        is False
+    s = settings_for([], tmp_path, env={"FERRY_USERS_LOAD_MODELS": "no"})
+    assert s.users_load_models is False and s.source("users_load_models") == \
+        "env FERRY_USERS_LOAD_MODELS"
+    assert settings_for(["--users-load-models"], tmp_path,
+                        toml="users_load_models = false\n").users_load_models is True
+
+
 @pytest.mark.parametrize(("argv", "key"), [
-    (["--keep-alive", "soon"], "keep_alive"), (["--max-memory", "lots"], "max_memory"),
+    (["--keep-alive", "soon"], "keep_alive"), (["--keep-alive", "nan"], "keep_alive"),
+    (["--keep-alive=-5m"], "keep_alive"), (["--max-memory", "lots"], "max_memory"),
     (["--max-loaded", "-1"], "max_loaded"), (["--model", "a", "--model", "a"], "models")])
 def test_bad_values_name_the_setting(argv: list[str], key: str, tmp_path: Path) -> None:
     with pytest.raises(SettingsError) as err:

@@ -136,7 +136,7 @@ def _route_docs(body: type, chunk: str) -> dict[str, Any]:
     return {"description": SSE_DOC.format(chunk),
             "responses": {200: ResponseSpec(body, description="The completion; with "
                                             "stream=true a text/event-stream of chunks"),
-                          **error_docs(400, 404, 413, 429, 500, 503)}}
+                          **error_docs(400, 404, 409, 413, 429, 500, 503)}}
 
 
 def _event_stream(request: Request[Any, Any, Any],
@@ -219,7 +219,11 @@ class OpenAIController(Controller):
     async def chat_completions(self, request: Request[Any, Any, Any],
                                data: JSONBody[ChatCompletionRequest]) -> ASGIApp:
         s = services(request)
-        s = await route_model(s, data, _known(s))
+        async with route_model(s, data, current_user(request), _known(s)) as routed:
+            return await self._chat(request, routed, data)
+
+    async def _chat(self, request: Request[Any, Any, Any], s: Services,
+                    data: ChatCompletionRequest) -> ASGIApp:
         chat = await chat_input(data, s)
         ids = chat.ids
         max_tokens = data.max_tokens if data.max_tokens is not None else \
@@ -254,7 +258,11 @@ class OpenAIController(Controller):
     async def completions(self, request: Request[Any, Any, Any],
                           data: JSONBody[CompletionRequest]) -> ASGIApp:
         s = services(request)
-        s = await route_model(s, data, _known(s))
+        async with route_model(s, data, current_user(request), _known(s)) as routed:
+            return await self._complete(request, routed, data)
+
+    async def _complete(self, request: Request[Any, Any, Any], s: Services,
+                        data: CompletionRequest) -> ASGIApp:
         ids = await anyio.to_thread.run_sync(check_completion, data, s.tokenizer)
         constraint = await constraint_of(data, s)
         if upstream(s):

@@ -8,20 +8,26 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi.datastructures import ResponseSpec
 
-from engine import QueueFull, RequestError
+from engine import LoadRefused, QueueFull, RequestError
 from web.api.schemas import ErrorDetail, ErrorResponse
 from web.services import EngineUnavailable
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-         404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+         404: "not_found_error", 409: "invalid_request_error", 413: "invalid_request_error",
+         429: "rate_limit_error"}
+# a normal user's request the sharing rules keep from loading its model (shared mode)
+LOAD_REFUSED = {"not_loaded": (409, "model_not_loaded"), "no_room": (503, "model_no_room")}
 
 
 def error_docs(*codes: int) -> dict[int, ResponseSpec]:
     """OpenAPI entries for the error answers a /v1 handler gives (all OpenAI-style)."""
     text = {400: "Invalid or unsupported request", 403: "Only an admin can do this",
             404: "Unknown model or request",
+            409: "The model is not loaded, and only an admin loads models here",
             413: "Request body too large", 429: "Queue full; retry after Retry-After seconds",
-            500: "Generation failed", 503: "The engine is not running"}
+            500: "Generation failed",
+            503: "The engine is not running, or the model's load would need the default "
+                 "model's memory"}
     return {c: ResponseSpec(ErrorResponse, description=text[c], generate_examples=False)
             for c in codes}
 
@@ -42,8 +48,11 @@ def unsupported(param: str, what: str | None = None) -> APIError:
                     code="unsupported_parameter")
 
 
-def from_engine(exc: RequestError | QueueFull | EngineUnavailable,
+def from_engine(exc: RequestError | QueueFull | EngineUnavailable | LoadRefused,
                 param: str | None = None) -> APIError:
+    if isinstance(exc, LoadRefused):
+        status, code = LOAD_REFUSED[exc.kind]
+        return APIError(str(exc), status, param="model", code=code)
     if isinstance(exc, EngineUnavailable):
         return APIError(str(exc), 503, code="engine_unavailable", type="server_error",
                         headers={"Retry-After": str(exc.retry_after)})

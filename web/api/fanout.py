@@ -14,6 +14,7 @@ from litestar import Request
 
 from engine import (
     FinalEvent,
+    LoadRefused,
     QueueFull,
     Reasoning,
     RequestError,
@@ -40,7 +41,7 @@ def submit_all(request: Request[Any, Any, Any], s: Services, prompt_ids: list[in
         for p in params:
             handles.append(s.submit(current_user(request), prompt_ids, p, "api",
                                     reasoning=reasoning))
-    except (RequestError, QueueFull, EngineUnavailable) as exc:
+    except (RequestError, QueueFull, EngineUnavailable, LoadRefused) as exc:
         for handle in handles:
             handle.cancel()
         raise from_engine(exc, param) from exc

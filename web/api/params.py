@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -12,13 +13,16 @@ from engine import (
     MAX_LOGPROBS,
     SEED_MAX,
     SEED_MIN,
+    LoadRefused,
+    QueueFull,
     RequestError,
     SamplingParams,
     Tokenizer,
     UnknownModel,
     parse_keep_alive,
 )
-from web.api.errors import APIError, unsupported
+from web.access.identity import User
+from web.api.errors import APIError, from_engine, unsupported
 from web.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from web.config import WebConfig
 from web.services import Services
@@ -177,14 +181,18 @@ def sampling_params(body: SamplingFields, config: WebConfig, prompt_len: int,
         raise APIError(message, param=param) from exc
 
 
-async def route_model(s: Services, body: SamplingFields, known: Sequence[str] = ()
-                      ) -> Services:
+@asynccontextmanager
+async def route_model(s: Services, body: SamplingFields, user: User,
+                      known: Sequence[str] = ()) -> AsyncIterator[Services]:
     """The services of the model `body` names (several models: its engine, tokenizer and
     chat template; missing or empty: the default); 404 listing the known ones otherwise.
-    `known`: upstream mode's models, which the gateway routes itself."""
+    `known`: upstream mode's models, which the gateway routes itself. With several models
+    the request is listed from here on (waiting for its model, if not loaded) until it is
+    submitted, or until the block ends without a submit."""
     if s.catalog is None:
         check_model(body, s.config.model_name, known)
-        return s
+        yield s
+        return
     keep: object = KEEP
     if body.keep_alive is not None:
         try:
@@ -192,14 +200,20 @@ async def route_model(s: Services, body: SamplingFields, known: Sequence[str] = 
         except RequestError as exc:
             raise APIError(str(exc), param="keep_alive") from None
     try:
-        return await anyio.to_thread.run_sync(s.for_model, body.model or None, keep)
+        routed = await anyio.to_thread.run_sync(s.for_model, body.model or None, keep, user)
     except UnknownModel as exc:
         known = ", ".join(repr(n) for n in exc.known)
         raise APIError(f"the model {body.model!r} does not exist; this server serves {known}",
                        404, param="model", code="model_not_found") from None
+    except (LoadRefused, QueueFull) as exc:
+        raise from_engine(exc, "model") from None
     except Exception:  # its tokenizer does not open (its file gone, say): the server's fault
         name = body.model or s.catalog.default
         log.exception("opening the model %s failed", name)
         raise APIError(f"the model {name} is not available now: its files could not be "
                        "opened", 503, param="model", code="model_unavailable",
                        type="server_error", headers={"Retry-After": "5"}) from None
+    try:
+        yield routed
+    finally:
+        routed.leave()

@@ -152,5 +152,8 @@ class RequestsController(Controller):
             with anyio.move_on_after(CANCEL_WAIT):
                 while not ended(s, request_id):
                     await anyio.sleep(0.01)
-            info = find(s, user, request_id)
+            try:
+                info = find(s, user, request_id)
+            except APIError:  # announced, never submitted (its model loading): gone at once
+                return CancelResult(request_id, True, "finished")
         return CancelResult(request_id, cancelled, info.state)

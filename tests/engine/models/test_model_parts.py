@@ -17,14 +17,19 @@ from engine.sim.simulator import SimExecutor
 
 @pytest.mark.parametrize(("value", "seconds"), [
     (0, 0.0), (30, 30.0), ("0", 0.0), ("5m", 300.0), ("1h30m", 5400.0), ("90s", 90.0),
-    ("250ms", 0.25), (-1, None), ("-1", None), ("-5m", None), (2.5, 2.5)])
+    ("250ms", 0.25), (-1, None), (-1.0, None), ("-1", None), ("-1m", None), (2.5, 2.5),
+    ("1e3", 1000.0), ("-0", 0.0)])
 def test_keep_alive_reads_ollama_durations(value: object, seconds: float | None) -> None:
     assert parse_keep_alive(value) == seconds
 
 
-@pytest.mark.parametrize("value", ["soon", "5 minutes", "", "m5", True, [1], None])
+@pytest.mark.parametrize("value", [
+    "soon", "5 minutes", "", "m5", True, False, [1], None, "nan", "NaN", "inf", "-inf",
+    "1e999", float("nan"), float("inf"), 10**400, -2, -0.5, "-5m", "-2"])
 def test_keep_alive_refuses_the_unreadable(value: object) -> None:
-    with pytest.raises(RequestError):
+    """NaN, infinities, booleans, negatives other than -1 and unreadable text: refused with
+    a message naming the field (the API answers 400 with it)."""
+    with pytest.raises(RequestError, match="keep_alive"):
         parse_keep_alive(value)
 
 

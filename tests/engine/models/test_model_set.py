@@ -207,3 +207,56 @@ def test_per_user_limit_counts_requests_waiting_for_a_load(files: dict[str, Path
         all_free(models)
     finally:
         models.stop()
+
+
+def test_normal_users_loads_keep_the_default_and_follow_the_rules(
+        files: dict[str, Path], cache: Path) -> None:
+    """Requests of normal users (admin=False): a load that only the default's memory would
+    make room for is refused at once; one that waits for a busy model waits (`memory`, the
+    default staying) and then evicts that model, never the default; with loading on demand
+    kept for admins, a normal user's request for a model not loaded is refused."""
+    from engine.models import LoadRefused, SharingRules
+
+    models = make_set(files, cache, ("alpha", "beta", "gamma"), Budget(2, 8 * GB))
+    try:
+        busy = ask(models, "beta", "Once upon a time", tokens=300, owner="bob", admin=False)
+        late = ask(models, "gamma", owner="cat", admin=False)
+        wait_for(lambda: (v := models.snapshot().find(late.id)) is not None
+                 and v.reason is not None and v.reason.code == "memory")
+        view = models.snapshot().find(late.id)
+        assert view is not None and view.reason is not None
+        assert "the default alpha stays" in view.reason.text
+        assert state(models, "alpha") == "loaded"
+        models.cancel(busy.id)  # beta goes idle: it gives way to gamma, alpha stays
+        finish(busy)
+        finish(late)
+        assert (state(models, "alpha"), state(models, "beta"), state(models, "gamma")) == \
+            ("loaded", "unloaded", "loaded")
+    finally:
+        models.stop()
+    models = make_set(files, cache, ("alpha", "beta"), Budget(1, 8 * GB))
+    try:
+        with pytest.raises(LoadRefused, match="'beta' cannot be loaded now") as err:
+            ask(models, "beta", owner="bob", admin=False)
+        assert err.value.kind == "no_room" and state(models, "alpha") == "loaded"
+        assert models.arrive("alpha", "bob", admin=False) is None  # loaded: nothing to wait
+        finish(ask(models, "beta", owner="ann"))  # an admin's load may evict the default
+        assert (state(models, "alpha"), state(models, "beta")) == ("unloaded", "loaded")
+        all_free(models)
+    finally:
+        models.stop()
+    models = make_set(files, cache, ("alpha", "beta"), Budget(2, 8 * GB),
+                      rules=SharingRules(users_load=False))
+    try:
+        with pytest.raises(LoadRefused, match="only an admin loads models") as err:
+            ask(models, "beta", owner="bob", admin=False)
+        assert err.value.kind == "not_loaded" and state(models, "beta") == "unloaded"
+        with pytest.raises(LoadRefused):
+            models.arrive("beta", "bob", admin=False)
+        arrival = models.arrive("beta", "ann")  # an admin's announced request starts the load
+        assert arrival is not None and state(models, "beta") in ("loading", "loaded")
+        finish(ask(models, "beta", owner="bob", admin=False))  # joining it is fine
+        models.withdraw(arrival)
+        all_free(models)
+    finally:
+        models.stop()

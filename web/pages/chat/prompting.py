@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from engine import Reasoning, SamplingParams, UnknownModel, continuation
+from engine import LoadRefused, QueueFull, Reasoning, SamplingParams, UnknownModel, continuation
+from web.access.identity import User
 from web.pages.chat.rules import ChatError
 from web.services import Services
 from web.storage.store import Conversation, Message
@@ -28,16 +29,21 @@ class ConversationModel:
         self.s = s
 
     # -- the model -----------------------------------------------------------------------
-    def for_conversation(self, conv: Conversation) -> ConversationModel:
+    def for_conversation(self, conv: Conversation, user: User | None = None
+                         ) -> ConversationModel:
         """The service for the conversation's model (several models: its engine, tokenizer
-        and template; a model no longer served falls back to the default). Opening a model's
-        tokenizer the first time takes seconds: call it off the event loop."""
+        and template; a model no longer served falls back to the default). With `user`, a
+        reply about to be asked for: announced (listed as waiting for its model) until
+        submitted or `s.leave()`. Opening a model's tokenizer the first time takes seconds:
+        call it off the event loop."""
         if self.s.catalog is None:
             return self
         try:
-            return type(self)(self.s.for_model(conv.model))
+            return type(self)(self.s.for_model(conv.model, user=user))
         except UnknownModel:
-            return type(self)(self.s.for_model(None))
+            return type(self)(self.s.for_model(None, user=user))
+        except (LoadRefused, QueueFull):
+            raise
         except Exception:  # its tokenizer would not open (a file found on disk, say)
             log.warning("opening %s's tokenizer failed", conv.model, exc_info=True)
             raise ChatError(f"the model {conv.model} cannot be used: its tokenizer does not "

@@ -27,10 +27,14 @@ class ChatService(ConversationModel):
     async def start_reply(self, user: User, conv: Conversation, history: list[Message],
                           version_group: int | None = None) -> Message:
         """Submit a reply to `history` and start streaming it (raises RequestError, QueueFull)."""
-        chat = await anyio.to_thread.run_sync(self.for_conversation, conv)
-        p = await anyio.to_thread.run_sync(chat.prompt, conv, history)
-        handle = chat.s.submit(user, p.ids, chat._params(conv, p.max_tokens), "chat",
-                               label=conv.title, link=f"/c/{conv.id}", reasoning=p.reasoning)
+        chat = await anyio.to_thread.run_sync(self.for_conversation, conv, user)
+        try:
+            p = await anyio.to_thread.run_sync(chat.prompt, conv, history)
+            handle = chat.s.submit(user, p.ids, chat._params(conv, p.max_tokens), "chat",
+                                   label=conv.title, link=f"/c/{conv.id}",
+                                   reasoning=p.reasoning)
+        finally:
+            chat.s.leave()  # announced, not submitted: no longer listed
         msg = self.s.store.add_message(conv.id, "assistant", "", "streaming", handle.id,
                                        version_group, p.note, p.max_tokens,
                                        model=chat.s.model if chat.s.catalog else None)
@@ -116,11 +120,15 @@ class ChatService(ConversationModel):
         self._check_idle(conv)
         if msg.id != history[-1].id or msg.finish_reason not in ("length", "cancelled"):
             raise ChatError("only a reply that was cut short can be continued")
-        chat = await anyio.to_thread.run_sync(self.for_conversation, conv)
-        p, reasoning = await anyio.to_thread.run_sync(chat.continued_prompt, conv,
-                                                      history[:-1], msg)
-        handle = chat.s.submit(user, p.ids, chat._params(conv, p.max_tokens), "chat",
-                               label=conv.title, link=f"/c/{conv.id}", reasoning=reasoning)
+        chat = await anyio.to_thread.run_sync(self.for_conversation, conv, user)
+        try:
+            p, reasoning = await anyio.to_thread.run_sync(chat.continued_prompt, conv,
+                                                          history[:-1], msg)
+            handle = chat.s.submit(user, p.ids, chat._params(conv, p.max_tokens), "chat",
+                                   label=conv.title, link=f"/c/{conv.id}",
+                                   reasoning=reasoning)
+        finally:
+            chat.s.leave()
         self.s.store.restart_message(msg.id, p.max_tokens)
         self.s.replies.start(handle, msg.id, conv.id, p.max_tokens, prefix=msg.content,
                              earlier_tokens=msg.completion_tokens or 0,

@@ -12,7 +12,7 @@ from litestar.params import URLEncodedBody
 from litestar.plugins.htmx import ClientRedirect, HTMXRequest, HTMXTemplate
 from litestar.response import Redirect, Template
 
-from engine import QueueFull, RequestError, UnknownModel
+from engine import LoadRefused, QueueFull, RequestError, UnknownModel
 from web.access.disclosure import model_info
 from web.access.identity import User, current_user
 from web.pages.chat.rules import ChatError, version_nav
@@ -119,6 +119,8 @@ def refusal(request: HTMXRequest, exc: Exception, conv: Conversation | None,
     headers: dict[str, str] = {}
     if isinstance(exc, ChatError):
         status = exc.status_code
+    elif isinstance(exc, LoadRefused):  # the sharing rules: 409 not loaded, 503 no room
+        status = 409 if exc.kind == "not_loaded" else 503
     elif isinstance(exc, (QueueFull, EngineUnavailable)):
         status = 429 if isinstance(exc, QueueFull) else 503
         headers = {"Retry-After": str(exc.retry_after)}
@@ -131,7 +133,7 @@ def refusal(request: HTMXRequest, exc: Exception, conv: Conversation | None,
     return response
 
 
-REFUSED = (ChatError, RequestError, QueueFull, EngineUnavailable)
+REFUSED = (ChatError, RequestError, QueueFull, EngineUnavailable, LoadRefused)
 
 
 def http_error(request: HTMXRequest, exc: HTTPException) -> Response[Any]:
