@@ -156,8 +156,9 @@ class ModelSet(SetViews, Monitor, Sharing):
             if ended is not None:  # cancelled (or its load failed) while its prompt was made
                 handle = RequestHandle(request_id or new_request_id(), owner, list(prompt_ids),
                                        tokenizer, params.stop, self.cancel, reasoning)
+                failed = entry.name if ended[0] == "error" else None  # only a load fails it
                 Pending(handle, list(prompt_ids), params, owner, owner_limit, reasoning,
-                        self.clock()).end(self.clock(), *ended)
+                        self.clock()).end(self.clock(), *ended, unavailable=failed)
                 return handle
             if owner_limit is not None and self._owner_live(owner) >= owner_limit:
                 # across the set: requests waiting for a load count as much as running ones
