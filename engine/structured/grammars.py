@@ -41,7 +41,10 @@ def json_schema_grammar(schema: dict[str, Any]) -> str:
     limits.check_schema(schema)  # depth first: json.dumps recurses
     try:
         text = json.dumps(schema)
-        limits.check_size("the JSON schema", text)
+    except (ValueError, TypeError) as exc:
+        raise RequestError(f"the JSON schema is not valid JSON: {exc}") from exc
+    limits.check_size("the JSON schema", text)
+    try:
         return str(_llg().LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS))
     except (ValueError, TypeError) as exc:
         raise RequestError(f"the JSON schema is not valid JSON: {exc}") from exc
