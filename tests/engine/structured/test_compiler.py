@@ -91,7 +91,7 @@ from engine.execution.text.tokenizer import Tokenizer
 from engine import structured
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.limits import LIMITS
-from tests.engine.structured.test_limits import ref_chain, rule_chain
+from tests.tools.grammar_chains import ref_chain, rule_chain
 
 grammars = GrammarCompiler(Tokenizer(sys.argv[1]).hf)
 for constraint in (structured.lark(rule_chain(LIMITS.max_rules - 2)),

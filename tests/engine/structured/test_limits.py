@@ -9,24 +9,7 @@ import pytest
 
 from engine import RequestError, structured
 from engine.structured.limits import LIMITS, GrammarLimits, LimitExceeded, check_tools
-
-
-def nested(depth: int) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "string"}
-    for _ in range(depth):
-        schema = {"type": "array", "items": schema}
-    return schema
-
-
-def ref_chain(links: int) -> dict[str, Any]:
-    defs: dict[str, Any] = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(links)}
-    defs[f"d{links}"] = {"type": "string"}
-    return {"$defs": defs, "$ref": "#/$defs/d0"}
-
-
-def rule_chain(rules: int) -> str:
-    return "start: r0\n" + "".join(f"r{i}: r{i + 1}\n" for i in range(rules)) + \
-        f'r{rules}: "x"\n'
+from tests.tools.grammar_chains import nested, ref_chain, rule_chain
 
 
 def refused(limit: str, build: Any, *args: Any) -> LimitExceeded:

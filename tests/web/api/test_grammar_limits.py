@@ -17,7 +17,7 @@ import pytest
 from engine.structured import compiler
 from engine.structured.compiler import CACHE
 from engine.structured.limits import LIMITS
-from tests.engine.structured.test_limits import nested, ref_chain, rule_chain
+from tests.tools.grammar_chains import nested, ref_chain, rule_chain
 
 pytestmark = pytest.mark.model
 MODEL = "SmolLM2-135M-Instruct"
