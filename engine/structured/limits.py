@@ -29,6 +29,7 @@ class GrammarLimits:
     # bound the work of one compile and of one token's mask
     max_lexer_states: int = 50_000
     max_grammar_size: int = 500_000
+    max_items_in_row: int = 2_000
     step_max_items: int = 50_000
     initial_lexer_fuel: int = 1_000_000
     step_lexer_fuel: int = 200_000
@@ -50,6 +51,7 @@ def parser_limits(limits: GrammarLimits = LIMITS) -> Any:
 
     return llguidance.LLParserLimits(
         max_lexer_states=limits.max_lexer_states, max_grammar_size=limits.max_grammar_size,
+        max_items_in_row=limits.max_items_in_row,
         step_max_items=limits.step_max_items, initial_lexer_fuel=limits.initial_lexer_fuel,
         step_lexer_fuel=limits.step_lexer_fuel)
 

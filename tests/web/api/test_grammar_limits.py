@@ -154,7 +154,7 @@ def test_healthz_answers_while_a_grammar_compiles(server: Any,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     slow = SlowCompile(monkeypatch)
     took, reply = healthz_while_compiling(server.url, slow)
-    assert took < 1.0, took
+    assert took < 2.0, took  # loosely: the held compile would hold it for 60 s
     assert slow.thread.startswith("ferry-grammar")
     assert reply.status_code == 200, reply.text
     assert server.engine.wait_idle(10)
@@ -166,6 +166,6 @@ def test_a_model_set_compiles_outside_its_lock(make_models_server: Any,
     slow = SlowCompile(monkeypatch, models.engine._lock)
     took, reply = healthz_while_compiling(models.url, slow, "/v1/chat/completions", "alpha")
     assert slow.lock_free is True and slow.thread.startswith("ferry-grammar")
-    assert took < 1.0, took
+    assert took < 2.0, took  # loosely: the held compile would hold it for 60 s
     assert reply.status_code == 200, reply.text
     assert models.engine.wait_idle(10)
