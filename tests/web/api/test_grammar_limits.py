@@ -169,3 +169,15 @@ def test_a_model_set_compiles_outside_its_lock(make_models_server: Any,
     assert took < 2.0, took  # loosely: the held compile would hold it for 60 s
     assert reply.status_code == 200, reply.text
     assert models.engine.wait_idle(10)
+
+
+def test_a_model_loaded_on_demand_uses_the_compile_checked_before(
+        make_models_server: Any) -> None:
+    models = make_models_server(("alpha", "beta"), max_running=4)
+    options = [f"beta-{uuid.uuid4().hex[:6]}", "other"]
+    before = CACHE.compiles
+    r = post(models.url, {"guided_choice": options, "n": 2, "max_tokens": 16}, model="beta")
+    assert r.status_code == 200, r.text
+    assert {c["message"]["content"] for c in r.json()["choices"]} <= set(options)
+    assert CACHE.compiles == before + 1  # checked before the load, not compiled again after
+    assert models.engine.wait_idle(10)
