@@ -161,14 +161,14 @@ class ModelView:
         return self.models.submit(prompt_ids, params, owner, request_id, owner_limit,
                                   reasoning, self.name, self.keep_alive, self.admin, arrival)
 
-    def check_constraint(self, constraint: Constraint) -> None:
-        """Checked by the loaded engine's compiler, else by one built from the tokenizer."""
+    def check_constraint(self, constraint: Constraint) -> Constraint:
+        """Checked by the loaded engine's compiler, else by one built from the tokenizer
+        (both share the model's compiled grammars): the constraint, compiled."""
         with self.models._lock:
             engine = self.models._entries[self.name].engine
         if engine is not None:
-            engine.check_constraint(constraint)
-        else:
-            self.models.grammars(self.name).check(constraint)
+            return engine.check_constraint(constraint)
+        return self.models.grammars(self.name).check(constraint)
 
     def __getattr__(self, name: str) -> Any:  # cancel, handle, snapshot, live_ids, ...
         return getattr(self.models, name)

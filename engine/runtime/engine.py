@@ -129,7 +129,7 @@ class Engine:
         req = Request(list(prompt_ids), params, id=request_id or new_request_id(), owner=owner,
                       arrival=self.clock(), eos_ids=self.eos_ids)
         self._core.scheduler.validate(req)  # read-only: config and pool size
-        if params.constraint is not None:  # compiled here, off the engine thread
+        if params.constraint is not None:  # a copy of the checked compile, else compiled now
             req.matcher = self.grammars().matcher(params.constraint)
         if handle is None:
             handle = RequestHandle(req.id, owner, req.prompt_ids, self.tokenizer, params.stop,
@@ -165,9 +165,10 @@ class Engine:
                                        f"tokenizer: {exc}") from exc
             return self._grammars
 
-    def check_constraint(self, constraint: Constraint) -> None:
-        """Raise RequestError (saying why) when `constraint` does not compile."""
-        self.grammars().check(constraint)
+    def check_constraint(self, constraint: Constraint) -> Constraint:
+        """Raise RequestError (saying why) when `constraint` does not compile; else it,
+        compiled (submitting it then compiles nothing). Blocks: call it off the event loop."""
+        return self.grammars().check(constraint)
 
     def cancel(self, request_id: str, reason: str = "cancelled") -> bool:
         """Ask to end a request; True when it was live. Applied at the next round boundary."""

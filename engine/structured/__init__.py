@@ -1,6 +1,8 @@
 """Grammar-constrained decoding with llguidance: constraints from the API's fields
-(`grammars`) and per-request matchers (`compiler`). Imports llguidance lazily, never torch;
+(`grammars`, bounded by `limits`) and per-request matchers (`compiler`, compiling on
+`threads`). Imports llguidance lazily, never torch;
 the masks are applied in engine.execution.sampling.grammar_masks."""
+from engine.structured import limits
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.grammars import (
     after_thinking,
@@ -14,4 +16,4 @@ from engine.structured.grammars import (
 )
 
 __all__ = ["GrammarCompiler", "after_thinking", "choice", "gbnf", "json_object", "json_schema",
-           "json_schema_grammar", "lark", "regex"]
+           "json_schema_grammar", "lark", "limits", "regex"]

@@ -1,7 +1,9 @@
 """Constraints from the API's fields: JSON schemas, any JSON object, regexes, choices, Lark.
 
-Each builder returns a `Constraint` holding llguidance's grammar text; nothing is compiled
-here (engine.structured.compiler does that, once per request, with the model's tokenizer).
+Each builder first checks its input against engine.structured.limits (a 400 naming the
+limit), then returns a `Constraint` holding llguidance's grammar text; nothing is compiled
+here (engine.structured.compiler does that, once per grammar, with the model's tokenizer).
+Builders block (GBNF is converted in Python): callers run them off the event loop.
 JSON is compact (no free whitespace): a small model cannot wander off in blank lines, and
 the output is still plain JSON.
 """
@@ -14,6 +16,7 @@ from typing import Any
 
 from engine.scheduling.constraint import Constraint, ConstraintKind
 from engine.scheduling.request import RequestError
+from engine.structured import limits
 
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "key_separator": ": ",
                                 "item_separator": ", "}
@@ -35,9 +38,14 @@ def json_schema_grammar(schema: dict[str, Any]) -> str:
     is not an object or not JSON)."""
     if not isinstance(schema, dict):
         raise RequestError("the JSON schema must be an object")
+    limits.check_schema(schema)  # depth first: json.dumps recurses
     try:
-        return str(_llg().LLMatcher.grammar_from_json_schema(json.dumps(schema),
-                                                              defaults=JSON_OPTIONS))
+        text = json.dumps(schema)
+    except (ValueError, TypeError) as exc:
+        raise RequestError(f"the JSON schema is not valid JSON: {exc}") from exc
+    limits.check_size("the JSON schema", text)
+    try:
+        return str(_llg().LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS))
     except (ValueError, TypeError) as exc:
         raise RequestError(f"the JSON schema is not valid JSON: {exc}") from exc
 
@@ -52,6 +60,7 @@ def json_object() -> Constraint:
 
 
 def regex(pattern: str) -> Constraint:
+    limits.check_regex("the regular expression", pattern)
     return Constraint("regex", str(_llg().LLMatcher.grammar_from_regex(pattern)))
 
 
@@ -59,13 +68,19 @@ def choice(options: Sequence[str]) -> Constraint:
     """Exactly one of `options` (vLLM's guided_choice)."""
     if not options or not all(isinstance(o, str) for o in options):
         raise RequestError("the choices must be a non-empty list of strings")
+    limits.check_choices(options)
     alternatives = " | ".join(json.dumps(o) for o in options)
     return Constraint("choice", str(_llg().LLMatcher.grammar_from_lark(
         f"start: {alternatives}")))
 
 
 def lark(grammar: str, kind: ConstraintKind = "grammar") -> Constraint:
-    """A Lark grammar in llguidance's dialect (`%json {...}` embeds a schema)."""
+    """A Lark grammar in llguidance's dialect (`%json {...}` embeds a schema). A tool call's
+    grammar is Ferry's own around schemas checked one by one: only its size is bounded."""
+    if kind == "tool_call":
+        limits.check_size("the tools' grammar", grammar)
+    else:
+        limits.check_grammar("the grammar", grammar)
     return Constraint(kind, str(_llg().LLMatcher.grammar_from_lark(grammar)))
 
 
@@ -73,10 +88,12 @@ def gbnf(grammar: str) -> Constraint:
     """A llama.cpp GBNF grammar (its `grammar` field), converted to Lark by llguidance."""
     from llguidance.gbnf_to_lark import gbnf_to_lark
 
+    limits.check_grammar("the grammar", grammar, gbnf=True)
     try:
-        return lark(gbnf_to_lark(grammar))
+        converted = gbnf_to_lark(grammar)
     except Exception as exc:  # the converter raises plain exceptions on bad input
         raise RequestError(f"the grammar could not be read as GBNF: {exc}") from exc
+    return lark(converted)
 
 
 def after_thinking(constraint: Constraint, close: str) -> Constraint:

@@ -45,12 +45,12 @@ def passthrough(body: SamplingFields) -> dict[str, Any]:
 
 
 async def constraint_of(body: SamplingFields, s: Services) -> Constraint | None:
-    """The structured-output constraint of either endpoint, compiled once to check it."""
-    asked = fields.requested(body)
+    """The structured-output constraint of either endpoint, compiled (once: its choices
+    share it). Built and compiled on a worker thread, never on the event loop."""
+    asked = await anyio.to_thread.run_sync(fields.requested, body)
     if asked is None or upstream(s):
         return None
-    await anyio.to_thread.run_sync(fields.check, s.engine, *asked)
-    return asked[0]
+    return await anyio.to_thread.run_sync(fields.check, s.engine, *asked)
 
 
 async def chat_input(data: ChatCompletionRequest, s: Services) -> ChatInput:
@@ -61,15 +61,18 @@ async def chat_input(data: ChatCompletionRequest, s: Services) -> ChatInput:
                                        FORMATS["generic"])
         prompt: Any = s.tokenizer.apply_chat_template(messages)
         prompt.extra = passthrough(data)
-        fields.requested(data)  # still a 400 for a malformed field
+        await anyio.to_thread.run_sync(fields.requested, data)  # a 400 for a malformed field
         return ChatInput(prompt, None, plan)
     hf = s.tokenizer.hf
     plan = tools.plan(data, getattr(hf, "chat_template", None))
     template_messages, template_tools = tools.template_input(plan, messages)
     if plan is not None and plan.parses and not plan.format.native:
         tools.check_system_prompt(lambda ms: s.tokenizer.render_chat(ms))
-    forced = tools.constraint(plan, _marker(s, plan)) if plan is not None else None
-    asked = fields.requested(data)
+    marker = _marker(s, plan) if plan is not None else None
+    # built on a worker thread: GBNF is converted in Python, schemas are serialised
+    forced, asked = await anyio.to_thread.run_sync(
+        lambda: (tools.constraint(plan, marker) if plan is not None else None,
+                 fields.requested(data)))
     if asked is not None and plan is not None and plan.parses:
         raise APIError(f"{asked[1]} cannot be combined with tools (unless tool_choice is "
                        "none)", param=asked[1])
@@ -82,13 +85,19 @@ async def chat_input(data: ChatCompletionRequest, s: Services) -> ChatInput:
                        param="messages") from exc
     reasoning = s.tokenizer.reasoning_for(ids)
     if forced is not None:
-        forced = _after_thinking(forced, reasoning)
-        await anyio.to_thread.run_sync(fields.check, s.engine, forced, "tools")
+        forced = await anyio.to_thread.run_sync(_compiled, s, forced, "tools", reasoning)
         return ChatInput(ids, forced, plan, reasoning)
     if asked is not None:
-        asked = _after_thinking(asked[0], reasoning), asked[1]
-        await anyio.to_thread.run_sync(fields.check, s.engine, *asked)
-    return ChatInput(ids, asked[0] if asked else None, plan, reasoning)
+        constraint = await anyio.to_thread.run_sync(_compiled, s, *asked, reasoning)
+        return ChatInput(ids, constraint, plan, reasoning)
+    return ChatInput(ids, None, plan, reasoning)
+
+
+def _compiled(s: Services, constraint: Constraint, param: str,
+              reasoning: Reasoning | None) -> Constraint:
+    """On a worker thread: the constraint as the prompt needs it, compiled (a 400 naming
+    `param` when it does not compile)."""
+    return fields.check(s.engine, _after_thinking(constraint, reasoning), param)
 
 
 def _after_thinking(constraint: Constraint, reasoning: Reasoning | None) -> Constraint:

@@ -2,9 +2,11 @@
 
 Accepted (at most one per request): OpenAI's `response_format` (`json_object`, `json_schema`
 with `{name, schema, strict}`), vLLM's `guided_json` / `guided_regex` / `guided_choice` /
-`guided_grammar` (Lark), and llama.cpp's `json_schema` / `grammar` (GBNF). A constraint is
-compiled once here, so that a schema llguidance cannot compile, or a keyword it does not
-implement, is refused before anything is queued.
+`guided_grammar` (Lark), and llama.cpp's `json_schema` / `grammar` (GBNF). Inputs past
+engine.structured.limits are refused with a 400 naming the limit; a constraint is compiled
+once here, so that a schema llguidance cannot compile, or a keyword it does not implement, is
+refused before anything is queued, and the compiled constraint is what the request's choices
+are submitted with. Both functions block: callers run them on worker threads.
 """
 from __future__ import annotations
 
@@ -22,8 +24,11 @@ FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "gu
 def _schema(value: Any, param: str) -> dict[str, Any]:
     if isinstance(value, str):  # vLLM accepts the schema as JSON text too
         try:
+            structured.limits.check_size("the JSON schema", value)
             value = json.loads(value)
-        except ValueError as exc:
+        except structured.limits.LimitExceeded as exc:
+            raise APIError(f"{param}: {exc}", param=param, code=exc.limit) from exc
+        except (ValueError, RecursionError) as exc:
             raise APIError(f"{param} is not valid JSON: {exc}", param=param) from exc
     if not isinstance(value, dict):
         raise APIError(f"{param} must be a JSON schema (an object)", param=param)
@@ -74,17 +79,24 @@ def requested(body: SamplingFields) -> tuple[Constraint, str] | None:
         else:
             c = structured.gbnf(value)
     except RequestError as exc:
-        raise APIError(f"{name}: {exc}", param=name) from exc
+        raise APIError(f"{name}: {exc}", param=name, code=_code(exc)) from exc
     return c, name
 
 
-def check(engine: object, constraint: Constraint, param: str) -> None:
-    """Compile once (a RequestError -> 400 naming `param`); upstream mode checks nothing here:
-    the upstream does."""
+def check(engine: object, constraint: Constraint, param: str) -> Constraint:
+    """Compile once (a RequestError -> 400 naming `param`): the constraint, compiled; upstream
+    mode checks nothing here: the upstream does."""
     checker = getattr(engine, "check_constraint", None)
     if checker is None:
-        return
+        return constraint
     try:
-        checker(constraint)
+        compiled: Constraint = checker(constraint)
     except RequestError as exc:
-        raise APIError(f"{param}: {exc}", param=param, code="invalid_schema") from exc
+        raise APIError(f"{param}: {exc}", param=param,
+                       code=_code(exc) or "invalid_schema") from exc
+    return compiled
+
+
+def _code(exc: RequestError) -> str | None:
+    """A broken limit's name is the error's code (max_bytes, max_depth, ...)."""
+    return exc.limit if isinstance(exc, structured.limits.LimitExceeded) else None

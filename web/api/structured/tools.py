@@ -5,6 +5,7 @@
 `role: tool` results) into what the chat template takes; `constraint` is the grammar that
 forces a call when tool_choice is `required` or names a function, so its arguments always
 match the tool's schema. With `auto` the model chooses and the reply is parsed leniently.
+`constraint` blocks (it serialises every schema): callers run it on a worker thread.
 """
 from __future__ import annotations
 
@@ -53,6 +54,10 @@ class ToolPlan:
 
 
 def _check_tools(tools: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+    try:
+        structured.limits.check_tools(len(tools))
+    except structured.limits.LimitExceeded as exc:
+        raise APIError(f"tools: {exc}", param="tools", code=exc.limit) from exc
     out = []
     seen: set[str] = set()
     for i, tool in enumerate(tools):
@@ -181,7 +186,14 @@ def constraint(p: ToolPlan, marker_id: int | None = None) -> Constraint | None:
         try:  # each tool's own schema first, so the 400 names the tool
             structured.json_schema_grammar(params)
         except RequestError as exc:
-            raise APIError(f"tools: {name}: {exc}", param="tools") from exc
+            raise APIError(f"tools: {name}: {exc}", param="tools", code=_code(exc)) from exc
         schemas.append(p.format.call_schema(name, params))
     grammar = p.format.grammar(schemas, p.parallel and p.choice == "required", marker_id)
-    return structured.lark(grammar, "tool_call")
+    try:
+        return structured.lark(grammar, "tool_call")
+    except RequestError as exc:  # the tools together are past max_bytes
+        raise APIError(f"tools: {exc}", param="tools", code=_code(exc)) from exc
+
+
+def _code(exc: RequestError) -> str | None:
+    return exc.limit if isinstance(exc, structured.limits.LimitExceeded) else None
