@@ -18,6 +18,7 @@ from engine.config import EngineConfig
 from engine.execution.attention import default_backend, get_backend
 from engine.execution.attention.base import AttentionInputs, LocalInputs
 from engine.execution.cpu import default_threads, on_fresh_thread, reuse_freed_memory
+from engine.execution.host import to_device
 from engine.execution.kv_pool import KVPool, LocalTables, slot_of
 from engine.execution.loading.loader import load_model, pool_dtype, resolve_model, weight_mode
 from engine.execution.loading.model_files import is_gguf
@@ -195,6 +196,9 @@ class ModelExecutor:
             if end > len(pages) * ps:
                 raise ValueError(f"{req.id}: positions up to {end} need "
                                  f"{-(-end // ps)} pages, page table has {len(pages)}")
+            if end > self.max_context:  # checked here, on the host (rotary would sync)
+                raise ValueError(f"position {end - 1} beyond the model's "
+                                 f"{self.max_context} positions")
             if n == 1:
                 ids.append(req.token_at(start))
             elif it.drafts:  # the last token, then the drafts (not in the output yet)
@@ -232,7 +236,7 @@ class ModelExecutor:
         dev = self.device
 
         def as_tensor(xs: list[int]) -> torch.Tensor:
-            return torch.tensor(xs, dtype=torch.int64, device=dev)
+            return to_device(xs, torch.int64, dev)
 
         with torch.inference_mode():
             self.attn.prepare(AttentionInputs(
@@ -277,7 +281,7 @@ SCORE_BLOCK = 128  # prompt rows turned into float32 log-probabilities at a time
 def token_logprobs(logits: torch.Tensor, targets: list[int], top: int) -> list[TokenLogprob]:
     """logits [R, vocab] -> per row, log_softmax (float32) at `targets[r]` and the `top` best."""
     logp = torch.log_softmax(logits.float(), dim=-1)  # [R, vocab]
-    chosen = logp.gather(1, torch.tensor(targets, device=logp.device)[:, None]).squeeze(1)
+    chosen = logp.gather(1, to_device(targets, torch.int64, logp.device)[:, None]).squeeze(1)
     chosen_list = chosen.tolist()
     if top <= 0:
         return [TokenLogprob(t, lp) for t, lp in zip(targets, chosen_list)]
