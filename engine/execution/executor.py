@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.execution.attention import default_backend, get_backend
+from engine.execution.attention import get_backend
 from engine.execution.attention.base import AttentionInputs, LocalInputs
+from engine.execution.attention.choice import BackendChoice, choose
 from engine.execution.cpu import default_threads, on_fresh_thread, reuse_freed_memory
 from engine.execution.host import to_device
 from engine.execution.kv_pool import KVPool, LocalTables, slot_of
@@ -57,9 +58,14 @@ class ModelExecutor:
         self.local_pool = None if not num_local else KVPool(
             num_local, replace(config, sliding_window=self.sliding_window).num_local_pages,
             config.page_size, cfg.num_kv_heads, cfg.head_dim, kv_dtype, self.device)
-        name = backend or default_backend(self.device, model.dtype, bool(num_local))
-        self.attn = get_backend(name)(self.pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                      cfg.scale, windows, self.local_pool)
+        if backend is not None:  # asked for by name: that one, or its error
+            self.attention = BackendChoice(backend, "requested")
+        else:
+            self.attention = choose(self.device, kv_dtype, cfg.num_heads, cfg.num_kv_heads,
+                                    cfg.head_dim, cfg.scale, config.page_size, windows)
+        self.attn = get_backend(self.attention.name)(
+            self.pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.scale, windows,
+            self.local_pool)
         # decode rounds of a few sequences run each layer in one C call where the model's
         # layers are the fused recipe's (built from the model's neutral description)
         self.fused = FusedDecode.build(cfg, model.decode_layers(), model.dtype, model)

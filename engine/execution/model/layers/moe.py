@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 from torch import nn
@@ -131,18 +132,19 @@ class MoEMLP(nn.Module):
         linears: list[tuple[Linear, Linear]] = []
         for e in self.experts:
             assert isinstance(e, GatedMLP)
-            gu, down = e.gate_up_proj, e.down_proj
-            if gu.bias is not None or down.bias is not None:
+            pair = (e.gate_up_proj, e.down_proj)
+            if pair[0].bias is not None or pair[1].bias is not None:
                 return None
-            if not (plain(gu.weight, (2 * inter, hidden)) and plain(down.weight, (hidden, inter))):
+            if not (plain(pair[0].weight, (2 * inter, hidden))
+                    and plain(pair[1].weight, (hidden, inter))):
                 return None
-            linears.append((gu, down))
+            linears.append(pair)
         with torch.no_grad():
-            gate_up = torch.stack([gu.weight for gu, _ in linears])  # type: ignore[misc]
-            down = torch.stack([d.weight for _, d in linears])  # type: ignore[misc]
-        for i, (gu, d) in enumerate(linears):  # views of the stacks: one copy in memory
-            del gu.weight, d.weight
-            gu.weight, d.weight = gate_up[i], down[i]
+            gate_up = torch.stack([cast(torch.Tensor, a.weight) for a, _ in linears])
+            down = torch.stack([cast(torch.Tensor, b.weight) for _, b in linears])
+        for i, (a, b) in enumerate(linears):  # views of the stacks: one copy in memory
+            del a.weight, b.weight
+            a.weight, b.weight = gate_up[i], down[i]
         return gate_up, down
 
     def on_device(self, x: torch.Tensor, gate_up: torch.Tensor,
