@@ -59,7 +59,7 @@ class KVPool:
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
                         dtype: torch.dtype) -> int:
         """Memory one KV position costs across all layers (to size `kv_tokens` from a budget)."""
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
         return num_layers * 2 * num_kv_heads * head_dim * itemsize
 
     @property
