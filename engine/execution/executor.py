@@ -19,6 +19,7 @@ from engine.execution.attention import get_backend
 from engine.execution.attention.base import AttentionInputs, LocalInputs
 from engine.execution.attention.choice import BackendChoice, choose
 from engine.execution.cpu import default_threads, on_fresh_thread, reuse_freed_memory
+from engine.execution.footprint import device_memory, fit_kv_tokens, weight_bytes
 from engine.execution.host import to_device
 from engine.execution.kv_pool import KVPool, LocalTables, slot_of
 from engine.execution.loading.loader import load_model, pool_dtype, resolve_model, weight_mode
@@ -53,11 +54,20 @@ class ModelExecutor:
         self.sliding_window = max((w for w in windows if w), default=0)
         num_local = sum(1 for w in windows if w)
         kv_dtype = pool_dtype(config.kv_dtype, model.dtype, model.quantized)
+        local_pages = replace(config, sliding_window=self.sliding_window).num_local_pages
+        memory = device_memory(self.device)
+        if memory is not None:  # the KV pool fitted beside the weights (the Engine adopts it)
+            per_token = KVPool.bytes_per_token(1, cfg.num_kv_heads, cfg.head_dim, kv_dtype)
+            kv_tokens = fit_kv_tokens(config.kv_tokens, config.page_size,
+                                      per_token * (cfg.num_layers - num_local), *memory,
+                                      other=per_token * num_local * local_pages
+                                      * config.page_size)
+            self.config = config = replace(config, kv_tokens=kv_tokens)
         self.pool = KVPool(cfg.num_layers - num_local, config.num_pages, config.page_size,
                            cfg.num_kv_heads, cfg.head_dim, kv_dtype, self.device)
         self.local_pool = None if not num_local else KVPool(
-            num_local, replace(config, sliding_window=self.sliding_window).num_local_pages,
-            config.page_size, cfg.num_kv_heads, cfg.head_dim, kv_dtype, self.device)
+            num_local, local_pages, config.page_size, cfg.num_kv_heads, cfg.head_dim,
+            kv_dtype, self.device)
         if backend is not None:  # asked for by name: that one, or its error
             self.attention = BackendChoice(backend, "requested")
         else:
@@ -272,6 +282,21 @@ class ModelExecutor:
             row += count
 
     # --- sizing ----------------------------------------------------------------
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV positions the global pool holds (fewer than asked where the GPU's memory
+        did not hold them)."""
+        return self.pool.num_pages * self.page_size
+
+    def weight_bytes(self) -> int:
+        """The model's weights as they sit on its device."""
+        return weight_bytes(self.model, self.device)
+
+    def memory_bytes(self) -> int:
+        """What the loaded model holds: its weights on the device and its KV pools."""
+        pools = self.pool.nbytes + (self.local_pool.nbytes if self.local_pool else 0)
+        return self.weight_bytes() + pools
 
     def kv_bytes_per_token(self) -> int:
         """Memory one position of the global pool costs (every layer but the local ones,

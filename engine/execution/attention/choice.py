@@ -59,6 +59,12 @@ def choose(device: torch.device, kv_dtype: torch.dtype, num_heads: int, num_kv_h
         return BackendChoice("torch", "the CPU runs the torch backend" if device.type == "cpu"
                              else f"FlashInfer runs on CUDA only, not {device.type}")
     reason = fp.unsupported(device.type, head_dim, kv_dtype) or flashinfer_missing()
+    how = "kernels from the stand-in"
+    if reason is None and device.type == "cuda":
+        from engine.execution.devices import flashinfer_kernels
+
+        ok, how = flashinfer_kernels()
+        reason = None if ok else f"FlashInfer has no kernels: {how}"
     if reason is None:
         widest = max((w for w in windows if w), default=None)
         key = (str(device), kv_dtype, num_heads, num_kv_heads, head_dim, page_size, widest)
@@ -67,8 +73,8 @@ def choose(device: torch.device, kv_dtype: torch.dtype, num_heads: int, num_kv_h
                                      scale, page_size, widest)
         reason = _tested[key]
     if reason is None:
-        return BackendChoice("flashinfer", f"FlashInfer {flashinfer_version()} "
-                                           "(self-test passed)")
+        return BackendChoice("flashinfer", f"FlashInfer {flashinfer_version()}, kernels "
+                                           f"{how}, self-test passed")
     log.warning("attention: the torch backend runs: %s", reason)
     return BackendChoice("torch", reason)
 
