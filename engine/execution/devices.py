@@ -86,17 +86,18 @@ def pick_device(requested: str) -> DevicePick:
 
 
 def flashinfer_kernels() -> tuple[bool, str]:
-    """(whether FlashInfer has kernels to run, how): prebuilt ones from flashinfer-cubin or
-    flashinfer-jit-cache, else compiled at first use, which needs nvcc."""
-    for package in ("flashinfer-jit-cache", "flashinfer-cubin"):
-        try:
-            return True, f"prebuilt ({package} {importlib.metadata.version(package)})"
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    nvcc = shutil.which("nvcc") or next(
-        (str(p) for p in (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin/nvcc",)
-         if p.is_file()), None)
+    """(whether FlashInfer has its attention kernels, how): prebuilt by flashinfer-jit-cache
+    (FlashInfer's own package index), else compiled by nvcc at first use. flashinfer-cubin
+    (the gpu extra) holds other kernels' binaries, not the decode and prefill ones."""
+    try:
+        version = importlib.metadata.version("flashinfer-jit-cache")
+        return True, f"prebuilt (flashinfer-jit-cache {version})"
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    cuda_home = Path(os.environ.get("CUDA_HOME") or "/usr/local/cuda")
+    nvcc = shutil.which("nvcc") or (str(cuda_home / "bin/nvcc")
+                                    if (cuda_home / "bin/nvcc").is_file() else None)
     if nvcc:
-        return True, f"compiled at first use by {nvcc} (minutes, once; cached after)"
-    return False, ("none: no prebuilt kernels (pip install flashinfer-cubin) and no nvcc "
-                   "to compile them")
+        return True, f"compiled by {nvcc} at first use (minutes, once; cached after)"
+    return False, ("none: no flashinfer-jit-cache and no nvcc to compile them (install the "
+                   "CUDA toolkit, or flashinfer-jit-cache: docs/gpu.md)")

@@ -50,12 +50,12 @@ def test_flashinfer_kernels_prebuilt_compiled_or_none(monkeypatch: pytest.Monkey
     import importlib.metadata
 
     def version(name: str) -> str:
-        if name == "flashinfer-cubin":
-            return "0.6.13"
+        if name == "flashinfer-jit-cache":
+            return "0.6.13+cu130"
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", version)
-    assert devices.flashinfer_kernels() == (True, "prebuilt (flashinfer-cubin 0.6.13)")
+    assert devices.flashinfer_kernels() == (True, "prebuilt (flashinfer-jit-cache 0.6.13+cu130)")
     monkeypatch.setattr(importlib.metadata, "version", lambda name: version("none"))
     monkeypatch.setattr(devices.shutil, "which", lambda name: "/opt/cuda/bin/nvcc")
     ok, how = devices.flashinfer_kernels()
