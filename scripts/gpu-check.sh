@@ -33,20 +33,21 @@ step() {
   local name="$1" limit="$2"
   shift 2
   local start end rc
-  start=$(date +%s.%N)
+  start=$(date +%s%N)
   echo "== $name (at most ${limit}s): $*"
   timeout --kill-after=10 "$limit" "$@" > "$OUTDIR/$name.txt" 2>&1
   rc=$?
-  end=$(date +%s.%N)
+  end=$(date +%s%N)
   tail -n 15 "$OUTDIR/$name.txt"
-  printf '{"step": "%s", "rc": %d, "seconds": %.1f}\n' "$name" "$rc" \
-    "$(echo "$end - $start" | bc)" >> "$STEPLOG"
+  local ms=$(( (end - start) / 1000000 ))
+  printf '{"step": "%s", "rc": %d, "seconds": %d.%03d}\n' "$name" "$rc" \
+    $(( ms / 1000 )) $(( ms % 1000 )) >> "$STEPLOG"
   return "$rc"
 }
 
 wanted() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
-install() {
+install_wheels() {
   if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv --system-site-packages "$VENV" || return 1
   fi
@@ -64,7 +65,9 @@ print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.is_avai
 : > "$STEPLOG"
 nvidia-smi > "$OUTDIR/nvidia-smi.txt" 2>&1 || true
 if wanted install; then
-  step install 240 install
+  # a function under `timeout` runs in a shell of its own, with the variables it reads
+  export VENV WHEELS PYTHON ROOT
+  step install 240 bash -c "$(declare -f install_wheels); install_wheels"
 fi
 PY="$VENV/bin/python"
 [ -x "$PY" ] || PY="$PYTHON"

@@ -6,7 +6,7 @@ arrays that agree with each other; head sizes its prefill kernels are built for 
 256); query/KV dtypes against those planned; plan before run; tensors on the workspace's
 device. It then computes the attention in float32 torch: causal, aligned to each sequence's
 end, limited to `window_left` + 1 positions when set. Tests put its folder first on sys.path
-(tests/fakes/conftest helpers), so `import flashinfer` finds it.
+(tests/fakes/stand_ins.py), so `import flashinfer` finds it.
 """
 from __future__ import annotations
 
