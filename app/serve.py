@@ -42,11 +42,26 @@ def web_config(settings: Settings, paths: Paths, model_name: str) -> WebConfig:
 
 
 def pick_device(name: str) -> str:
-    if name != "auto":
-        return name
-    import torch
+    """The device to load on (a CUDA device asked for but unusable: ValueError, with why)."""
+    from engine import pick_device as pick
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return pick(name).device
+
+
+def device_line(name: str) -> tuple[str, str]:
+    """(the device `name` resolves to, the banner's line about it: the device and why, the
+    torch build); auto on a machine whose GPU torch cannot use says why, never silently."""
+    from engine import pick_device as pick
+    from engine import torch_build
+
+    chosen = pick(name)
+    return chosen.device, f"{chosen.device} ({chosen.why}), torch {torch_build()}"
+
+
+def attention_line(executor: object) -> str:
+    """How attention runs, and why that backend (FlashInfer's self-test, or its absence)."""
+    choice = getattr(executor, "attention", None)
+    return "" if choice is None else f"; attention {choice.name} ({choice.reason})"
 
 
 def build(settings: Settings, paths: Paths, model: ModelRef,
@@ -84,7 +99,7 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
     # build: built now, beside the start, rather than by the first structured request
     threading.Thread(target=prepare_grammars, args=(engine,), name="ferry-grammars",
                      daemon=True).start()
-    runs = executor.describe()
+    runs = executor.describe() + attention_line(executor)
     if engine.config.sliding_window:  # the scheduler runs it without the prefix cache
         cfg = engine.config
         runs += (f"; sliding-window KV: local layers keep {cfg.sliding_window} positions "
@@ -124,8 +139,8 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
                                                  progress=False, quantize=settings.quantize)
         clipped = dataclasses.replace(config, max_context=min(config.max_context,
                                                               executor.max_context))
-        return LoadedModel(executor, clipped, executor.describe(),
-                           size + executor.pool.nbytes)
+        return LoadedModel(executor, clipped, executor.describe() + attention_line(executor),
+                           executor.memory_bytes())
 
     details: dict[str, object] = {"kind": model.kind, "source": store,
                                   "path": str(model.path) if model.path else None}
@@ -147,7 +162,14 @@ def build_several(settings: Settings, paths: Paths, models: list[ModelRef],
     the others when a request names them (engine.ModelSet); `found`: models on disk, checked
     and added after the start (app.discovery)."""
     from app.settings import parse_bytes
-    from engine import Budget, ModelSet, SharingRules, parse_keep_alive, set_kernel_build_dir
+    from engine import (
+        Budget,
+        ModelSet,
+        SharingRules,
+        gpu_room,
+        parse_keep_alive,
+        set_kernel_build_dir,
+    )
     from web.app import create_app
 
     config = engine_config(settings)
@@ -158,7 +180,7 @@ def build_several(settings: Settings, paths: Paths, models: list[ModelRef],
     loaded, tokenizer = first.load(), first.open_tokenizer()
     budget = Budget.for_machine(settings.max_loaded or None,
                                 parse_bytes(settings.max_memory) if settings.max_memory
-                                else None)
+                                else None, gpu_room(device, loaded.size))
     model_set = ModelSet(sources, loaded.config, budget,
                          keep_alive=parse_keep_alive(settings.keep_alive),
                          preloaded={first.name: (loaded, tokenizer)},
@@ -219,6 +241,12 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
     else:
         print(f"Loading {model.name} ...", file=sys.stderr)
         try:
+            device, where = device_line(settings.device)
+        except ValueError as exc:
+            print(f"ferry serve: error: {exc}", file=sys.stderr)
+            return 2
+        settings = dataclasses.replace(settings, device=device)  # decided once, said once
+        try:
             refs, found = models_to_serve(settings)
             if found:
                 print(f"Found {len(found)} more model{'s' if len(found) > 1 else ''} on disk; "
@@ -235,7 +263,7 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
         except DraftModelError as exc:
             print(f"ferry serve: error: draft model: {exc}", file=sys.stderr)
             return 2
-        print(banner(settings, model.name, device, dtype, template), flush=True)
+        print(banner(settings, model.name, device, dtype, template, where), flush=True)
     if settings.open:
         open_browser(local_url(settings))
     with exit_quietly_after_shutdown():

@@ -59,9 +59,12 @@ from engine.scheduling.request import (
 from engine.speculative import DraftModelError
 
 if TYPE_CHECKING:
+    from engine.execution.attention.choice import flashinfer_missing, flashinfer_version
     from engine.execution.cpu import cpu_has_native_bf16
+    from engine.execution.devices import flashinfer_kernels, pick_device, torch_build
     from engine.execution.draft_runner import DraftRunner
     from engine.execution.executor import ModelExecutor
+    from engine.execution.footprint import gpu_room
     from engine.execution.loading.loader import ModelNotFound
     from engine.execution.loading.loader import resolve_model as resolve_model_files
     from engine.execution.model.describe import describe_file as describe_model_file
@@ -81,6 +84,12 @@ _LAZY: dict[str, str] = {
     "gguf_tokenizer_dir": "engine.execution.text.tokenizer:gguf_tokenizer_dir",
     "resolve_model_files": "engine.execution.loading.loader:resolve_model",
     "cpu_has_native_bf16": "engine.execution.cpu:cpu_has_native_bf16",
+    "pick_device": "engine.execution.devices:pick_device",
+    "flashinfer_kernels": "engine.execution.devices:flashinfer_kernels",
+    "flashinfer_missing": "engine.execution.attention.choice:flashinfer_missing",
+    "flashinfer_version": "engine.execution.attention.choice:flashinfer_version",
+    "gpu_room": "engine.execution.footprint:gpu_room",
+    "torch_build": "engine.execution.devices:torch_build",
     "describe_chat_template": "engine.execution.text.chat_template:describe_chat_template",
     "describe_model_file": "engine.execution.model.describe:describe_file",
     "model_architecture": "engine.execution.model.describe:model_architecture",
@@ -159,13 +168,19 @@ __all__ = [
     "describe_chat_template",
     "describe_cpu_level",
     "describe_model_file",
+    "flashinfer_kernels",
+    "flashinfer_missing",
+    "flashinfer_version",
     "gguf_tokenizer_dir",
+    "gpu_room",
     "kernel_status",
     "model_architecture",
     "onednn_works",
     "parse_keep_alive",
+    "pick_device",
     "resolve_model_files",
     "rss_bytes",
     "set_kernel_build_dir",
     "structured",
+    "torch_build",
 ]

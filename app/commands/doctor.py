@@ -1,7 +1,6 @@
 """`ferry doctor`: one line per check, green when fine, red when serve would fail."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import platform
 import sys
@@ -35,18 +34,23 @@ def torch_checks(settings: Settings) -> Iterator[Check]:
     except ImportError as exc:
         yield Check("fail", "torch", f"cannot import torch: {exc}")
         return
-    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU"
-    yield Check("ok", "torch", f"{torch.__version__} ({build} build)")
-    cuda = torch.cuda.is_available()
-    wanted = settings.device
-    if wanted.startswith("cuda") and not cuda:
-        yield Check("fail", "device", f"device {wanted} requested but CUDA is not available")
+    from engine import pick_device, torch_build
+
+    yield Check("ok", "torch", torch_build())
+    try:
+        picked = pick_device(settings.device)
+    except ValueError as exc:
+        yield Check("fail", "device", str(exc))
         return
-    device = ("cuda" if cuda else "cpu") if wanted == "auto" else wanted
-    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else \
-        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, " \
-        f"{torch.backends.cpu.get_cpu_capability()}"
-    yield Check("ok", "device", f"{device} ({name})")
+    device = picked.device
+    if device.startswith("cuda"):
+        yield Check("ok", "device", f"{device} ({picked.why})")
+    else:
+        detail = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} "
+                  f"threads, {torch.backends.cpu.get_cpu_capability()}")
+        gpu_lost = picked.why not in ("requested", "no NVIDIA GPU found")
+        yield Check("warn" if gpu_lost else "ok", "device",
+                    f"cpu ({detail}){'' if picked.why == 'requested' else '; ' + picked.why}")
     if not device.startswith("cuda"):
         from engine import describe_cpu_level
 
@@ -55,30 +59,45 @@ def torch_checks(settings: Settings) -> Iterator[Check]:
         bf16 = torch.cuda.is_bf16_supported()
         status: Status = "ok" if bf16 else ("fail" if settings.dtype == "bfloat16" else "warn")
         yield Check(status, "bfloat16", "supported" if bf16 else "not supported; use float16")
-    else:
-        from engine import cpu_has_native_bf16, onednn_works
+        yield from attention_checks()
+        return
+    from engine import cpu_has_native_bf16, onednn_works
 
-        if cpu_has_native_bf16():
-            yield Check("ok", "bfloat16", "native (auto picks bfloat16)")
-        else:
-            yield Check("info", "bfloat16", "emulated (auto picks float32; with the fused "
-                                            "kernels below, --dtype bfloat16 decodes a few "
-                                            "chats faster and many as fast)")
-        yield Check("ok" if onednn_works() else "info", "cpu kernels",
-                    "float32 weights packed for oneDNN" if onednn_works()
-                    else "oneDNN linear unavailable: plain torch matmuls")
-        from engine import kernel_status
-
-        state = kernel_status()
-        yield Check("ok" if state.startswith("native") else "info", "fused kernels",
-                    state if state.startswith(("native", "off")) else
-                    f"{state}; plain torch ops instead (slower small-batch decode)")
-    if importlib.util.find_spec("flashinfer") is not None:
-        yield Check("ok", "flashinfer", "importable")
-    elif cuda:
-        yield Check("warn", "flashinfer", "not installed; `pip install ferry[gpu]` for speed")
+    if cpu_has_native_bf16():
+        yield Check("ok", "bfloat16", "native (auto picks bfloat16)")
     else:
-        yield Check("info", "flashinfer", "not installed (CUDA only; not needed here)")
+        yield Check("info", "bfloat16", "emulated (auto picks float32; with the fused "
+                                        "kernels below, --dtype bfloat16 decodes a few "
+                                        "chats faster and many as fast)")
+    yield Check("ok" if onednn_works() else "info", "cpu kernels",
+                "float32 weights packed for oneDNN" if onednn_works()
+                else "oneDNN linear unavailable: plain torch matmuls")
+    from engine import kernel_status
+
+    state = kernel_status()
+    yield Check("ok" if state.startswith("native") else "info", "fused kernels",
+                state if state.startswith(("native", "off")) else
+                f"{state}; plain torch ops instead (slower small-batch decode)")
+    yield Check("info", "flashinfer", "not needed here (CUDA only)")
+    yield Check("ok", "attention", "torch backend with Ferry's CPU kernels")
+
+
+def attention_checks() -> Iterator[Check]:
+    """On CUDA: FlashInfer, its kernels, and the backend a model will get (FlashInfer only
+    after its self-test at load; the torch backend otherwise, with the reason)."""
+    from engine import flashinfer_kernels, flashinfer_missing, flashinfer_version
+
+    missing = flashinfer_missing()
+    if missing:
+        yield Check("warn", "flashinfer", missing)
+        yield Check("warn", "attention", f"torch backend: {missing}")
+        return
+    yield Check("ok", "flashinfer", f"{flashinfer_version()} importable")
+    ok, how = flashinfer_kernels()
+    yield Check("ok" if ok else "warn", "kernels", how)
+    yield Check("ok" if ok else "warn", "attention",
+                "flashinfer once its self-test passes at load (else torch, with the reason "
+                "in the banner)" if ok else "torch backend: FlashInfer has no kernels")
 
 
 def model_checks(settings: Settings, paths: Paths) -> Iterator[Check]:
@@ -90,9 +109,17 @@ def model_checks(settings: Settings, paths: Paths) -> Iterator[Check]:
     where = f" {model.path} ({human_size(folder_size(model.path))})" if model.path else ""
     yield Check("ok", "model", f"{model.name}: {model.kind}{where}")
     if model.path is not None:  # how `ferry serve` would run it (a GGUF's tensor table read)
-        from engine import ModelNotFound, describe_chat_template, describe_model_file
+        from engine import (
+            ModelNotFound,
+            describe_chat_template,
+            describe_model_file,
+            pick_device,
+        )
 
-        device = "cuda" if settings.device.startswith("cuda") else "cpu"
+        try:
+            device = "cuda" if pick_device(settings.device).device.startswith("cuda") else "cpu"
+        except ValueError:  # reported by the device check
+            device = "cpu"
         try:
             runs = describe_model_file(model.path, settings.dtype, device, settings.quantize)
         except (ModelNotFound, ValueError) as exc:

@@ -15,9 +15,12 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.execution.attention import default_backend, get_backend
+from engine.execution.attention import get_backend
 from engine.execution.attention.base import AttentionInputs, LocalInputs
+from engine.execution.attention.choice import BackendChoice, choose
 from engine.execution.cpu import default_threads, on_fresh_thread, reuse_freed_memory
+from engine.execution.footprint import device_memory, fit_kv_tokens, weight_bytes
+from engine.execution.host import to_device
 from engine.execution.kv_pool import KVPool, LocalTables, slot_of
 from engine.execution.loading.loader import load_model, pool_dtype, resolve_model, weight_mode
 from engine.execution.loading.model_files import is_gguf
@@ -51,14 +54,28 @@ class ModelExecutor:
         self.sliding_window = max((w for w in windows if w), default=0)
         num_local = sum(1 for w in windows if w)
         kv_dtype = pool_dtype(config.kv_dtype, model.dtype, model.quantized)
+        local_pages = replace(config, sliding_window=self.sliding_window).num_local_pages
+        memory = device_memory(self.device)
+        if memory is not None:  # the KV pool fitted beside the weights (the Engine adopts it)
+            per_token = KVPool.bytes_per_token(1, cfg.num_kv_heads, cfg.head_dim, kv_dtype)
+            kv_tokens = fit_kv_tokens(config.kv_tokens, config.page_size,
+                                      per_token * (cfg.num_layers - num_local), *memory,
+                                      other=per_token * num_local * local_pages
+                                      * config.page_size)
+            self.config = config = replace(config, kv_tokens=kv_tokens)
         self.pool = KVPool(cfg.num_layers - num_local, config.num_pages, config.page_size,
                            cfg.num_kv_heads, cfg.head_dim, kv_dtype, self.device)
         self.local_pool = None if not num_local else KVPool(
-            num_local, replace(config, sliding_window=self.sliding_window).num_local_pages,
-            config.page_size, cfg.num_kv_heads, cfg.head_dim, kv_dtype, self.device)
-        name = backend or default_backend(self.device, model.dtype, bool(num_local))
-        self.attn = get_backend(name)(self.pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                      cfg.scale, windows, self.local_pool)
+            num_local, local_pages, config.page_size, cfg.num_kv_heads, cfg.head_dim,
+            kv_dtype, self.device)
+        if backend is not None:  # asked for by name: that one, or its error
+            self.attention = BackendChoice(backend, "requested")
+        else:
+            self.attention = choose(self.device, kv_dtype, cfg.num_heads, cfg.num_kv_heads,
+                                    cfg.head_dim, cfg.scale, config.page_size, windows)
+        self.attn = get_backend(self.attention.name)(
+            self.pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.scale, windows,
+            self.local_pool)
         # decode rounds of a few sequences run each layer in one C call where the model's
         # layers are the fused recipe's (built from the model's neutral description)
         self.fused = FusedDecode.build(cfg, model.decode_layers(), model.dtype, model)
@@ -195,6 +212,9 @@ class ModelExecutor:
             if end > len(pages) * ps:
                 raise ValueError(f"{req.id}: positions up to {end} need "
                                  f"{-(-end // ps)} pages, page table has {len(pages)}")
+            if end > self.max_context:  # checked here, on the host (rotary would sync)
+                raise ValueError(f"position {end - 1} beyond the model's "
+                                 f"{self.max_context} positions")
             if n == 1:
                 ids.append(req.token_at(start))
             elif it.drafts:  # the last token, then the drafts (not in the output yet)
@@ -232,7 +252,7 @@ class ModelExecutor:
         dev = self.device
 
         def as_tensor(xs: list[int]) -> torch.Tensor:
-            return torch.tensor(xs, dtype=torch.int64, device=dev)
+            return to_device(xs, torch.int64, dev)
 
         with torch.inference_mode():
             self.attn.prepare(AttentionInputs(
@@ -263,6 +283,21 @@ class ModelExecutor:
 
     # --- sizing ----------------------------------------------------------------
 
+    @property
+    def kv_tokens(self) -> int:
+        """KV positions the global pool holds (fewer than asked where the GPU's memory
+        did not hold them)."""
+        return self.pool.num_pages * self.page_size
+
+    def weight_bytes(self) -> int:
+        """The model's weights as they sit on its device."""
+        return weight_bytes(self.model, self.device)
+
+    def memory_bytes(self) -> int:
+        """What the loaded model holds: its weights on the device and its KV pools."""
+        pools = self.pool.nbytes + (self.local_pool.nbytes if self.local_pool else 0)
+        return self.weight_bytes() + pools
+
     def kv_bytes_per_token(self) -> int:
         """Memory one position of the global pool costs (every layer but the local ones,
         whose pool is sized by their window, not by kv_tokens)."""
@@ -277,7 +312,7 @@ SCORE_BLOCK = 128  # prompt rows turned into float32 log-probabilities at a time
 def token_logprobs(logits: torch.Tensor, targets: list[int], top: int) -> list[TokenLogprob]:
     """logits [R, vocab] -> per row, log_softmax (float32) at `targets[r]` and the `top` best."""
     logp = torch.log_softmax(logits.float(), dim=-1)  # [R, vocab]
-    chosen = logp.gather(1, torch.tensor(targets, device=logp.device)[:, None]).squeeze(1)
+    chosen = logp.gather(1, to_device(targets, torch.int64, logp.device)[:, None]).squeeze(1)
     chosen_list = chosen.tolist()
     if top <= 0:
         return [TokenLogprob(t, lp) for t, lp in zip(targets, chosen_list)]

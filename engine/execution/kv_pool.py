@@ -59,7 +59,7 @@ class KVPool:
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
                         dtype: torch.dtype) -> int:
         """Memory one KV position costs across all layers (to size `kv_tokens` from a budget)."""
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
         return num_layers * 2 * num_kv_heads * head_dim * itemsize
 
     @property
@@ -84,7 +84,8 @@ class KVPool:
         """Store new tokens' K and V, kv [T, 2, kv_heads, head_dim] (may be a strided view),
         at `where` = locate(slots): one scatter for both."""
         pages, offsets = where
-        self._layers[layer][pages, :, :, offsets] = kv
+        # a cache in another type than the model's (kv_dtype) takes its K/V rounded to it
+        self._layers[layer][pages, :, :, offsets] = kv.to(self.dtype)
 
     def read(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
         """K/V at `slots` as [T, 2, kv_heads, head_dim] (for tests and tools)."""

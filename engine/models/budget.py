@@ -22,12 +22,14 @@ class Budget:
     max_memory: int  # bytes
 
     @classmethod
-    def for_machine(cls, max_loaded: int | None = None,
-                    max_memory: int | None = None) -> Budget:
-        """Defaults that fit the machine: up to 3/4 of its memory, and as many models as
-        there are 4 GB in that (at least 1, at most 4)."""
+    def for_machine(cls, max_loaded: int | None = None, max_memory: int | None = None,
+                    available: int | None = None) -> Budget:
+        """Defaults that fit the machine: up to `available` bytes (a GPU's: its free memory
+        and what is loaded already, less a reserve; default 3/4 of the machine's memory), and
+        as many models as there are 4 GB in that (at least 1, at most 4)."""
         total = total_memory() or 8 << 30
-        memory = max_memory if max_memory is not None else total * 3 // 4
+        memory = max_memory if max_memory is not None else (
+            available if available is not None else total * 3 // 4)
         loaded = max_loaded if max_loaded is not None else max(1, min(4, memory // (4 << 30)))
         if loaded < 1 or memory < 1:
             raise ValueError("max_loaded and max_memory must be >= 1")

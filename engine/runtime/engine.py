@@ -71,6 +71,10 @@ class Engine:
         window = int(getattr(executor, "sliding_window", 0) or 0)
         if window:
             config = dataclasses.replace(config, sliding_window=window)
+        # a GPU executor may hold fewer KV positions than asked (its memory): book those
+        kv_tokens = int(getattr(executor, "kv_tokens", 0) or 0)
+        if 0 < kv_tokens < config.kv_tokens:
+            config = dataclasses.replace(config, kv_tokens=kv_tokens)
         self.config = config
         # several models on one CPU: each round is taken inside a turn that engines share
         # (engine.models.FairTurns); one model alone runs its rounds back to back

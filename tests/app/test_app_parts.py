@@ -156,3 +156,9 @@ def test_users_exist_reads_the_user_store(tmp_path: Path) -> None:
     paths.users_file.write_text('{"ann": {}}')  # not a users file Ferry wrote
     with pytest.raises(UserError, match="not a Ferry users file"):
         users_exist(paths)
+
+
+def test_banner_says_the_device_and_why() -> None:
+    text = banner.banner(Settings(), "m", "cpu", "bfloat16",
+                         device_info="cpu (no NVIDIA GPU found), torch 2.13.0 (CPU build)")
+    assert "  Device:  cpu (no NVIDIA GPU found), torch 2.13.0 (CPU build)" in text

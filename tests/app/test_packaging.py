@@ -96,7 +96,7 @@ def test_install_script_syntax() -> None:
 
 
 def test_install_script_dry_run_order(tmp_path: Path) -> None:
-    env = dict(os.environ, HOME=str(tmp_path), PYTHON=sys.executable)
+    env = dict(os.environ, HOME=str(tmp_path), PYTHON=sys.executable, FERRY_GPU="0")
     env.pop("XDG_DATA_HOME", None)
     env.pop("XDG_CONFIG_HOME", None)
     done = subprocess.run(["bash", str(PACKAGING / "install.sh"), "--dry-run"],
@@ -210,3 +210,29 @@ def test_install_script_first_run(tmp_path: Path) -> None:
     assert (home / ".local" / "share" / "ferry" / "ferry.sqlite3").is_file()
     print(f"\ninstall.sh: {installed:.0f} s; first serve answered /healthz after "
           f"{run.start_s:.0f} s; answer {run.answer!r}")
+
+
+def test_install_script_takes_the_cuda_build_and_flashinfer_with_a_gpu(tmp_path: Path) -> None:
+    """FERRY_GPU=1 stands for a machine with an NVIDIA GPU (packaging/nvidia.sh): PyPI's CUDA
+    torch (no CPU index) and the `gpu` extra."""
+    env = dict(os.environ, HOME=str(tmp_path), PYTHON=sys.executable, FERRY_GPU="1")
+    env.pop("XDG_DATA_HOME", None)
+    done = subprocess.run(["bash", str(PACKAGING / "install.sh"), "--dry-run"],
+                          capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    pips = [line for line in done.stdout.splitlines()
+            if line.startswith("+ ") and " install " in line and "/pip " in line]
+    assert "torch==2.13.0" in pips[0] and "--index-url" not in pips[0]
+    assert pips[1].endswith(f"{REPO}[gpu]")
+    env["FERRY_GPU"] = "0"
+    done = subprocess.run(["bash", str(PACKAGING / "install.sh"), "--dry-run"],
+                          capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert "[gpu]" not in done.stdout
+
+
+def test_gpu_detection_script() -> None:
+    script = str(PACKAGING / "nvidia.sh")
+    subprocess.run(["sh", "-n", script], check=True)
+    for value, code in (("1", 0), ("0", 1)):
+        env = dict(os.environ, FERRY_GPU=value)
+        assert subprocess.run(["sh", script], env=env, check=False).returncode == code

@@ -1,10 +1,8 @@
-"""Attention backends by name. Imported lazily: the CUDA-only one loads flashinfer on use."""
+"""Attention backends by name. Imported lazily: the CUDA-only one loads flashinfer on use;
+which one a model runs with is decided in `choice`."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
-
-import torch
 
 from engine.execution.attention.base import AttentionBackend, AttentionInputs
 
@@ -22,15 +20,4 @@ def get_backend(name: str) -> type[AttentionBackend]:
     return backend
 
 
-def default_backend(device: torch.device | str, dtype: torch.dtype,
-                    sliding: bool = False) -> str:
-    """flashinfer on CUDA in half precision when it is installed (and the model has no
-    sliding-window layers), else the torch reference."""
-    if (not sliding and torch.device(device).type == "cuda"
-            and dtype in (torch.float16, torch.bfloat16)
-            and importlib.util.find_spec("flashinfer")):
-        return "flashinfer"
-    return "torch"
-
-
-__all__ = ["BACKENDS", "AttentionBackend", "AttentionInputs", "default_backend", "get_backend"]
+__all__ = ["BACKENDS", "AttentionBackend", "AttentionInputs", "get_backend"]

@@ -80,9 +80,9 @@ class TorchAttention(AttentionBackend):
         ps, kvh = pool.page_size, self.num_kv_heads
         num = max(-(-kv // ps) for kv in kv_lens)
         table = torch.tensor([pt[:num] + [pt[0]] * (num - len(pt[:num])) for pt in page_tables],
-                             dtype=torch.int64)
-        c = torch.arange(2, dtype=torch.int64)[:, None, None, None]
-        heads = torch.arange(kvh, dtype=torch.int64)[None, None, :, None]
+                             dtype=torch.int64, device="cpu")
+        c = torch.arange(2, dtype=torch.int64, device="cpu")[:, None, None, None]
+        heads = torch.arange(kvh, dtype=torch.int64, device="cpu")[None, None, :, None]
         index = (table[None, :, None, :] * 2 + c) * kvh + heads  # [2, n, kv_heads, pages]
         return index.flatten().to(pool.device), num * ps
 
@@ -113,19 +113,20 @@ class TorchAttention(AttentionBackend):
             for g in groups:
                 kv = [kvlens[i] for i in g]
                 idx, length = self._block_index(pool, [page_tables[i] for i in g], kv)
-                k = torch.arange(length)[None, :]
-                ends = torch.tensor(kv)[:, None]
+                k = torch.arange(length, device="cpu")[None, :]
+                ends = torch.tensor(kv, device="cpu")[:, None]
                 masks = {}
                 for window in self.kinds[local]:
                     pad = (k >= ends) if window is None else (k >= ends) | (k < ends - window)
-                    mask = torch.zeros(len(g), 1, length, dtype=self.compute_dtype)
+                    mask = torch.zeros(len(g), 1, length, dtype=self.compute_dtype,
+                                       device="cpu")
                     mask.masked_fill_(pad[:, None, :], float("-inf"))
                     masks[window] = mask.repeat_interleave(kvh, dim=0).to(dev)  # [n*kvh, 1, L]
-                q_idx = None if len(groups) == 1 else torch.tensor(g).to(dev)
+                q_idx = None if len(groups) == 1 else torch.tensor(g, device="cpu").to(dev)
                 plan.dec_groups.append(DecodeGroup(len(g), length, idx, masks, q_idx))
             order = [i for g in groups for i in g]
             if order != list(range(n_dec)):
-                plan.dec_perm = torch.argsort(torch.tensor(order)).to(dev)
+                plan.dec_perm = torch.argsort(torch.tensor(order, device="cpu")).to(dev)
         if self.n_pre:
             qlens, kvlens = inputs.query_lens[n_dec:], kv_lens[n_dec:]
             tables = page_tables[n_dec:]
@@ -148,7 +149,7 @@ class TorchAttention(AttentionBackend):
                     whole=len(groups) == 1 and len(g) == 1))
                 rows.extend(r for i in g for r in range(firsts[i], firsts[i] + qlens[i]))
             if rows != list(range(len(rows))):
-                plan.pre_perm = torch.argsort(torch.tensor(rows)).to(dev)
+                plan.pre_perm = torch.argsort(torch.tensor(rows, device="cpu")).to(dev)
         return plan
 
     def _prefill_group(self, pool: KVPool, kinds: list[int | None], qlens: list[int],
@@ -157,18 +158,19 @@ class TorchAttention(AttentionBackend):
         dev = pool.device
         n, qmax = len(qlens), max(qlens)
         kv_idx, length = self._block_index(pool, tables, kvlens)
-        ql = torch.tensor(qlens, dtype=torch.int64)
-        i = torch.arange(qmax, dtype=torch.int64)[None, :]
+        ql = torch.tensor(qlens, dtype=torch.int64, device="cpu")
+        i = torch.arange(qmax, dtype=torch.int64, device="cpu")[None, :]
         i_clamped = torch.minimum(i, ql[:, None] - 1)  # padded query rows copy the last
-        qpos = torch.tensor(kvlens)[:, None] - ql[:, None] + i_clamped  # positions in the view
-        k = torch.arange(length)[None, None, :]
+        # positions in the view
+        qpos = torch.tensor(kvlens, device="cpu")[:, None] - ql[:, None] + i_clamped
+        k = torch.arange(length, device="cpu")[None, None, :]
         causal = k <= qpos[:, :, None]
         masks = {w: (causal if w is None else causal & (k > qpos[:, :, None] - w))
                  .unsqueeze(1).to(dev) for w in kinds}
         if whole:  # the only prefill sequence: no padding, use views
             return PrefillGroup(n, qmax, length, kv_idx, masks, None, None)
-        q_idx = (torch.tensor(firsts)[:, None] + i_clamped).flatten().to(dev)
-        out_idx = (torch.arange(n)[:, None] * qmax + i)[i < ql[:, None]].to(dev)
+        q_idx = (torch.tensor(firsts, device="cpu")[:, None] + i_clamped).flatten().to(dev)
+        out_idx = (torch.arange(n, device="cpu")[:, None] * qmax + i)[i < ql[:, None]].to(dev)
         return PrefillGroup(n, qmax, length, kv_idx, masks, q_idx, out_idx)
 
     def native_decode(self) -> NativeDecode | None:

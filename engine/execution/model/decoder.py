@@ -275,7 +275,7 @@ class CausalLM(nn.Module):
         cfg = self.config
         x = self.model.embed_tokens(input_ids)
         if cfg.embed_scale is not None:
-            x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
+            x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype, device=x.device)
         tables: Tables = [rotary(positions, x.dtype) for rotary in self.model.rotary]
         residual: torch.Tensor | None = None
         done = fused.run(x, tables, attn) if fused is not None else None

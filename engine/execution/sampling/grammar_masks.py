@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from engine.execution.host import to_device
 from engine.scheduling.request import Request
 
 
@@ -54,8 +55,9 @@ class MaskJob:
         times = self.future.result()
         for req, seconds in zip(self.requests, times):
             req.mask_time = seconds
-        allowed = unpack(self.bitmask, logits.shape[1]).to(logits.device)
-        index = torch.tensor(list(rows), dtype=torch.int64, device=logits.device)
+        # the packed words cross to the device (32 ids a word), then unpack there
+        allowed = unpack(self.bitmask.to(logits.device), logits.shape[1])
+        index = to_device(list(rows), torch.int64, logits.device)
         logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
 
 
@@ -70,7 +72,7 @@ class MaskWorker:
             return None
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-masks")
-        bitmask = torch.zeros((len(requests), self.words), dtype=torch.int32)
+        bitmask = torch.zeros((len(requests), self.words), dtype=torch.int32, device="cpu")
         future = self._pool.submit(_fill, [r.matcher for r in requests], bitmask)
         return MaskJob(requests, bitmask, future)
 

@@ -58,8 +58,8 @@ class Sampler:
         dev = logits.device
         temps = torch.tensor([p.temperature for p in params], device=dev)
         logits = logits / temps[:, None]
-        u = torch.cat([torch.rand(1, generator=self.generator(k, p.seed))
-                       for k, p in zip(keys, params)]).to(dev)
+        u = torch.cat([torch.rand(1, generator=self.generator(k, p.seed), device="cpu")
+                       for k, p in zip(keys, params)]).to(dev, non_blocking=True)
         if all(p.top_k == 0 and p.top_p >= 1.0 for p in params):
             # no filter: inverse CDF over the vocabulary in its own order, no sort needed
             cdf = torch.softmax(logits, dim=-1).cumsum(dim=-1)

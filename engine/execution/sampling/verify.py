@@ -29,7 +29,7 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     if params.top_k == 0 and params.top_p >= 1.0:
         return torch.softmax(logits, dim=-1)
     vals, order = torch.sort(logits, dim=-1, descending=True)
-    rank = torch.arange(vocab)
+    rank = torch.arange(vocab, device=logits.device)
     if params.top_k > 0:
         vals = vals.masked_fill(rank[None, :] >= params.top_k, float("-inf"))
     probs = torch.softmax(vals, dim=-1)
@@ -41,9 +41,13 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def _draw(probs: torch.Tensor, gen: torch.Generator) -> int:
+    """One token from `probs` (unnormalised) by inverse CDF. The uniform number comes from
+    the request's CPU generator (a seed gives the same tokens on any device) and moves to the
+    distribution's device as a plain number."""
     cdf = probs.cumsum(dim=0)
-    u = torch.rand(1, generator=gen) * cdf[-1]
-    return int(torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[0] - 1))
+    u = float(torch.rand(1, generator=gen, device="cpu"))
+    point = (cdf[-1] * u).reshape(1)
+    return int(torch.searchsorted(cdf, point, right=True).clamp_(max=probs.shape[0] - 1))
 
 
 def verify(logits: torch.Tensor, drafts: Sequence[int], params: SamplingParams,
@@ -70,7 +74,7 @@ def verify(logits: torch.Tensor, drafts: Sequence[int], params: SamplingParams,
     out = []
     for i, d in enumerate(drafts):
         q_d = 1.0 if draft_probs is None else float(draft_probs[i, d])
-        u = float(torch.rand(1, generator=gen))
+        u = float(torch.rand(1, generator=gen, device="cpu"))
         if q_d > 0 and u * q_d < float(p[i, d]):  # u < p/q, without dividing
             out.append(d)
             continue

@@ -24,10 +24,10 @@ from gguf import GGMLQuantizationType
 from conftest import Harness
 from engine.config import EngineConfig
 from engine.execution.executor import ModelExecutor
+from engine.execution.footprint import weight_bytes
 from engine.execution.loading import loader
 from engine.execution.loading.loader import GGUF_DEVICE, load_model, weight_mode
 from engine.execution.model.describe import describe_weights
-from engine.execution.model.footprint import weight_bytes
 from engine.kernels import gpu_quant
 from tests.tools import synthetic_gguf
 

@@ -96,3 +96,23 @@ def test_native_moe_over_quantized_experts(spec: MoESpec, monkeypatch: pytest.Mo
         torch_path = moe.by_expert(x)  # the torch path over the same blocks
         err = (torch_path - want).norm(dim=1) / want.norm(dim=1)
         assert float(err.max()) < 0.03
+
+
+@pytest.mark.parametrize("spec", [MoESpec(8, 2, INTER), MoESpec(16, 4, INTER, False)])
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_device_routing_equals_the_definition(spec: MoESpec, rows: int,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without Ferry's kernels (as on a GPU) the routing stays on the device: gathered
+    experts for few (token, expert) pairs, every expert with a dense routing for more; the
+    experts keep views of the stacks, so they still compute what the stacks do."""
+    from engine.kernels import native
+
+    monkeypatch.setattr(native, "library", lambda: None)
+    moe = _moe(spec)
+    x = torch.randn(rows, HIDDEN)
+    with torch.inference_mode():
+        got = moe(x)
+        stacked = moe.stacked()
+        assert stacked is not None
+        assert moe.experts[1].gate_up_proj.weight.data_ptr() == stacked[0][1].data_ptr()
+        torch.testing.assert_close(got, _definition(moe, x), atol=1e-5, rtol=1e-5)

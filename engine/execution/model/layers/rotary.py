@@ -14,13 +14,14 @@ def rope_inv_freq(head_dim: int, spec: RopeSpec) -> torch.Tensor:
     """Inverse frequencies for `spec` (rope_type in ROPE_TYPES), as Hugging Face computes
     them."""
     kind, rope, theta = spec.kind, spec.params, spec.theta
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    even = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float()
+    inv = 1.0 / (theta ** (even / head_dim))
     if kind == "default":
         return inv
     if kind == "linear":
         return inv / float(rope["factor"])
     if kind == "longrope":  # the short factors (RotaryEmbedding switches to the long ones)
-        return inv / torch.tensor(rope["short_factor"], dtype=torch.float32)
+        return inv / torch.tensor(rope["short_factor"], dtype=torch.float32, device="cpu")
     if kind == "llama3":
         factor = float(rope["factor"])
         low, high = float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
@@ -68,7 +69,8 @@ class RotaryEmbedding(nn.Module):
         if spec.kind == "longrope":
             params = spec.params
             base = rope_inv_freq(head_dim, RopeSpec(spec.theta))
-            long = base / torch.tensor(params["long_factor"], dtype=torch.float32)
+            long = base / torch.tensor(params["long_factor"], dtype=torch.float32,
+                                       device="cpu")
             self.register_buffer("long_inv_freq", long.to(device), persistent=False)
             self.switch = int(params["original_max_position_embeddings"])
             factor = float(params["factor"])
@@ -77,12 +79,17 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """[T] positions -> (cos, sin_signed), each [T, 1, head_dim] in `dtype`."""
-        if positions.numel() and int(positions.max()) >= self.max_positions:
-            raise ValueError(f"position {int(positions.max())} beyond the model's "
-                             f"{self.max_positions} positions")
+        """[T] positions -> (cos, sin_signed), each [T, 1, head_dim] in `dtype`.
+
+        Reading a device tensor's values waits for the device, so positions are checked
+        against the model's range here only on the CPU (free there); the executor checks the
+        round's positions on the host before it packs them, on every device."""
+        host = positions.device.type == "cpu"
+        top = int(positions.max()) if host and positions.numel() else -1
+        if top >= self.max_positions:
+            raise ValueError(f"position {top} beyond the model's {self.max_positions} positions")
         inv = self.inv_freq[None, :]
-        if self.switch is not None and positions.numel() and int(positions.max()) >= self.switch:
+        if self.switch is not None and (not host or top >= self.switch):
             inv = torch.where(positions[:, None] >= self.switch, self.long_inv_freq[None, :], inv)
         freqs = positions.float()[:, None] * inv
         cos, sin = freqs.cos(), freqs.sin()
