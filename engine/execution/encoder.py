@@ -1,0 +1,104 @@
+"""The executor of an embedding model: a round's inputs through a BERT-family encoder, each
+input's pooled vector written onto its request.
+
+It meets the scheduler's `Executor` protocol, so embedding requests are queued, admitted,
+budgeted and shown like any prompt: they are prefill-only (max_tokens 0, `embed` set), the
+scheduler never splits one across rounds (bidirectional attention needs the whole input at
+once), and they keep no KV: the scheduler's pages are an admission budget only, and there is
+no pool behind them.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.execution.cpu import default_threads, on_fresh_thread
+from engine.execution.loading.loader import choose_dtype
+from engine.execution.model.architectures import bert
+from engine.scheduling.batch import Batch, Sampled
+from engine.scheduling.request import Request
+
+
+class EncoderExecutor:
+    task = "embed"  # what the engine accepts for it: embedding requests only
+    source = "safetensors"
+    eos_ids: frozenset[int] = frozenset()
+    fused = None  # no fused decode layers: an encoder never decodes
+
+    def __init__(self, weights: bert.BertWeights, model_config: bert.BertConfig,
+                 config: EngineConfig, device: torch.device | str = "cpu",
+                 model_path: Path | None = None, threads: int | None = None) -> None:
+        self.weights = weights
+        self.model_config = model_config
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = weights.word.dtype
+        self.max_context = model_config.max_seq_length
+        self.vocab_size = model_config.vocab_size
+        self.dimensions = model_config.hidden_size
+        self.model_path = model_path
+        self.tokenizer_path = model_path
+        self.threads = threads or default_threads()
+        self._bound_thread: int | None = None
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, config: EngineConfig | None = None, *,
+                        dtype: str | torch.dtype = "auto", device: str = "cpu",
+                        threads: int | None = None) -> EncoderExecutor:
+        """Load a sentence-transformers folder (config.json, safetensors, tokenizer, pooling).
+        dtype auto: float32 on CPU (small models, where bf16 saves little), else bf16/fp16."""
+        def load() -> EncoderExecutor:
+            if torch.device(device).type == "cpu":
+                torch.set_num_threads(threads or default_threads())
+            torch_dtype = torch.float32 if dtype == "auto" and device == "cpu" \
+                else choose_dtype(dtype, device)
+            cfg = bert.config_from_folder(folder)
+            weights = bert.load_weights(folder, cfg, torch_dtype, device)
+            return cls(weights, cfg, config or EngineConfig(), device, Path(folder), threads)
+        return on_fresh_thread(load)
+
+    def describe(self) -> str:
+        cfg = self.model_config
+        size = self.weights.nbytes / 1e6
+        return (f"bert: {self.source} {str(self.dtype).removeprefix('torch.')}, embeddings "
+                f"of {cfg.hidden_size} ({cfg.pooling} pooling"
+                f"{', normalized' if cfg.normalize else ''}), {size:.0f} MB")
+
+    @property
+    def nbytes(self) -> int:
+        return self.weights.nbytes
+
+    # --- Executor protocol ------------------------------------------------------------------
+
+    def run(self, batch: Batch) -> list[Sampled]:
+        if self._bound_thread != threading.get_ident() and self.device.type == "cpu":
+            torch.set_num_threads(self.threads)  # per calling thread (engine.execution.cpu)
+            self._bound_thread = threading.get_ident()
+        items = batch.items
+        for it in items:
+            if it.start != 0 or it.num_tokens != it.request.prompt_len or it.sample:
+                raise ValueError(f"{it.request.id}: an encoder runs whole inputs only")
+        if not items:
+            return []
+        lengths = [it.num_tokens for it in items]
+        ids = [t for it in items for t in it.request.prompt_ids]
+        positions = [p for n in lengths for p in range(n)]
+        dev = self.device
+
+        def as_tensor(xs: list[int]) -> torch.Tensor:
+            return torch.tensor(xs, dtype=torch.int64, device=dev)
+
+        with torch.inference_mode():
+            hidden = bert.encode(self.weights, self.model_config, as_tensor(ids),
+                                 as_tensor(positions),
+                                 torch.zeros(len(ids), dtype=torch.int64, device=dev), lengths)
+            vectors = bert.pool(hidden, self.model_config, lengths).cpu()
+        for it, vec in zip(items, vectors):
+            it.request.embedding = vec.tolist()
+        return [None] * len(items)
+
+    def release(self, request: Request) -> None:
+        pass  # nothing per request outlives its round
