@@ -19,7 +19,7 @@ from app.settings import Settings, engine_config
 if TYPE_CHECKING:
     from litestar import Litestar
 
-    from engine import Engine, EngineConfig, ModelSource
+    from engine import EncoderExecutor, Engine, EngineConfig, ModelSource
     from web.config import WebConfig
 
 log = logging.getLogger(__name__)
@@ -60,15 +60,16 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
     device = pick_device(settings.device)
     spec = None if model.kind == "default" else (str(model.path) if model.path else model.name)
     set_kernel_build_dir(paths.kernels_cache)
-    executor = ModelExecutor.from_pretrained(spec, config, dtype=settings.dtype, device=device,
-                                             cache_dir=paths.models_cache, progress=progress,
-                                             quantize=settings.quantize)
+    executor = encoder(spec, config, settings, device) or ModelExecutor.from_pretrained(
+        spec, config, dtype=settings.dtype, device=device, cache_dir=paths.models_cache,
+        progress=progress, quantize=settings.quantize)
     config = dataclasses.replace(config, max_context=min(config.max_context,
                                                          executor.max_context))
     assert executor.tokenizer_path is not None, "a loaded model has its tokenizer's path"
     tokenizer = Tokenizer(executor.tokenizer_path)
     draft = None
-    if settings.speculative == "draft":  # refused (DraftModelError) when it cannot draft
+    # refused (DraftModelError) when it cannot draft; an encoder has nothing to draft for
+    if settings.speculative == "draft" and isinstance(executor, ModelExecutor):
         from app.preflight import draft_model
         from engine import DraftRunner
 
@@ -82,8 +83,9 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
     engine = Engine(config, executor, tokenizer, draft_model=draft)
     # the grammar compiler (llguidance's view of the vocabulary) takes a second or more to
     # build: built now, beside the start, rather than by the first structured request
-    threading.Thread(target=prepare_grammars, args=(engine,), name="ferry-grammars",
-                     daemon=True).start()
+    if engine.task != "embed":
+        threading.Thread(target=prepare_grammars, args=(engine,), name="ferry-grammars",
+                         daemon=True).start()
     runs = executor.describe()
     if engine.config.sliding_window:  # the scheduler runs it without the prefix cache
         cfg = engine.config
@@ -94,6 +96,18 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
     web = dataclasses.replace(web_config(settings, paths, model.name), model_runs=runs)
     app = create_app(engine, tokenizer, web)
     return app, device, runs, tokenizer.chat_template_name
+
+
+def encoder(spec: str | None, config: EngineConfig, settings: Settings,
+            device: str) -> EncoderExecutor | None:
+    """An embedding model's executor when `spec` is a BERT-family folder, else None."""
+    from pathlib import Path
+
+    from engine import EncoderExecutor, is_encoder_folder
+
+    if spec is None or not Path(spec).is_dir() or not is_encoder_folder(Path(spec)):
+        return None
+    return EncoderExecutor.from_pretrained(spec, config, dtype=settings.dtype, device=device)
 
 
 def model_source(settings: Settings, paths: Paths, model: ModelRef, config: EngineConfig,
@@ -119,13 +133,14 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
         return Tokenizer(path)
 
     def load() -> LoadedModel:
-        executor = ModelExecutor.from_pretrained(spec, config, dtype=settings.dtype,
-                                                 device=device, cache_dir=paths.models_cache,
-                                                 progress=False, quantize=settings.quantize)
+        executor = encoder(spec, config, settings, device) or ModelExecutor.from_pretrained(
+            spec, config, dtype=settings.dtype, device=device, cache_dir=paths.models_cache,
+            progress=False, quantize=settings.quantize)
         clipped = dataclasses.replace(config, max_context=min(config.max_context,
                                                               executor.max_context))
-        return LoadedModel(executor, clipped, executor.describe(),
-                           size + executor.pool.nbytes)
+        # an encoder keeps no KV
+        kv = executor.pool.nbytes if isinstance(executor, ModelExecutor) else 0
+        return LoadedModel(executor, clipped, executor.describe(), size + kv)
 
     details: dict[str, object] = {"kind": model.kind, "source": store,
                                   "path": str(model.path) if model.path else None}

@@ -153,6 +153,11 @@ class Engine:
         return handle
 
     @property
+    def executor(self) -> Executor:
+        """The model side (read-only use: its sizes and what it supports)."""
+        return self._core.executor
+
+    @property
     def task(self) -> str:
         """"embed" for an embedding model (its executor says), else "generate"."""
         return str(getattr(self._core.executor, "task", "generate"))

@@ -19,6 +19,7 @@ from engine import Constraint, FinalEvent, Reasoning, RequestHandle, TextDelta, 
 from web.access.disclosure import final_error, model_info
 from web.access.identity import User, current_user
 from web.api.choices import ChatShape, CompletionShape, usage_of
+from web.api.embeddings import refuse_embedding_model
 from web.api.errors import APIError, error_docs
 from web.api.fanout import cancel_all, collect_all, merge, submit_all
 from web.api.logprobs import TokenTexts
@@ -172,7 +173,7 @@ class OpenAIController(Controller):
                          (served and served.max_context) or s.context_limit,
                          chat_template=getattr(s.tokenizer, "chat_template_name", None),
                          architecture=runs.split(":", 1)[0] if runs else None, runs=runs,
-                         reasoning=thinks,
+                         reasoning=thinks, embedding=getattr(s.engine, "task", "") == "embed",
                          upstreams=list(served.upstreams) if served else None)
 
     def _cards(self, s: Services, user: User) -> list[ModelCard]:
@@ -220,6 +221,7 @@ class OpenAIController(Controller):
                                data: JSONBody[ChatCompletionRequest]) -> ASGIApp:
         s = services(request)
         s = await route_model(s, data, _known(s))
+        refuse_embedding_model(s)
         chat = await chat_input(data, s)
         ids = chat.ids
         max_tokens = data.max_tokens if data.max_tokens is not None else \
@@ -255,6 +257,7 @@ class OpenAIController(Controller):
                           data: JSONBody[CompletionRequest]) -> ASGIApp:
         s = services(request)
         s = await route_model(s, data, _known(s))
+        refuse_embedding_model(s)
         ids = await anyio.to_thread.run_sync(check_completion, data, s.tokenizer)
         constraint = await constraint_of(data, s)
         if upstream(s):

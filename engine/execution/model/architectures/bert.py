@@ -69,11 +69,6 @@ def _pooling(folder: Path) -> tuple[Pooling, bool]:
     return "mean", normalize
 
 
-def is_encoder_folder(folder: Path) -> bool:
-    """A folder whose config.json is a BERT-family model (an embedding model for Ferry)."""
-    return _json(Path(folder) / "config.json").get("model_type") in HF_MODEL_TYPES
-
-
 def config_from_folder(folder: str | Path) -> BertConfig:
     folder = Path(folder)
     cfg = _json(folder / "config.json")

@@ -1,0 +1,42 @@
+"""Ollama's /api/embed: a route handler of its own, registered beside the rest of Ollama's
+API. Errors are Ollama's shape: {"error": "..."}."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from litestar import Request, Response, post
+from litestar.params import JSONBody
+
+from web.api.embeddings.inputs import token_lists
+from web.api.embeddings.run import embed, model_limit, route
+from web.api.embeddings.schemas import OllamaEmbedRequest, OllamaEmbedResponse
+from web.api.errors import APIError
+from web.services import services
+
+
+def ollama_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """Any failure as Ollama answers it: its status, {"error": message}."""
+    if isinstance(exc, APIError):
+        return Response({"error": exc.message}, status_code=exc.status_code,
+                        headers=exc.headers)
+    status = int(getattr(exc, "status_code", 500))
+    detail = getattr(exc, "detail", None) if status < 500 else "internal server error"
+    return Response({"error": str(detail or exc)}, status_code=status)
+
+
+@post("/api/embed", status_code=200, tags=["Ollama-compatible API"],
+      summary="Embeddings of one or several inputs (Ollama)",
+      exception_handlers={Exception: ollama_error})
+async def ollama_embed(request: Request[Any, Any, Any],
+                       data: JSONBody[OllamaEmbedRequest]) -> Response[OllamaEmbedResponse]:
+    started = time.perf_counter_ns()
+    # Ollama's clients write "name:tag"; a bare name means ":latest"
+    name = data.model.removesuffix(":latest")
+    s = await route(services(request), name, data.keep_alive)
+    limit, vocab = model_limit(s)
+    inputs = token_lists(data.input, s.tokenizer, vocab, limit, truncate=data.truncate)
+    done = await embed(request, s, inputs)
+    return Response(OllamaEmbedResponse(data.model, done.vectors,
+                                        time.perf_counter_ns() - started, 0,
+                                        done.prompt_tokens), headers=done.headers)
