@@ -39,6 +39,7 @@ class EncoderExecutor:
         self.max_context = model_config.max_seq_length
         self.vocab_size = model_config.vocab_size
         self.dimensions = model_config.hidden_size
+        self.matryoshka_dims = model_config.matryoshka_dims
         self.model_path = model_path
         self.tokenizer_path = model_path
         self.threads = threads or default_threads()

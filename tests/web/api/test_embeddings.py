@@ -172,6 +172,20 @@ def test_ollama_embed(server: Any, reference: Any) -> None:
     assert r.status_code == 404 and "nope" in r.json()["error"]
 
 
+def test_official_ollama_client(server: Any, reference: Any) -> None:
+    import ollama
+
+    client = ollama.Client(host=server.url)
+    out = client.embed(model=NAME, input=SENTENCES)
+    want = reference.encode(SENTENCES)
+    assert len(out.embeddings) == len(SENTENCES)
+    assert all(cosine(e, w) >= 0.999 for e, w in zip(out.embeddings, want))
+    assert out.prompt_eval_count and out.prompt_eval_count > len(SENTENCES)
+    with pytest.raises(ollama.ResponseError) as err:
+        client.embed(model=NAME, input="")
+    assert err.value.status_code == 400 and "empty" in err.value.error
+
+
 def test_requests_and_dashboard_say_embedding(server: Any, client: openai.OpenAI) -> None:
     raw = client.embeddings.with_raw_response.create(model=NAME, input="hello")
     rid = raw.headers["x-request-id"]

@@ -11,6 +11,7 @@ from litestar.params import JSONBody
 from web.api.embeddings.inputs import token_lists
 from web.api.embeddings.run import embed, model_limit, route
 from web.api.embeddings.schemas import OllamaEmbedRequest, OllamaEmbedResponse
+from web.api.embeddings.vectors import check_dimensions, cut
 from web.api.errors import APIError
 from web.services import services
 
@@ -35,8 +36,13 @@ async def ollama_embed(request: Request[Any, Any, Any],
     name = data.model.removesuffix(":latest")
     s = await route(services(request), name, data.keep_alive)
     limit, vocab = model_limit(s)
-    inputs = token_lists(data.input, s.tokenizer, vocab, limit, truncate=data.truncate)
+    inputs = token_lists(data.input, s.tokenizer, vocab, limit,
+                         truncate=data.truncate is not False)
+    executor = getattr(s.engine, "executor", None)
+    dims = check_dimensions(data.dimensions, int(getattr(executor, "dimensions", 0) or 0),
+                            tuple(getattr(executor, "matryoshka_dims", ())))
     done = await embed(request, s, inputs)
-    return Response(OllamaEmbedResponse(data.model, done.vectors,
+    vectors = done.vectors if dims is None else [cut(v, dims) for v in done.vectors]
+    return Response(OllamaEmbedResponse(data.model, vectors,
                                         time.perf_counter_ns() - started, 0,
                                         done.prompt_tokens), headers=done.headers)

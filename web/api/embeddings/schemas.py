@@ -67,9 +67,10 @@ class RerankList(Struct):
 class OllamaEmbedRequest(Struct, kw_only=True):
     model: str
     input: str | list[str]
-    truncate: bool = True
+    truncate: bool | None = None  # None: True, as Ollama takes it
     keep_alive: str | int | float | None = None
     options: dict[str, object] | None = None
+    dimensions: int | None = None
 
 
 class OllamaEmbedResponse(Struct):
