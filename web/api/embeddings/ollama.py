@@ -6,11 +6,12 @@ import time
 from typing import Any
 
 from litestar import Request, Response, post
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody
 
 from web.api.embeddings.inputs import token_lists
 from web.api.embeddings.run import embed, model_limit, route
-from web.api.embeddings.schemas import OllamaEmbedRequest, OllamaEmbedResponse
+from web.api.embeddings.schemas import OllamaEmbedRequest, OllamaEmbedResponse, OllamaError
 from web.api.embeddings.vectors import check_dimensions, cut
 from web.api.errors import APIError
 from web.services import services
@@ -26,8 +27,15 @@ def ollama_error(request: Request[Any, Any, Any], exc: Exception) -> Response[An
     return Response({"error": str(detail or exc)}, status_code=status)
 
 
+ERRORS = {400: "Invalid input, or not an embedding model", 404: "Unknown model",
+          413: "Request body too large", 429: "Queue full", 500: "Embedding failed",
+          503: "The engine is not running"}
+
+
 @post("/api/embed", status_code=200, tags=["Ollama-compatible API"],
       summary="Embeddings of one or several inputs (Ollama)",
+      responses={code: ResponseSpec(OllamaError, description=text, generate_examples=False)
+                 for code, text in ERRORS.items()},
       exception_handlers={Exception: ollama_error})
 async def ollama_embed(request: Request[Any, Any, Any],
                        data: JSONBody[OllamaEmbedRequest]) -> Response[OllamaEmbedResponse]:

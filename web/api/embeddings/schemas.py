@@ -79,3 +79,7 @@ class OllamaEmbedResponse(Struct):
     total_duration: int  # nanoseconds, as Ollama counts
     load_duration: int
     prompt_eval_count: int
+
+
+class OllamaError(Struct):
+    error: str
