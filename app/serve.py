@@ -120,6 +120,7 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
         ModelSource,
         Tokenizer,
         gguf_tokenizer_dir,
+        is_encoder_folder,
         resolve_model_files,
     )
 
@@ -144,7 +145,9 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
 
     details: dict[str, object] = {"kind": model.kind, "source": store,
                                   "path": str(model.path) if model.path else None}
-    if model.path is not None:  # listed before it loads: architecture, blocks, kernels
+    if model.path is not None and model.path.is_dir() and is_encoder_folder(model.path):
+        details["runs"] = "bert: safetensors embedding model"
+    elif model.path is not None:  # listed before it loads: architecture, blocks, kernels
         from engine import describe_model_file
 
         quant = None if settings.quantize == "none" else settings.quantize
