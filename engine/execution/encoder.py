@@ -23,14 +23,18 @@ from engine.scheduling.request import Request
 
 
 class EncoderExecutor:
-    task = "embed"  # what the engine accepts for it: embedding requests only
     source = "safetensors"
     eos_ids: frozenset[int] = frozenset()
     fused = None  # no fused decode layers: an encoder never decodes
 
     def __init__(self, weights: bert.BertWeights, model_config: bert.BertConfig,
                  config: EngineConfig, device: torch.device | str = "cpu",
-                 model_path: Path | None = None, threads: int | None = None) -> None:
+                 model_path: Path | None = None, threads: int | None = None,
+                 sep_id: int | None = None) -> None:
+        # what the engine accepts for it: embedding requests only; a cross-encoder's "vector"
+        # is its one relevance score, its inputs query [SEP] document pairs
+        self.task = "score" if model_config.scores else "embed"
+        self.sep_id = sep_id
         self.weights = weights
         self.model_config = model_config
         self.config = config
@@ -58,12 +62,21 @@ class EncoderExecutor:
                 else choose_dtype(dtype, device)
             cfg = bert.config_from_folder(folder)
             weights = bert.load_weights(folder, cfg, torch_dtype, device)
-            return cls(weights, cfg, config or EngineConfig(), device, Path(folder), threads)
+            sep = None
+            if cfg.scores:  # the pair's separator, for the token types
+                from transformers import AutoTokenizer
+
+                sep = AutoTokenizer.from_pretrained(str(folder)).sep_token_id
+            return cls(weights, cfg, config or EngineConfig(), device, Path(folder), threads,
+                       sep)
         return on_fresh_thread(load)
 
     def describe(self) -> str:
         cfg = self.model_config
         size = self.weights.nbytes / 1e6
+        if cfg.scores:
+            return (f"bert: {self.source} {str(self.dtype).removeprefix('torch.')}, "
+                    f"cross-encoder (reranker), {size:.0f} MB")
         return (f"bert: {self.source} {str(self.dtype).removeprefix('torch.')}, embeddings "
                 f"of {cfg.hidden_size} ({cfg.pooling} pooling"
                 f"{', normalized' if cfg.normalize else ''}), {size:.0f} MB")
@@ -87,6 +100,8 @@ class EncoderExecutor:
         lengths = [it.num_tokens for it in items]
         ids = [t for it in items for t in it.request.prompt_ids]
         positions = [p for n in lengths for p in range(n)]
+        types = [0] * len(ids) if self.sep_id is None else \
+            [t for it in items for t in bert.token_types(it.request.prompt_ids, self.sep_id)]
         dev = self.device
 
         def as_tensor(xs: list[int]) -> torch.Tensor:
@@ -94,9 +109,11 @@ class EncoderExecutor:
 
         with torch.inference_mode():
             hidden = bert.encode(self.weights, self.model_config, as_tensor(ids),
-                                 as_tensor(positions),
-                                 torch.zeros(len(ids), dtype=torch.int64, device=dev), lengths)
-            vectors = bert.pool(hidden, self.model_config, lengths).cpu()
+                                 as_tensor(positions), as_tensor(types), lengths)
+            if self.model_config.scores:
+                vectors = bert.score(hidden, self.weights, lengths)[:, None].cpu()
+            else:
+                vectors = bert.pool(hidden, self.model_config, lengths).cpu()
         for it, vec in zip(items, vectors):
             it.request.embedding = vec.tolist()
         return [None] * len(items)

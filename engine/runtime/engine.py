@@ -129,7 +129,7 @@ class Engine:
         req = Request(list(prompt_ids), params, id=request_id or new_request_id(), owner=owner,
                       arrival=self.clock(), eos_ids=self.eos_ids)
         self._core.scheduler.validate(req)  # read-only: config and pool size
-        if params.embed != (self.task == "embed"):
+        if params.embed != (self.task != "generate"):
             raise RequestError("this model makes embeddings only" if params.embed is False
                                else "this model does not make embeddings")
         if params.constraint is not None:  # compiled here, off the engine thread
@@ -159,7 +159,8 @@ class Engine:
 
     @property
     def task(self) -> str:
-        """"embed" for an embedding model (its executor says), else "generate"."""
+        """"embed" for an embedding model, "score" for a cross-encoder (its executor says),
+        else "generate"."""
         return str(getattr(self._core.executor, "task", "generate"))
 
     def grammars(self) -> GrammarCompiler:

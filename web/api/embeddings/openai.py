@@ -11,8 +11,9 @@ from typing import Any
 from litestar import Controller, Request, Response, post
 from litestar.params import JSONBody
 
+from engine import Tokenizer
 from web.api.embeddings.inputs import token_lists
-from web.api.embeddings.run import embed, model_limit, route
+from web.api.embeddings.run import embed, model_limit, route, task_of
 from web.api.embeddings.schemas import (
     Embedding,
     EmbeddingList,
@@ -31,6 +32,20 @@ from web.services import services
 def as_base64(vector: list[float]) -> str:
     """OpenAI's base64 form: the float32 values, little-endian, base64-encoded."""
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+
+
+def pair_ids(tokenizer: Tokenizer, query: str, document: str, limit: int,
+             index: int) -> list[int]:
+    """[CLS] query [SEP] document [SEP], the document cut to fit the context (as
+    sentence-transformers' CrossEncoder does); a 400 when the query alone does not fit."""
+    if not document:
+        raise APIError(f"documents[{index}] is an empty string", param="documents")
+    ids = list(tokenizer.hf(query, document, truncation="only_second",
+                            max_length=limit)["input_ids"])
+    if len(ids) > limit:
+        raise APIError(f"the query is too long to rank documents with: {len(ids)} tokens with "
+                       f"the document, the model takes at most {limit}", param="query")
+    return ids
 
 
 class EmbeddingsController(Controller):
@@ -63,7 +78,7 @@ class EmbeddingsController(Controller):
           responses=error_docs(400, 404, 413, 429, 500, 503))
     async def rerank(self, request: Request[Any, Any, Any],
                      data: JSONBody[RerankRequest]) -> Response[RerankList]:
-        s = await route(services(request), data.model, data.keep_alive)
+        s = await route(services(request), data.model, data.keep_alive, rerank=True)
         if not data.query:
             raise APIError("query must not be empty", param="query")
         if not data.documents:
@@ -71,11 +86,17 @@ class EmbeddingsController(Controller):
         if data.top_n is not None and data.top_n < 1:
             raise APIError(f"top_n must be a positive integer, got {data.top_n}", param="top_n")
         limit, vocab = model_limit(s)
-        query = token_lists(data.query, s.tokenizer, vocab, limit, field="query")
-        docs = token_lists(data.documents, s.tokenizer, vocab, limit, field="documents")
-        done = await embed(request, s, query + docs)
-        q, rest = done.vectors[0], done.vectors[1:]
-        scored = sorted(((cosine(q, d), i) for i, d in enumerate(rest)), key=lambda t: -t[0])
+        if task_of(s) == "score":  # a cross-encoder: each (query, document) pair scored
+            pairs = [pair_ids(s.tokenizer, data.query, doc, limit, i)
+                     for i, doc in enumerate(data.documents)]
+            done = await embed(request, s, pairs)
+            scores = [v[0] for v in done.vectors]
+        else:  # an embedding model: cosine of the query's and each document's vector
+            query = token_lists(data.query, s.tokenizer, vocab, limit, field="query")
+            docs = token_lists(data.documents, s.tokenizer, vocab, limit, field="documents")
+            done = await embed(request, s, query + docs)
+            scores = [cosine(done.vectors[0], d) for d in done.vectors[1:]]
+        scored = sorted(((x, i) for i, x in enumerate(scores)), key=lambda t: -t[0])
         results = [RerankResult(i, score, RerankDocument(data.documents[i])
                                 if data.return_documents else None)
                    for score, i in scored[:data.top_n or len(scored)]]

@@ -42,9 +42,10 @@ def model_limit(s: Services) -> tuple[int, int]:
     return s.context_limit, vocab
 
 
-async def route(s: Services, model: str | None, keep_alive: object = None) -> Services:
+async def route(s: Services, model: str | None, keep_alive: object = None,
+                rerank: bool = False) -> Services:
     """The services of the model named (missing: the default); 404 when it is not served,
-    400 naming it when it makes no embeddings."""
+    400 naming it when it makes no embeddings (`rerank`: nor relevance scores)."""
     if s.catalog is None:
         if model and model != s.config.model_name:
             raise APIError(f"the model {model!r} does not exist; this server serves "
@@ -63,16 +64,22 @@ async def route(s: Services, model: str | None, keep_alive: object = None) -> Se
             known = ", ".join(repr(n) for n in exc.known)
             raise APIError(f"the model {model!r} does not exist; this server serves {known}",
                            404, param="model", code="model_not_found") from None
-    if task_of(s) not in (None, "embed"):
+    task = task_of(s)
+    if task == "score" and not rerank:
+        raise APIError(f"the model {s.model_name!r} is a reranker (a cross-encoder); it makes "
+                       "no embeddings (use /v1/rerank)", param="model",
+                       code="model_not_embedding")
+    if task not in (None, "embed", "score"):
         raise not_embedding(s.model_name)
     return s
 
 
 def refuse_embedding_model(s: Services) -> None:
     """A 400 naming the model when a chat or completion request reaches an embedding model."""
-    if task_of(s) == "embed":
+    if task_of(s) in ("embed", "score"):
         raise APIError(f"the model {s.model_name!r} is an embedding model; it generates no "
-                       "text (use /v1/embeddings)", param="model", code="model_is_embedding")
+                       "text (use /v1/embeddings or /v1/rerank)", param="model",
+                       code="model_is_embedding")
 
 
 def not_embedding(name: str) -> APIError:

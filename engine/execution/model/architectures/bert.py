@@ -39,6 +39,9 @@ class BertConfig:
     max_seq_length: int  # inputs longer than this are refused (the model's context)
     # widths the model was trained to be cut to (Matryoshka); () = only its full width
     matryoshka_dims: tuple[int, ...] = ()
+    # a cross-encoder (BertForSequenceClassification with one label): scores a query and
+    # document pair, [CLS] query [SEP] document [SEP], from the pooled [CLS] state
+    scores: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -79,7 +82,13 @@ def config_from_folder(folder: str | Path) -> BertConfig:
     act = cfg.get("hidden_act", "gelu")
     if act not in ACTIVATIONS:
         raise UnsupportedModel(f"hidden_act {act!r} is not supported")
-    pooling, normalize = _pooling(folder)
+    scores = "BertForSequenceClassification" in (cfg.get("architectures") or [])
+    if scores and len(cfg.get("id2label") or {"0": ""}) != 1:
+        raise UnsupportedModel("a cross-encoder must have exactly one label (a relevance score)")
+    pooling: Pooling = "cls"  # a cross-encoder's head reads [CLS], unnormalized
+    normalize = False
+    if not scores:
+        pooling, normalize = _pooling(folder)
     positions = int(cfg["max_position_embeddings"])
     st = _json(folder / "sentence_bert_config.json")
     st_config = _json(folder / "config_sentence_transformers.json")
@@ -92,7 +101,7 @@ def config_from_folder(folder: str | Path) -> BertConfig:
         max_position_embeddings=positions, type_vocab_size=int(cfg.get("type_vocab_size", 2)),
         gelu=ACTIVATIONS[act], pooling=pooling, normalize=normalize,
         max_seq_length=min(positions, int(st.get("max_seq_length") or positions)),
-        matryoshka_dims=tuple(int(d) for d in dims))
+        matryoshka_dims=tuple(int(d) for d in dims), scores=scores)
 
 
 # --- weights --------------------------------------------------------------------------------
@@ -130,10 +139,12 @@ class BertWeights:
     token_type: torch.Tensor
     ln: tuple[torch.Tensor, torch.Tensor]
     layers: tuple[BertLayer, ...]
+    # a cross-encoder's head: the pooler (dense + tanh on [CLS]) and the one-label classifier
+    head: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.word, self.position, self.token_type, *self.ln]
+        tensors = [self.word, self.position, self.token_type, *self.ln, *(self.head or ())]
         for layer in self.layers:
             tensors += [layer.qkv_w, layer.qkv_b, layer.o_w, layer.o_b, *layer.ln1, layer.up_w,
                         layer.up_b, layer.down_w, layer.down_b, *layer.ln2]
@@ -143,7 +154,7 @@ class BertWeights:
 def weights_from_tensors(tensors: Mapping[str, torch.Tensor], cfg: BertConfig,
                          dtype: torch.dtype, device: torch.device | str) -> BertWeights:
     """BertModel's tensors (with or without a `bert.` prefix) as BertWeights."""
-    flat = {k.removeprefix("bert."): v for k, v in tensors.items()}
+    flat = {k.removeprefix("bert.").removeprefix("model."): v for k, v in tensors.items()}
 
     def get(name: str) -> torch.Tensor:
         if name not in flat:
@@ -157,11 +168,13 @@ def weights_from_tensors(tensors: Mapping[str, torch.Tensor], cfg: BertConfig,
             torch.cat([t["q_w"], t["k_w"], t["v_w"]]), torch.cat([t["q_b"], t["k_b"], t["v_b"]]),
             t["o_w"], t["o_b"], (t["ln1_w"], t["ln1_b"]), t["up_w"], t["up_b"], t["down_w"],
             t["down_b"], (t["ln2_w"], t["ln2_b"])))
+    head = (get("pooler.dense.weight"), get("pooler.dense.bias"), get("classifier.weight"),
+            get("classifier.bias")) if cfg.scores else None
     return BertWeights(get("embeddings.word_embeddings.weight"),
                        get("embeddings.position_embeddings.weight"),
                        get("embeddings.token_type_embeddings.weight"),
                        (get("embeddings.LayerNorm.weight"), get("embeddings.LayerNorm.bias")),
-                       tuple(layers))
+                       tuple(layers), head)
 
 
 def load_weights(folder: str | Path, cfg: BertConfig, dtype: torch.dtype,
@@ -229,3 +242,20 @@ def pool(hidden: torch.Tensor, cfg: BertConfig, lengths: Sequence[int]) -> torch
         sums.index_add_(0, row_in, h)
         out = sums / lens[:, None].to(h.dtype)
     return F.normalize(out, p=2, dim=1) if cfg.normalize else out
+
+
+def score(hidden: torch.Tensor, w: BertWeights, lengths: Sequence[int]) -> torch.Tensor:
+    """A cross-encoder's relevance per input [inputs]: sigmoid of the classifier's one logit
+    over the pooled [CLS] state (what sentence-transformers' CrossEncoder answers)."""
+    assert w.head is not None, "not a cross-encoder"
+    dense_w, dense_b, cls_w, cls_b = w.head
+    lens = torch.tensor(list(lengths), dtype=torch.int64, device=hidden.device)
+    first = torch.cumsum(lens, 0) - lens
+    pooled = torch.tanh(F.linear(hidden[first], dense_w, dense_b))
+    return torch.sigmoid(F.linear(pooled, cls_w, cls_b).float()[:, 0])
+
+
+def token_types(ids: Sequence[int], sep: int) -> list[int]:
+    """A pair's token types: 0 through the first [SEP] (the query), 1 after (the document)."""
+    cut = next((i + 1 for i, t in enumerate(ids) if t == sep), len(ids))
+    return [0] * cut + [1] * (len(ids) - cut)
