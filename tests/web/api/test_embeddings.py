@@ -18,9 +18,8 @@ SENTENCES = ["The cat sits on the mat.", "A dog sleeps by the fire.",
              "Stock markets fell sharply on Monday.", "Ferry runs models on your computer."]
 
 
-@pytest.fixture(scope="module")
-def server(embedding_dir: Path, in_thread_server: Any,
-           tmp_path_factory: pytest.TempPathFactory) -> Any:
+def serve_embeddings(embedding_dir: Path, in_thread_server: Any, data: Path,
+                     **web: Any) -> Any:
     from engine import EncoderExecutor, Engine, EngineConfig, Tokenizer
     from web.app import create_app
     from web.config import WebConfig
@@ -29,9 +28,14 @@ def server(embedding_dir: Path, in_thread_server: Any,
     config = EngineConfig(max_context=executor.max_context, max_prefill_tokens=512)
     tokenizer = Tokenizer(embedding_dir)
     engine = Engine(config, executor, tokenizer)
-    app = create_app(engine, tokenizer, WebConfig(data_dir=tmp_path_factory.mktemp("emb"),
-                                                  model_name=NAME))
-    running = in_thread_server(app, engine, "uvicorn-embeddings", 60)
+    app = create_app(engine, tokenizer, WebConfig(data_dir=data, model_name=NAME, **web))
+    return in_thread_server(app, engine, "uvicorn-embeddings", 60)
+
+
+@pytest.fixture(scope="module")
+def server(embedding_dir: Path, in_thread_server: Any,
+           tmp_path_factory: pytest.TempPathFactory) -> Any:
+    running = serve_embeddings(embedding_dir, in_thread_server, tmp_path_factory.mktemp("emb"))
     yield running
     running.stop()
 
@@ -200,3 +204,23 @@ def test_embedding_request_to_a_chat_model_is_400_naming_it(make_server: Any) ->
     with pytest.raises(openai.BadRequestError) as err:
         client.embeddings.create(model="", input="hello")
     assert "chat model" in str(err.value) and chat.services.config.model_name in str(err.value)
+
+
+def test_shared_mode_needs_a_token_and_takes_inputs_a_few_at_a_time(
+        embedding_dir: Path, in_thread_server: Any, tmp_path: Path) -> None:
+    from web.access.users import UserStore
+
+    token = UserStore(tmp_path / "users.json").add("ann", admin=False)
+    shared = serve_embeddings(embedding_dir, in_thread_server, tmp_path, shared=True,
+                              per_user_limit=2)
+    try:
+        body = {"model": NAME, "input": SENTENCES}
+        assert httpx.post(shared.url + "/v1/embeddings", json=body,
+                          timeout=30).status_code == 401
+        assert httpx.post(shared.url + "/api/embed", json=body, timeout=30).status_code == 401
+        client = openai.OpenAI(base_url=shared.url + "/v1", api_key=token)
+        out = client.embeddings.create(**body)  # 4 inputs, 2 at a time: no 429
+        assert len(out.data) == len(SENTENCES)
+        assert shared.engine.wait_idle(30)
+    finally:
+        shared.stop()
