@@ -130,7 +130,7 @@ class Engine:
                       arrival=self.clock(), eos_ids=self.eos_ids)
         self._core.scheduler.validate(req)  # read-only: config and pool size
         if params.embed != (self.task != "generate"):
-            raise RequestError("this model makes embeddings only" if params.embed is False
+            raise RequestError("this model makes embeddings only" if not params.embed
                                else "this model does not make embeddings")
         if params.constraint is not None:  # compiled here, off the engine thread
             req.matcher = self.grammars().matcher(params.constraint)

@@ -106,3 +106,45 @@ def test_refusals(executor: EncoderExecutor, embedding_dir: Path) -> None:
             engine.submit([], EMBED)
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize("modules, pooling, want", [
+    (["Transformer", "Pooling", "Normalize"], {"pooling_mode_cls_token": True}, ("cls", True)),
+    (["Transformer", "Pooling"], {"pooling_mode_mean_tokens": True}, ("mean", False)),
+    (["Transformer", "Pooling"], {"pooling_mode_lasttoken": True}, ("lasttoken", False)),
+])
+def test_pooling_follows_modules_json(embedding_dir: Path, tmp_path: Path,
+                                      modules: list[str], pooling: dict[str, bool],
+                                      want: tuple[str, bool]) -> None:
+    import json
+
+    from engine.execution.model.architectures import bert
+
+    (tmp_path / "config.json").write_text((embedding_dir / "config.json").read_text())
+    (tmp_path / "modules.json").write_text(json.dumps([
+        {"idx": i, "name": str(i), "path": "1_Pooling" if m == "Pooling" else "",
+         "type": f"sentence_transformers.models.{m}"} for i, m in enumerate(modules)]))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    cfg = bert.config_from_folder(tmp_path)
+    assert (cfg.pooling, cfg.normalize, cfg.max_seq_length) == (*want, 512)
+    hidden = torch.arange(12, dtype=torch.float32).view(4, 3)  # inputs of 1 and 3 rows
+    pooled = bert.pool(hidden, cfg, [1, 3])
+    rows = {"cls": hidden[[0, 1]], "mean": torch.stack([hidden[0], hidden[1:].mean(0)]),
+            "lasttoken": hidden[[0, 3]]}[cfg.pooling]
+    assert torch.allclose(pooled, torch.nn.functional.normalize(rows) if cfg.normalize
+                          else rows)
+
+
+def test_unsupported_pooling_is_refused_by_name(embedding_dir: Path, tmp_path: Path) -> None:
+    import json
+
+    from engine.execution.model.architectures import bert
+    from engine.execution.model.config import UnsupportedModel
+
+    (tmp_path / "config.json").write_text((embedding_dir / "config.json").read_text())
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(
+        json.dumps({"pooling_mode_max_tokens": True}))
+    with pytest.raises(UnsupportedModel, match="pooling_mode_max_tokens"):
+        bert.config_from_folder(tmp_path)
