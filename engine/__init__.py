@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from engine.execution.cpu import cpu_has_native_bf16
     from engine.execution.devices import flashinfer_kernels, pick_device, torch_build
     from engine.execution.draft_runner import DraftRunner
+    from engine.execution.encoder import EncoderExecutor
     from engine.execution.executor import ModelExecutor
     from engine.execution.footprint import gpu_room
     from engine.execution.loading.loader import ModelNotFound
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
     from engine.execution.model.describe import describe_file as describe_model_file
     from engine.execution.model.describe import model_architecture
     from engine.execution.model.linear_kernels import onednn_works
+    from engine.execution.model.registry import is_encoder_folder
     from engine.execution.text.chat_template import describe_chat_template
     from engine.execution.text.tokenizer import Tokenizer, gguf_tokenizer_dir
     from engine.kernels.native import set_build_dir as set_kernel_build_dir
@@ -78,6 +80,8 @@ if TYPE_CHECKING:
 # name -> "module:attribute", imported on first access (PEP 562)
 _LAZY: dict[str, str] = {
     "ModelExecutor": "engine.execution.executor:ModelExecutor",
+    "EncoderExecutor": "engine.execution.encoder:EncoderExecutor",
+    "is_encoder_folder": "engine.execution.model.registry:is_encoder_folder",
     "DraftRunner": "engine.execution.draft_runner:DraftRunner",
     "ModelNotFound": "engine.execution.loading.loader:ModelNotFound",
     "Tokenizer": "engine.execution.text.tokenizer:Tokenizer",
@@ -126,6 +130,7 @@ __all__ = [
     "CpuLevelError",
     "DraftModelError",
     "DraftRunner",
+    "EncoderExecutor",
     "Engine",
     "EngineConfig",
     "EngineSnapshot",
@@ -173,6 +178,7 @@ __all__ = [
     "flashinfer_version",
     "gguf_tokenizer_dir",
     "gpu_room",
+    "is_encoder_folder",
     "kernel_status",
     "model_architecture",
     "onednn_works",

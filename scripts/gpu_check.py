@@ -93,8 +93,8 @@ def kernels(out: Path) -> None:
                         "page_size": page_size, "window": window,
                         "seconds": round(time.perf_counter() - start, 2),
                         "ok": problem is None, "problem": problem})
-    write(out, "kernels", {"shapes": results,
-                           "total_seconds": round(sum(float(r["seconds"] or 0) for r in results), 1)})
+    total = round(sum(float(r["seconds"] or 0) for r in results), 1)
+    write(out, "kernels", {"shapes": results, "total_seconds": total})
 
 
 def _model_dir(root: Path) -> Path:

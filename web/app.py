@@ -25,6 +25,7 @@ from web.access.auth import Auth, AuthMiddleware, csrf_token
 from web.access.hosts import HostGuard, HostPolicy
 from web.api.completions import OpenAIController
 from web.api.controls import EngineController
+from web.api.embeddings import EmbeddingsController, ollama_embed
 from web.api.errors import api_exception_handler
 from web.api.guards import json_depth_guard
 from web.api.metrics import SystemController, make_registry
@@ -119,7 +120,8 @@ def create_app(engine: Serving, tokenizer: Tokenizer, config: WebConfig) -> Lite
                 await anyio.to_thread.run_sync(engine.stop)
             store.close()
 
-    api = Router("/", route_handlers=[OpenAIController, RequestsController, EngineController],
+    api = Router("/", route_handlers=[OpenAIController, RequestsController, EngineController,
+                                     EmbeddingsController, ollama_embed],
                  exception_handlers={Exception: api_exception_handler},
                  before_request=json_depth_guard)
     app = Litestar(

@@ -133,6 +133,9 @@ class Engine:
         req = Request(list(prompt_ids), params, id=request_id or new_request_id(), owner=owner,
                       arrival=self.clock(), eos_ids=self.eos_ids)
         self._core.scheduler.validate(req)  # read-only: config and pool size
+        if params.embed != (self.task != "generate"):
+            raise RequestError("this model makes embeddings only" if not params.embed
+                               else "this model does not make embeddings")
         if params.constraint is not None:  # a copy of the checked compile, else compiled now
             req.matcher = self.grammars().matcher(params.constraint)
         if handle is None:
@@ -152,6 +155,17 @@ class Engine:
             self._idle.clear()
         self._inbox.put(Submit(req))
         return handle
+
+    @property
+    def executor(self) -> Executor:
+        """The model side (read-only use: its sizes and what it supports)."""
+        return self._core.executor
+
+    @property
+    def task(self) -> str:
+        """"embed" for an embedding model, "score" for a cross-encoder (its executor says),
+        else "generate"."""
+        return str(getattr(self._core.executor, "task", "generate"))
 
     def grammars(self) -> GrammarCompiler:
         """The model's grammar compiler, built on first use (about a second)."""
@@ -343,4 +357,5 @@ def final_event(req: Request, error: str | None) -> FinalEvent:
         ttft=None if req.first_token_at is None else req.first_token_at - start,
         tpot=tpot, total=end - start)
     usage = Usage(req.prompt_len, req.num_outputs, req.num_cached)
-    return FinalEvent(req.finish_reason or "error", usage, timings, error)
+    extra: dict[str, object] = {} if req.embedding is None else {"embedding": req.embedding}
+    return FinalEvent(req.finish_reason or "error", usage, timings, error, extra)

@@ -43,7 +43,7 @@ class KVAccounting(PagePool):
 
     # -- request lifecycle -----------------------------------------------------------------
     def match(self, req: Request, touch: bool = True) -> PrefixMatch:
-        if self.cache is None or req.params.prompt_logprobs is not None:
+        if self.cache is None or req.params.prompt_logprobs is not None or req.params.embed:
             # scoring the prompt needs the logits of every position: a cached prefix has none
             return PrefixMatch(None, [], 0)
         # At least the last prompt token is computed, to give logits.
@@ -79,14 +79,14 @@ class KVAccounting(PagePool):
 
     def prompt_done(self, req: Request) -> None:
         """The prompt's full pages enter the cache, locked, so concurrent requests hit them."""
-        if self.cache is not None:
+        if self.cache is not None and not req.params.embed:  # an encoder keeps no KV
             self._insert(req, req.prompt_ids, req.prompt_len // self.page_size, relock=True)
 
     def release(self, req: Request, keep: bool = True) -> None:
         """Return a finished request's pages: full ones to the cache (unless `keep` is False,
         e.g. after a failed round), the rest to the free list."""
         node = req.cache_node if isinstance(req.cache_node, Node) else None
-        if self.cache is not None and keep:
+        if self.cache is not None and keep and not req.params.embed:
             computed = req.num_computed if self.cache_outputs else min(req.num_computed,
                                                                         req.prompt_len)
             ids = [req.token_at(p) for p in range(computed)] if computed > req.prompt_len \

@@ -33,10 +33,12 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # for each prompt token after the first
     constraint: Constraint | None = None  # grammar the output must match (engine.structured)
     speculative: bool = True  # may draft tokens (when the engine speculates; False: never)
+    # an embedding: the prompt is encoded whole in one round and pooled (max_tokens 0)
+    embed: bool = False
 
     def __post_init__(self) -> None:
         # max_tokens 0 is a prefill-only request: it exists to score the prompt
-        least = 0 if self.prompt_logprobs is not None else 1
+        least = 0 if self.prompt_logprobs is not None or self.embed else 1
         if not isinstance(self.max_tokens, int) or self.max_tokens < least:
             what = "a positive integer" if least else "an integer >= 0"
             raise RequestError(f"max_tokens must be {what}, got {self.max_tokens!r}")
@@ -110,6 +112,7 @@ class Request:
     # (None for p == 0, which nothing predicts); output_logprobs[i] scores output token i
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    embedding: list[float] | None = None  # written by an encoder when params.embed
     # grammar-constrained decoding: the request's own matcher (made at submit, advanced by the
     # executor on every sampled token), set done once the grammar is complete
     matcher: object | None = None

@@ -65,6 +65,9 @@ class Scheduler:
             raise RequestError(
                 f"prompt ({req.prompt_len} tokens) + max_tokens ({req.params.max_tokens}) = "
                 f"{need} exceeds the context of {cfg.max_context} tokens")
+        if req.params.embed and req.prompt_len > cfg.max_prefill_tokens:
+            raise RequestError(f"the input ({req.prompt_len} tokens) exceeds the prefill "
+                               f"budget of {cfg.max_prefill_tokens} tokens a round")
         if need + cfg.page_size - 1 > self.kv.total:
             raise RequestError(
                 f"prompt ({req.prompt_len} tokens) + max_tokens ({req.params.max_tokens}) = "
@@ -116,6 +119,8 @@ class Scheduler:
             if budget <= 0:
                 break
             if req.state is RequestState.WAITING:
+                if req.params.embed and req.prompt_len > budget:
+                    break  # an encoder's input runs whole: it waits for a round with room
                 match = self.kv.match(req)
                 if check.refuse(req, match, budget) is not None:
                     break

@@ -19,6 +19,7 @@ from engine import Constraint, FinalEvent, Reasoning, RequestHandle, TextDelta, 
 from web.access.disclosure import final_error, model_info
 from web.access.identity import User, current_user
 from web.api.choices import ChatShape, CompletionShape, usage_of
+from web.api.embeddings import refuse_embedding_model
 from web.api.errors import APIError, error_docs
 from web.api.fanout import cancel_all, collect_all, merge, submit_all
 from web.api.logprobs import TokenTexts
@@ -172,7 +173,7 @@ class OpenAIController(Controller):
                          (served and served.max_context) or s.context_limit,
                          chat_template=getattr(s.tokenizer, "chat_template_name", None),
                          architecture=runs.split(":", 1)[0] if runs else None, runs=runs,
-                         reasoning=thinks,
+                         reasoning=thinks, embedding=getattr(s.engine, "task", "") == "embed",
                          upstreams=list(served.upstreams) if served else None)
 
     def _cards(self, s: Services, user: User) -> list[ModelCard]:
@@ -220,6 +221,7 @@ class OpenAIController(Controller):
                                data: JSONBody[ChatCompletionRequest]) -> ASGIApp:
         s = services(request)
         async with route_model(s, data, current_user(request), _known(s)) as routed:
+            refuse_embedding_model(routed)
             return await self._chat(request, routed, data)
 
     async def _chat(self, request: Request[Any, Any, Any], s: Services,
@@ -259,6 +261,7 @@ class OpenAIController(Controller):
                           data: JSONBody[CompletionRequest]) -> ASGIApp:
         s = services(request)
         async with route_model(s, data, current_user(request), _known(s)) as routed:
+            refuse_embedding_model(routed)
             return await self._complete(request, routed, data)
 
     async def _complete(self, request: Request[Any, Any, Any], s: Services,

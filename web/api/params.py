@@ -4,7 +4,8 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import anyio
 
@@ -34,7 +35,25 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 MAX_N = 16  # choices per request; each is one engine request, counted by per-user limits
 
 
-def check_model(body: SamplingFields, model_name: str, known: Sequence[str] = ()) -> None:
+class ModelFields(Protocol):
+    """What routing reads of a request: the model it names and its keep_alive."""
+
+    @property
+    def model(self) -> str | None: ...
+
+    @property
+    def keep_alive(self) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ModelAsk:
+    """A model named outside a sampling body (e.g. Ollama's "name:tag" made plain)."""
+
+    model: str | None
+    keep_alive: Any = None
+
+
+def check_model(body: ModelFields, model_name: str, known: Sequence[str] = ()) -> None:
     """A 404 unless the body names a model served here (missing or empty: the default):
     `model_name`, or in upstream mode any of `known` (the models the upstreams list)."""
     names = list(known) or [model_name]
@@ -182,7 +201,7 @@ def sampling_params(body: SamplingFields, config: WebConfig, prompt_len: int,
 
 
 @asynccontextmanager
-async def route_model(s: Services, body: SamplingFields, user: User,
+async def route_model(s: Services, body: ModelFields, user: User,
                       known: Sequence[str] = ()) -> AsyncIterator[Services]:
     """The services of the model `body` names (several models: its engine, tokenizer and
     chat template; missing or empty: the default); 404 listing the known ones otherwise.

@@ -231,6 +231,7 @@ class ModelCard(Struct):
     architecture: str | None = None  # the registry's name ("llama", "gemma3", ...)
     runs: str | None = None  # block types and kernels, as the banner says it
     reasoning: bool = False  # replies carry reasoning_content (a thinking model)
+    embedding: bool = False  # an embedding model: /v1/embeddings, no chat
     upstreams: list[str] | None = None  # upstream mode: the upstreams that serve it
     # several models in one server: loaded or not (loading, unloading), the default, bytes
     loaded: bool = True

@@ -6,9 +6,13 @@ differ, a `make_layer`) and one line in ARCHITECTURES.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+from engine.execution.model.architectures import bert
 from engine.execution.model.architectures.gemma3 import Gemma3ForCausalLM
 from engine.execution.model.architectures.llama import LlamaForCausalLM
 from engine.execution.model.architectures.phi3 import Phi3ForCausalLM
@@ -26,6 +30,19 @@ ARCHITECTURES: tuple[type[CausalLM], ...] = (
 HF_TYPES: dict[str, type[CausalLM]] = {t: a for a in ARCHITECTURES for t in a.hf_model_types}
 GGUF_ARCHS: dict[str, type[CausalLM]] = {t: a for a in ARCHITECTURES for t in a.gguf_archs}
 SUPPORTED = tuple(HF_TYPES)  # config.json model_type values Ferry runs
+# encoders (embedding models, run by engine.execution.encoder): model_type -> family module
+ENCODERS: dict[str, ModuleType] = {t: bert for t in bert.HF_MODEL_TYPES}
+
+
+def is_encoder_folder(folder: Path) -> bool:
+    """A safetensors folder whose config.json names an encoder family (an embedding model)."""
+    config = Path(folder) / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        return json.loads(config.read_text()).get("model_type") in ENCODERS
+    except (ValueError, OSError):
+        return False
 
 
 def for_hf(cfg: Mapping[str, Any]) -> type[CausalLM]:

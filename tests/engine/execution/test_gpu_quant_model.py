@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType
 
-from conftest import Harness
 from engine.config import EngineConfig
 from engine.execution.executor import ModelExecutor
 from engine.execution.footprint import weight_bytes
@@ -30,6 +29,7 @@ from engine.execution.loading.loader import GGUF_DEVICE, load_model, weight_mode
 from engine.execution.model.describe import describe_weights
 from engine.kernels import gpu_quant
 from tests.tools import synthetic_gguf
+from tests.tools.harness import Harness
 
 pytest.importorskip("triton", reason="the gpu_quant kernels need Triton (the dev extra)")
 DEVICE = "cpu" if gpu_quant.interpreted() else "cuda"

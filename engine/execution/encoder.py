@@ -1,0 +1,126 @@
+"""The executor of an embedding model: a round's inputs through a BERT-family encoder, each
+input's pooled vector written onto its request.
+
+It meets the scheduler's `Executor` protocol, so embedding requests are queued, admitted,
+budgeted and shown like any prompt: they are prefill-only (max_tokens 0, `embed` set), the
+scheduler never splits one across rounds (bidirectional attention needs the whole input at
+once), and they keep no KV: the scheduler's pages are an admission budget only, and there is
+no pool behind them.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.execution.cpu import default_threads, on_fresh_thread
+from engine.execution.loading.loader import choose_dtype
+from engine.execution.model.architectures import bert
+from engine.scheduling.batch import Batch, Sampled
+from engine.scheduling.request import Request
+
+
+class EncoderExecutor:
+    source = "safetensors"
+    eos_ids: frozenset[int] = frozenset()
+    fused = None  # no fused decode layers: an encoder never decodes
+
+    def __init__(self, weights: bert.BertWeights, model_config: bert.BertConfig,
+                 config: EngineConfig, device: torch.device | str = "cpu",
+                 model_path: Path | None = None, threads: int | None = None,
+                 sep_id: int | None = None) -> None:
+        # what the engine accepts for it: embedding requests only; a cross-encoder's "vector"
+        # is its one relevance score, its inputs query [SEP] document pairs
+        self.task = "score" if model_config.scores else "embed"
+        self.sep_id = sep_id
+        self.weights = weights
+        self.model_config = model_config
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = weights.word.dtype
+        self.max_context = model_config.max_seq_length
+        self.vocab_size = model_config.vocab_size
+        self.dimensions = model_config.hidden_size
+        self.matryoshka_dims = model_config.matryoshka_dims
+        self.model_path = model_path
+        self.tokenizer_path = model_path
+        self.threads = threads or default_threads()
+        self._bound_thread: int | None = None
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, config: EngineConfig | None = None, *,
+                        dtype: str | torch.dtype = "auto", device: str = "cpu",
+                        threads: int | None = None) -> EncoderExecutor:
+        """Load a sentence-transformers folder (config.json, safetensors, tokenizer, pooling).
+        dtype auto: float32 on CPU (small models, where bf16 saves little), else bf16/fp16."""
+        def load() -> EncoderExecutor:
+            if torch.device(device).type == "cpu":
+                torch.set_num_threads(threads or default_threads())
+            torch_dtype = torch.float32 if dtype == "auto" and device == "cpu" \
+                else choose_dtype(dtype, device)
+            cfg = bert.config_from_folder(folder)
+            weights = bert.load_weights(folder, cfg, torch_dtype, device)
+            sep = None
+            if cfg.scores:  # the pair's separator, for the token types
+                from transformers import AutoTokenizer
+
+                sep = AutoTokenizer.from_pretrained(str(folder)).sep_token_id
+            return cls(weights, cfg, config or EngineConfig(), device, Path(folder), threads,
+                       sep)
+        return on_fresh_thread(load)
+
+    def memory_bytes(self) -> int:
+        """What the loaded encoder holds: its weights (it keeps no KV)."""
+        return self.weights.nbytes
+
+    def describe(self) -> str:
+        cfg = self.model_config
+        size = self.weights.nbytes / 1e6
+        if cfg.scores:
+            return (f"bert: {self.source} {str(self.dtype).removeprefix('torch.')}, "
+                    f"cross-encoder (reranker), {size:.0f} MB")
+        return (f"bert: {self.source} {str(self.dtype).removeprefix('torch.')}, embeddings "
+                f"of {cfg.hidden_size} ({cfg.pooling} pooling"
+                f"{', normalized' if cfg.normalize else ''}), {size:.0f} MB")
+
+    @property
+    def nbytes(self) -> int:
+        return self.weights.nbytes
+
+    # --- Executor protocol ------------------------------------------------------------------
+
+    def run(self, batch: Batch) -> list[Sampled]:
+        if self._bound_thread != threading.get_ident() and self.device.type == "cpu":
+            torch.set_num_threads(self.threads)  # per calling thread (engine.execution.cpu)
+            self._bound_thread = threading.get_ident()
+        items = batch.items
+        for it in items:
+            if it.start != 0 or it.num_tokens != it.request.prompt_len or it.sample:
+                raise ValueError(f"{it.request.id}: an encoder runs whole inputs only")
+        if not items:
+            return []
+        lengths = [it.num_tokens for it in items]
+        ids = [t for it in items for t in it.request.prompt_ids]
+        positions = [p for n in lengths for p in range(n)]
+        types = [0] * len(ids) if self.sep_id is None else \
+            [t for it in items for t in bert.token_types(it.request.prompt_ids, self.sep_id)]
+        dev = self.device
+
+        def as_tensor(xs: list[int]) -> torch.Tensor:
+            return torch.tensor(xs, dtype=torch.int64, device=dev)
+
+        with torch.inference_mode():
+            hidden = bert.encode(self.weights, self.model_config, as_tensor(ids),
+                                 as_tensor(positions), as_tensor(types), lengths)
+            if self.model_config.scores:
+                vectors = bert.score(hidden, self.weights, lengths)[:, None].cpu()
+            else:
+                vectors = bert.pool(hidden, self.model_config, lengths).cpu()
+        for it, vec in zip(items, vectors):
+            it.request.embedding = vec.tolist()
+        return [None] * len(items)
+
+    def release(self, request: Request) -> None:
+        pass  # nothing per request outlives its round

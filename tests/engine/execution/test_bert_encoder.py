@@ -1,0 +1,150 @@
+"""The BERT-family encoder against sentence-transformers on the same files (all-MiniLM-L6-v2):
+alone and batched through a real Engine, where embedding requests are prefill-only work that
+keeps no KV and never runs beside a split input."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.execution.encoder import EncoderExecutor
+from engine.execution.text.tokenizer import Tokenizer
+from engine.runtime.engine import Engine
+from engine.scheduling.request import RequestError, SamplingParams
+
+SENTENCES = [
+    "The cat sits on the mat.",
+    "A quick brown fox jumps over the lazy dog, twice, while nobody watches.",
+    "Ferry serves language models on your own computer.",
+    "Embeddings place similar sentences near one another.",
+    "x",
+]
+EMBED = SamplingParams(max_tokens=0, embed=True)
+
+
+@pytest.fixture(scope="module")
+def reference(embedding_dir: Path) -> Any:
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(embedding_dir), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def executor(embedding_dir: Path) -> EncoderExecutor:
+    return EncoderExecutor.from_pretrained(embedding_dir, EngineConfig(), threads=1)
+
+
+def cosines(a: torch.Tensor, b: torch.Tensor) -> list[float]:
+    return torch.nn.functional.cosine_similarity(a, b, dim=1).tolist()
+
+
+def run_engine(executor: EncoderExecutor, tokenizer: Tokenizer, texts: list[str],
+               **config: Any) -> tuple[Engine, list[Any]]:
+    engine = Engine(EngineConfig(**{"max_context": executor.max_context, **config}), executor,
+                    tokenizer).start()
+    try:
+        handles = [engine.submit(tokenizer.encode(t), EMBED) for t in texts]
+        finals = [list(h.events(timeout=60))[-1] for h in handles]
+        assert engine.wait_idle(30)
+        snap = engine.snapshot()
+        assert snap.kv.free == snap.kv.total  # nothing kept: no KV, no cache entries
+    finally:
+        engine.stop()
+    return engine, finals
+
+
+def test_config_follows_the_sentence_transformers_files(executor: EncoderExecutor) -> None:
+    cfg = executor.model_config
+    assert (cfg.pooling, cfg.normalize, cfg.max_seq_length, cfg.hidden_size) == \
+        ("mean", True, 256, 384)
+    assert executor.describe().startswith("bert: safetensors float32, embeddings of 384")
+
+
+def test_engine_embeddings_match_sentence_transformers(executor: EncoderExecutor,
+                                                       reference: Any,
+                                                       embedding_dir: Path) -> None:
+    tokenizer = Tokenizer(embedding_dir)
+    want = torch.tensor(reference.encode(SENTENCES))
+    # a budget of 40 tokens a round: several rounds, each batching whole inputs only
+    engine, finals = run_engine(executor, tokenizer, SENTENCES, max_prefill_tokens=40)
+    assert all(f.finish_reason == "length" and f.error is None for f in finals)
+    got = torch.tensor([f.extra["embedding"] for f in finals])
+    assert min(cosines(got, want)) >= 0.999
+    assert torch.allclose(got.norm(dim=1), torch.ones(len(SENTENCES)), atol=1e-5)
+    assert [f.usage.prompt_tokens for f in finals] == \
+        [len(tokenizer.encode(t)) for t in SENTENCES]
+    rounds = engine.snapshot().rounds
+    assert any(len(r.batch) > 1 for r in rounds)  # requests batched together
+    sizes = [sum(n for _, n in r.batch) for r in rounds]
+    assert max(sizes) <= 40
+
+
+def test_batched_equals_alone(executor: EncoderExecutor, embedding_dir: Path) -> None:
+    tokenizer = Tokenizer(embedding_dir)
+    _, together = run_engine(executor, tokenizer, SENTENCES)
+    alone = [run_engine(executor, tokenizer, [t])[1][0] for t in SENTENCES[:2]]
+    for a, b in zip(alone, together):
+        assert torch.allclose(torch.tensor(a.extra["embedding"]),
+                              torch.tensor(b.extra["embedding"]), atol=1e-5)
+
+
+def test_refusals(executor: EncoderExecutor, embedding_dir: Path) -> None:
+    tokenizer = Tokenizer(embedding_dir)
+    engine = Engine(EngineConfig(max_context=executor.max_context, max_prefill_tokens=64),
+                    executor, tokenizer).start()
+    try:
+        with pytest.raises(RequestError, match="embeddings only"):
+            engine.submit(tokenizer.encode("hello"), SamplingParams(max_tokens=4))
+        with pytest.raises(RequestError, match="prefill budget"):
+            engine.submit(list(range(100, 200)), EMBED)
+        with pytest.raises(RequestError, match="context"):
+            engine.submit(list(range(100, 400)), EMBED)
+        with pytest.raises(RequestError, match="empty"):
+            engine.submit([], EMBED)
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("modules, pooling, want", [
+    (["Transformer", "Pooling", "Normalize"], {"pooling_mode_cls_token": True}, ("cls", True)),
+    (["Transformer", "Pooling"], {"pooling_mode_mean_tokens": True}, ("mean", False)),
+    (["Transformer", "Pooling"], {"pooling_mode_lasttoken": True}, ("lasttoken", False)),
+])
+def test_pooling_follows_modules_json(embedding_dir: Path, tmp_path: Path,
+                                      modules: list[str], pooling: dict[str, bool],
+                                      want: tuple[str, bool]) -> None:
+    import json
+
+    from engine.execution.model.architectures import bert
+
+    (tmp_path / "config.json").write_text((embedding_dir / "config.json").read_text())
+    (tmp_path / "modules.json").write_text(json.dumps([
+        {"idx": i, "name": str(i), "path": "1_Pooling" if m == "Pooling" else "",
+         "type": f"sentence_transformers.models.{m}"} for i, m in enumerate(modules)]))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    cfg = bert.config_from_folder(tmp_path)
+    assert (cfg.pooling, cfg.normalize, cfg.max_seq_length) == (*want, 512)
+    hidden = torch.arange(12, dtype=torch.float32).view(4, 3)  # inputs of 1 and 3 rows
+    pooled = bert.pool(hidden, cfg, [1, 3])
+    rows = {"cls": hidden[[0, 1]], "mean": torch.stack([hidden[0], hidden[1:].mean(0)]),
+            "lasttoken": hidden[[0, 3]]}[cfg.pooling]
+    assert torch.allclose(pooled, torch.nn.functional.normalize(rows) if cfg.normalize
+                          else rows)
+
+
+def test_unsupported_pooling_is_refused_by_name(embedding_dir: Path, tmp_path: Path) -> None:
+    import json
+
+    from engine.execution.model.architectures import bert
+    from engine.execution.model.config import UnsupportedModel
+
+    (tmp_path / "config.json").write_text((embedding_dir / "config.json").read_text())
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(
+        json.dumps({"pooling_mode_max_tokens": True}))
+    with pytest.raises(UnsupportedModel, match="pooling_mode_max_tokens"):
+        bert.config_from_folder(tmp_path)

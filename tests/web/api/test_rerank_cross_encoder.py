@@ -1,0 +1,84 @@
+"""/v1/rerank with a cross-encoder (BertForSequenceClassification, one label, as bge-reranker):
+a tiny random one built by transformers offline, with all-MiniLM-L6-v2's tokenizer; its
+scores against transformers' own forward of each (query, document) pair, sigmoid applied."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+NAME = "tiny-reranker"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+@pytest.fixture(scope="module")
+def reranker(embedding_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from tests.tools.random_hf import random_hf
+
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=64, num_labels=1,
+                        max_position_embeddings=128, initializer_range=0.2)
+    config.architectures = ["BertForSequenceClassification"]
+    torch.manual_seed(0)
+    model = random_hf(config, BertForSequenceClassification)
+    folder = tmp_path_factory.mktemp("reranker")
+    model.save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        shutil.copy(embedding_dir / name, folder / name)
+    return folder, model.eval()
+
+
+@pytest.fixture(scope="module")
+def server(reranker: tuple[Path, Any], in_thread_server: Any,
+           tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from engine import EncoderExecutor, Engine, EngineConfig, Tokenizer
+    from web.app import create_app
+    from web.config import WebConfig
+
+    folder, _ = reranker
+    executor = EncoderExecutor.from_pretrained(folder, threads=1)
+    assert executor.task == "score" and "cross-encoder" in executor.describe()
+    tokenizer = Tokenizer(folder)
+    engine = Engine(EngineConfig(max_context=executor.max_context), executor, tokenizer)
+    app = create_app(engine, tokenizer, WebConfig(data_dir=tmp_path_factory.mktemp("rr"),
+                                                  model_name=NAME))
+    running = in_thread_server(app, engine, "uvicorn-reranker", 60)
+    yield running
+    running.stop()
+
+
+def test_scores_are_the_heads(server: Any, reranker: tuple[Path, Any]) -> None:
+    from transformers import AutoTokenizer
+
+    folder, model = reranker
+    query = "what do cats eat?"
+    docs = ["Cats eat fish and meat.", "The stock market fell.", "Dogs bark at night.",
+            "word " * 200]  # cut to the context, as sentence-transformers does
+    r = httpx.post(server.url + "/v1/rerank", json={"model": NAME, "query": query,
+                                                    "documents": docs}, timeout=60)
+    assert r.status_code == 200, r.text
+    tok = AutoTokenizer.from_pretrained(folder)
+    with torch.inference_mode():
+        batch = tok([query] * len(docs), docs, padding=True, truncation="only_second",
+                    max_length=128, return_tensors="pt")
+        want = torch.sigmoid(model(**batch).logits[:, 0]).tolist()
+    results = r.json()["results"]
+    assert [x["index"] for x in results] == sorted(range(len(docs)), key=lambda i: -want[i])
+    for x in results:
+        assert x["relevance_score"] == pytest.approx(want[x["index"]], abs=1e-4)
+    assert server.engine.wait_idle(30)
+    snap = server.engine.snapshot()
+    assert snap.kv.free == snap.kv.total and all(s is None for s in snap.slots)
+
+
+def test_a_reranker_makes_no_embeddings(server: Any) -> None:
+    r = httpx.post(server.url + "/v1/embeddings", json={"model": NAME, "input": "x"},
+                   timeout=30)
+    assert r.status_code == 400 and "reranker" in r.json()["error"]["message"]
+    assert NAME in r.json()["error"]["message"]
