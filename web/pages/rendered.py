@@ -3,19 +3,23 @@
 Markdown and Pygments are pure Python: one imported conversation of a megabyte takes
 seconds to render, and on the event loop that held every other request (the API's streams,
 `/healthz`) as long. So the routes call render_ahead() with the texts a page will show: it
-renders them on one worker thread (one page at a time, so a crowd of viewers costs one
-core at most) into a cache keyed by the text itself, which is a message version's identity here
-(editing or regenerating makes a new text). The templates' markdown() then reads the cache;
-a text it does not hold (evicted, or a path that did not render ahead) is rendered in place,
-bounded per message by web.pages.markdown's limits.
+renders them in one worker process (one page at a time, so a crowd of viewers costs one core
+at most) into a cache keyed by the text itself, which is a message version's identity here
+(editing or regenerating makes a new text). A process, not a thread: a thread rendering for
+seconds holds the GIL against the engine's thread, whose every step between two native calls
+waits for it (a running stream's tokens came several times slower). The templates'
+markdown() then reads the cache; a text it does not hold (evicted, or a path that did not
+render ahead) is rendered in place, bounded per message by web.pages.markdown's limits.
 """
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 from markupsafe import Markup
 
@@ -27,8 +31,7 @@ MAX_CACHED = 20_000  # texts held
 _lock = threading.Lock()
 _cache: OrderedDict[str, Markup] = OrderedDict()
 _cached_chars = 0
-# one thread for every app in the process (tests run several, each on its own event loop)
-_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ferry-markdown")
+_worker: ProcessPoolExecutor | None = None  # started on first use, for every app in the process
 
 
 def markdown(text: str) -> Markup:
@@ -57,17 +60,40 @@ def _keep(text: str, html: Markup) -> None:
             _cached_chars -= len(old)
 
 
-def _render_all(texts: list[str]) -> None:
-    for text in texts:
-        markdown(text)
+def _render_many(texts: list[str]) -> list[str]:
+    """In the worker process."""
+    return [str(render(text)) for text in texts]
+
+
+def _pool() -> ProcessPoolExecutor:
+    global _worker
+    with _lock:
+        if _worker is None:
+            # spawn: a fork would copy the model and the engine's threads' locks
+            _worker = ProcessPoolExecutor(max_workers=1,
+                                          mp_context=multiprocessing.get_context("spawn"))
+        return _worker
 
 
 async def render_ahead(texts: Iterable[str | None]) -> None:
-    """Render (and cache) every non-empty text on the worker thread, before a template
+    """Render (and cache) every non-empty text in the worker process, before a template
     shows them."""
+    global _worker
     todo = [t for t in dict.fromkeys(texts) if t]
     with _lock:
         todo = [t for t in todo if t not in _cache]
     if not todo:
         return
-    await asyncio.wrap_future(_worker.submit(_render_all, todo))
+    for _ in range(2):  # a worker that died (killed, out of memory) is replaced once
+        pool = _pool()
+        try:
+            done = await asyncio.wrap_future(pool.submit(_render_many, todo))
+            break
+        except BrokenProcessPool:
+            with _lock:
+                if _worker is pool:
+                    _worker = None
+    else:
+        return  # the template renders what it must in place, bounded per message
+    for text, html in zip(todo, done, strict=True):
+        _keep(text, Markup(html))
