@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import signal
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -65,13 +66,20 @@ def _render_many(texts: list[str]) -> list[str]:
     return [str(render(text)) for text in texts]
 
 
+def _worker_setup() -> None:
+    """In the worker process: Ctrl+C in a terminal reaches the whole process group; the
+    server shuts the worker down itself (at exit), without a traceback from it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _pool() -> ProcessPoolExecutor:
     global _worker
     with _lock:
         if _worker is None:
             # spawn: a fork would copy the model and the engine's threads' locks
             _worker = ProcessPoolExecutor(max_workers=1,
-                                          mp_context=multiprocessing.get_context("spawn"))
+                                          mp_context=multiprocessing.get_context("spawn"),
+                                          initializer=_worker_setup)
         return _worker
 
 
