@@ -37,7 +37,7 @@ from web.pages.chat import ChatController
 from web.pages.chat.replies import Replies
 from web.pages.dashboard import DashboardController
 from web.pages.login import login_router
-from web.pages.markdown import render as markdown
+from web.pages.rendered import markdown
 from web.services import Services
 from web.serving import ModelCatalog, Serving
 from web.sse import EventDoc, document_event_streams

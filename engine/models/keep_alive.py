@@ -12,6 +12,9 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 # "stay loaded": -1 alone (Ollama's documented forms -1, "-1", "-1m"); any other negative is
 # more likely a mistake than a wish, and is refused
 _FOREVER = re.compile(r"-1(?:\.0*)?(?:ms|s|m|h)?")
+# no duration needs more; a cap keeps the regex scan short (`\d+` rescans from every start
+# of a long run of digits that ends in no unit: quadratic in the length)
+MAX_TEXT = 64
 _ASK = "keep_alive must be seconds (>= 0), a duration like '5m', or -1 (stay loaded)"
 
 
@@ -23,6 +26,8 @@ def parse_keep_alive(value: object) -> float | None:
         raise RequestError(_ASK)
     if isinstance(value, str):
         text = value.strip()
+        if len(text) > MAX_TEXT:
+            raise RequestError(f"{_ASK}; got {len(text)} characters (at most {MAX_TEXT})")
         if _FOREVER.fullmatch(text):
             return None
         parts = _PART.findall(text)

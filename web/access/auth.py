@@ -21,13 +21,13 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import quote, urlsplit
 
+from web.access.forms import form_field
 from web.access.sessions import SESSION_MAX_AGE, SessionSigner, load_secret_key
 from web.access.users import LOCAL_USER, User, UserError, UserStore
 
@@ -199,19 +199,10 @@ def safe_next(target: str | None) -> str:
 
 
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
-MULTIPART_FIELD = re.compile(
-    rb'name="' + CSRF_FIELD.encode() + rb'"[^\r\n]*\r\n(?:[^\r\n]+\r\n)*\r\n([^\r\n]*)\r\n')
 
 
 def csrf_from_body(content_type: str, body: bytes) -> str | None:
-    kind = content_type.split(";")[0].strip().lower()
-    if kind == "application/x-www-form-urlencoded":
-        values = parse_qs(body.decode("latin-1"), keep_blank_values=True).get(CSRF_FIELD)
-        return values[0] if values else None
-    if kind == "multipart/form-data":
-        match = MULTIPART_FIELD.search(body)
-        return match.group(1).decode("latin-1") if match else None
-    return None
+    return form_field(content_type, body, CSRF_FIELD)
 
 
 async def send_simple(send: Send, status: int, body: bytes, content_type: str,

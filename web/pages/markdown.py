@@ -2,6 +2,11 @@
 
 Fenced code is highlighted on the server with Pygments (its HTML formatter escapes the
 code) and framed with its language and a Copy button; no script or stylesheet from a CDN.
+
+Both are pure Python and a reply (or an imported conversation) can be as long as the body
+limit, so each message's cost is bounded: past MARKDOWN_LIMIT characters a message is shown
+as escaped text, past HIGHLIGHT_LIMIT a code block is not highlighted. web.pages.rendered
+runs this on a worker thread and caches it; the bounds cap what one message costs there.
 """
 from __future__ import annotations
 
@@ -16,7 +21,11 @@ from pygments.util import ClassNotFound
 
 # "js-default": CommonMark plus tables and strikethrough, html=False (raw HTML is escaped),
 # and markdown-it's link check refuses javascript:, vbscript:, file: and non-image data: URLs.
-_md = MarkdownIt("js-default", {"breaks": True})
+# maxNesting 20 (CommonMark preset's value, not js-default's 100): every `[` scans ahead up to
+# that many levels for its label, so a message of brackets costs 5x less
+_md = MarkdownIt("js-default", {"breaks": True, "maxNesting": 20})
+MARKDOWN_LIMIT = 32 * 1024  # characters; worst inputs (all `[`) take ~0.6 s, prose ~0.1 s
+HIGHLIGHT_LIMIT = 16 * 1024  # characters of one code block
 _formatter = HtmlFormatter(nowrap=True)  # spans with class names; app.css colours them
 COPY = ('<button type="button" class="copy-code small-button" title="Copy the code">'
         'Copy</button>')
@@ -43,7 +52,7 @@ def _cell_open(renderer: Any, tokens: list[Any], idx: int, options: Any, env: An
 
 def code_html(code: str, lang: str) -> str:
     """Highlighted (or, for an unknown language, escaped) code lines."""
-    if lang:
+    if lang and len(code) <= HIGHLIGHT_LIMIT:
         try:
             lexer = get_lexer_by_name(lang, stripnl=False, ensurenl=False)
         except ClassNotFound:
@@ -71,7 +80,10 @@ _md.add_render_rule("code_block", _fence)
 
 
 def render(text: str) -> Markup:
-    """Markdown source -> HTML that is safe to put in a page."""
+    """Markdown source -> HTML that is safe to put in a page (escaped text past
+    MARKDOWN_LIMIT)."""
+    if len(text) > MARKDOWN_LIMIT:
+        return Markup(f'<p class="as-text">{escape(text)}</p>\n')
     return Markup(_md.render(text))
 
 

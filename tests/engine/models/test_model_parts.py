@@ -25,10 +25,12 @@ def test_keep_alive_reads_ollama_durations(value: object, seconds: float | None)
 
 @pytest.mark.parametrize("value", [
     "soon", "5 minutes", "", "m5", True, False, [1], None, "nan", "NaN", "inf", "-inf",
-    "1e999", float("nan"), float("inf"), 10**400, -2, -0.5, "-5m", "-2"])
+    "1e999", float("nan"), float("inf"), 10**400, -2, -0.5, "-5m", "-2",
+    "1" * 20_000 + "x", "5m" * 40])
 def test_keep_alive_refuses_the_unreadable(value: object) -> None:
-    """NaN, infinities, booleans, negatives other than -1 and unreadable text: refused with
-    a message naming the field (the API answers 400 with it)."""
+    """NaN, infinities, booleans, negatives other than -1, unreadable or overlong text
+    (20,000 digits took the duration scan seconds): refused with a message naming the
+    field (the API answers 400 with it)."""
     with pytest.raises(RequestError, match="keep_alive"):
         parse_keep_alive(value)
 

@@ -1,9 +1,16 @@
 """Model output reaches HTML only through web.pages.markdown (raw HTML disabled) or escaping."""
 from __future__ import annotations
 
+import asyncio
+import time
+import uuid
 from pathlib import Path
 
-from web.pages.markdown import highlight_css, render
+import pytest
+from markupsafe import Markup
+
+from web.pages import rendered
+from web.pages.markdown import HIGHLIGHT_LIMIT, MARKDOWN_LIMIT, highlight_css, render
 from web.sse import text_event
 
 
@@ -47,3 +54,49 @@ def test_app_css_holds_the_code_colours_highlight_css_writes() -> None:
     assert highlight_css() in css
     assert ".code pre .k " not in css  # each token class once: .k shares a rule with .kd ...
     assert ".code pre :is(.k, .kd, .kn, .kr) { color: light-dark(#008000, #FF7B72)" in css
+
+
+def test_a_message_past_the_limit_is_escaped_text() -> None:
+    long = "**not bold** <b>x</b>\n" * (MARKDOWN_LIMIT // 20)
+    html = render(long)
+    assert html.startswith('<p class="as-text">') and "<strong>" not in html and "<b>" not in html
+    assert "**not bold** &lt;b&gt;x&lt;/b&gt;" in html
+    assert "<strong>" in render(long[:MARKDOWN_LIMIT - 100])
+
+
+def test_a_code_block_past_the_limit_is_escaped_not_highlighted() -> None:
+    code = "print('<b>')\n" * (HIGHLIGHT_LIMIT // 13 + 1)
+    html = render(f"```python\n{code}```")
+    assert '<code class="language-python">print(&#39;&lt;b&gt;&#39;)' in html
+    assert '<span class="nb">' not in html and "Copy" in html
+    assert '<span class="nb">print</span>' in render("```python\nprint('<b>')\n```")
+
+
+@pytest.mark.parametrize("text", ["[" * MARKDOWN_LIMIT, "![[]()" * (MARKDOWN_LIMIT // 6),
+                                  "*a" * (MARKDOWN_LIMIT // 2), "<" * MARKDOWN_LIMIT])
+def test_the_costliest_messages_under_the_limit_stay_bounded(text: str) -> None:
+    """One `[` after another was ~65 us each with js-default's nesting of 100; a message at
+    the limit renders in about 0.6 s on a busy 2-core machine (bound: 5 s)."""
+    started = time.perf_counter()
+    render(text)
+    assert time.perf_counter() - started < 5
+
+
+def test_render_ahead_renders_in_the_worker_process_and_caches() -> None:
+    text = "# A heading\n\n```python\nx = 1\n```\n" + uuid.uuid4().hex  # not cached yet
+    calls: list[str] = []
+    original = rendered.render
+
+    def spy(source: str) -> Markup:
+        calls.append(source)
+        return original(source)
+
+    rendered.render = spy  # type: ignore[assignment]
+    try:
+        asyncio.run(rendered.render_ahead([text, text, None, ""]))
+        html = rendered.markdown(text)  # from the cache: not rendered here
+        assert calls == []
+    finally:
+        rendered.render = original  # type: ignore[assignment]
+    assert html == render(text) and isinstance(html, Markup)
+    assert '<h1>A heading</h1>' in html and '<span class="n">x</span>' in html

@@ -25,6 +25,7 @@ from web.access.disclosure import final_error
 from web.access.identity import User
 from web.pages.chat import reply_status
 from web.pages.chat.rules import version_nav
+from web.pages.rendered import render_ahead
 from web.sse import done_event, html_event, on_event, text_event
 from web.storage.store import Conversation, Store
 
@@ -236,6 +237,7 @@ async def reply_events(s: Services, conv: Conversation, message_id: int,
             reply.unsubscribe(queue)
     msg = s.store.message(message_id)
     if msg is not None:
+        await render_ahead((msg.content, msg.reasoning))
         yield html_event("final", s.render("_messages.html", messages=[msg], conversation=conv,
                                            versions=version_nav(s, [msg])))
     yield done_event()

@@ -27,11 +27,12 @@ from web.pages.chat.views import (
     ModelForm,
     SettingsForm,
     TitleForm,
+    ahead,
     fragment,
     go,
     http_error,
     page,
-    refusal,
+    refused,
     sidebar,
 )
 from web.services import services
@@ -46,10 +47,10 @@ async def new_reply(request: HTMXRequest, conv: Conversation,
     try:
         reply = await starting
     except REFUSED as exc:
-        return refusal(request, exc, conv)
+        return await refused(request, exc, conv)
     if not request.htmx:
         return Redirect(f"/c/{conv.id}", status_code=303)
-    return fragment(request, conv, [reply])
+    return await fragment(request, conv, [reply])
 
 
 class ChatController(Controller):
@@ -97,6 +98,7 @@ class ChatController(Controller):
         if unknown_model and not conv.model:  # after an import (see import_json)
             notice = (f"This conversation was written with {unknown_model[:200]}, which this "
                       f"server does not serve: it goes on with {chat.s.config.model_name}.")
+        await ahead(chat.s.store.messages(conv.id))
         return page(request, current_user(request), conv, notice)
 
     @post("/c", name="chat:create")
@@ -105,7 +107,7 @@ class ChatController(Controller):
         try:
             conv, _, _ = await chat.create(current_user(request), data.content, data.model)
         except REFUSED as exc:
-            return refusal(request, exc, None, data.content)
+            return await refused(request, exc, None, data.content)
         return go(request, f"/c/{conv.id}")
 
     @post("/c/{conversation_id:int}/messages", name="chat:send")
@@ -115,10 +117,10 @@ class ChatController(Controller):
         try:
             mine, reply = await chat.send(current_user(request), conv, data.content)
         except REFUSED as exc:
-            return refusal(request, exc, conv, data.content)
+            return await refused(request, exc, conv, data.content)
         if not request.htmx:
             return Redirect(f"/c/{conv.id}", status_code=303)
-        return fragment(request, conv, [mine, reply])
+        return await fragment(request, conv, [mine, reply])
 
     @post("/c/{conversation_id:int}/messages/{message_id:int}/edit", name="chat:edit")
     async def edit(self, request: HTMXRequest, conversation_id: FromPath[int],
@@ -127,10 +129,10 @@ class ChatController(Controller):
         try:
             await chat.edit(current_user(request), conv, msg, data.content)
         except REFUSED as exc:
-            return refusal(request, exc, conv)
+            return await refused(request, exc, conv)
         if not request.htmx:
             return Redirect(f"/c/{conv.id}", status_code=303)
-        return fragment(request, conv, chat.s.store.messages(conv.id))
+        return await fragment(request, conv, chat.s.store.messages(conv.id))
 
     @post("/c/{conversation_id:int}/messages/{message_id:int}/stop", status_code=204,
           name="chat:stop")
@@ -161,12 +163,12 @@ class ChatController(Controller):
         try:
             chat.show_version(conv, msg)
         except REFUSED as exc:
-            return refusal(request, exc, conv)
+            return await refused(request, exc, conv)
         if not request.htmx:
             return Redirect(f"/c/{conv.id}", status_code=303)
         shown = chat.s.store.message(msg.id)
         assert shown is not None
-        return fragment(request, conv, [shown])
+        return await fragment(request, conv, [shown])
 
     @post("/c/{conversation_id:int}/rename", name="chat:rename")
     async def rename(self, request: HTMXRequest, conversation_id: FromPath[int],
@@ -175,7 +177,7 @@ class ChatController(Controller):
         try:
             chat.rename(conv, data.title)
         except REFUSED as exc:
-            return refusal(request, exc, conv)
+            return await refused(request, exc, conv)
         return go(request, f"/c/{conv.id}")
 
     @post("/c/{conversation_id:int}/model", name="chat:model")
@@ -186,7 +188,7 @@ class ChatController(Controller):
         try:
             chat.set_model(conv, data.model)
         except REFUSED as exc:
-            return refusal(request, exc, conv)
+            return await refused(request, exc, conv)
         return go(request, f"/c/{conv.id}")
 
     @post("/c/{conversation_id:int}/settings", name="chat:settings")
@@ -197,7 +199,7 @@ class ChatController(Controller):
             chat.set_settings(conv, data.system_prompt, data.temperature, data.top_p,
                               data.max_tokens, data.thinking)
         except REFUSED as exc:
-            return refusal(request, exc, conv)
+            return await refused(request, exc, conv)
         if request.htmx:
             return HTMXTemplate(template_name="_notice.html", context={
                 "notice": "Settings saved: they apply from the next reply", "kind": "ok"},
@@ -233,7 +235,7 @@ class ChatController(Controller):
             conv, unknown = transfer.from_json(s.store, current_user(request).name, raw,
                                                s.config, ChatService(s).imported_model)
         except ChatError as exc:
-            return refusal(request, exc, None)
+            return await refused(request, exc, None)
         if unknown is not None:  # the page says the conversation goes on with the default
             return go(request, f"/c/{conv.id}?{urlencode({'unknown_model': unknown})}")
         return go(request, f"/c/{conv.id}")

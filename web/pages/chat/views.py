@@ -16,6 +16,7 @@ from engine import LoadRefused, QueueFull, RequestError, UnknownModel
 from web.access.disclosure import model_info
 from web.access.identity import User, current_user
 from web.pages.chat.rules import ChatError, version_nav
+from web.pages.rendered import render_ahead
 from web.services import EngineUnavailable, Services, services
 from web.storage.store import Conversation, Message
 
@@ -106,7 +107,16 @@ def page(request: HTMXRequest, user: User, conv: Conversation | None,
         **sidebar(request, user, conv, search)})
 
 
-def fragment(request: HTMXRequest, conv: Conversation, messages: list[Message]) -> HTMXTemplate:
+async def ahead(messages: list[Message]) -> None:
+    """The replies' Markdown rendered on the worker thread (web.pages.rendered), before a
+    template shows them: never on the event loop."""
+    await render_ahead(text for m in messages if m.role == "assistant"
+                       for text in (m.content, m.reasoning))
+
+
+async def fragment(request: HTMXRequest, conv: Conversation,
+                   messages: list[Message]) -> HTMXTemplate:
+    await ahead(messages)
     return HTMXTemplate(template_name="_messages.html", context={
         "messages": messages, "conversation": conv,
         "versions": version_nav(services(request), messages)})
@@ -131,6 +141,14 @@ def refusal(request: HTMXRequest, exc: Exception, conv: Conversation | None,
     response = page(request, current_user(request), conv, str(exc), status, draft)
     response.headers.update(headers)
     return response
+
+
+async def refused(request: HTMXRequest, exc: Exception, conv: Conversation | None,
+                  draft: str = "") -> Response[Any]:
+    """refusal(), the conversation's replies rendered ahead where it shows the page."""
+    if conv is not None and not request.htmx:
+        await ahead(services(request).store.messages(conv.id))
+    return refusal(request, exc, conv, draft)
 
 
 REFUSED = (ChatError, RequestError, QueueFull, EngineUnavailable, LoadRefused)

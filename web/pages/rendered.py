@@ -1,0 +1,107 @@
+"""Messages' Markdown rendered off the event loop, once per text.
+
+Markdown and Pygments are pure Python: one imported conversation of a megabyte takes
+seconds to render, and on the event loop that held every other request (the API's streams,
+`/healthz`) as long. So the routes call render_ahead() with the texts a page will show: it
+renders them in one worker process (one page at a time, so a crowd of viewers costs one core
+at most) into a cache keyed by the text itself, which is a message version's identity here
+(editing or regenerating makes a new text). A process, not a thread: a thread rendering for
+seconds holds the GIL against the engine's thread, whose every step between two native calls
+waits for it (a running stream's tokens came several times slower). The templates'
+markdown() then reads the cache; a text it does not hold (evicted, or a path that did not
+render ahead) is rendered in place, bounded per message by web.pages.markdown's limits.
+"""
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import signal
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from markupsafe import Markup
+
+from web.pages.markdown import render
+
+MAX_CACHED_CHARS = 16 * 1024 * 1024  # source characters held (the HTML is ~2-3x that)
+MAX_CACHED = 20_000  # texts held
+
+_lock = threading.Lock()
+_cache: OrderedDict[str, Markup] = OrderedDict()
+_cached_chars = 0
+_worker: ProcessPoolExecutor | None = None  # started on first use, for every app in the process
+
+
+def markdown(text: str) -> Markup:
+    """The HTML of `text`: from the cache, else rendered now (and kept)."""
+    with _lock:
+        html = _cache.get(text)
+        if html is not None:
+            _cache.move_to_end(text)
+            return html
+    html = render(text)
+    _keep(text, html)
+    return html
+
+
+def _keep(text: str, html: Markup) -> None:
+    global _cached_chars
+    if len(text) > MAX_CACHED_CHARS // 4:
+        return
+    with _lock:
+        if text in _cache:
+            return
+        _cache[text] = html
+        _cached_chars += len(text)
+        while _cached_chars > MAX_CACHED_CHARS or len(_cache) > MAX_CACHED:
+            old, _ = _cache.popitem(last=False)
+            _cached_chars -= len(old)
+
+
+def _render_many(texts: list[str]) -> list[str]:
+    """In the worker process."""
+    return [str(render(text)) for text in texts]
+
+
+def _worker_setup() -> None:
+    """In the worker process: Ctrl+C in a terminal reaches the whole process group; the
+    server shuts the worker down itself (at exit), without a traceback from it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _pool() -> ProcessPoolExecutor:
+    global _worker
+    with _lock:
+        if _worker is None:
+            # spawn: a fork would copy the model and the engine's threads' locks
+            _worker = ProcessPoolExecutor(max_workers=1,
+                                          mp_context=multiprocessing.get_context("spawn"),
+                                          initializer=_worker_setup)
+        return _worker
+
+
+async def render_ahead(texts: Iterable[str | None]) -> None:
+    """Render (and cache) every non-empty text in the worker process, before a template
+    shows them."""
+    global _worker
+    todo = [t for t in dict.fromkeys(texts) if t]
+    with _lock:
+        todo = [t for t in todo if t not in _cache]
+    if not todo:
+        return
+    for _ in range(2):  # a worker that died (killed, out of memory) is replaced once
+        pool = _pool()
+        try:
+            done = await asyncio.wrap_future(pool.submit(_render_many, todo))
+            break
+        except BrokenProcessPool:
+            with _lock:
+                if _worker is pool:
+                    _worker = None
+    else:
+        return  # the template renders what it must in place, bounded per message
+    for text, html in zip(todo, done, strict=True):
+        _keep(text, Markup(html))
