@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stamp
 NODE_STAMP := node_modules/.package-lock.json
-# Locked installs: locks/<platform>-dev.txt holds the exact versions Ferry is tested with
+# Locked installs: locks/dev/<platform>.txt holds the exact versions Ferry is tested with
 # (`make lock` refreshes locks/). Linux x86_64 has a CPU and a CUDA lock: TORCH_BUILD picks one.
 TORCH_BUILD ?= cpu
 ifeq ($(shell uname -s),Darwin)
@@ -14,7 +14,7 @@ LOCK_PLATFORM := macos-arm64
 else
 LOCK_PLATFORM := linux-$(shell uname -m)-$(TORCH_BUILD)
 endif
-LOCK := locks/$(LOCK_PLATFORM)-dev.txt
+LOCK := locks/dev/$(LOCK_PLATFORM).txt
 # torch goes in first, alone: its +cpu build is only on PyTorch's index (PyPI's Linux torch is
 # the CUDA build), and the rest of the lock then comes from the usual index
 TORCH_PIN = $(shell grep -E '^torch==' $(LOCK))
