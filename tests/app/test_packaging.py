@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import plistlib
+import re
 import shutil
 import stat
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from app.commands.doctor import KEY_DEPENDENCIES
 from tests.tools.first_run import first_run, isolated_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,6 +131,8 @@ def test_pyinstaller_spec_compiles() -> None:
     # package data as whole folders, and metadata computed, not listed by hand
     assert 'for package in PACKAGES' in source and '.rglob("*")' in source
     assert 'copy_metadata("ferry", recursive=True)' in source
+    # data of packages no hook knows is collected; transformers' hub kernels stay out
+    assert "collect_data_files(top)" in source and '"kernels"' in source
 
 
 @pytest.mark.slow
@@ -136,7 +140,8 @@ def test_pyinstaller_spec_compiles() -> None:
 def test_pyinstaller_bundle(tmp_path: Path) -> None:
     """Build the one-folder bundle and use it as a desktop user would: `--help`, `models`,
     `doctor`, then the first run (serve with an empty home, chat, SSE, SIGTERM). Minutes and
-    GBs: run with -m slow; FERRY_TEST_BUNDLE=dist/ferry checks a bundle built already."""
+    GBs: run with -m slow; FERRY_TEST_BUNDLE=dist/ferry checks a bundle built already (`make
+    test` builds it from the lock and runs this on it)."""
     started = time.monotonic()
     prebuilt = os.environ.get("FERRY_TEST_BUNDLE")  # dist/ferry built by the same command
     if prebuilt:
@@ -174,6 +179,10 @@ def test_pyinstaller_bundle(tmp_path: Path) -> None:
     done = subprocess.run([str(exe), "doctor"], capture_output=True, text=True, env=env,
                           check=False)
     assert "fused kernels" in done.stdout, done.stdout + done.stderr
+    # built from the lock: each key dependency reads as the version the bundle's lock pins
+    assert f"{internal / 'locks'}" in done.stdout, done.stdout
+    for dist in KEY_DEPENDENCIES:
+        assert re.search(rf"{dist}\s+\S+ \(as locked\)", done.stdout), done.stdout
     if shutil.which("cc") or shutil.which("gcc"):
         assert "native (" in done.stdout, done.stdout
     run = first_run([str(exe)], env, tmp_path / "serve.log")
