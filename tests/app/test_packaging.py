@@ -176,6 +176,7 @@ def test_pyinstaller_bundle(tmp_path: Path) -> None:
                 if p.suffix in (".dist-info", ".egg-info")}  # a checkout's ferry: egg-info
     assert {"ferry", "gguf", "transformers", "tokenizers", "torch", "litestar", "uvicorn",
             "jinja2", "safetensors", "huggingface_hub", "numpy"} <= metadata, metadata
+    assert "kernels" not in metadata  # left out: serving never imports it
     done = subprocess.run([str(exe), "doctor"], capture_output=True, text=True, env=env,
                           check=False)
     assert "fused kernels" in done.stdout, done.stdout + done.stderr
