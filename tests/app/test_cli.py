@@ -208,7 +208,7 @@ def test_doctor_all_green(capsys: pytest.CaptureFixture[str],
     code, out, _ = run(capsys, "doctor")
     assert code == 0, out
     for label in ("torch", "device", "bfloat16", "cpu kernels", "flashinfer", "model", "data dir",
-                  "config dir", "cache dir", "log dir", "port"):
+                  "config dir", "cache dir", "log dir", "port", "lock", "transformers"):
         assert label in out
     assert "\u2717" not in out
     port = os.environ["FERRY_PORT"]

