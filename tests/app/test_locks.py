@@ -30,7 +30,10 @@ def test_lock_agrees_with_its_dev_lock_and_pyproject(name: str) -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     wanted = [Requirement(r) for r in project["dependencies"]]
     wanted += [Requirement(r) for r in project["optional-dependencies"]["dev"]]
+    system = {"linux": "Linux", "macos": "Darwin", "windows": "Windows"}[name.split("-")[0]]
     for req in wanted:
+        if req.marker is not None and not req.marker.evaluate({"platform_system": system}):
+            continue  # not for this platform (triton: Linux only)
         pinned = dev.get(normalize(req.name))
         assert pinned is not None, f"{name}: {req.name} is not locked"
         assert req.specifier.contains(pinned, prereleases=True), (name, str(req), pinned)
