@@ -23,6 +23,9 @@ from litestar.template.config import TemplateConfig
 from engine import Tokenizer
 from web.access.auth import Auth, AuthMiddleware, csrf_token
 from web.access.hosts import HostGuard, HostPolicy
+from web.api.compat.anthropic.routes import anthropic_router
+from web.api.compat.ollama.routes import ollama_router
+from web.api.compat.responses.routes import responses_router
 from web.api.completions import OpenAIController
 from web.api.controls import EngineController
 from web.api.errors import api_exception_handler
@@ -125,6 +128,8 @@ def create_app(engine: Serving, tokenizer: Tokenizer, config: WebConfig) -> Lite
     app = Litestar(
         route_handlers=[
             ChatController, DashboardController, SystemController, api, login_router,
+            anthropic_router, responses_router,
+            ollama_router(),  # /api/embed's controller is passed here
             create_static_files_router("/static", [HERE / "static"], name="static"),
             create_static_files_router("/assets", [*asset_files(config)], name="assets"),
         ],

@@ -1,0 +1,112 @@
+"""Ollama's /api/*: version, tags, ps, show, chat and generate (NDJSON streams unless
+`stream: false`); pull, push, create, copy and delete are a clear 501."""
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Request, Response, Router, delete, get, post
+from litestar.params import JSONBody
+from litestar.response import Stream
+from litestar.types import ControllerRouterHandler
+
+from engine import parse_keep_alive
+from web.access.identity import current_user
+from web.api.compat.ollama import models, stream, translate
+from web.api.compat.ollama.errors import ollama_exception_handler
+from web.api.compat.ollama.options import model_name
+from web.api.compat.ollama.schemas import ChatRequest, GenerateRequest, ShowRequest
+from web.api.compat.run import ChatRun, finish, start
+from web.api.completions import _known
+from web.api.errors import APIError
+from web.api.guards import json_depth_guard
+from web.api.params import route_model
+from web.api.schemas import ChatCompletionRequest
+from web.services import services
+
+VERSION = "0.12.0"  # the Ollama API version these routes follow
+NDJSON = "application/x-ndjson"
+UNSUPPORTED = ("pull", "push", "create", "copy")
+
+
+def _stream(request: Request[Any, Any, Any], run: ChatRun, chat: bool) -> Stream:
+    # Litestar's Stream stops reading on a disconnect: the generator closes, the request ends
+    return Stream(stream.lines(request, run, chat), media_type=NDJSON,
+                  headers={"X-Request-Id": run.id})
+
+
+class OllamaController(Controller):
+    path = "/api"
+    tags = ("Ollama-compatible API",)
+
+    @get("/version", summary="The Ollama API version served")
+    async def version(self) -> dict[str, str]:
+        return {"version": VERSION}
+
+    @get("/tags", summary="The models served (the /v1/models ids, tagged :latest)")
+    async def list_tags(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
+        return models.tags(services(request), current_user(request))
+
+    @get("/ps", summary="The models loaded now")
+    async def ps(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
+        return models.ps(services(request), current_user(request))
+
+    @post("/show", status_code=200, summary="One model's details")
+    async def show(self, request: Request[Any, Any, Any],
+                   data: JSONBody[ShowRequest]) -> dict[str, Any]:
+        name = model_name(data.model or data.name)
+        if not name:
+            raise APIError("model is required", param="model")
+        s = services(request)
+        s = await route_model(s, ChatCompletionRequest(model=name, messages=[]), _known(s))
+        listed = next((m for m in models.listed(s, current_user(request)) if m.name == name),
+                      models.listed(s, current_user(request))[0])
+        return models.show(s, listed)
+
+    @post("/chat", status_code=200, summary="Chat (NDJSON stream unless stream is false)")
+    async def chat(self, request: Request[Any, Any, Any],
+                   data: JSONBody[ChatRequest]) -> Response[Any] | Stream:
+        run = await start(request, translate.chat_request(data), "/api/chat")
+        if data.stream:
+            return _stream(request, run, True)
+        choice, _ = await finish(request, run)
+        assert run.handle.final is not None
+        return Response(translate.chat_reply(run.model, choice.message, run.handle.final),
+                        headers={"X-Request-Id": run.id})
+
+    @post("/generate", status_code=200,
+          summary="Complete a prompt (NDJSON stream unless stream is false)")
+    async def generate(self, request: Request[Any, Any, Any],
+                       data: JSONBody[GenerateRequest]) -> Response[Any] | Stream:
+        body = translate.generate_request(data)
+        if not data.prompt:  # Ollama's way to load (keep_alive 0: unload) a model
+            s = services(request)
+            s = await route_model(s, body, _known(s))
+            unload = data.keep_alive is not None and parse_keep_alive(data.keep_alive) == 0
+            return Response(translate.load_reply(body.model or s.model_name, unload))
+        run = await start(request, body, "/api/generate")
+        if data.stream:
+            return _stream(request, run, False)
+        choice, _ = await finish(request, run)
+        assert run.handle.final is not None
+        return Response(translate.generate_reply(run.model, choice.message, run.handle.final),
+                        headers={"X-Request-Id": run.id})
+
+    @post(["/pull", "/push", "/create", "/copy", "/blobs/{digest:str}"], status_code=501,
+          summary="Not served: Ferry serves the models it was started with")
+    async def manage(self) -> None:
+        raise APIError("managing models is not supported by this server: it serves the "
+                       "models it was started with (see /api/tags)", 501,
+                       code="not_implemented", type="server_error")
+
+    @delete("/delete", status_code=501, summary="Not served: Ferry does not delete models")
+    async def remove(self) -> None:
+        raise APIError("deleting models is not supported by this server", 501,
+                       code="not_implemented", type="server_error")
+
+
+def ollama_router(*extra: ControllerRouterHandler) -> Router:
+    """The /api routes, with Ollama's error shape; `extra`: more of them (/api/embed's
+    controller, from the embeddings module), under the same error handler and guard."""
+    return Router("/", route_handlers=[OllamaController, *extra],
+                  exception_handlers={Exception: ollama_exception_handler},
+                  before_request=json_depth_guard)
