@@ -24,7 +24,7 @@ from engine import Tokenizer
 from web.access.auth import Auth, AuthMiddleware, csrf_token
 from web.access.hosts import HostGuard, HostPolicy
 from web.api.compat.anthropic.routes import anthropic_router
-from web.api.compat.ollama.routes import ollama_router
+from web.api.compat.ollama.routes import document_ndjson_streams, ollama_router
 from web.api.compat.responses.routes import responses_router
 from web.api.completions import OpenAIController
 from web.api.controls import EngineController
@@ -56,6 +56,12 @@ EVENT_STREAMS = {
     ("/v1/completions", "post"): EventDoc(
         "With stream=true: one event per Completion chunk (an ErrorResponse if generation "
         "fails), then `[DONE]`.", (Completion, ErrorResponse), ("[DONE]",)),
+    ("/v1/messages", "post"): EventDoc(
+        "With stream=true: Anthropic's events (message_start, ping, content_block_start, "
+        "content_block_delta, content_block_stop, message_delta, message_stop; error)."),
+    ("/v1/responses", "post"): EventDoc(
+        "With stream=true: the Responses events (response.created ... response.completed), "
+        "each a JSON object with its type and sequence_number."),
     ("/dashboard/stream", "get"): EventDoc(
         "`event: board` with the dashboard's HTML, pushed when the engine state changes; "
         "comment pings keep it open."),
@@ -153,7 +159,8 @@ def create_app(engine: Serving, tokenizer: Tokenizer, config: WebConfig) -> Lite
                                      description="Local chat server: OpenAI-compatible API, "
                                      "request inspection and metrics."),
         request_max_body_size=config.max_body_bytes,
-        on_startup=[lambda app: document_event_streams(app, EVENT_STREAMS)],
+        on_startup=[lambda app: document_event_streams(app, EVENT_STREAMS),
+                    document_ndjson_streams],
     )
     app.state.config = config
     app.state.metrics = make_registry(engine, config.model_name)

@@ -6,6 +6,8 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response
+from litestar.openapi.datastructures import ResponseSpec
+from msgspec import Struct
 
 from web.api.errors import api_exception_handler
 from web.api.schemas import ErrorResponse
@@ -15,11 +17,27 @@ TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permis
          503: "overloaded_error"}
 
 
+class AnthropicErrorDetail(Struct):
+    type: str
+    message: str
+
+
+class AnthropicError(Struct):
+    error: AnthropicErrorDetail
+    type: str = "error"
+
+
 def anthropic_error(status: int, message: str, param: str | None = None) -> dict[str, Any]:
     if param and not message.startswith(param):
         message = f"{param}: {message}"
     return {"type": "error", "error": {"type": TYPES.get(status, "api_error"),
                                        "message": message}}
+
+
+def anthropic_error_docs(*codes: int) -> dict[int, ResponseSpec]:
+    """OpenAPI entries for the error answers of an Anthropic route."""
+    return {c: ResponseSpec(AnthropicError, description=TYPES.get(c, "api_error"),
+                            generate_examples=False) for c in codes}
 
 
 def anthropic_exception_handler(request: Request[Any, Any, Any],

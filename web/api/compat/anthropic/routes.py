@@ -8,7 +8,7 @@ from litestar.params import JSONBody
 from litestar.types import ASGIApp
 
 from web.api.compat.anthropic import stream, translate
-from web.api.compat.anthropic.errors import anthropic_exception_handler
+from web.api.compat.anthropic.errors import anthropic_error_docs, anthropic_exception_handler
 from web.api.compat.anthropic.schemas import MessagesRequest
 from web.api.compat.run import finish, start
 from web.api.completions import _known
@@ -25,7 +25,9 @@ class MessagesController(Controller):
     path = "/v1/messages"
     tags = ("Anthropic-compatible API",)
 
-    @post("/", status_code=200, summary="Anthropic Messages (streaming or not)")
+    @post("/", status_code=200, summary="Anthropic Messages (streaming or not)",
+          description="With stream=true: text/event-stream of Anthropic's events.",
+          responses=anthropic_error_docs(400, 404, 413, 429, 500, 503))
     async def messages(self, request: Request[Any, Any, Any],
                        data: JSONBody[MessagesRequest]) -> ASGIApp:
         body = translate.chat_request(data)
@@ -42,7 +44,8 @@ class MessagesController(Controller):
         return Response(translate.message(mid, run.model, choice, usage, reason),  # type: ignore[return-value]
                         headers=headers)
 
-    @post("/count_tokens", status_code=200, summary="The prompt's token count (Anthropic)")
+    @post("/count_tokens", status_code=200, summary="The prompt's token count (Anthropic)",
+          responses=anthropic_error_docs(400, 404, 413, 503))
     async def count_tokens(self, request: Request[Any, Any, Any],
                            data: JSONBody[MessagesRequest]) -> dict[str, int]:
         body = translate.chat_request(data, count_only=True)

@@ -4,9 +4,21 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Request, Response
+from litestar.openapi.datastructures import ResponseSpec
+from msgspec import Struct
 
 from web.api.errors import api_exception_handler
 from web.api.schemas import ErrorResponse
+
+
+class OllamaError(Struct):
+    error: str
+
+
+def ollama_error_docs(*codes: int) -> dict[int, ResponseSpec]:
+    """OpenAPI entries for the error answers of an Ollama route."""
+    return {c: ResponseSpec(OllamaError, description="the error, naming the field",
+                            generate_examples=False) for c in codes}
 
 
 def ollama_error(message: str, param: str | None = None) -> dict[str, str]:

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from web.api.compat.ollama.schemas import Sampled
+import msgspec
+
+from web.api.compat.ollama.schemas import Sampled, SamplingOptions
 from web.api.errors import APIError, unsupported
 
 TAG = ":latest"
@@ -32,7 +34,13 @@ def tagged(name: str) -> str:
 def sampling(body: Sampled) -> dict[str, Any]:
     """The chat request's fields from `options`, `format`, `think` and `keep_alive`."""
     out: dict[str, Any] = {"model": model_name(body.model), "keep_alive": body.keep_alive}
-    for key, value in (body.options or {}).items():
+    options = body.options or {}
+    for key, value in options.items():
+        try:  # each sampling option checked on its own, so that the 400 names it
+            msgspec.convert({key: value}, SamplingOptions)
+        except msgspec.ValidationError as exc:
+            raise APIError(f"options.{key}: {exc}", param=f"options.{key}") from None
+    for key, value in options.items():
         where = f"options.{key}"
         if key in SAMPLING:
             if key == "num_predict" and isinstance(value, int) and value < 0:
@@ -43,9 +51,6 @@ def sampling(body: Sampled) -> dict[str, Any]:
                 raise unsupported(where, f"{key} {value!r}")
         elif key not in RUNTIME:
             raise unsupported(where, f"the option {key!r}")
-    for key in ("temperature", "top_p"):
-        if key in out and not isinstance(out[key], (int, float)):
-            raise APIError(f"options.{key} must be a number", param=f"options.{key}")
     fmt = body.format
     if fmt == "json":
         out["response_format"] = {"type": "json_object"}

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Request, Response, Router, delete, get, post
+from litestar import Controller, Litestar, Request, Response, Router, delete, get, post
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Reference, Schema
 from litestar.params import JSONBody
 from litestar.response import Stream
 from litestar.types import ControllerRouterHandler
 
-from engine import parse_keep_alive
+from engine import RequestError, parse_keep_alive
 from web.access.identity import current_user
 from web.api.compat.ollama import models, stream, translate
-from web.api.compat.ollama.errors import ollama_exception_handler
+from web.api.compat.ollama.errors import ollama_error_docs, ollama_exception_handler
 from web.api.compat.ollama.options import model_name
 from web.api.compat.ollama.schemas import ChatRequest, GenerateRequest, ShowRequest
 from web.api.compat.run import ChatRun, finish, start
@@ -50,7 +51,8 @@ class OllamaController(Controller):
     async def ps(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
         return models.ps(services(request), current_user(request))
 
-    @post("/show", status_code=200, summary="One model's details")
+    @post("/show", status_code=200, summary="One model's details",
+          responses=ollama_error_docs(400, 404, 413, 503))
     async def show(self, request: Request[Any, Any, Any],
                    data: JSONBody[ShowRequest]) -> dict[str, Any]:
         name = model_name(data.model or data.name)
@@ -62,7 +64,8 @@ class OllamaController(Controller):
                       models.listed(s, current_user(request))[0])
         return models.show(s, listed)
 
-    @post("/chat", status_code=200, summary="Chat (NDJSON stream unless stream is false)")
+    @post("/chat", status_code=200, summary="Chat (NDJSON stream unless stream is false)",
+          responses=ollama_error_docs(400, 404, 413, 429, 500, 503))
     async def chat(self, request: Request[Any, Any, Any],
                    data: JSONBody[ChatRequest]) -> Response[Any] | Stream:
         run = await start(request, translate.chat_request(data), "/api/chat")
@@ -74,14 +77,18 @@ class OllamaController(Controller):
                         headers={"X-Request-Id": run.id})
 
     @post("/generate", status_code=200,
-          summary="Complete a prompt (NDJSON stream unless stream is false)")
+          summary="Complete a prompt (NDJSON stream unless stream is false)",
+          responses=ollama_error_docs(400, 404, 413, 429, 500, 503))
     async def generate(self, request: Request[Any, Any, Any],
                        data: JSONBody[GenerateRequest]) -> Response[Any] | Stream:
         body = translate.generate_request(data)
         if not data.prompt:  # Ollama's way to load (keep_alive 0: unload) a model
             s = services(request)
             s = await route_model(s, body, _known(s))
-            unload = data.keep_alive is not None and parse_keep_alive(data.keep_alive) == 0
+            try:  # the same parsing as every route's keep_alive (route_model)
+                unload = data.keep_alive is not None and parse_keep_alive(data.keep_alive) == 0
+            except RequestError as exc:
+                raise APIError(str(exc), param="keep_alive") from None
             return Response(translate.load_reply(body.model or s.model_name, unload))
         run = await start(request, body, "/api/generate")
         if data.stream:
@@ -92,16 +99,32 @@ class OllamaController(Controller):
                         headers={"X-Request-Id": run.id})
 
     @post(["/pull", "/push", "/create", "/copy", "/blobs/{digest:str}"], status_code=501,
-          summary="Not served: Ferry serves the models it was started with")
+          summary="Not served: Ferry serves the models it was started with",
+          include_in_schema=False)  # not an operation of this server: only a clear 501
     async def manage(self) -> None:
         raise APIError("managing models is not supported by this server: it serves the "
                        "models it was started with (see /api/tags)", 501,
                        code="not_implemented", type="server_error")
 
-    @delete("/delete", status_code=501, summary="Not served: Ferry does not delete models")
+    @delete("/delete", status_code=501, summary="Not served: Ferry does not delete models",
+          include_in_schema=False)
     async def remove(self) -> None:
         raise APIError("deleting models is not supported by this server", 501,
                        code="not_implemented", type="server_error")
+
+
+def document_ndjson_streams(app: Litestar) -> None:
+    """The OpenAPI schema: chat and generate answer NDJSON too (their default), one JSON
+    object a line."""
+    paths = app.openapi_schema.paths or {}
+    for path in ("/api/chat", "/api/generate"):
+        item = paths.get(path)
+        ok = (item.post.responses or {}).get("200") if item and item.post else None
+        if ok is None or isinstance(ok, Reference):
+            continue
+        ok.content = {**(ok.content or {}), NDJSON: OpenAPIMediaType(
+            schema=Schema(type=OpenAPIType.STRING, description="JSON objects, one a line; "
+                          "the last has done: true"))}
 
 
 def ollama_router(*extra: ControllerRouterHandler) -> Router:

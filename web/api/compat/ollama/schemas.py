@@ -15,6 +15,17 @@ class OllamaMessage(Struct, kw_only=True):
     tool_name: str | None = None
 
 
+class SamplingOptions(Struct, kw_only=True):
+    """The types of the `options` Ferry samples with (the others are checked by name)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    num_predict: int | None = None
+
+
 class Sampled(Struct, kw_only=True):
     """What /api/chat and /api/generate share."""
 

@@ -27,8 +27,12 @@ def _calls(calls: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise APIError(f"{where}[{j}].function.name is missing",
                            param=f"{where}[{j}].function")
+        args = fn.get("arguments") or {}
+        if not isinstance(args, (dict, str)):
+            raise APIError(f"{where}[{j}].function.arguments must be an object",
+                           param=f"{where}[{j}].function.arguments")
         out.append({"id": f"call_{j}", "type": "function",
-                    "function": {"name": fn["name"], "arguments": fn.get("arguments") or {}}})
+                    "function": {"name": fn["name"], "arguments": args}})
     return out
 
 

@@ -11,7 +11,7 @@ from litestar.types import ASGIApp
 from web.api.compat.responses import stream, translate
 from web.api.compat.responses.schemas import ResponsesRequest
 from web.api.compat.run import finish, start
-from web.api.errors import api_exception_handler
+from web.api.errors import api_exception_handler, error_docs
 from web.api.guards import json_depth_guard
 from web.sse import event_stream
 
@@ -22,7 +22,9 @@ class ResponsesController(Controller):
     path = "/v1/responses"
     tags = ("OpenAI-compatible API",)
 
-    @post("/", status_code=200, summary="A response (streaming or not); nothing is stored")
+    @post("/", status_code=200, summary="A response (streaming or not); nothing is stored",
+          description="With stream=true: text/event-stream of the Responses events.",
+          responses=error_docs(400, 404, 413, 429, 500, 503))
     async def create(self, request: Request[Any, Any, Any],
                      data: JSONBody[ResponsesRequest]) -> ASGIApp:
         run = await start(request, translate.chat_request(data), ENDPOINT)

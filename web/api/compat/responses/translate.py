@@ -49,6 +49,9 @@ def _messages(body: ResponsesRequest) -> list[ChatMessage]:
                                                                         str):
                 raise APIError(f"{where}: a function_call needs call_id and name",
                                param=where)
+            if not isinstance(item.get("arguments", ""), str):
+                raise APIError(f"{where}.arguments must be JSON text",
+                               param=f"{where}.arguments")
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"],
                                  "arguments": item.get("arguments") or "{}"}}
@@ -86,6 +89,8 @@ def _tools(body: ResponsesRequest) -> tuple[list[dict[str, Any]] | None, Any]:
 
 def _format(body: ResponsesRequest) -> dict[str, Any] | None:
     fmt = (body.text or {}).get("format")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise APIError("text.format must be an object", param="text.format")
     if fmt is None or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_object":
