@@ -84,3 +84,15 @@ def test_disconnect_cancels(shared: tuple[Any, dict[str, str]], path: str, body:
     assert info["finish_reason"] == "cancelled" and info["output_tokens"] < 2000
     assert info["endpoint"] == path
     idle_check(server.engine)
+
+
+def test_the_board_shows_the_endpoint(shared: tuple[Any, dict[str, str]]) -> None:
+    server, tokens = shared
+    headers = {"Authorization": f"Bearer {tokens['ann']}"}
+    with httpx.stream("POST", server.url + "/api/chat", json=STREAMS[2][1], headers=headers,
+                      timeout=30) as r:
+        lines = r.iter_lines()  # kept: a dropped iterator closes the connection
+        assert '"done": false' in next(lines)  # running now
+        board = httpx.get(server.url + "/dashboard", headers={**headers,
+                                                              "Accept": "text/html"}).text
+    assert 'class="phase endpoint"' in board and "/api/chat" in board
