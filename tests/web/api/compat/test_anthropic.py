@@ -148,3 +148,19 @@ def test_thinking_flag_reaches_the_template(client: anthropic.Anthropic) -> None
                                  messages=[{"role": "user", "content": "Hi"}])
     assert all(b.type != "thinking" for b in msg.content)
     assert json.loads(msg.model_dump_json())["content"]
+
+
+def test_output_config_format_constrains_the_text(client: anthropic.Anthropic) -> None:
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 12}},
+              "required": ["colour"], "additionalProperties": False}
+    msg = client.messages.create(model=MODEL, max_tokens=40, extra_body=GREEDY,
+                                 output_config={"format": {"type": "json_schema",
+                                                           "schema": schema}},
+                                 messages=[{"role": "user", "content": "Pick a colour."}])
+    text = msg.content[0].text  # type: ignore[union-attr]
+    assert set(json.loads(text)) == {"colour"}
+    yaml: Any = {"format": {"type": "yaml"}}
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model=MODEL, max_tokens=5, output_config=yaml,
+                               messages=[{"role": "user", "content": "hi"}])
+    assert "output_config.format" in err.value.body["error"]["message"]  # type: ignore[index]
