@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,8 +51,22 @@ def failure(final: FinalEvent, request: Request[Any, Any, Any]) -> APIError:
 
 
 async def start(request: Request[Any, Any, Any], body: ChatCompletionRequest,
-                endpoint: str) -> ChatRun:
-    """Route, template and submit `body` (one choice); the dashboard shows `endpoint`."""
+                endpoint: str, names: Mapping[str, str] | None = None) -> ChatRun:
+    """Route, template and submit `body` (one choice); the dashboard shows `endpoint`.
+    `names`: the API's own name of a chat field (max_tokens -> max_output_tokens), so that
+    a 400 names the field the client sent."""
+    try:
+        return await _start(request, body, endpoint)
+    except APIError as exc:
+        ours = exc.param
+        if names and ours is not None and ours in names:
+            exc.message = exc.detail = exc.message.replace(ours, names[ours], 1)
+            exc.param = names[ours]
+        raise
+
+
+async def _start(request: Request[Any, Any, Any], body: ChatCompletionRequest,
+                 endpoint: str) -> ChatRun:
     if body.n not in (None, 1):
         raise APIError("only one choice per request is supported here", param="n")
     s = services(request)

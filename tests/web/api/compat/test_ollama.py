@@ -99,6 +99,9 @@ def test_errors_are_ollama_shaped(server: Any, client: ollama.Client) -> None:
     r = httpx.post(f"{server.url}/api/chat", json={"model": MODEL, "messages": [
         {"role": "user", "content": "hi", "images": ["aGk="]}]})
     assert r.status_code == 400 and "messages[0].images" in r.json()["error"]
+    r = httpx.post(f"{server.url}/api/chat", json={"model": MODEL, "messages": [
+        {"role": "user", "content": "hi"}], "options": {"num_predict": 10**9}})
+    assert r.status_code == 400 and r.json()["error"].startswith("options.num_predict")
     r = httpx.post(f"{server.url}/api/generate", json={"model": MODEL, "prompt": "hi",
                                                        "format": "yaml"})
     assert r.status_code == 400 and r.json()["error"].startswith("format")

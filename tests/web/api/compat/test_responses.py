@@ -109,3 +109,8 @@ def test_errors_name_the_field(server: Any, client: openai.OpenAI) -> None:
     assert err.value.body["param"] == "tools[0].type"  # type: ignore[index]
     r = httpx.post(f"{server.url}/v1/responses", json={"model": MODEL, "input": []})
     assert r.status_code == 400 and r.json()["error"]["param"] == "input"
+    r = httpx.post(f"{server.url}/v1/responses", json={"model": MODEL, "input": "hi",
+                                                       "max_output_tokens": 10**9})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "max_output_tokens"
+    assert error["message"].startswith("max_output_tokens")

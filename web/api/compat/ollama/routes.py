@@ -26,6 +26,10 @@ from web.services import services
 
 VERSION = "0.12.0"  # the Ollama API version these routes follow
 NDJSON = "application/x-ndjson"
+# the chat path's fields as Ollama calls them
+NAMES = {"max_tokens": "options.num_predict", "temperature": "options.temperature",
+         "top_p": "options.top_p", "top_k": "options.top_k", "seed": "options.seed",
+         "stop": "options.stop", "response_format": "format"}
 UNSUPPORTED = ("pull", "push", "create", "copy")
 
 
@@ -68,7 +72,7 @@ class OllamaController(Controller):
           responses=ollama_error_docs(400, 404, 413, 429, 500, 503))
     async def chat(self, request: Request[Any, Any, Any],
                    data: JSONBody[ChatRequest]) -> Response[Any] | Stream:
-        run = await start(request, translate.chat_request(data), "/api/chat")
+        run = await start(request, translate.chat_request(data), "/api/chat", NAMES)
         if data.stream:
             return _stream(request, run, True)
         choice, _ = await finish(request, run)
@@ -90,7 +94,7 @@ class OllamaController(Controller):
             except RequestError as exc:
                 raise APIError(str(exc), param="keep_alive") from None
             return Response(translate.load_reply(body.model or s.model_name, unload))
-        run = await start(request, body, "/api/generate")
+        run = await start(request, body, "/api/generate", NAMES)
         if data.stream:
             return _stream(request, run, False)
         choice, _ = await finish(request, run)

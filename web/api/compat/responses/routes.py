@@ -27,7 +27,7 @@ class ResponsesController(Controller):
           responses=error_docs(400, 404, 413, 429, 500, 503))
     async def create(self, request: Request[Any, Any, Any],
                      data: JSONBody[ResponsesRequest]) -> ASGIApp:
-        run = await start(request, translate.chat_request(data), ENDPOINT)
+        run = await start(request, translate.chat_request(data), ENDPOINT, translate.NAMES)
         created, headers = int(time.time()), {"X-Request-Id": run.id}
         if data.stream:
             # an ASGI app; sse-starlette types it with Starlette's ASGI types, not Litestar's

@@ -10,6 +10,8 @@ from web.api.errors import APIError, unsupported
 from web.api.schemas import ChatChoice, ChatCompletionRequest, ChatMessage, UsageInfo
 
 ROLES = ("user", "system", "developer", "assistant")
+NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.format",
+         "messages": "input"}  # the chat path's fields as the Responses API calls them
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
