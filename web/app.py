@@ -23,6 +23,9 @@ from litestar.template.config import TemplateConfig
 from engine import Tokenizer
 from web.access.auth import Auth, AuthMiddleware, csrf_token
 from web.access.hosts import HostGuard, HostPolicy
+from web.api.compat.anthropic.routes import anthropic_router
+from web.api.compat.ollama.routes import document_ndjson_streams, ollama_router
+from web.api.compat.responses.routes import responses_router
 from web.api.completions import OpenAIController
 from web.api.controls import EngineController
 from web.api.embeddings import EmbeddingsController, ollama_embed
@@ -54,6 +57,12 @@ EVENT_STREAMS = {
     ("/v1/completions", "post"): EventDoc(
         "With stream=true: one event per Completion chunk (an ErrorResponse if generation "
         "fails), then `[DONE]`.", (Completion, ErrorResponse), ("[DONE]",)),
+    ("/v1/messages", "post"): EventDoc(
+        "With stream=true: Anthropic's events (message_start, ping, content_block_start, "
+        "content_block_delta, content_block_stop, message_delta, message_stop; error)."),
+    ("/v1/responses", "post"): EventDoc(
+        "With stream=true: the Responses events (response.created ... response.completed), "
+        "each a JSON object with its type and sequence_number."),
     ("/dashboard/stream", "get"): EventDoc(
         "`event: board` with the dashboard's HTML, pushed when the engine state changes; "
         "comment pings keep it open."),
@@ -121,12 +130,14 @@ def create_app(engine: Serving, tokenizer: Tokenizer, config: WebConfig) -> Lite
             store.close()
 
     api = Router("/", route_handlers=[OpenAIController, RequestsController, EngineController,
-                                     EmbeddingsController, ollama_embed],
+                                     EmbeddingsController],
                  exception_handlers={Exception: api_exception_handler},
                  before_request=json_depth_guard)
     app = Litestar(
         route_handlers=[
             ChatController, DashboardController, SystemController, api, login_router,
+            anthropic_router, responses_router,
+            ollama_router(ollama_embed),  # Ollama's error shape for /api/embed too
             create_static_files_router("/static", [HERE / "static"], name="static"),
             create_static_files_router("/assets", [*asset_files(config)], name="assets"),
         ],
@@ -150,7 +161,8 @@ def create_app(engine: Serving, tokenizer: Tokenizer, config: WebConfig) -> Lite
                                      description="Local chat server: OpenAI-compatible API, "
                                      "request inspection and metrics."),
         request_max_body_size=config.max_body_bytes,
-        on_startup=[lambda app: document_event_streams(app, EVENT_STREAMS)],
+        on_startup=[lambda app: document_event_streams(app, EVENT_STREAMS),
+                    document_ndjson_streams],
     )
     app.state.config = config
     app.state.metrics = make_registry(engine, config.model_name)

@@ -294,8 +294,12 @@ class AuthMiddleware:
         await self.app(scope, receive, send)
 
     def identify(self, scope: Scope) -> Caller | None:
-        """Who sent this: by bearer token, else by session cookie; None for a bad token."""
+        """Who sent this: by bearer token (or `x-api-key`, which counts as one), else by session
+        cookie; None for a bad token."""
         authorization = header(scope, "authorization")
+        api_key = header(scope, "x-api-key")  # Anthropic's clients send the token here
+        if authorization is None and api_key is not None:
+            authorization = f"Bearer {api_key}"
         if authorization is not None:
             scheme, _, token = authorization.strip().partition(" ")
             user = None

@@ -55,6 +55,7 @@ class RequestInfo(Struct):
     kind: str | None = None
     constraint: str | None = None  # json_schema, json_object, regex, choice, grammar, tool_call
     model: str | None = None  # the model serving it, where the server has several
+    endpoint: str | None = None  # the route it came through (/v1/messages, /api/chat...)
 
 
 class RequestList(Struct):
@@ -75,7 +76,8 @@ def live_info(view: RequestView, item: Tracked | None) -> RequestInfo:
         view.prompt_tokens, view.cached_tokens, view.prefill_done, view.output_tokens,
         view.max_tokens, RequestTimings(waited=view.waited, ttft=view.ttft, itl=view.itl,
                                         total=view.total),
-        view.finish_reason, item.kind if item else None, view.constraint, view.model)
+        view.finish_reason, item.kind if item else None, view.constraint, view.model,
+        item.endpoint if item else None)
 
 
 def finished_info(item: Tracked, view: RequestView | None) -> RequestInfo:
@@ -91,7 +93,8 @@ def finished_info(item: Tracked, view: RequestView | None) -> RequestInfo:
     return RequestInfo(
         h.id, h.owner, "finished", "finished", None, None, None, h.prompt_tokens,
         usage.cached_tokens if usage else 0, prefill_done, outputs, None, timings,
-        final.finish_reason if final else "cancelled", item.kind, item.constraint)
+        final.finish_reason if final else "cancelled", item.kind, item.constraint,
+        endpoint=item.endpoint)
 
 
 def find(s: Services, user: User, request_id: str) -> RequestInfo:

@@ -68,11 +68,17 @@ def _maybe(strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 TEXT = st.text(max_size=40)
 MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]),
                                  "content": TEXT})
-SERVED = {
+SERVED: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     "/v1/chat/completions": {"messages": st.lists(MESSAGE, min_size=1, max_size=3)},
     "/v1/completions": {"prompt": st.one_of(TEXT.filter(str.strip),
                                             st.lists(st.integers(0, 49151), min_size=1,
                                                      max_size=20))},
+    # the other APIs' views over the chat path (web/api/compat)
+    "/v1/messages": {"messages": st.lists(MESSAGE, min_size=1, max_size=3),
+                     "max_tokens": st.integers(1, 9)},
+    "/v1/responses": {"input": st.one_of(TEXT, st.lists(MESSAGE, min_size=1, max_size=3))},
+    "/api/chat": {"messages": st.lists(MESSAGE, min_size=1, max_size=3)},
+    "/api/generate": {"prompt": TEXT},
 }
 
 
@@ -86,6 +92,7 @@ def served_body(required: dict[str, st.SearchStrategy[Any]]) -> st.SearchStrateg
         "stream": st.booleans(), "ignore_eos": st.booleans(),
         "stream_options": _maybe(st.fixed_dictionaries({"include_usage": st.booleans()})),
     }
+    optional = {k: v for k, v in optional.items() if k not in required}
     return st.fixed_dictionaries({"model": st.just(MODEL), **required}, optional=optional)
 
 

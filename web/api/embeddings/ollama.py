@@ -14,19 +14,7 @@ from web.api.embeddings.inputs import token_lists
 from web.api.embeddings.run import embed, model_limit, route
 from web.api.embeddings.schemas import OllamaEmbedRequest, OllamaEmbedResponse, OllamaError
 from web.api.embeddings.vectors import check_dimensions, cut
-from web.api.errors import APIError
 from web.services import services
-
-
-def ollama_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    """Any failure as Ollama answers it: its status, {"error": message}."""
-    if isinstance(exc, APIError):
-        return Response({"error": exc.message}, status_code=exc.status_code,
-                        headers=exc.headers)
-    status = int(getattr(exc, "status_code", 500))
-    detail = getattr(exc, "detail", None) if status < 500 else "internal server error"
-    return Response({"error": str(detail or exc)}, status_code=status)
-
 
 ERRORS = {400: "Invalid input, or not an embedding model", 404: "Unknown model",
           413: "Request body too large", 429: "Queue full", 500: "Embedding failed",
@@ -36,8 +24,7 @@ ERRORS = {400: "Invalid input, or not an embedding model", 404: "Unknown model",
 @post("/api/embed", status_code=200, tags=["Ollama-compatible API"],
       summary="Embeddings of one or several inputs (Ollama)",
       responses={code: ResponseSpec(OllamaError, description=text, generate_examples=False)
-                 for code, text in ERRORS.items()},
-      exception_handlers={Exception: ollama_error})
+                 for code, text in ERRORS.items()})
 async def ollama_embed(request: Request[Any, Any, Any],
                        data: JSONBody[OllamaEmbedRequest]) -> Response[OllamaEmbedResponse]:
     started = time.perf_counter_ns()

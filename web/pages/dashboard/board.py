@@ -31,6 +31,7 @@ class Row:
     link: str | None
     mine: bool
     can_cancel: bool
+    endpoint: str | None = None  # the API route, where not the chat page or OpenAI's
 
     @property
     def progress(self) -> int:
@@ -46,7 +47,7 @@ def _row(view: RequestView, user: User, tracker: RequestTracker) -> Row:
     item = tracker.get(view.id)
     mine = view.owner == user.name
     return Row(view, item.label if item and mine else None, item.link if item and mine else None,
-               mine, user.can_manage(view.owner))
+               mine, user.can_manage(view.owner), item.endpoint if item else None)
 
 
 def _mark(rnd: RoundView, rid: str) -> str:
