@@ -18,6 +18,14 @@ from engine.config import EngineConfig
 from engine.execution.attention import default_backend, get_backend
 from engine.execution.attention.base import AttentionInputs, LocalInputs
 from engine.execution.cpu import default_threads, on_fresh_thread, reuse_freed_memory
+from engine.execution.footprint import (
+    Footprint,
+    Measured,
+    model_tensors,
+    resident,
+    storages,
+    weights_resident,
+)
 from engine.execution.kv_pool import KVPool, LocalTables, slot_of
 from engine.execution.loading.loader import load_model, pool_dtype, resolve_model, weight_mode
 from engine.execution.loading.model_files import is_gguf
@@ -103,7 +111,11 @@ class ModelExecutor:
                 ex.tokenizer_path = gguf_tokenizer_dir(path, cache_dir)
             ex.source = "GGUF" if gguf else "safetensors"
             return ex
-        return on_fresh_thread(load)
+        with Measured() as grew:  # and gives the allocator's slack of loading back
+            ex = on_fresh_thread(load)
+        parts = ex.footprint()
+        ex.load_other = max(0, grew.bytes - parts.weights - parts.kv)
+        return ex
 
     source = ""  # "GGUF" / "safetensors" when loaded from_pretrained
 
@@ -262,6 +274,18 @@ class ModelExecutor:
             row += count
 
     # --- sizing ----------------------------------------------------------------
+
+    load_other = 0  # bytes loading left beyond the weights and KV (from_pretrained measures)
+
+    def footprint(self, tokenizer: int = 0, vocabulary: int = 0) -> Footprint:
+        """This model's resident bytes by part (engine.execution.footprint); the tokenizer's
+        and the vocabulary tables' are measured by their owners and passed in."""
+        pools = [self.pool.data] + ([self.local_pool.data] if self.local_pool else [])
+        gguf = self.model_path is not None and is_gguf(Path(self.model_path))
+        weights = weights_resident(model_tensors(self.model),
+                                   str(self.model_path) if gguf else None)
+        return Footprint(weights, resident(storages(pools)), tokenizer, vocabulary,
+                         self.load_other)
 
     def kv_bytes_per_token(self) -> int:
         """Memory one position of the global pool costs (every layer but the local ones,

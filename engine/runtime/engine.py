@@ -43,6 +43,7 @@ from engine.scheduling.request import (
 )
 
 if TYPE_CHECKING:
+    from engine.execution.footprint import Footprint
     from engine.execution.text.tokenizer import Tokenizer
     from engine.speculative import DraftModel
     from engine.structured.compiler import GrammarCompiler
@@ -97,6 +98,7 @@ class Engine:
         self.executor_time = 0.0
         self._grammars: GrammarCompiler | None = None
         self._grammar_lock = threading.Lock()
+        self._grammar_bytes = 0  # what the compiler's view of the vocabulary holds
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -155,15 +157,26 @@ class Engine:
             if self._grammars is None:
                 if self.tokenizer is None:
                     raise RequestError("constrained output needs the model's tokenizer")
+                from engine.execution.footprint import Measured
                 from engine.structured.compiler import GrammarCompiler
 
                 vocab = getattr(self._core.executor, "vocab_size", None)
                 try:
-                    self._grammars = GrammarCompiler(self.tokenizer.hf, vocab)
+                    with Measured() as grew:
+                        self._grammars = GrammarCompiler(self.tokenizer.hf, vocab)
+                    self._grammar_bytes = grew.bytes
                 except (ValueError, TypeError, RuntimeError) as exc:  # e.g. a slow tokenizer
                     raise RequestError("constrained output is unavailable with this model's "
                                        f"tokenizer: {exc}") from exc
             return self._grammars
+
+    def footprint(self) -> Footprint | None:
+        """The model's resident bytes by part (None for an executor that cannot tell)."""
+        measure = getattr(self._core.executor, "footprint", None)
+        if measure is None:
+            return None
+        parts: Footprint = measure(getattr(self.tokenizer, "resident", 0), self._grammar_bytes)
+        return parts
 
     def check_constraint(self, constraint: Constraint) -> None:
         """Raise RequestError (saying why) when `constraint` does not compile."""
