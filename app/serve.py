@@ -19,7 +19,7 @@ from app.settings import Settings, engine_config
 if TYPE_CHECKING:
     from litestar import Litestar
 
-    from engine import Engine, EngineConfig, ModelSource
+    from engine import EngineConfig, ModelSource
     from web.config import WebConfig
 
 log = logging.getLogger(__name__)
@@ -79,11 +79,10 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
                                  cache_dir=paths.models_cache,
                                  quantize=None if settings.quantize == "none"
                                  else settings.quantize)
+    # the grammar compiler (llguidance's view of the vocabulary: 38 MB for SmolLM2's 49k
+    # tokens, more for wider vocabularies) is built by the first structured request, so
+    # that chats that never constrain their output never hold it
     engine = Engine(config, executor, tokenizer, draft_model=draft)
-    # the grammar compiler (llguidance's view of the vocabulary) takes a second or more to
-    # build: built now, beside the start, rather than by the first structured request
-    threading.Thread(target=prepare_grammars, args=(engine,), name="ferry-grammars",
-                     daemon=True).start()
     runs = executor.describe()
     if engine.config.sliding_window:  # the scheduler runs it without the prefix cache
         cfg = engine.config
@@ -125,7 +124,7 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
         clipped = dataclasses.replace(config, max_context=min(config.max_context,
                                                               executor.max_context))
         return LoadedModel(executor, clipped, executor.describe(),
-                           size + executor.pool.nbytes)
+                           executor.footprint(in_use=True).total)
 
     details: dict[str, object] = {"kind": model.kind, "source": store,
                                   "path": str(model.path) if model.path else None}
@@ -178,14 +177,6 @@ def build_several(settings: Settings, paths: Paths, models: list[ModelRef],
     return app, device, loaded.runs, tokenizer.chat_template_name
 
 
-def prepare_grammars(engine: Engine) -> None:
-    """Build the engine's grammar compiler; a model it cannot serve says so per request."""
-    from engine import RequestError
-
-    with contextlib.suppress(RequestError):
-        engine.grammars()
-
-
 def build_upstream(settings: Settings, paths: Paths) -> tuple[Litestar, str]:
     """Upstream mode: no model, the web app over a gateway to the configured upstreams."""
     from app.upstreams import gateway_config
@@ -204,6 +195,33 @@ def build_upstream(settings: Settings, paths: Paths) -> tuple[Litestar, str]:
     return create_app(gateway, GatewayTokenizer(), web), name  # type: ignore[arg-type]
 
 
+def serving_floor() -> int:
+    """The resident size before any model loads, with what serving imports imported (the
+    web server, torch, transformers' tokenizers): the part no model frees."""
+    import transformers.models.auto.tokenization_auto  # noqa: F401 (what opening one imports)
+
+    import web.app  # noqa: F401
+    from engine.execution.footprint import rollup, trim
+
+    trim()
+    return rollup()["rss"]
+
+
+def served_memory(app: Litestar, floor: int) -> str:
+    """The banner's memory line: the process, the floor and each loaded model's parts."""
+    from app.banner import memory_line
+    from engine.execution.footprint import rollup
+
+    engine = app.state.services.engine
+    if hasattr(engine, "models"):  # several models: those loaded
+        models = [(m.name, m.memory) for m in engine.models() if m.memory]
+    else:
+        parts = engine.footprint()
+        models = [(app.state.config.model_name, parts.as_dict())] if parts else []
+    rss = rollup()["rss"]
+    return memory_line(rss, floor, models) if rss and models else ""
+
+
 def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
     """Serve until SIGINT/SIGTERM; uvicorn's shutdown runs the app's lifespan, which stops the
     engine (running requests end, partial replies are saved) and closes the database."""
@@ -217,6 +235,7 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
         print(banner(settings, name, "upstream", urls), flush=True)
     else:
         print(f"Loading {model.name} ...", file=sys.stderr)
+        floor = serving_floor()
         try:
             refs, found = models_to_serve(settings)
             if found:
@@ -234,7 +253,8 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
         except DraftModelError as exc:
             print(f"ferry serve: error: draft model: {exc}", file=sys.stderr)
             return 2
-        print(banner(settings, model.name, device, dtype, template), flush=True)
+        print(banner(settings, model.name, device, dtype, template,
+                     served_memory(app, floor)), flush=True)
     if settings.open:
         open_browser(local_url(settings))
     with exit_quietly_after_shutdown():

@@ -277,10 +277,17 @@ class ModelExecutor:
 
     load_other = 0  # bytes loading left beyond the weights and KV (from_pretrained measures)
 
-    def footprint(self, tokenizer: int = 0, vocabulary: int = 0) -> Footprint:
+    def footprint(self, tokenizer: int = 0, vocabulary: int = 0,
+                  in_use: bool = False) -> Footprint:
         """This model's resident bytes by part (engine.execution.footprint); the tokenizer's
-        and the vocabulary tables' are measured by their owners and passed in."""
+        and the vocabulary tables' are measured by their owners and passed in. `in_use`:
+        what it holds once every weight has been read and every KV page written (what a
+        budget counts), rather than what is resident now."""
         pools = [self.pool.data] + ([self.local_pool.data] if self.local_pool else [])
+        if in_use:
+            return Footprint(sum(n for _, n in storages(model_tensors(self.model))),
+                             sum(n for _, n in storages(pools)), tokenizer, vocabulary,
+                             self.load_other)
         gguf = self.model_path is not None and is_gguf(Path(self.model_path))
         weights = weights_resident(model_tensors(self.model),
                                    str(self.model_path) if gguf else None)

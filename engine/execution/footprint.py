@@ -89,7 +89,7 @@ def _mincore() -> ctypes.CDLL | None:
                 _libc = None
             if _libc:
                 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-        return _libc or None
+        return _libc if isinstance(_libc, ctypes.CDLL) else None
 
 
 def resident(ranges: Iterable[tuple[int, int]]) -> int:
@@ -143,12 +143,13 @@ def model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
 
     def add(value: object) -> None:
+        data, parts = getattr(value, "data", None), getattr(value, "parts", None)
         if isinstance(value, torch.Tensor):
             out.append(value)
-        elif isinstance(getattr(value, "data", None), torch.Tensor):  # a QuantWeight
-            out.append(value.data)  # type: ignore[union-attr]
-        elif isinstance(getattr(value, "parts", None), tuple):  # a SplitWeight
-            for part in value.parts:  # type: ignore[union-attr]
+        elif isinstance(data, torch.Tensor):  # a QuantWeight
+            out.append(data)
+        elif isinstance(parts, tuple):  # a SplitWeight
+            for part in parts:
                 add(part)
 
     for module in model.modules():

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from engine.structured.compiler import GrammarCompiler
 
 log = logging.getLogger(__name__)
+FOOTPRINT_TTL = 2.0  # seconds a reading of the model's resident parts is reused
 Message = Submit | Cancel | Reconfigure | Stop
 
 
@@ -99,6 +100,7 @@ class Engine:
         self._grammars: GrammarCompiler | None = None
         self._grammar_lock = threading.Lock()
         self._grammar_bytes = 0  # what the compiler's view of the vocabulary holds
+        self._footprint: tuple[float, Footprint] | None = None  # (when read, the parts)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -175,8 +177,12 @@ class Engine:
         measure = getattr(self._core.executor, "footprint", None)
         if measure is None:
             return None
-        parts: Footprint = measure(getattr(self.tokenizer, "resident", 0), self._grammar_bytes)
-        return parts
+        now = time.monotonic()
+        if self._footprint is None or now - self._footprint[0] > FOOTPRINT_TTL:
+            # reading the pages takes milliseconds: the dashboard and API share one reading
+            parts = measure(getattr(self.tokenizer, "resident", 0), self._grammar_bytes)
+            self._footprint = (now, parts)
+        return self._footprint[1]
 
     def check_constraint(self, constraint: Constraint) -> None:
         """Raise RequestError (saying why) when `constraint` does not compile."""
