@@ -92,6 +92,7 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
         runs += f"; drafts with {draft_ref.name} ({draft.executor.describe()})"
     web = dataclasses.replace(web_config(settings, paths, model.name), model_runs=runs)
     app = create_app(engine, tokenizer, web)
+    app.state.serving = engine  # for the banner's memory line, before the lifespan starts
     return app, device, runs, tokenizer.chat_template_name
 
 
@@ -163,6 +164,7 @@ def build_several(settings: Settings, paths: Paths, models: list[ModelRef],
                          preloaded={first.name: (loaded, tokenizer)})
     web = dataclasses.replace(web_config(settings, paths, first.name), model_runs=loaded.runs)
     app = create_app(model_set, tokenizer, web)
+    app.state.serving = model_set  # for the banner's memory line
 
     def add(model: FoundModel) -> str | None:
         source = model_source(settings, paths, model.ref, config, device, model.store)
@@ -197,11 +199,17 @@ def build_upstream(settings: Settings, paths: Paths) -> tuple[Litestar, str]:
 
 def serving_floor() -> int:
     """The resident size before any model loads, with what serving imports imported (the
-    web server, torch, transformers' tokenizers): the part no model frees."""
-    import transformers.models.auto.tokenization_auto  # noqa: F401 (what opening one imports)
+    web server, torch, transformers' tokenizers, the loader and the native kernels): the
+    part no model frees."""
+    import gguf  # noqa: F401 (what loading a model imports)
+    import transformers.models.auto.tokenization_auto  # noqa: F401
 
+    import engine.execution.executor  # noqa: F401
     import web.app  # noqa: F401
     from engine.execution.footprint import rollup, trim
+    from engine.kernels import native
+
+    native.library()
 
     trim()
     return rollup()["rss"]
@@ -212,7 +220,7 @@ def served_memory(app: Litestar, floor: int) -> str:
     from app.banner import memory_line
     from engine.execution.footprint import rollup
 
-    engine = app.state.services.engine
+    engine = app.state.serving
     if hasattr(engine, "models"):  # several models: those loaded
         models = [(m.name, m.memory) for m in engine.models() if m.memory]
     else:

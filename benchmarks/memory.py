@@ -85,10 +85,15 @@ def measure(command: list[str], port: int, max_tokens: int, env: dict[str, str],
             timeout: float = 600.0) -> tuple[dict[str, float], Any]:
     """Start a server, one chat, read its memory, stop it -> (figures, its /v1/models)."""
     base = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        models = wait_ready(proc, base, timeout)
+        try:
+            models = wait_ready(proc, base, timeout)
+        except RuntimeError as exc:
+            log.seek(0)
+            tail = log.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"{exc}; its output ended with:\n{tail}") from None
         name = models["data"][0]["id"] if models.get("data") else "default"
         chat(base, name, max_tokens)
         time.sleep(1.0)  # let freed buffers settle
@@ -97,12 +102,25 @@ def measure(command: list[str], port: int, max_tokens: int, env: dict[str, str],
             models = get(f"{base}/v1/models")
         return figures, models
     finally:
+        log.close()
         proc.terminate()
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def warm_caches(model: str, env: dict[str, str]) -> None:
+    """Build the GGUF's tokenizer folder in the fresh FERRY_HOME first, as a user's first
+    start did long ago: converting it is a one-off that is not what a server holds."""
+    from app.paths import get_paths
+    from engine import gguf_tokenizer_dir, resolve_model_files
+
+    cache = get_paths(env).models_cache
+    path = resolve_model_files(None if model == "default" else model, cache, False)
+    if path.is_file():
+        gguf_tokenizer_dir(path, cache)
 
 
 def ferry_command(model: str, context: int, port: int) -> list[str]:
@@ -139,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ferry-memory-") as home:
         env = {**os.environ, "FERRY_HOME": home,
                "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        warm_caches(args.model, env)
         for _ in range(args.repeat):
             port = free_port()
             figures, models = measure(ferry_command(args.model, args.context, port), port,
