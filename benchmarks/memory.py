@@ -85,30 +85,29 @@ def measure(command: list[str], port: int, max_tokens: int, env: dict[str, str],
             timeout: float = 600.0) -> tuple[dict[str, float], Any]:
     """Start a server, one chat, read its memory, stop it -> (figures, its /v1/models)."""
     base = f"http://127.0.0.1:{port}"
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            models = wait_ready(proc, base, timeout)
-        except RuntimeError as exc:
-            log.seek(0)
-            tail = log.read().decode(errors="replace")[-2000:]
-            raise RuntimeError(f"{exc}; its output ended with:\n{tail}") from None
-        name = models["data"][0]["id"] if models.get("data") else "default"
-        chat(base, name, max_tokens)
-        time.sleep(1.0)  # let freed buffers settle
-        figures = resident(proc.pid)
-        with contextlib.suppress(OSError, ValueError):
-            models = get(f"{base}/v1/models")
-        return figures, models
-    finally:
-        log.close()
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            try:
+                models = wait_ready(proc, base, timeout)
+            except RuntimeError as exc:
+                log.seek(0)
+                tail = log.read().decode(errors="replace")[-2000:]
+                raise RuntimeError(f"{exc}; its output ended with:\n{tail}") from None
+            name = models["data"][0]["id"] if models.get("data") else "default"
+            chat(base, name, max_tokens)
+            time.sleep(1.0)  # let freed buffers settle
+            figures = resident(proc.pid)
+            with contextlib.suppress(OSError, ValueError):
+                models = get(f"{base}/v1/models")
+            return figures, models
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def warm_caches(model: str, env: dict[str, str]) -> None:

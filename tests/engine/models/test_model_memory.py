@@ -128,3 +128,35 @@ def test_the_budget_refuses_a_model_larger_than_all_of_it() -> None:
     assert reason is not None and "big needs" in reason and "--max-memory" in reason
     assert "file's size" in reason
     assert "measured" in (budget.refusal("big", 5000, measured=True) or "")
+
+
+def test_a_model_over_the_budget_is_refused_with_the_reason(model_dir: Path,
+                                                            tmp_path: Path) -> None:
+    import shutil
+
+    from engine.config import EngineConfig
+    from engine.models import ModelSet
+    from engine.runtime.events import FinalEvent
+    from engine.scheduling.request import SamplingParams
+    from tests.tools.model_sources import gguf_source
+
+    config = EngineConfig(kv_tokens=1024, max_context=1024, max_running=2)
+    files = {}
+    for name in ("alpha", "beta"):
+        files[name] = tmp_path / f"{name}.gguf"
+        shutil.copyfile(model_dir, files[name])
+    sources = [gguf_source(n, files[n], config, tmp_path / "cache") for n in files]
+    first = sources[0]
+    budget = Budget(2, files["beta"].stat().st_size // 2)  # less than beta's file alone
+    models = ModelSet(sources, config, budget, poll=0.05,
+                      preloaded={"alpha": (first.load(), first.open_tokenizer())}).start()
+    try:
+        ids = models.tokenizer("beta").encode("Hello")
+        handle = models.submit(ids, SamplingParams(max_tokens=4), model="beta")
+        final = list(handle.events(timeout=60))[-1]
+        assert isinstance(final, FinalEvent) and final.finish_reason == "error", final
+        assert "beta needs" in str(final.error) and "--max-memory" in str(final.error)
+        beta = next(m for m in models.models() if m.name == "beta")
+        assert beta.state == "unloaded" and "--max-memory" in str(beta.error)
+    finally:
+        models.stop()
