@@ -22,6 +22,7 @@ from engine.execution.footprint import (
     Footprint,
     Measured,
     model_tensors,
+    opaque_bytes,
     resident,
     storages,
     weights_resident,
@@ -285,7 +286,8 @@ class ModelExecutor:
         budget counts), rather than what is resident now."""
         pools = [self.pool.data] + ([self.local_pool.data] if self.local_pool else [])
         if in_use:
-            return Footprint(sum(n for _, n in storages(model_tensors(self.model))),
+            tensors = model_tensors(self.model)
+            return Footprint(sum(n for _, n in storages(tensors)) + opaque_bytes(tensors),
                              sum(n for _, n in storages(pools)), tokenizer, vocabulary,
                              self.load_other)
         gguf = self.model_path is not None and is_gguf(Path(self.model_path))

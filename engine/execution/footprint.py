@@ -126,15 +126,36 @@ def trim() -> None:
 
 
 def storages(tensors: Iterable[torch.Tensor]) -> list[tuple[int, int]]:
-    """(address, bytes) of each distinct CPU storage under `tensors`."""
+    """(address, bytes) of each distinct CPU storage under `tensors` (an opaque tensor,
+    oneDNN's packed weight, has none: `opaque_bytes`)."""
     seen: dict[int, int] = {}
     for t in tensors:
-        if t.device.type != "cpu":
+        if t.device.type != "cpu" or t.is_mkldnn:
             continue
-        s = t.untyped_storage()
+        try:
+            s = t.untyped_storage()
+        except (NotImplementedError, RuntimeError):  # another opaque layout
+            continue
         if s.nbytes():
             seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
     return list(seen.items())
+
+
+def opaque_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the CPU tensors without an addressable storage (oneDNN's packed weights),
+    all of them counted as resident (written when packed)."""
+    total = 0
+    for t in tensors:
+        if t.device.type != "cpu":
+            continue
+        try:
+            if not t.is_mkldnn:
+                t.untyped_storage()
+                continue
+        except (NotImplementedError, RuntimeError):
+            pass
+        total += t.numel() * t.element_size()
+    return total
 
 
 def model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -185,13 +206,14 @@ def mapped(path: str) -> tuple[list[tuple[int, int]], int]:
 def weights_resident(tensors: Iterable[torch.Tensor], path: str | None) -> int:
     """Resident bytes of a model's tensors: mincore for the anonymous ones, the file's
     mapped pages (smaps) for the blocks used in place from a memory-mapped file."""
-    ranges = storages(tensors)
+    tensors = list(tensors)
+    ranges, opaque = storages(tensors), opaque_bytes(tensors)
     if path is None:
-        return resident(ranges)
+        return resident(ranges) + opaque
     maps, in_map = mapped(path)
     outside = [(a, n) for a, n in ranges
                if not any(m <= a < m + size for m, size in maps)]
-    return resident(outside) + in_map
+    return resident(outside) + in_map + opaque
 
 
 class Measured:
