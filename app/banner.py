@@ -4,6 +4,7 @@ from __future__ import annotations
 import socket
 import threading
 import webbrowser
+from collections.abc import Mapping, Sequence
 
 from app.settings import Settings
 
@@ -45,8 +46,22 @@ def served_names(settings: Settings) -> list[str]:
     return HostPolicy.build(settings.shared, settings.allowed_hosts).describe(settings.port)
 
 
+def memory_line(rss: int, floor: int, models: Sequence[tuple[str, Mapping[str, int]]]) -> str:
+    """"466 MB resident: 265 MB Python, torch and the server; default 197 MB (weights
+    106, KV 24, tokenizer 19, vocabulary 38, other 11)" -- figures in MB."""
+    return (f"{rss / 1e6:,.0f} MB resident: {floor / 1e6:,.0f} MB Python, torch and the "
+            f"server; " + "; ".join(model_memory(name, m) for name, m in models))
+
+
+def model_memory(name: str, parts: Mapping[str, int]) -> str:
+    """"default 197 MB (weights 106, KV 24, tokenizer 19, vocabulary 38, other 11)"."""
+    each = ", ".join(f"{'KV' if k == 'kv' else k} {parts.get(k, 0) / 1e6:,.0f}"
+                     for k in ("weights", "kv", "tokenizer", "vocabulary", "other"))
+    return f"{name} {parts.get('total', 0) / 1e6:,.0f} MB ({each})"
+
+
 def banner(settings: Settings, model: str, device: str = "", dtype: str = "",
-           chat_template: str = "", device_info: str = "") -> str:
+           chat_template: str = "", device_info: str = "", memory: str = "") -> str:
     """The text printed once the server listens (device "upstream": a front, dtype its URLs;
     `chat_template`: the one chats use, in words; `device_info`: the device, why it, and the
     torch build)."""
@@ -62,6 +77,8 @@ def banner(settings: Settings, model: str, device: str = "", dtype: str = "",
         lines.append(f"  Device:  {device_info}")
     if chat_template:
         lines.append(f"  Chat:    template {chat_template}")
+    if memory:
+        lines.append(f"  Memory:  {memory}")
     if device == "upstream":  # no engine here: the upstreams run the model
         count = len(settings.upstreams)
         lines.append(f"  Front:   {count} upstream{'s' if count != 1 else ''}; Ferry holds the "

@@ -19,7 +19,7 @@ from app.settings import Settings, engine_config
 if TYPE_CHECKING:
     from litestar import Litestar
 
-    from engine import EncoderExecutor, Engine, EngineConfig, ModelSource
+    from engine import EncoderExecutor, EngineConfig, ModelSource
     from web.config import WebConfig
 
 log = logging.getLogger(__name__)
@@ -95,12 +95,10 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
                                  cache_dir=paths.models_cache,
                                  quantize=None if settings.quantize == "none"
                                  else settings.quantize)
+    # the grammar compiler (llguidance's view of the vocabulary: 38 MB for SmolLM2's 49k
+    # tokens, more for wider vocabularies) is built by the first structured request, so
+    # that chats that never constrain their output never hold it
     engine = Engine(config, executor, tokenizer, draft_model=draft)
-    # the grammar compiler (llguidance's view of the vocabulary) takes a second or more to
-    # build: built now, beside the start, rather than by the first structured request
-    if engine.task != "embed":
-        threading.Thread(target=prepare_grammars, args=(engine,), name="ferry-grammars",
-                         daemon=True).start()
     runs = executor.describe() + attention_line(executor)
     if engine.config.sliding_window:  # the scheduler runs it without the prefix cache
         cfg = engine.config
@@ -110,6 +108,7 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
         runs += f"; drafts with {draft_ref.name} ({draft.executor.describe()})"
     web = dataclasses.replace(web_config(settings, paths, model.name), model_runs=runs)
     app = create_app(engine, tokenizer, web)
+    app.state.serving = engine  # for the banner's memory line, before the lifespan starts
     return app, device, runs, tokenizer.chat_template_name
 
 
@@ -154,8 +153,11 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
             progress=False, quantize=settings.quantize)
         clipped = dataclasses.replace(config, max_context=min(config.max_context,
                                                               executor.max_context))
+        # what a budget counts: every weight read and KV page written (an encoder: its weights)
+        size = executor.footprint(in_use=True).total if isinstance(executor, ModelExecutor) \
+            else executor.memory_bytes()
         return LoadedModel(executor, clipped, executor.describe() + attention_line(executor),
-                           executor.memory_bytes())
+                           size)
 
     details: dict[str, object] = {"kind": model.kind, "source": store,
                                   "path": str(model.path) if model.path else None}
@@ -204,6 +206,7 @@ def build_several(settings: Settings, paths: Paths, models: list[ModelRef],
                          rules=SharingRules(users_load=settings.users_load_models))
     web = dataclasses.replace(web_config(settings, paths, first.name), model_runs=loaded.runs)
     app = create_app(model_set, tokenizer, web)
+    app.state.serving = model_set  # for the banner's memory line
 
     def add(model: FoundModel) -> str | None:
         source = model_source(settings, paths, model.ref, config, device, model.store)
@@ -216,14 +219,6 @@ def build_several(settings: Settings, paths: Paths, models: list[ModelRef],
     if found:
         start_discovery(found, add)
     return app, device, loaded.runs, tokenizer.chat_template_name
-
-
-def prepare_grammars(engine: Engine) -> None:
-    """Build the engine's grammar compiler; a model it cannot serve says so per request."""
-    from engine import RequestError
-
-    with contextlib.suppress(RequestError):
-        engine.grammars()
 
 
 def build_upstream(settings: Settings, paths: Paths) -> tuple[Litestar, str]:
@@ -244,6 +239,39 @@ def build_upstream(settings: Settings, paths: Paths) -> tuple[Litestar, str]:
     return create_app(gateway, GatewayTokenizer(), web), name  # type: ignore[arg-type]
 
 
+def serving_floor() -> int:
+    """The resident size before any model loads, with what serving imports imported (the
+    web server, torch, transformers' tokenizers, the loader and the native kernels): the
+    part no model frees."""
+    import gguf  # noqa: F401 (what loading a model imports)
+    import transformers.models.auto.tokenization_auto  # noqa: F401
+
+    import engine.execution.executor  # noqa: F401
+    import web.app  # noqa: F401
+    from engine.execution.residency import rollup, trim
+    from engine.kernels import native
+
+    native.library()
+
+    trim()
+    return rollup()["rss"]
+
+
+def served_memory(app: Litestar, floor: int) -> str:
+    """The banner's memory line: the process, the floor and each loaded model's parts."""
+    from app.banner import memory_line
+    from engine.execution.residency import rollup
+
+    engine = app.state.serving
+    if hasattr(engine, "models"):  # several models: those loaded
+        models = [(m.name, m.memory) for m in engine.models() if m.memory]
+    else:
+        parts = engine.footprint()
+        models = [(app.state.config.model_name, parts.as_dict())] if parts else []
+    rss = rollup()["rss"]
+    return memory_line(rss, floor, models) if rss and models else ""
+
+
 def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
     """Serve until SIGINT/SIGTERM; uvicorn's shutdown runs the app's lifespan, which stops the
     engine (running requests end, partial replies are saved) and closes the database."""
@@ -257,6 +285,7 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
         print(banner(settings, name, "upstream", urls), flush=True)
     else:
         print(f"Loading {model.name} ...", file=sys.stderr)
+        floor = serving_floor()
         try:
             device, where = device_line(settings.device)
         except ValueError as exc:
@@ -280,7 +309,8 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
         except DraftModelError as exc:
             print(f"ferry serve: error: draft model: {exc}", file=sys.stderr)
             return 2
-        print(banner(settings, model.name, device, dtype, template, where), flush=True)
+        print(banner(settings, model.name, device, dtype, template, device_info=where,
+                     memory=served_memory(app, floor)), flush=True)
     if settings.open:
         open_browser(local_url(settings))
     with exit_quietly_after_shutdown():

@@ -170,6 +170,34 @@ def model_checks(settings: Settings, paths: Paths) -> Iterator[Check]:
             yield Check("ok" if own else "info", "chat template", template)
 
 
+def memory_checks(settings: Settings, running: bool) -> Iterator[Check]:
+    """Each loaded model's resident size by part, from the Ferry already serving on the
+    configured port (GET /v1/models), if one is."""
+    if not running:
+        yield Check("info", "memory", "no server on the port: each loaded model's resident "
+                    "size by part shows here (and in /v1/models) while `ferry serve` runs")
+        return
+    import json
+    import urllib.request
+
+    from app.banner import model_memory
+
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    try:
+        with urllib.request.urlopen(f"http://{host}:{settings.port}/v1/models",
+                                    timeout=3) as reply:
+            cards = json.loads(reply.read()).get("data", [])
+    except (OSError, ValueError, AttributeError) as exc:
+        yield Check("info", "memory", f"the server on the port did not list its models: {exc}")
+        return
+    loaded = [(c["id"], c["memory"]) for c in cards if isinstance(c.get("memory"), dict)]
+    if not loaded:
+        yield Check("info", "memory", "the server on the port has no model loaded that says "
+                    "its memory")
+    for name, parts in loaded:
+        yield Check("ok", "memory", model_memory(name, parts))
+
+
 def writable(path: Path) -> bool:
     """path is writable, or can be created under its nearest existing parent."""
     probe = path
@@ -199,6 +227,7 @@ def run_checks(settings: Settings | None, paths: Paths, config_error: str | None
     problem = port_problem(settings.host, settings.port)
     checks.append(Check("fail" if problem else "ok", "port",
                         problem or f"{settings.host}:{settings.port} is free"))
+    checks.extend(memory_checks(settings, running=bool(problem)))
     from app.banner import served_names
     checks.append(Check("ok", "hosts", "answers Host " + ", ".join(served_names(settings))
                         + "; others are refused (add one: --allowed-host, "

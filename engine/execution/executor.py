@@ -27,6 +27,14 @@ from engine.execution.loading.model_files import is_gguf
 from engine.execution.model.decoder import CausalLM
 from engine.execution.model.fused_decode import FusedDecode, per_row_rows
 from engine.execution.model.layers.linear import Linear
+from engine.execution.residency import (
+    Footprint,
+    Measured,
+    model_tensors,
+    resident,
+    storages,
+    weights_resident,
+)
 from engine.execution.sampling.grammar_masks import MaskWorker, consume
 from engine.execution.sampling.sampler import Sampler
 from engine.execution.sampling.verify import verify_items
@@ -120,7 +128,11 @@ class ModelExecutor:
                 ex.tokenizer_path = gguf_tokenizer_dir(path, cache_dir)
             ex.source = "GGUF" if gguf else "safetensors"
             return ex
-        return on_fresh_thread(load)
+        with Measured() as grew:  # and gives the allocator's slack of loading back
+            ex = on_fresh_thread(load)
+        parts = ex.footprint()
+        ex.load_other = max(0, grew.bytes - parts.weights - parts.kv)
+        return ex
 
     source = ""  # "GGUF" / "safetensors" when loaded from_pretrained
 
@@ -297,6 +309,24 @@ class ModelExecutor:
         """What the loaded model holds: its weights on the device and its KV pools."""
         pools = self.pool.nbytes + (self.local_pool.nbytes if self.local_pool else 0)
         return self.weight_bytes() + pools
+
+    load_other = 0  # bytes loading left beyond the weights and KV (from_pretrained measures)
+
+    def footprint(self, tokenizer: int = 0, vocabulary: int = 0,
+                  in_use: bool = False) -> Footprint:
+        """This model's resident bytes by part (engine.execution.residency); the tokenizer's
+        and the vocabulary tables' are measured by their owners and passed in. `in_use`:
+        what it holds once every weight has been read and every KV page written (what a
+        budget counts), rather than what is resident now."""
+        pools = [self.pool.data] + ([self.local_pool.data] if self.local_pool else [])
+        if in_use:  # on any device: the weights as they sit there, the pools whole
+            return Footprint(self.weight_bytes(), self.memory_bytes() - self.weight_bytes(),
+                             tokenizer, vocabulary, self.load_other)
+        gguf = self.model_path is not None and is_gguf(Path(self.model_path))
+        weights = weights_resident(model_tensors(self.model),
+                                   str(self.model_path) if gguf else None)
+        return Footprint(weights, resident(storages(pools)), tokenizer, vocabulary,
+                         self.load_other)
 
     def kv_bytes_per_token(self) -> int:
         """Memory one position of the global pool costs (every layer but the local ones,

@@ -35,10 +35,19 @@ class Budget:
             raise ValueError("max_loaded and max_memory must be >= 1")
         return cls(loaded, memory)
 
+    def refusal(self, name: str, need: int, measured: bool) -> str | None:
+        """Why a model of `need` bytes is never loaded under this budget (None: it may be):
+        it would not fit even with every other model unloaded."""
+        if need <= self.max_memory:
+            return None
+        how = "measured at its last load" if measured else "its file's size"
+        return (f"{name} needs {need / 1e9:.2f} GB ({how}), more than the "
+                f"{self.max_memory / 1e9:.2f} GB the loaded models may hold (--max-memory)")
+
     def make_room(self, resident: Sequence[Resident], need: int) -> list[str] | None:
         """The models to unload (idle ones, least recently used first) so that one of `need`
-        bytes fits; None when it cannot fit until a busy model goes idle. A model larger
-        than the whole budget still loads when nothing else is resident."""
+        bytes fits; None when it cannot fit until a busy model goes idle. (A model larger
+        than the whole budget is refused before: `refusal`.)"""
         count = len(resident)
         used = sum(r.size for r in resident)
         victims: list[str] = []

@@ -35,6 +35,7 @@ class ModelEntry:
     last_used: float = 0.0
     loading_since: float | None = None
     size: int = 0  # bytes, once loaded
+    measured: int = 0  # bytes its last load measured (the budget's figure for a reload)
     runs: str = ""
     error: str | None = None  # the last load's failure
     wanted: bool = False  # an admin asked to load it
@@ -100,6 +101,7 @@ class ModelInfo:
     details: Mapping[str, Any]
     error: str | None = None
     memory_wait: str | None = None
+    memory: Mapping[str, int] | None = None  # resident bytes by part, while loaded
 
     @property
     def loaded(self) -> bool:

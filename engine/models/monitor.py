@@ -58,6 +58,7 @@ class Monitor:
         now = self.clock()
         unload: list[tuple[ModelEntry, str]] = []
         load: list[ModelEntry] = []
+        unload_refused: list[tuple[ModelEntry, str]] = []
         with self._lock:
             for e in self._entries.values():
                 if e.state != "loaded":
@@ -73,12 +74,17 @@ class Monitor:
                                                + [a.arrival for a in e.arrivals], default=now))
             default = next(iter(self._entries))
             for e in waiting:
+                need = e.measured or e.source.size
+                refused = self.budget.refusal(e.name, need, bool(e.measured))
+                if refused is not None:
+                    unload_refused.append((e, refused))
+                    continue
                 # only an admin's load may unload the default model to make room
                 keep = not e.admin_demand
                 resident = [Resident(r.name, r.size, r.busy or r in load
                                      or (keep and r.name == default), r.last_used)
                             for r in self._entries.values() if r.state in ("loaded", "loading")]
-                victims = self.budget.make_room(resident, e.source.size)
+                victims = self.budget.make_room(resident, need)
                 if victims is None:
                     busy = ", ".join(r.name for r in resident if r.busy)
                     e.memory_wait = f"memory: {len(resident)} models loaded, " \
@@ -99,6 +105,8 @@ class Monitor:
                 if e.loaded_for is None:
                     e.user_keep_alive = None
                 load.append(e)
+        for entry, why in unload_refused:
+            self._fail(entry, why)
         for entry, why in unload:
             self._unload(entry, why)
         for entry in load:
@@ -113,18 +121,7 @@ class Monitor:
             loaded = entry.source.load()
         except Exception as exc:  # a bad file: its requests fail, the others go on
             log.exception("loading %s failed", entry.name)
-            with self._lock:
-                entry.state, entry.wanted = "unloaded", False
-                entry.loaded_for, entry.users = None, set()
-                entry.error = f"{type(exc).__name__}: {exc}"
-                pending, entry.pending = entry.pending, []
-                failed = f"loading {entry.name} failed: {entry.error}"
-                for arrival in entry.arrivals:  # their submits end with the same error
-                    arrival.ended = ("error", failed)
-                entry.arrivals = []
-            for p in pending:
-                p.end(self.clock(), "error", failed, unavailable=entry.name)
-            self._event(entry.name, "failed", f"loading {entry.name} failed: {entry.error}")
+            self._fail(entry, f"{type(exc).__name__}: {exc}")
             return
         with self._lock:
             if self._stopping:
@@ -142,6 +139,37 @@ class Monitor:
                     p.end(self.clock(), "error", str(exc))
         self._event(entry.name, "loaded",
                     f"loaded {entry.name} in {self.clock() - started:.1f} s")
+        self._settle(entry)
+
+    def _settle(self, entry: ModelEntry) -> None:
+        """The load's measured size may exceed the estimate it was admitted with: idle
+        models (least recently used first) make room for the difference."""
+        with self._lock:
+            others = [Resident(r.name, r.size, r.busy, r.last_used)
+                      for r in self._entries.values() if r is not entry and r.state == "loaded"]
+            victims = self.budget.make_room(others, entry.size) or []
+            for name in victims:
+                self._entries[name].state = "unloading"
+        for name in victims:
+            self._unload(self._entries[name], f"making room for {entry.name} "
+                         f"({entry.size / 1e9:.2f} GB as measured after its load)")
+
+    def _fail(self, entry: ModelEntry, error: str) -> None:
+        """The load did not happen (a bad file, or more memory than the budget): its
+        requests, waiting or announced, end with the reason, naming the model as
+        unavailable; the other models go on."""
+        failed = f"loading {entry.name} failed: {error}"
+        with self._lock:
+            entry.state, entry.wanted = "unloaded", False
+            entry.loaded_for, entry.users = None, set()
+            entry.error = error
+            pending, entry.pending = entry.pending, []
+            for arrival in entry.arrivals:  # their submits end with the same error
+                arrival.ended = ("error", failed)
+            entry.arrivals = []
+        for p in pending:
+            p.end(self.clock(), "error", failed, unavailable=entry.name)
+        self._event(entry.name, "failed", failed)
 
     def _install(self, entry: ModelEntry, loaded: LoadedModel) -> None:
         # the policy and admission order are the set's (an admin may have changed them)
@@ -150,6 +178,7 @@ class Monitor:
         entry.engine = Engine(config, loaded.executor, entry.tokenizer, turns=self.turns)
         entry.state, entry.error, entry.wanted = "loaded", None, False
         entry.size = loaded.size or entry.source.size
+        entry.measured = loaded.size  # what it really cost: the budget's figure next time
         entry.runs = loaded.runs
         entry.last_used = self.clock()
 

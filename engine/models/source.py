@@ -24,7 +24,9 @@ class LoadedModel:
     executor: Executor
     config: EngineConfig
     runs: str = ""  # how it runs, in one line (architecture, block types, kernels, size)
-    size: int = 0  # bytes it holds (weights + KV pool); the budget counts this
+    # bytes it holds, measured after the load (weights, KV pool, what loading left; not the
+    # tokenizer, kept while unloaded): the budget counts this
+    size: int = 0
 
 
 @dataclass(frozen=True, slots=True)

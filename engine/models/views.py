@@ -20,6 +20,13 @@ from engine.scheduling.request import SamplingParams
 if TYPE_CHECKING:
     from engine.execution.text.tokenizer import Tokenizer
     from engine.models.model_set import ModelSet
+    from engine.runtime.engine import Engine
+
+
+def memory_of(engine: Engine | None) -> dict[str, int] | None:
+    """A loaded model's resident bytes by part (engine.execution.residency), else None."""
+    parts = engine.footprint() if engine is not None else None
+    return parts.as_dict() if parts is not None else None
 
 
 class SetViews:
@@ -54,10 +61,12 @@ class SetViews:
     def models(self) -> list[ModelInfo]:
         with self._lock:
             default = next(iter(self._entries))
-            return [ModelInfo(e.name, e.name == default, self._shown_state(e),
-                              e.size or e.source.size, e.runs, e.keep_alive, e.live,
-                              e.source.details, e.error, e.memory_wait)
-                    for e in self._entries.values()]
+            engines = {e.name: e.engine for e in self._entries.values()}
+            infos = [ModelInfo(e.name, e.name == default, self._shown_state(e),
+                               e.size or e.source.size, e.runs, e.keep_alive, e.live,
+                               e.source.details, e.error, e.memory_wait)
+                     for e in self._entries.values()]
+        return [dataclasses.replace(i, memory=memory_of(engines[i.name])) for i in infos]
 
     @staticmethod
     def _shown_state(e: ModelEntry) -> ModelState:

@@ -43,11 +43,13 @@ from engine.scheduling.request import (
 )
 
 if TYPE_CHECKING:
+    from engine.execution.residency import Footprint
     from engine.execution.text.tokenizer import Tokenizer
     from engine.speculative import DraftModel
     from engine.structured.compiler import GrammarCompiler
 
 log = logging.getLogger(__name__)
+FOOTPRINT_TTL = 2.0  # seconds a reading of the model's resident parts is reused
 Message = Submit | Cancel | Reconfigure | Stop
 
 
@@ -101,6 +103,8 @@ class Engine:
         self.executor_time = 0.0
         self._grammars: GrammarCompiler | None = None
         self._grammar_lock = threading.Lock()
+        self._grammar_bytes = 0  # what the compiler's view of the vocabulary holds
+        self._footprint: tuple[float, Footprint] | None = None  # (when read, the parts)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -173,15 +177,30 @@ class Engine:
             if self._grammars is None:
                 if self.tokenizer is None:
                     raise RequestError("constrained output needs the model's tokenizer")
+                from engine.execution.residency import Measured
                 from engine.structured.compiler import GrammarCompiler
 
                 vocab = getattr(self._core.executor, "vocab_size", None)
                 try:
-                    self._grammars = GrammarCompiler(self.tokenizer.hf, vocab)
+                    with Measured() as grew:
+                        self._grammars = GrammarCompiler(self.tokenizer.hf, vocab)
+                    self._grammar_bytes = grew.bytes
                 except (ValueError, TypeError, RuntimeError) as exc:  # e.g. a slow tokenizer
                     raise RequestError("constrained output is unavailable with this model's "
                                        f"tokenizer: {exc}") from exc
             return self._grammars
+
+    def footprint(self) -> Footprint | None:
+        """The model's resident bytes by part (None for an executor that cannot tell)."""
+        measure = getattr(self._core.executor, "footprint", None)
+        if measure is None:
+            return None
+        now = time.monotonic()
+        if self._footprint is None or now - self._footprint[0] > FOOTPRINT_TTL:
+            # reading the pages takes milliseconds: the dashboard and API share one reading
+            parts = measure(getattr(self.tokenizer, "resident", 0), self._grammar_bytes)
+            self._footprint = (now, parts)
+        return self._footprint[1]
 
     def check_constraint(self, constraint: Constraint) -> Constraint:
         """Raise RequestError (saying why) when `constraint` does not compile; else it,

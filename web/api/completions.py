@@ -162,6 +162,13 @@ def _known(s: Services) -> list[str]:
     return [m.id for m in _served(s)]
 
 
+def _memory(engine: Any) -> dict[str, int] | None:
+    """One engine's resident bytes by part (None where it cannot tell: a gateway)."""
+    measure = getattr(engine, "footprint", None)
+    parts = measure() if callable(measure) else None
+    return parts.as_dict() if parts is not None else None
+
+
 class OpenAIController(Controller):
     path = "/v1"
     tags = ("OpenAI-compatible API",)
@@ -174,7 +181,8 @@ class OpenAIController(Controller):
                          chat_template=getattr(s.tokenizer, "chat_template_name", None),
                          architecture=runs.split(":", 1)[0] if runs else None, runs=runs,
                          reasoning=thinks, embedding=getattr(s.engine, "task", "") == "embed",
-                         upstreams=list(served.upstreams) if served else None)
+                         upstreams=list(served.upstreams) if served else None,
+                         memory=None if served else _memory(s.engine))
 
     def _cards(self, s: Services, user: User) -> list[ModelCard]:
         """Every model served; with several, each says whether it is loaded, and its size
@@ -193,6 +201,7 @@ class OpenAIController(Controller):
                 architecture=runs.split(":", 1)[0] if runs else None, runs=runs)
             cards.append(msgspec.structs.replace(card, runs=runs, loaded=m.loaded, state=m.state,
                                                  default=m.default, size=m.size,
+                                                 memory=dict(m.memory) if m.memory else None,
                                                  keep_alive=m.keep_alive, error=m.error,
                                                  source=str(m.details.get("source")
                                                             or "configured")))

@@ -243,6 +243,8 @@ class ModelCard(Struct):
     # "configured" (--model / models), or the store it was found in on disk: "ollama",
     # "lm studio", "hugging face cache", "model folder" (served without being configured)
     source: str = "configured"
+    # while loaded: resident bytes by part (weights, kv, tokenizer, vocabulary, other, total)
+    memory: dict[str, int] | None = None
 
 
 class ModelList(Struct):

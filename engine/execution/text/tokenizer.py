@@ -116,6 +116,15 @@ class Tokenizer:
     without: rebuilt from the file, which takes seconds)."""
 
     def __init__(self, path: str | Path, cache_dir: str | Path | None = None) -> None:
+        from transformers import AutoTokenizer  # noqa: F401 (imported before measuring)
+
+        from engine.execution.residency import Measured
+
+        with Measured() as grew:
+            self._open(path, cache_dir)
+        self.resident = grew.bytes  # what it holds (Rust tokenizer, wrapper, template)
+
+    def _open(self, path: str | Path, cache_dir: str | Path | None) -> None:
         from transformers import AutoTokenizer
 
         self.path = Path(path)

@@ -1,0 +1,47 @@
+"""Reading resident pages: mincore for anonymous tensors, smaps for a mapped file's pages."""
+from __future__ import annotations
+
+import mmap
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.execution.residency import Footprint, mapped, resident, storages, weights_resident
+
+MB = 1 << 20
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+def test_written_pages_of_a_tensor_count_and_views_count_once() -> None:
+    t = torch.empty(32 * MB, dtype=torch.uint8, device="cpu")
+    t.fill_(1)  # every page written: resident
+    whole = resident(storages([t]))
+    assert 31 * MB <= whole <= 33 * MB
+    # a view of the same storage and an overlapping range add nothing
+    assert resident(storages([t, t[:MB]]) + [(t.data_ptr(), 4096)]) == whole
+
+
+@pytest.mark.filterwarnings("ignore:The given buffer is not writable")
+def test_a_mapped_file_counts_the_pages_this_process_read(tmp_path: Path) -> None:
+    path = tmp_path / "blocks.bin"
+    path.write_bytes(b"\1" * (16 * MB))
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        ranges, before = mapped(str(path))
+        assert sum(n for _, n in ranges) == 16 * MB
+        assert before < 4 * MB  # mapped, not yet read (the page cache holds it: mincore would)
+        total = sum(m[i] for i in range(0, 8 * MB, 4096))  # read half the pages
+        assert total == 8 * MB // 4096
+        _, after = mapped(str(path))
+        assert 7 * MB <= after - before <= 9 * MB
+        # tensors inside the map are the map's pages, not counted again
+        view = torch.frombuffer(m, dtype=torch.uint8, count=MB)
+        assert weights_resident([view], str(path)) == after
+        del view  # before the map closes
+
+
+def test_footprint_adds_its_parts() -> None:
+    parts = Footprint(weights=5, kv=4, tokenizer=3, vocabulary=2, other=1)
+    assert parts.total == 15 and parts.as_dict()["total"] == 15
+    assert parts.line().startswith("0 MB: weights 0, KV 0")
