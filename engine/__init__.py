@@ -43,7 +43,6 @@ from engine.runtime.engine import Engine, QueueFull
 from engine.runtime.events import FinalEvent, Timings, TokenEvent, Usage
 from engine.runtime.handle import RequestHandle, TextDelta
 from engine.runtime.metrics import Histogram, Window
-from engine.runtime.reasoning import Reasoning, ReasoningSplitter, continuation
 from engine.runtime.snapshot import EngineSnapshot, KVView, MetricsView, RequestView, RoundView
 from engine.scheduling.admission import WaitReason
 from engine.scheduling.constraint import Constraint, ConstraintKind
@@ -57,6 +56,7 @@ from engine.scheduling.request import (
     TokenLogprob,
 )
 from engine.speculative import DraftModelError
+from engine.text.reasoning import Reasoning, ReasoningSplitter, continuation
 
 if TYPE_CHECKING:
     from engine.execution.attention.choice import flashinfer_missing, flashinfer_version
@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from engine.execution.model.describe import describe_file as describe_model_file
     from engine.execution.model.describe import model_architecture
     from engine.execution.model.linear_kernels import onednn_works
-    from engine.execution.text.chat_template import describe_chat_template
+    from engine.execution.text.template_files import describe_chat_template
     from engine.execution.text.tokenizer import Tokenizer, gguf_tokenizer_dir
     from engine.kernels.native import set_build_dir as set_kernel_build_dir
     from engine.kernels.native import status as kernel_status
@@ -90,7 +90,7 @@ _LAZY: dict[str, str] = {
     "flashinfer_version": "engine.execution.attention.choice:flashinfer_version",
     "gpu_room": "engine.execution.footprint:gpu_room",
     "torch_build": "engine.execution.devices:torch_build",
-    "describe_chat_template": "engine.execution.text.chat_template:describe_chat_template",
+    "describe_chat_template": "engine.execution.text.template_files:describe_chat_template",
     "describe_model_file": "engine.execution.model.describe:describe_file",
     "model_architecture": "engine.execution.model.describe:model_architecture",
     "onednn_works": "engine.execution.model.linear_kernels:onednn_works",

@@ -29,9 +29,9 @@ from engine.models.turns import FairTurns
 from engine.models.views import ModelTable, ModelView
 from engine.runtime.engine import QueueFull
 from engine.runtime.handle import RequestHandle
-from engine.runtime.reasoning import Reasoning
 from engine.runtime.snapshot import EngineSnapshot
 from engine.scheduling.request import RequestError, SamplingParams, new_request_id
+from engine.text.reasoning import Reasoning
 
 if TYPE_CHECKING:
     from engine.execution.text.tokenizer import Tokenizer

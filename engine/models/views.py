@@ -16,11 +16,11 @@ from engine.models.entry import ModelEntry, ModelInfo, ModelState
 from engine.models.pending import Arrival, Pending
 from engine.runtime.engine import Engine
 from engine.runtime.handle import RequestHandle
-from engine.runtime.reasoning import Reasoning
 from engine.runtime.snapshot import EngineSnapshot, RequestView
 from engine.scheduling.admission import WaitReason
 from engine.scheduling.constraint import Constraint
 from engine.scheduling.request import SamplingParams
+from engine.text.reasoning import Reasoning
 
 if TYPE_CHECKING:
     from engine.execution.text.tokenizer import Tokenizer
