@@ -8,6 +8,8 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.banner import banner, local_url, open_browser
@@ -19,7 +21,14 @@ from app.settings import Settings, engine_config
 if TYPE_CHECKING:
     from litestar import Litestar
 
-    from engine import Engine, EngineConfig, ModelSource
+    from engine import (
+        DraftRunner,
+        Engine,
+        EngineConfig,
+        ModelExecutor,
+        ModelSource,
+        Tokenizer,
+    )
     from web.config import WebConfig
 
 log = logging.getLogger(__name__)
@@ -64,37 +73,84 @@ def attention_line(executor: object) -> str:
     return "" if choice is None else f"; attention {choice.name} ({choice.reason})"
 
 
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    """How a model (and its draft model) is loaded: ModelExecutor.from_pretrained's options."""
+
+    dtype: str
+    device: str
+    cache_dir: Path
+    progress: bool = True
+    quantize: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Assembly:
+    """What assemble built: the engine (not started) and the parts it runs on."""
+
+    executor: ModelExecutor
+    tokenizer: Tokenizer | None
+    draft: DraftRunner | None
+    engine: Engine
+
+
+def load_model(spec: str | Path | None, config: EngineConfig,
+               how: LoadOptions) -> tuple[ModelExecutor, EngineConfig]:
+    """The model loaded, and `config` with its context held to what the model takes."""
+    from engine import ModelExecutor
+
+    executor = ModelExecutor.from_pretrained(spec, config, dtype=how.dtype, device=how.device,
+                                             cache_dir=how.cache_dir, progress=how.progress,
+                                             quantize=how.quantize)
+    return executor, dataclasses.replace(config, max_context=min(config.max_context,
+                                                                 executor.max_context))
+
+
+def assemble(executor: ModelExecutor, config: EngineConfig, how: LoadOptions, *,
+             tokenizer: bool = True, tokenizer_cache: Path | None = None,
+             draft: str | Path | None = None,
+             draft_quantize: str | None = None) -> Assembly:
+    """The one way a loaded model (load_model) becomes an Engine: its tokenizer (unless
+    `tokenizer` is False: raw ids in, raw ids out), the draft model at `draft` (checked
+    against the tokenizer's vocabulary: DraftModelError), then the Engine over them."""
+    from engine import DraftRunner, Engine, Tokenizer
+
+    opened = None
+    if tokenizer or draft is not None:
+        assert executor.tokenizer_path is not None, "a loaded model has its tokenizer's path"
+        opened = Tokenizer(executor.tokenizer_path, tokenizer_cache)
+    runner = None
+    if draft is not None:
+        assert opened is not None
+        runner = DraftRunner.load(draft, executor, opened.hf.get_vocab(), dtype=how.dtype,
+                                  device=how.device, cache_dir=how.cache_dir,
+                                  quantize=draft_quantize)
+    return Assembly(executor, opened, runner,
+                    Engine(config, executor, opened, draft_model=runner))
+
+
 def build(settings: Settings, paths: Paths, model: ModelRef,
           progress: bool = True) -> tuple[Litestar, str, str, str]:
     """Load the model and build the Litestar app (the engine starts with the app's lifespan);
     also how it runs and its chat template, for the banner."""
-    from engine import Engine, ModelExecutor, Tokenizer, set_kernel_build_dir
+    from engine import set_kernel_build_dir
     from web.app import create_app
 
-    config = engine_config(settings)
     device = pick_device(settings.device)
     spec = None if model.kind == "default" else (str(model.path) if model.path else model.name)
     set_kernel_build_dir(paths.kernels_cache)
-    executor = ModelExecutor.from_pretrained(spec, config, dtype=settings.dtype, device=device,
-                                             cache_dir=paths.models_cache, progress=progress,
-                                             quantize=settings.quantize)
-    config = dataclasses.replace(config, max_context=min(config.max_context,
-                                                         executor.max_context))
-    assert executor.tokenizer_path is not None, "a loaded model has its tokenizer's path"
-    tokenizer = Tokenizer(executor.tokenizer_path)
-    draft = None
+    how = LoadOptions(settings.dtype, device, paths.models_cache, progress, settings.quantize)
+    executor, config = load_model(spec, engine_config(settings), how)
+    draft_ref = None
     if settings.speculative == "draft":  # refused (DraftModelError) when it cannot draft
         from app.preflight import draft_model
-        from engine import DraftRunner
 
         draft_ref = draft_model(settings)
         assert draft_ref.path is not None
-        draft = DraftRunner.load(draft_ref.path, executor, tokenizer.hf.get_vocab(),
-                                 dtype=settings.dtype, device=device,
-                                 cache_dir=paths.models_cache,
-                                 quantize=None if settings.quantize == "none"
-                                 else settings.quantize)
-    engine = Engine(config, executor, tokenizer, draft_model=draft)
+    built = assemble(executor, config, how, draft=draft_ref.path if draft_ref else None,
+                     draft_quantize=None if settings.quantize == "none" else settings.quantize)
+    engine, tokenizer, draft = built.engine, built.tokenizer, built.draft
+    assert tokenizer is not None
     # the grammar compiler (llguidance's view of the vocabulary) takes a second or more to
     # build: built now, beside the start, rather than by the first structured request
     threading.Thread(target=prepare_grammars, args=(engine,), name="ferry-grammars",
@@ -104,7 +160,7 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
         cfg = engine.config
         runs += (f"; sliding-window KV: local layers keep {cfg.sliding_window} positions "
                  f"({cfg.num_local_pages * cfg.page_size:,} in their pool), prefix cache off")
-    if draft is not None:
+    if draft is not None and draft_ref is not None:
         runs += f"; drafts with {draft_ref.name} ({draft.executor.describe()})"
     web = dataclasses.replace(web_config(settings, paths, model.name), model_runs=runs)
     app = create_app(engine, tokenizer, web)
@@ -117,7 +173,6 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
     from app.models import folder_size
     from engine import (
         LoadedModel,
-        ModelExecutor,
         ModelSource,
         Tokenizer,
         gguf_tokenizer_dir,
@@ -134,11 +189,8 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
         return Tokenizer(path)
 
     def load() -> LoadedModel:
-        executor = ModelExecutor.from_pretrained(spec, config, dtype=settings.dtype,
-                                                 device=device, cache_dir=paths.models_cache,
-                                                 progress=False, quantize=settings.quantize)
-        clipped = dataclasses.replace(config, max_context=min(config.max_context,
-                                                              executor.max_context))
+        how = LoadOptions(settings.dtype, device, paths.models_cache, False, settings.quantize)
+        executor, clipped = load_model(spec, config, how)
         return LoadedModel(executor, clipped, executor.describe() + attention_line(executor),
                            executor.memory_bytes())
 
