@@ -52,7 +52,7 @@ def web_config(settings: Settings, paths: Paths, model_name: str) -> WebConfig:
 
 def pick_device(name: str) -> str:
     """The device to load on (a CUDA device asked for but unusable: ValueError, with why)."""
-    from engine import pick_device as pick
+    from engine.host import pick_device as pick
 
     return pick(name).device
 
@@ -60,8 +60,8 @@ def pick_device(name: str) -> str:
 def device_line(name: str) -> tuple[str, str]:
     """(the device `name` resolves to, the banner's line about it: the device and why, the
     torch build); auto on a machine whose GPU torch cannot use says why, never silently."""
-    from engine import pick_device as pick
-    from engine import torch_build
+    from engine.host import pick_device as pick
+    from engine.host import torch_build
 
     chosen = pick(name)
     return chosen.device, f"{chosen.device} ({chosen.why}), torch {torch_build()}"
@@ -133,7 +133,7 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
           progress: bool = True) -> tuple[Litestar, str, str, str]:
     """Load the model and build the Litestar app (the engine starts with the app's lifespan);
     also how it runs and its chat template, for the banner."""
-    from engine import set_kernel_build_dir
+    from engine.host import set_kernel_build_dir
     from web.app import create_app
 
     device = pick_device(settings.device)
@@ -214,14 +214,8 @@ def build_several(settings: Settings, paths: Paths, models: list[ModelRef],
     the others when a request names them (engine.ModelSet); `found`: models on disk, checked
     and added after the start (app.discovery)."""
     from app.settings import parse_bytes
-    from engine import (
-        Budget,
-        ModelSet,
-        SharingRules,
-        gpu_room,
-        parse_keep_alive,
-        set_kernel_build_dir,
-    )
+    from engine import Budget, ModelSet, SharingRules, parse_keep_alive
+    from engine.host import gpu_room, set_kernel_build_dir
     from web.app import create_app
 
     config = engine_config(settings)

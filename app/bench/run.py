@@ -96,7 +96,8 @@ def main(argv: list[str]) -> int:
         return 2
     from app.paths import get_paths
     from app.serve import LoadOptions, assemble, load_model
-    from engine import ModelNotFound, describe_cpu_level, kernel_status, set_kernel_build_dir
+    from engine import ModelNotFound
+    from engine.host import describe_cpu_level, kernel_status, set_kernel_build_dir
 
     work = Workload(args.requests, args.concurrency, args.prompt, args.output, args.rate,
                     args.shared_prefix, args.seed)
