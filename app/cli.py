@@ -13,7 +13,8 @@ from app.commands import users as users_cli
 from app.config_sources import format_config, load_settings
 from app.paths import HOME_ENV, get_paths
 from app.settings import DTYPES, QUANTIZE, Settings, SettingsError
-from engine import ADMISSIONS, POLICIES, CpuLevelError, apply_cpu_cap
+from engine import ADMISSIONS, POLICIES
+from engine.host import CpuLevelError, apply_cpu_cap
 
 EXIT_USAGE = 2  # bad settings or a serve that cannot start (argparse uses 2 as well)
 # These hand their whole argv to code that owns its own parser (and --help).

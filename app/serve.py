@@ -8,6 +8,8 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.banner import banner, local_url, open_browser
@@ -19,7 +21,15 @@ from app.settings import Settings, engine_config
 if TYPE_CHECKING:
     from litestar import Litestar
 
-    from engine import EncoderExecutor, EngineConfig, ModelSource
+    from engine import (
+        DraftRunner,
+        EncoderExecutor,
+        Engine,
+        EngineConfig,
+        ModelExecutor,
+        ModelSource,
+        Tokenizer,
+    )
     from web.config import WebConfig
 
 log = logging.getLogger(__name__)
@@ -43,7 +53,7 @@ def web_config(settings: Settings, paths: Paths, model_name: str) -> WebConfig:
 
 def pick_device(name: str) -> str:
     """The device to load on (a CUDA device asked for but unusable: ValueError, with why)."""
-    from engine import pick_device as pick
+    from engine.host import pick_device as pick
 
     return pick(name).device
 
@@ -51,8 +61,8 @@ def pick_device(name: str) -> str:
 def device_line(name: str) -> tuple[str, str]:
     """(the device `name` resolves to, the banner's line about it: the device and why, the
     torch build); auto on a machine whose GPU torch cannot use says why, never silently."""
-    from engine import pick_device as pick
-    from engine import torch_build
+    from engine.host import pick_device as pick
+    from engine.host import torch_build
 
     chosen = pick(name)
     return chosen.device, f"{chosen.device} ({chosen.why}), torch {torch_build()}"
@@ -64,64 +74,113 @@ def attention_line(executor: object) -> str:
     return "" if choice is None else f"; attention {choice.name} ({choice.reason})"
 
 
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    """How a model (and its draft model) is loaded: ModelExecutor.from_pretrained's options."""
+
+    dtype: str
+    device: str
+    cache_dir: Path
+    progress: bool = True
+    quantize: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Assembly:
+    """What assemble built: the engine (not started) and the parts it runs on."""
+
+    executor: ModelExecutor | EncoderExecutor
+    tokenizer: Tokenizer | None
+    draft: DraftRunner | None
+    engine: Engine
+
+
+def load_model(spec: str | Path | None, config: EngineConfig,
+               how: LoadOptions) -> tuple[ModelExecutor | EncoderExecutor, EngineConfig]:
+    """The model loaded (a BERT-family folder: an embedding model's encoder), and `config`
+    with its context held to what the model takes."""
+    from engine import EncoderExecutor, ModelExecutor, is_encoder_folder
+
+    executor: ModelExecutor | EncoderExecutor
+    if spec is not None and Path(spec).is_dir() and is_encoder_folder(Path(spec)):
+        executor = EncoderExecutor.from_pretrained(spec, config, dtype=how.dtype,
+                                                   device=how.device)
+    else:
+        executor = ModelExecutor.from_pretrained(spec, config, dtype=how.dtype,
+                                                 device=how.device, cache_dir=how.cache_dir,
+                                                 progress=how.progress, quantize=how.quantize)
+    return executor, dataclasses.replace(config, max_context=min(config.max_context,
+                                                                 executor.max_context))
+
+
+def is_encoder(executor: object) -> bool:
+    """An embedding model's executor: no KV, no drafts, no grammar."""
+    from engine import EncoderExecutor
+
+    return isinstance(executor, EncoderExecutor)
+
+
+def assemble(executor: ModelExecutor | EncoderExecutor, config: EngineConfig,
+             how: LoadOptions, *,
+             tokenizer: bool = True, tokenizer_cache: Path | None = None,
+             draft: str | Path | None = None,
+             draft_quantize: str | None = None) -> Assembly:
+    """The one way a loaded model (load_model) becomes an Engine: its tokenizer (unless
+    `tokenizer` is False: raw ids in, raw ids out), the draft model at `draft` (checked
+    against the tokenizer's vocabulary: DraftModelError), then the Engine over them."""
+    from engine import DraftRunner, Engine, ModelExecutor, Tokenizer
+
+    opened = None
+    if tokenizer or draft is not None:
+        assert executor.tokenizer_path is not None, "a loaded model has its tokenizer's path"
+        opened = Tokenizer(executor.tokenizer_path, tokenizer_cache)
+    runner = None
+    if draft is not None:
+        assert opened is not None and isinstance(executor, ModelExecutor)
+        runner = DraftRunner.load(draft, executor, opened.hf.get_vocab(), dtype=how.dtype,
+                                  device=how.device, cache_dir=how.cache_dir,
+                                  quantize=draft_quantize)
+    return Assembly(executor, opened, runner,
+                    Engine(config, executor, opened, draft_model=runner))
+
+
 def build(settings: Settings, paths: Paths, model: ModelRef,
           progress: bool = True) -> tuple[Litestar, str, str, str]:
     """Load the model and build the Litestar app (the engine starts with the app's lifespan);
     also how it runs and its chat template, for the banner."""
-    from engine import Engine, ModelExecutor, Tokenizer, set_kernel_build_dir
+    from engine.host import set_kernel_build_dir
     from web.app import create_app
 
-    config = engine_config(settings)
     device = pick_device(settings.device)
     spec = None if model.kind == "default" else (str(model.path) if model.path else model.name)
     set_kernel_build_dir(paths.kernels_cache)
-    executor = encoder(spec, config, settings, device) or ModelExecutor.from_pretrained(
-        spec, config, dtype=settings.dtype, device=device, cache_dir=paths.models_cache,
-        progress=progress, quantize=settings.quantize)
-    config = dataclasses.replace(config, max_context=min(config.max_context,
-                                                         executor.max_context))
-    assert executor.tokenizer_path is not None, "a loaded model has its tokenizer's path"
-    tokenizer = Tokenizer(executor.tokenizer_path)
-    draft = None
+    how = LoadOptions(settings.dtype, device, paths.models_cache, progress, settings.quantize)
+    executor, config = load_model(spec, engine_config(settings), how)
+    draft_ref = None
     # refused (DraftModelError) when it cannot draft; an encoder has nothing to draft for
-    if settings.speculative == "draft" and isinstance(executor, ModelExecutor):
+    if settings.speculative == "draft" and not is_encoder(executor):
         from app.preflight import draft_model
-        from engine import DraftRunner
 
         draft_ref = draft_model(settings)
         assert draft_ref.path is not None
-        draft = DraftRunner.load(draft_ref.path, executor, tokenizer.hf.get_vocab(),
-                                 dtype=settings.dtype, device=device,
-                                 cache_dir=paths.models_cache,
-                                 quantize=None if settings.quantize == "none"
-                                 else settings.quantize)
+    built = assemble(executor, config, how, draft=draft_ref.path if draft_ref else None,
+                     draft_quantize=None if settings.quantize == "none" else settings.quantize)
+    engine, tokenizer, draft = built.engine, built.tokenizer, built.draft
+    assert tokenizer is not None
     # the grammar compiler (llguidance's view of the vocabulary: 38 MB for SmolLM2's 49k
     # tokens, more for wider vocabularies) is built by the first structured request, so
     # that chats that never constrain their output never hold it
-    engine = Engine(config, executor, tokenizer, draft_model=draft)
     runs = executor.describe() + attention_line(executor)
     if engine.config.sliding_window:  # the scheduler runs it without the prefix cache
         cfg = engine.config
         runs += (f"; sliding-window KV: local layers keep {cfg.sliding_window} positions "
                  f"({cfg.num_local_pages * cfg.page_size:,} in their pool), prefix cache off")
-    if draft is not None:
+    if draft is not None and draft_ref is not None:
         runs += f"; drafts with {draft_ref.name} ({draft.executor.describe()})"
     web = dataclasses.replace(web_config(settings, paths, model.name), model_runs=runs)
     app = create_app(engine, tokenizer, web)
     app.state.serving = engine  # for the banner's memory line, before the lifespan starts
     return app, device, runs, tokenizer.chat_template_name
-
-
-def encoder(spec: str | None, config: EngineConfig, settings: Settings,
-            device: str) -> EncoderExecutor | None:
-    """An embedding model's executor when `spec` is a BERT-family folder, else None."""
-    from pathlib import Path
-
-    from engine import EncoderExecutor, is_encoder_folder
-
-    if spec is None or not Path(spec).is_dir() or not is_encoder_folder(Path(spec)):
-        return None
-    return EncoderExecutor.from_pretrained(spec, config, dtype=settings.dtype, device=device)
 
 
 def model_source(settings: Settings, paths: Paths, model: ModelRef, config: EngineConfig,
@@ -148,11 +207,8 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
         return Tokenizer(path)
 
     def load() -> LoadedModel:
-        executor = encoder(spec, config, settings, device) or ModelExecutor.from_pretrained(
-            spec, config, dtype=settings.dtype, device=device, cache_dir=paths.models_cache,
-            progress=False, quantize=settings.quantize)
-        clipped = dataclasses.replace(config, max_context=min(config.max_context,
-                                                              executor.max_context))
+        how = LoadOptions(settings.dtype, device, paths.models_cache, False, settings.quantize)
+        executor, clipped = load_model(spec, config, how)
         # what a budget counts: every weight read and KV page written (an encoder: its weights)
         size = executor.footprint(in_use=True).total if isinstance(executor, ModelExecutor) \
             else executor.memory_bytes()
@@ -181,14 +237,8 @@ def build_several(settings: Settings, paths: Paths, models: list[ModelRef],
     the others when a request names them (engine.ModelSet); `found`: models on disk, checked
     and added after the start (app.discovery)."""
     from app.settings import parse_bytes
-    from engine import (
-        Budget,
-        ModelSet,
-        SharingRules,
-        gpu_room,
-        parse_keep_alive,
-        set_kernel_build_dir,
-    )
+    from engine import Budget, ModelSet, SharingRules, parse_keep_alive
+    from engine.host import gpu_room, set_kernel_build_dir
     from web.app import create_app
 
     config = engine_config(settings)

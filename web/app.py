@@ -116,8 +116,9 @@ def create_app(engine: Serving, tokenizer: Tokenizer, config: WebConfig) -> Lite
         tracker = RequestTracker()
         replies = Replies(store, config.save_interval, tracker)
         catalog = engine if isinstance(engine, ModelCatalog) else None  # several models
-        app.state.services = Services(engine, tokenizer, config, store, tracker,
-                                      replies, env, time.time(), catalog)
+        app.state.replies = replies  # the chat's (web.pages.chat.replies.replies)
+        app.state.services = Services(engine, tokenizer, config, store, tracker, env,
+                                      time.time(), catalog)
         started_here = not engine.alive
         if started_here:
             engine.start()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jinja2
 from litestar.connection import ASGIConnection
@@ -14,9 +14,6 @@ from web.config import WebConfig
 from web.serving import ModelCatalog, Serving
 from web.storage.store import Store
 from web.tracker import RequestTracker
-
-if TYPE_CHECKING:
-    from web.pages.chat.replies import Replies
 
 
 class EngineUnavailable(RuntimeError):
@@ -32,7 +29,6 @@ class Services:
     config: WebConfig
     store: Store
     tracker: RequestTracker
-    replies: Replies
     templates: jinja2.Environment
     started: float = 0.0  # wall-clock time the app started
     # several models (engine.ModelSet): the catalog, and the model one request was routed to

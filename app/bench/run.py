@@ -95,14 +95,9 @@ def main(argv: list[str]) -> int:
         print(f"ferry bench: {problem}", file=sys.stderr)
         return 2
     from app.paths import get_paths
-    from engine import (
-        Engine,
-        ModelExecutor,
-        ModelNotFound,
-        describe_cpu_level,
-        kernel_status,
-        set_kernel_build_dir,
-    )
+    from app.serve import LoadOptions, assemble, load_model
+    from engine import ModelNotFound
+    from engine.host import describe_cpu_level, kernel_status, set_kernel_build_dir
 
     work = Workload(args.requests, args.concurrency, args.prompt, args.output, args.rate,
                     args.shared_prefix, args.seed)
@@ -114,10 +109,9 @@ def main(argv: list[str]) -> int:
                           max_draft=args.max_draft)
     paths = get_paths()
     set_kernel_build_dir(paths.kernels_cache)
+    how = LoadOptions(args.dtype, args.device, paths.models_cache)
     try:
-        executor = ModelExecutor.from_pretrained(args.model, config, dtype=args.dtype,
-                                                 device=args.device,
-                                                 cache_dir=paths.models_cache)
+        executor, config = load_model(args.model, config, how)
     except ModelNotFound as exc:
         print(f"ferry bench: {exc}", file=sys.stderr)
         return 2
@@ -128,26 +122,18 @@ def main(argv: list[str]) -> int:
         bench_stall.report(executor, args.stall, args.max_prefill_tokens)
         return 0
     prompts = work.prompts(executor.vocab_size)
-    tokenizer = None
-    # grammars and chats need the tokenizer; a draft model is checked against it
-    if args.structured_fraction or args.chat or args.speculative == "draft":
-        from engine import Tokenizer
+    from engine import DraftModelError
 
-        assert executor.tokenizer_path is not None
-        tokenizer = Tokenizer(executor.tokenizer_path, paths.models_cache)
-    draft = None
-    if args.speculative == "draft":
-        from engine import DraftModelError, DraftRunner
-
-        assert tokenizer is not None
-        try:
-            draft = DraftRunner.load(args.draft_model, executor, tokenizer.hf.get_vocab(),
-                                     dtype=args.dtype, device=args.device,
-                                     cache_dir=paths.models_cache)
-        except (DraftModelError, ModelNotFound) as exc:
-            print(f"ferry bench: draft model: {exc}", file=sys.stderr)
-            return 2
-    engine = Engine(config, executor, tokenizer, draft_model=draft).start()
+    draft = args.draft_model if args.speculative == "draft" else None
+    try:
+        # grammars and chats need the tokenizer; a draft model is checked against it
+        built = assemble(executor, config, how,
+                         tokenizer=bool(args.structured_fraction or args.chat),
+                         tokenizer_cache=paths.models_cache, draft=draft)
+    except (DraftModelError, ModelNotFound) as exc:
+        print(f"ferry bench: draft model: {exc}", file=sys.stderr)
+        return 2
+    tokenizer, engine = built.tokenizer, built.engine.start()
     results: list[Result] = []
     profile = ""
     try:

@@ -48,7 +48,7 @@ def torch_checks(settings: Settings) -> Iterator[Check]:
     except ImportError as exc:
         yield Check("fail", "torch", f"cannot import torch: {exc}")
         return
-    from engine import pick_device, torch_build
+    from engine.host import pick_device, torch_build
 
     yield Check("ok", "torch", torch_build())
     try:
@@ -66,7 +66,7 @@ def torch_checks(settings: Settings) -> Iterator[Check]:
         yield Check("warn" if gpu_lost else "ok", "device",
                     f"cpu ({detail}){'' if picked.why == 'requested' else '; ' + picked.why}")
     if not device.startswith("cuda"):
-        from engine import describe_cpu_level
+        from engine.host import describe_cpu_level
 
         yield Check("ok", "cpu level", describe_cpu_level())
     if device.startswith("cuda"):
@@ -75,7 +75,7 @@ def torch_checks(settings: Settings) -> Iterator[Check]:
         yield Check(status, "bfloat16", "supported" if bf16 else "not supported; use float16")
         yield from attention_checks()
         return
-    from engine import cpu_has_native_bf16, onednn_works
+    from engine.host import cpu_has_native_bf16, onednn_works
 
     if cpu_has_native_bf16():
         yield Check("ok", "bfloat16", "native (auto picks bfloat16)")
@@ -86,7 +86,7 @@ def torch_checks(settings: Settings) -> Iterator[Check]:
     yield Check("ok" if onednn_works() else "info", "cpu kernels",
                 "float32 weights packed for oneDNN" if onednn_works()
                 else "oneDNN linear unavailable: plain torch matmuls")
-    from engine import kernel_status
+    from engine.host import kernel_status
 
     state = kernel_status()
     yield Check("ok" if state.startswith("native") else "info", "fused kernels",
@@ -99,7 +99,7 @@ def torch_checks(settings: Settings) -> Iterator[Check]:
 def attention_checks() -> Iterator[Check]:
     """On CUDA: FlashInfer, its kernels, and the backend a model will get (FlashInfer only
     after its self-test at load; the torch backend otherwise, with the reason)."""
-    from engine import flashinfer_kernels, flashinfer_missing, flashinfer_version
+    from engine.host import flashinfer_kernels, flashinfer_missing, flashinfer_version
 
     missing = flashinfer_missing()
     if missing:
@@ -148,12 +148,8 @@ def model_checks(settings: Settings, paths: Paths) -> Iterator[Check]:
     where = f" {model.path} ({human_size(folder_size(model.path))})" if model.path else ""
     yield Check("ok", "model", f"{model.name}: {model.kind}{where}")
     if model.path is not None:  # how `ferry serve` would run it (a GGUF's tensor table read)
-        from engine import (
-            ModelNotFound,
-            describe_chat_template,
-            describe_model_file,
-            pick_device,
-        )
+        from engine import ModelNotFound, describe_chat_template, describe_model_file
+        from engine.host import pick_device
 
         try:
             device = "cuda" if pick_device(settings.device).device.startswith("cuda") else "cpu"
@@ -214,7 +210,7 @@ def run_checks(settings: Settings | None, paths: Paths, config_error: str | None
         state = "" if paths.config_file.is_file() else " (not present: defaults)"
         checks.append(Check("ok", "config", f"{paths.config_file}{state}"))
     settings = settings or Settings()
-    from engine import set_kernel_build_dir
+    from engine.host import set_kernel_build_dir
 
     set_kernel_build_dir(paths.kernels_cache)
     checks.extend(torch_checks(settings))

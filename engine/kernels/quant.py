@@ -190,7 +190,7 @@ def quant_matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = No
 
 def native_rows(w: QuantWeight) -> int:
     """The most rows for which quant_matmul multiplies w in Ferry's own kernels, as C's
-    proj_product does: the int8 products, and where AMX takes w's many-row products the AMX
+    ferry_proj_product does: the int8 products, and where AMX takes w's many-row products the AMX
     kernel (up to AMX_MAX_ROWS; ferry_qgemm_takes agrees); else below many_rows, from where
     torch multiplies dequantized tiles, which C has not."""
     if w.qtype != F32 and uses_amx(w):

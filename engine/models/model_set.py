@@ -19,19 +19,19 @@ from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
 from engine.models.budget import Budget
-from engine.models.entry import ModelEntry, ModelEvent
+from engine.models.entry import ModelEntry, ModelEvent, ModelInfo
 from engine.models.keep_alive import DEFAULT_KEEP_ALIVE
 from engine.models.monitor import Monitor
 from engine.models.pending import Arrival, Pending, empty_snapshot, merge
 from engine.models.sharing import KEEP, Sharing, SharingRules
 from engine.models.source import LoadedModel, ModelSource
 from engine.models.turns import FairTurns
-from engine.models.views import ModelView, SetViews
+from engine.models.views import ModelTable, ModelView
 from engine.runtime.engine import QueueFull
 from engine.runtime.handle import RequestHandle
-from engine.runtime.reasoning import Reasoning
 from engine.runtime.snapshot import EngineSnapshot
 from engine.scheduling.request import RequestError, SamplingParams, new_request_id
+from engine.text.reasoning import Reasoning
 
 if TYPE_CHECKING:
     from engine.execution.text.tokenizer import Tokenizer
@@ -47,7 +47,7 @@ class UnknownModel(LookupError):
         self.name, self.known = name, tuple(known)
 
 
-class ModelSet(SetViews, Monitor, Sharing):
+class ModelSet(Monitor, Sharing):
     def __init__(self, sources: Sequence[ModelSource], config: EngineConfig, budget: Budget,
                  keep_alive: float | None = DEFAULT_KEEP_ALIVE,
                  preloaded: Mapping[str, tuple[LoadedModel, Tokenizer]] | None = None,
@@ -55,14 +55,12 @@ class ModelSet(SetViews, Monitor, Sharing):
                  rules: SharingRules | None = None) -> None:
         if not sources:
             raise ValueError("a model set needs at least one model")
-        self.config = config  # the default model's (policy and limits for all)
         self.budget = budget
         self.rules = rules or SharingRules()  # what normal users' requests may load
         self.clock = clock
         self.turns = FairTurns()
         self._poll = poll
         self._keep_alive = keep_alive  # the models other than the default (and those added)
-        self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -71,35 +69,41 @@ class ModelSet(SetViews, Monitor, Sharing):
         self._compilers: dict[str, GrammarCompiler] = {}
         self.events: collections.deque[ModelEvent] = collections.deque(maxlen=40)
         # the default model (first) stays loaded unless a request's keep_alive says otherwise
-        self._entries = {s.name: ModelEntry(s, configured_keep_alive=None,
-                                            admin_keep_alive=None) for s in sources}
-        for entry in list(self._entries.values())[1:]:
+        self.table = ModelTable(config, {s.name: ModelEntry(s, configured_keep_alive=None,
+                                                            admin_keep_alive=None)
+                                         for s in sources})
+        for entry in list(self.table.entries.values())[1:]:
             entry.admin_keep_alive = entry.configured_keep_alive = keep_alive
         for name, (loaded, tokenizer) in (preloaded or {}).items():
-            entry = self._entries[name]
+            entry = self.table.entries[name]
             entry.tokenizer = tokenizer
             self._install(entry, loaded)
 
     @property
+    def config(self) -> EngineConfig:
+        """The default model's config: policy and limits for all."""
+        return self.table.config
+
+    @property
     def default(self) -> str:
-        return next(iter(self._entries))
+        return next(iter(self.table.entries))
 
     @property
     def names(self) -> list[str]:
-        return list(self._entries)
+        return list(self.table.entries)
 
     def resolve(self, model: str | None) -> str:
         """The served model's name for a request's `model` (missing or empty: the default);
         raises UnknownModel."""
         if not model:
             return self.default
-        if model not in self._entries:
+        if model not in self.table.entries:
             raise UnknownModel(model, self.names)
         return model
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> ModelSet:
-        for entry in self._entries.values():
+        for entry in self.table.entries.values():
             if entry.engine is not None and not entry.engine.alive:
                 entry.engine.start()
         self._thread = threading.Thread(target=self._run, name="ferry-models", daemon=True)
@@ -107,12 +111,12 @@ class ModelSet(SetViews, Monitor, Sharing):
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        with self._lock:
+        with self.table.lock:
             self._stopping = True
-            pending = [p for e in self._entries.values() for p in e.pending]
-            for e in self._entries.values():
+            pending = [p for e in self.table.entries.values() for p in e.pending]
+            for e in self.table.entries.values():
                 e.pending = []
-            engines = [e.engine for e in self._entries.values() if e.engine is not None]
+            engines = [e.engine for e in self.table.entries.values() if e.engine is not None]
         for p in pending:
             p.end(self.clock(), "cancelled", "the server is shutting down")
         for engine in engines:
@@ -129,7 +133,7 @@ class ModelSet(SetViews, Monitor, Sharing):
     # -- requests ----------------------------------------------------------------------------
     def tokenizer(self, model: str | None = None) -> Tokenizer:
         """The model's tokenizer, opened on first use and kept (loaded or not)."""
-        entry = self._entries[self.resolve(model)]
+        entry = self.table.entries[self.resolve(model)]
         with entry.tokenizer_lock:
             if entry.tokenizer is None:
                 entry.tokenizer = entry.source.open_tokenizer()
@@ -147,11 +151,11 @@ class ModelSet(SetViews, Monitor, Sharing):
         RequestError."""
         if not self.alive:
             raise RuntimeError("the model set is not running")
-        entry = self._entries[self.resolve(model)]
+        entry = self.table.entries[self.resolve(model)]
         tokenizer = self.tokenizer(entry.name)
         if arrival is not None:
             request_id = request_id or arrival.id
-        with self._lock:
+        with self.table.lock:
             ended = self._take_arrival(entry, arrival)
             if ended is not None:  # cancelled (or its load failed) while its prompt was made
                 handle = RequestHandle(request_id or new_request_id(), owner, list(prompt_ids),
@@ -160,7 +164,7 @@ class ModelSet(SetViews, Monitor, Sharing):
                 Pending(handle, list(prompt_ids), params, owner, owner_limit, reasoning,
                         self.clock()).end(self.clock(), *ended, unavailable=failed)
                 return handle
-            if owner_limit is not None and self._owner_live(owner) >= owner_limit:
+            if owner_limit is not None and self.table.owner_live(owner) >= owner_limit:
                 # across the set: requests waiting for a load count as much as running ones
                 raise QueueFull(f"{owner} already has {owner_limit} requests queued or running")
             loaded = entry.state == "loaded" and entry.engine is not None
@@ -173,7 +177,7 @@ class ModelSet(SetViews, Monitor, Sharing):
                 assert entry.engine is not None
                 return entry.engine.submit(prompt_ids, params, owner, request_id, owner_limit,
                                            reasoning)
-            if entry.waiting >= self.config.max_waiting:
+            if entry.waiting >= self.table.config.max_waiting:
                 raise QueueFull(f"{entry.waiting} requests already wait for "
                                 f"{entry.name} to load")
             handle = RequestHandle(request_id or new_request_id(), owner, list(prompt_ids),
@@ -184,10 +188,10 @@ class ModelSet(SetViews, Monitor, Sharing):
         return handle
 
     def cancel(self, request_id: str, reason: str = "cancelled") -> bool:
-        with self._lock:
+        with self.table.lock:
             if self._cancel_arrival(request_id):
                 return True
-            for entry in self._entries.values():
+            for entry in self.table.entries.values():
                 for p in entry.pending:
                     if p.handle.id == request_id:
                         entry.pending.remove(p)
@@ -203,8 +207,8 @@ class ModelSet(SetViews, Monitor, Sharing):
         return True
 
     def handle(self, request_id: str) -> RequestHandle | None:
-        with self._lock:
-            for entry in self._entries.values():
+        with self.table.lock:
+            for entry in self.table.entries.values():
                 for p in entry.pending:
                     if p.handle.id == request_id:
                         return p.handle
@@ -217,10 +221,11 @@ class ModelSet(SetViews, Monitor, Sharing):
         """Every model's requests in one snapshot; the same object while nothing changed
         (the dashboard pushes only on a new one)."""
         now = self.clock()
-        with self._lock:
-            engines = [(e.name, e.engine) for e in self._entries.values() if e.engine]
-            pending = [v for e in self._entries.values() for v in self._pending_views(e, now)]
-            states = tuple((e.state, e.error, e.memory_wait) for e in self._entries.values())
+        with self.table.lock:
+            engines = [(e.name, e.engine) for e in self.table.entries.values() if e.engine]
+            entries = list(self.table.entries.values())
+            pending = [v for e in entries for v in self.table.pending_views(e, now)]
+            states = tuple((e.state, e.error, e.memory_wait) for e in entries)
         snaps = [(name, engine.snapshot()) for name, engine in engines]
         # ids of the models' snapshots: the cache keeps them alive, so an id is not reused
         key = (tuple(id(s) for _, s in snaps), states,
@@ -228,7 +233,7 @@ class ModelSet(SetViews, Monitor, Sharing):
         if self._merged is not None and self._merged[0] == key:
             return self._merged[1]
         base = next((s for n, s in snaps if n == self.default), None) or \
-            (snaps[0][1] if snaps else empty_snapshot(self.config, now))
+            (snaps[0][1] if snaps else empty_snapshot(self.table.config, now))
         merged = merge(base, snaps, pending, now)
         self._merged = (key, merged, snaps)
         return merged
@@ -252,29 +257,51 @@ class ModelSet(SetViews, Monitor, Sharing):
                                        f"tokenizer: {exc}") from exc
             return self._compilers[model]
 
+    # -- the read side (the table's) ---------------------------------------------------------
+    def models(self) -> list[ModelInfo]:
+        return self.table.models()
+
+    def opened_tokenizer(self, model: str) -> Tokenizer | None:
+        return self.table.opened_tokenizer(model)
+
+    def live_ids(self, owner: str | None = None) -> list[str]:
+        return self.table.live_ids(owner)
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        return self.table.wait_idle(timeout)
+
+    def reconfigure(self, policy: str | None = None, admission: str | None = None) -> None:
+        self.table.reconfigure(policy, admission)
+
+    def model_snapshots(self) -> list[tuple[str, EngineSnapshot | None]]:
+        return self.table.model_snapshots()
+
+    def config_of(self, model: str) -> EngineConfig:
+        return self.table.config_of(model)
+
     # -- admin -------------------------------------------------------------------------------
     def add(self, source: ModelSource) -> bool:
         """Serve one more model (found on disk after the start), not loaded until asked for;
         False when the name is taken. The dict is replaced, never changed in place, so
         readers iterating the old one are not disturbed."""
-        with self._lock:
-            if source.name in self._entries:
+        with self.table.lock:
+            if source.name in self.table.entries:
                 return False
             entry = ModelEntry(source, configured_keep_alive=self._keep_alive,
                                admin_keep_alive=self._keep_alive)
-            self._entries = {**self._entries, source.name: entry}
+            self.table.entries = {**self.table.entries, source.name: entry}
         return True
 
     def load(self, model: str) -> None:
         """Load `model` now (unloading idle ones if the budget needs room)."""
-        with self._lock:
-            self._entries[self.resolve(model)].wanted = True
+        with self.table.lock:
+            self.table.entries[self.resolve(model)].wanted = True
         self._wake.set()
 
     def unload(self, model: str) -> bool:
         """Unload `model` now; False when it has requests (or is loading) or is not loaded."""
-        with self._lock:
-            entry = self._entries[self.resolve(model)]
+        with self.table.lock:
+            entry = self.table.entries[self.resolve(model)]
             if entry.state != "loaded" or entry.busy:
                 return False
             entry.state = "unloading"

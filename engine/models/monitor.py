@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from engine.config import EngineConfig
 from engine.models.budget import Budget, Resident
 from engine.models.entry import ModelEntry, ModelEvent
 from engine.models.memory import release_memory
@@ -22,6 +21,7 @@ from engine.scheduling.request import RequestError
 
 if TYPE_CHECKING:
     from engine.execution.text.tokenizer import Tokenizer
+    from engine.models.views import ModelTable
 
 log = logging.getLogger(__name__)
 
@@ -29,13 +29,11 @@ log = logging.getLogger(__name__)
 class Monitor:
     """Loading and unloading for ModelSet (split out to keep one concern per file)."""
 
-    config: EngineConfig
     budget: Budget
     clock: Callable[[], float]
     turns: FairTurns
     events: collections.deque[ModelEvent]
-    _entries: dict[str, ModelEntry]
-    _lock: threading.RLock
+    table: ModelTable
     _wake: threading.Event
     _stopping: bool
     _poll: float
@@ -59,8 +57,8 @@ class Monitor:
         unload: list[tuple[ModelEntry, str]] = []
         load: list[ModelEntry] = []
         unload_refused: list[tuple[ModelEntry, str]] = []
-        with self._lock:
-            for e in self._entries.values():
+        with self.table.lock:
+            for e in self.table.entries.values():
                 if e.state != "loaded":
                     continue
                 if e.busy:
@@ -68,11 +66,11 @@ class Monitor:
                 elif e.keep_alive is not None and now - e.last_used >= e.keep_alive:
                     e.state = "unloading"
                     unload.append((e, f"idle for {e.keep_alive:g} s (keep_alive)"))
-            waiting = sorted((e for e in self._entries.values()
+            waiting = sorted((e for e in self.table.entries.values()
                               if e.state == "unloaded" and e.demanded),
                              key=lambda e: min([p.arrival for p in e.pending]
                                                + [a.arrival for a in e.arrivals], default=now))
-            default = next(iter(self._entries))
+            default = next(iter(self.table.entries))
             for e in waiting:
                 need = e.measured or e.source.size
                 refused = self.budget.refusal(e.name, need, bool(e.measured))
@@ -83,7 +81,8 @@ class Monitor:
                 keep = not e.admin_demand
                 resident = [Resident(r.name, r.size, r.busy or r in load
                                      or (keep and r.name == default), r.last_used)
-                            for r in self._entries.values() if r.state in ("loaded", "loading")]
+                            for r in self.table.entries.values()
+                            if r.state in ("loaded", "loading")]
                 victims = self.budget.make_room(resident, need)
                 if victims is None:
                     busy = ", ".join(r.name for r in resident if r.busy)
@@ -93,8 +92,8 @@ class Monitor:
                          if keep and any(r.name == default for r in resident) else "")
                     continue
                 for name in victims:
-                    self._entries[name].state = "unloading"
-                    unload.append((self._entries[name], f"making room for {e.name} (least "
+                    self.table.entries[name].state = "unloading"
+                    unload.append((self.table.entries[name], f"making room for {e.name} (least "
                                    "recently used)"))
                 e.state, e.loading_since, e.memory_wait = "loading", now, None
                 # loaded for one normal user alone: that user's keep_alive may shorten it
@@ -123,7 +122,7 @@ class Monitor:
             log.exception("loading %s failed", entry.name)
             self._fail(entry, f"{type(exc).__name__}: {exc}")
             return
-        with self._lock:
+        with self.table.lock:
             if self._stopping:
                 return
             entry.tokenizer = tokenizer
@@ -144,14 +143,15 @@ class Monitor:
     def _settle(self, entry: ModelEntry) -> None:
         """The load's measured size may exceed the estimate it was admitted with: idle
         models (least recently used first) make room for the difference."""
-        with self._lock:
+        with self.table.lock:
             others = [Resident(r.name, r.size, r.busy, r.last_used)
-                      for r in self._entries.values() if r is not entry and r.state == "loaded"]
+                      for r in self.table.entries.values()
+                      if r is not entry and r.state == "loaded"]
             victims = self.budget.make_room(others, entry.size) or []
             for name in victims:
-                self._entries[name].state = "unloading"
+                self.table.entries[name].state = "unloading"
         for name in victims:
-            self._unload(self._entries[name], f"making room for {entry.name} "
+            self._unload(self.table.entries[name], f"making room for {entry.name} "
                          f"({entry.size / 1e9:.2f} GB as measured after its load)")
 
     def _fail(self, entry: ModelEntry, error: str) -> None:
@@ -159,7 +159,7 @@ class Monitor:
         requests, waiting or announced, end with the reason, naming the model as
         unavailable; the other models go on."""
         failed = f"loading {entry.name} failed: {error}"
-        with self._lock:
+        with self.table.lock:
             entry.state, entry.wanted = "unloaded", False
             entry.loaded_for, entry.users = None, set()
             entry.error = error
@@ -173,8 +173,8 @@ class Monitor:
 
     def _install(self, entry: ModelEntry, loaded: LoadedModel) -> None:
         # the policy and admission order are the set's (an admin may have changed them)
-        config = dataclasses.replace(loaded.config, policy=self.config.policy,
-                                     admission=self.config.admission)
+        config = dataclasses.replace(loaded.config, policy=self.table.config.policy,
+                                     admission=self.table.config.admission)
         entry.engine = Engine(config, loaded.executor, entry.tokenizer, turns=self.turns)
         entry.state, entry.error, entry.wanted = "loaded", None, False
         entry.size = loaded.size or entry.source.size
@@ -186,12 +186,12 @@ class Monitor:
         engine = entry.engine
         if engine is not None:
             engine.stop()
-        with self._lock:
+        with self.table.lock:
             entry.engine = None
         del engine
         release_memory()  # the weights and KV pool go back to the system
         self._event(entry.name, "unloaded", f"unloaded {entry.name}: {why}")
-        with self._lock:  # after the event: whoever sees "unloaded" finds the event too
+        with self.table.lock:  # after the event: whoever sees "unloaded" finds the event too
             entry.state, entry.size = "unloaded", 0
             entry.loaded_for, entry.users, entry.user_keep_alive = None, set(), None
         self._wake.set()

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from engine.config import EngineConfig
 from engine.runtime.events import FinalEvent, Timings, Usage
 from engine.runtime.handle import RequestHandle
-from engine.runtime.reasoning import Reasoning
 from engine.runtime.snapshot import EngineSnapshot, KVView, MetricsView, RequestView
 from engine.scheduling.admission import WaitReason
 from engine.scheduling.request import FinishReason, SamplingParams
+from engine.text.reasoning import Reasoning
 
 
 @dataclass(eq=False, slots=True)

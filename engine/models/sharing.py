@@ -12,14 +12,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from engine.config import EngineConfig
 from engine.models.budget import Budget, Resident
 from engine.models.entry import ModelEntry
 from engine.models.pending import Arrival
 from engine.runtime.engine import QueueFull
 from engine.scheduling.request import FinishReason, new_request_id
+
+if TYPE_CHECKING:
+    from engine.models.views import ModelTable
 
 KEEP = object()  # submit's keep_alive when the request names none
 
@@ -44,23 +46,18 @@ class LoadRefused(Exception):
 class Sharing:
     """The rules and the arrivals for ModelSet (split out to keep one concern per file)."""
 
-    config: EngineConfig
     budget: Budget
     rules: SharingRules
     clock: Callable[[], float]
-    _entries: dict[str, ModelEntry]
-    _lock: threading.RLock
+    table: ModelTable
     _wake: threading.Event
 
     def resolve(self, model: str | None) -> str:
         raise NotImplementedError
 
-    def _owner_live(self, owner: str) -> int:
-        raise NotImplementedError
-
     @property
     def default(self) -> str:
-        return next(iter(self._entries))
+        return next(iter(self.table.entries))
 
     # -- arrivals ----------------------------------------------------------------------------
     def arrive(self, model: str | None, owner: str, admin: bool = True,
@@ -69,14 +66,14 @@ class Sharing:
         loaded, the request is listed as waiting for it (reason `loading`) and its load
         starts now. None when the model is loaded (nothing to wait for). Raises LoadRefused
         (the rules), QueueFull (the user's limit, the queue bound)."""
-        entry = self._entries[self.resolve(model)]
-        with self._lock:
+        entry = self.table.entries[self.resolve(model)]
+        with self.table.lock:
             if entry.state == "loaded" and entry.engine is not None:
                 return None
             self._check_load(entry, admin)
-            if owner_limit is not None and self._owner_live(owner) >= owner_limit:
+            if owner_limit is not None and self.table.owner_live(owner) >= owner_limit:
                 raise QueueFull(f"{owner} already has {owner_limit} requests queued or running")
-            if entry.waiting >= self.config.max_waiting:
+            if entry.waiting >= self.table.config.max_waiting:
                 raise QueueFull(f"{entry.waiting} requests already wait for {entry.name} to "
                                 "load")
             arrival = Arrival(new_request_id(), owner, admin, self.clock())
@@ -87,8 +84,8 @@ class Sharing:
 
     def withdraw(self, arrival: Arrival) -> None:
         """The announced request will not be submitted (refused, or its client left)."""
-        with self._lock:
-            for entry in self._entries.values():
+        with self.table.lock:
+            for entry in self.table.entries.values():
                 if arrival in entry.arrivals:
                     entry.arrivals.remove(arrival)
         self._wake.set()
@@ -105,7 +102,7 @@ class Sharing:
 
     def _cancel_arrival(self, request_id: str) -> bool:
         """Under the lock: cancel an announced request (its submit then ends at once)."""
-        for entry in self._entries.values():
+        for entry in self.table.entries.values():
             for arrival in entry.arrivals:
                 if arrival.id == request_id:
                     entry.arrivals.remove(arrival)
@@ -138,7 +135,7 @@ class Sharing:
         if entry.name == self.default:
             return False
         resident = [Resident(r.name, r.size, r.name == self.default, r.last_used)
-                    for r in self._entries.values()
+                    for r in self.table.entries.values()
                     if r is not entry and r.state in ("loaded", "loading")]
         return self.budget.make_room(resident, entry.source.size) is None
 

@@ -29,7 +29,6 @@ from engine.runtime.events import (
 )
 from engine.runtime.handle import RequestHandle
 from engine.runtime.metrics import MetricsRecorder
-from engine.runtime.reasoning import Reasoning
 from engine.runtime.snapshot import EngineSnapshot, RequestView, RoundView
 from engine.runtime.snapshot_builder import build_snapshot, request_view, round_view
 from engine.scheduling.batch import BatchItem, Executor
@@ -41,6 +40,7 @@ from engine.scheduling.request import (
     TokenLogprob,
     new_request_id,
 )
+from engine.text.reasoning import Reasoning
 
 if TYPE_CHECKING:
     from engine.execution.residency import Footprint

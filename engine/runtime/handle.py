@@ -15,8 +15,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from engine.runtime.events import FinalEvent, TokenEvent
-from engine.runtime.reasoning import Reasoning
 from engine.scheduling.request import TokenLogprob
+from engine.text.reasoning import Reasoning
+from engine.text.stops import StopMatcher
 
 if TYPE_CHECKING:
     from engine.execution.text.tokenizer import Tokenizer
@@ -54,7 +55,6 @@ class RequestHandle:
         self._detok = tokenizer.detokenizer(prompt_ids) if tokenizer is not None else None
         self._split = reasoning.splitter() if reasoning is not None else None
         if stop:
-            from engine.execution.text.tokenizer import StopMatcher
             self._stop: StopMatcher | None = StopMatcher(stop)
         else:
             self._stop = None

@@ -45,7 +45,7 @@ def test_bench_with_hf_baseline_reports_every_system(tiny_llama: Path, tmp_path:
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     # auto: bfloat16 where the CPU has bf16 arithmetic, else float32 (loading.loader)
-    from engine import cpu_has_native_bf16
+    from engine.host import cpu_has_native_bf16
     auto = "bfloat16" if cpu_has_native_bf16() else "float32"
     assert report["workload"]["requests"] == 4 and report["dtype"] == auto
     assert report["kernels"]

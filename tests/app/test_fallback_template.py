@@ -18,7 +18,7 @@ from app.models import resolve_model
 from app.paths import get_paths
 from app.serve import build
 from app.settings import Settings
-from engine.execution.text.chat_template import FALLBACK_NAME
+from engine.text.chat_template import FALLBACK_NAME
 from tests.tools import synthetic_gguf
 from tests.tools.waiting import wait_for
 

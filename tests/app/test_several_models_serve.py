@@ -15,7 +15,7 @@ from app.paths import get_paths
 from app.preflight import served_models
 from app.serve import build_several
 from app.settings import Settings
-from engine.execution.text.chat_template import FALLBACK_NAME
+from engine.text.chat_template import FALLBACK_NAME
 from tests.tools import synthetic_gguf
 
 pytestmark = [pytest.mark.usefixtures("ferry_home"), pytest.mark.model]

@@ -5,11 +5,11 @@ Streaming needs two small state machines, used off the scheduler thread:
   tokens may form one character; while the decoded text ends in U+FFFD (an incomplete UTF-8
   sequence) it holds the text back. A few earlier ids are re-decoded each time so
   tokenizers that drop a leading space when decoding a lone token still space correctly.
-* StopMatcher finds stop strings that may span tokens: it holds back any suffix that could
-  start a stop string and, on a match, returns the text before it.
+* engine.text.stops.StopMatcher finds stop strings that may span tokens: it holds back any
+  suffix that could start a stop string and, on a match, returns the text before it.
 
 A file without a chat template (a base model, such as Gemma 3 270M) still chats, through
-chat_template.FALLBACK_TEMPLATE.
+engine.text.chat_template.FALLBACK_TEMPLATE.
 """
 from __future__ import annotations
 
@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from engine.execution.loading.model_files import is_gguf
-from engine.execution.text.chat_template import (
+from engine.text.chat_template import (
     FALLBACK_STOPS,
     FALLBACK_TEMPLATE,
     chat_template_name,
 )
-from engine.runtime.reasoning import CLOSE, OPEN, Reasoning
+from engine.text.reasoning import CLOSE, OPEN, Reasoning
 
 GGUF_TOKENIZERS = "tokenizers"  # folder under the model cache: one per GGUF file version
 GENERIC_TOKENIZER = "TokenizersBackend"  # transformers' class for a plain tokenizer.json
@@ -258,36 +258,3 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         return self._delta(final=True)
-
-
-class StopMatcher:
-    """push(text) -> (text safe to emit, stopped). After a stop, everything else is dropped."""
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = tuple(s for s in stops if s)
-        self._held = ""
-        self.stopped = False
-
-    def push(self, text: str) -> tuple[str, bool]:
-        if self.stopped:
-            return "", True
-        if not self.stops:
-            return text, False
-        buf = self._held + text
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            self.stopped, self._held = True, ""
-            return buf[:min(hits)], True
-        keep = 0  # longest suffix of buf that is a proper prefix of some stop string
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(buf)), keep, -1):
-                if buf.endswith(s[:n]):
-                    keep = n
-                    break
-        self._held = buf[len(buf) - keep:] if keep else ""
-        return buf[:len(buf) - keep], False
-
-    def flush(self) -> str:
-        """Text held back when the stream ends without a match."""
-        held, self._held = self._held, ""
-        return "" if self.stopped else held

@@ -3,36 +3,6 @@
 #include "kernels.h"
 #include "quant_impl.h"
 
-/* bf16 (dt): P's one part is a bf16 matrix (ferry_gemv_bf16); float32: part by part into y's
- * column slices, as engine.execution.model.linear_kernels multiplies a (split) quantized
- * weight, each part in the kernel quant.quant_matmul picks for it (ferry_qgemm_takes) */
-int proj_product(const ferry_proj *P, const void *x, int64_t rows, int64_t in, void *y,
-                   int64_t out, int dt) {
-    if (dt == FERRY_BF16) {
-        const ferry_weight *w = &P->part[0];
-        if (P->parts != 1 || w->in != in || w->out != out) return FERRY_EQUANT;
-        return ferry_gemv_bf16(x, w->data, P->bias, y, (int)rows, in, out);
-    }
-    const float *bias = (const float *)P->bias;
-    int together = P->parts > 1; /* every part in the AMX kernel: one region for all */
-    int64_t total = 0;
-    for (int i = 0; i < P->parts; i++) {
-        together &= P->part[i].in == in && ferry_qgemm_takes(&P->part[i], rows);
-        total += P->part[i].out;
-    }
-    if (together && total == out)
-        return q_gemm_parts((const float *)x, rows, in, P->part, P->parts, bias, (float *)y, out);
-    int64_t col = 0;
-    for (int i = 0; i < P->parts; i++) {
-        const ferry_weight *w = &P->part[i];
-        if (w->in != in || col + w->out > out) return FERRY_EQUANT;
-        FERRY_TRY((ferry_qgemm_takes(w, rows) ? ferry_qgemm_bf16 : ferry_qmatmul)(
-            (const float *)x, rows, in, w, bias ? bias + col : NULL, (float *)y + col, out));
-        col += w->out;
-    }
-    return col == out ? FERRY_OK : FERRY_EQUANT;
-}
-
 /* One new token per sequence, a few sequences: the kernels in the order the Python layer
  * (engine/execution/model/decoder.py, DecoderLayer.forward; architectures/gemma3.py for a
  * sandwich layer) calls them one by one, so the results are identical; one call per layer
@@ -58,7 +28,7 @@ int ferry_decode_layer(const ferry_layer *L, const ferry_dims *D, int dt, int64_
         FERRY_TRY(ferry_rms_norm(x, residual, L->input_norm, normed, rows, (int)hidden, D->eps,
                                  dt));
     }
-    FERRY_TRY(proj_product(&L->qkv, normed, rows, hidden, qkv, qkv_n, dt));
+    FERRY_TRY(ferry_proj_product(&L->qkv, normed, rows, hidden, qkv, qkv_n, dt));
     if (L->q_norm) {
         FERRY_TRY(ferry_head_norm(qkv, qkv_n, rows, h, d, L->q_norm, D->eps, dt));
         FERRY_TRY(ferry_head_norm(qkv + (int64_t)h * d * es, qkv_n, rows, kvh, d, L->k_norm,
@@ -70,7 +40,7 @@ int ferry_decode_layer(const ferry_layer *L, const ferry_dims *D, int dt, int64_
     FERRY_TRY(ferry_decode_attention(qkv, qkv_n, L->pages, page_ids, page_starts, kv_lens, rows,
                                      h, kvh, d, D->page_size, D->scale, attn, dt, D->pool_dt,
                                      L->window));
-    FERRY_TRY(proj_product(&L->o, attn, rows, (int64_t)h * d, proj, hidden, dt));
+    FERRY_TRY(ferry_proj_product(&L->o, attn, rows, (int64_t)h * d, proj, hidden, dt));
     if (L->ffn_norm) {
         FERRY_TRY(ferry_rms_norm(proj, NULL, L->post_norm, proj, rows, (int)hidden, D->eps, dt));
         FERRY_TRY(ferry_rms_norm(proj, residual, L->ffn_norm, normed, rows, (int)hidden, D->eps,
@@ -83,10 +53,10 @@ int ferry_decode_layer(const ferry_layer *L, const ferry_dims *D, int dt, int64_
         if (dt != FERRY_F32) return FERRY_EQUANT;
         FERRY_TRY(ferry_moe_mlp(L->moe, (const float *)normed, rows, hidden, (float *)x));
     } else {
-        FERRY_TRY(proj_product(&L->gate_up, normed, rows, hidden, gate_up, 2 * inter, dt));
+        FERRY_TRY(ferry_proj_product(&L->gate_up, normed, rows, hidden, gate_up, 2 * inter, dt));
         FERRY_TRY((L->gelu ? ferry_gelu_tanh_mul : ferry_silu_mul)(gate_up, act, rows,
                                                                    (int)inter, dt));
-        FERRY_TRY(proj_product(&L->down, act, rows, inter, x, hidden, dt));
+        FERRY_TRY(ferry_proj_product(&L->down, act, rows, inter, x, hidden, dt));
     }
     if (L->out_norm)
         FERRY_TRY(ferry_rms_norm(x, NULL, L->out_norm, x, rows, (int)hidden, D->eps, dt));

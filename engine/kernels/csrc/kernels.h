@@ -7,6 +7,7 @@
 
 #include "ferry.h"
 #include "quant.h"
+#include "proj.h"
 
 /* norm.c: out[r] = rms_norm(x[r]) * w (residual: residual += x first, norm of the sum) */
 int ferry_rms_norm(void *x, void *residual, const void *w, void *out, int64_t rows, int dim,
@@ -47,20 +48,6 @@ int ferry_gemv_bf16(const void *x, const void *w, const void *bias, void *y, int
 /* argmax.c: out[r] = index of the largest logit of row r (first on ties, first NaN) */
 int ferry_argmax(const void *logits, int64_t rows, int64_t n, int dt, int64_t *out);
 
-/* decode_layer.c: one decoder layer of a decode round. A projection: row-stacked parts (q, k, v
- * or gate, up; several only when their types differ); float32 activations multiply any
- * ferry_weight type, bf16 ones one bf16 part (ferry_gemv_bf16). The bias is in the
- * activations' dt. */
-typedef struct {
-    ferry_weight part[3];
-    int32_t parts, pad;
-    const void *bias; /* [sum of the parts' out] or NULL */
-} ferry_proj;
-
-/* y [rows, out] = x [rows, in] @ P.T (+ bias), in dt (decode_layer.c) */
-int proj_product(const ferry_proj *P, const void *x, int64_t rows, int64_t in, void *y,
-                 int64_t out, int dt);
-
 /* moe.c: the mixture-of-experts MLP over float32 rows: softmax over the router's logits, the
  * top_k experts per row (weights renormalised where `normalize`), each expert's gated MLP on
  * the rows that chose it, the weighted outputs summed in the row's order of choice */
@@ -73,7 +60,8 @@ typedef struct {
 
 int ferry_moe_mlp(const ferry_moe *M, const float *x, int64_t rows, int64_t hidden, float *out);
 
-/* A layer's weights in the activations' dt (norms) and its slice of the KV pool. A pre-norm
+/* decode_layer.c: one decoder layer of a decode round (its products: proj.h).
+ * A layer's weights in the activations' dt (norms) and its slice of the KV pool. A pre-norm
  * layer adds the attention output to the residual in post_norm; a sandwich layer (Gemma 3:
  * ffn_norm set) norms the attention output by post_norm, adds it in ffn_norm, and norms the
  * MLP's output by out_norm. */

@@ -45,7 +45,7 @@ static void route(const ferry_moe *M, float *logits, int32_t *idx, float *w) {
 }
 
 /* the plans of one expert's product (P's parts side by side in y's columns, as
- * proj_product), no OpenMP region */
+ * ferry_proj_product), no OpenMP region */
 static int plan_parts(const ferry_proj *P, const float *x, int64_t m, int64_t in, float *y,
                       int64_t out, q_plan *plans) {
     int64_t col = 0;
@@ -59,7 +59,7 @@ static int plan_parts(const ferry_proj *P, const float *x, int64_t m, int64_t in
     return col == out ? FERRY_OK : FERRY_EQUANT;
 }
 
-/* whether expert e's m rows run their products one by one (proj_product) */
+/* whether expert e's m rows run their products one by one (ferry_proj_product) */
 static int own_products(const ferry_moe *M, int e, int64_t m) {
     if (m >= SHARED_ROWS) return 1;
     const ferry_proj *gu = &((const ferry_proj *)M->gate_up)[e];
@@ -183,7 +183,7 @@ int ferry_moe_mlp(const ferry_moe *M, const float *x, int64_t rows, int64_t hidd
     int64_t *off = cnt + n, *fill = off + n;
     int32_t *shared = idx + rows * k, *own = shared + n;
     float *w = logits + rows * n;
-    if ((rc = proj_product(&M->router, x, rows, hidden, logits, n, FERRY_F32))) goto done;
+    if ((rc = ferry_proj_product(&M->router, x, rows, hidden, logits, n, FERRY_F32))) goto done;
     for (int64_t r = 0; r < rows; r++) route(M, logits + r * n, idx + r * k, w + r * k);
     for (int64_t s = 0; s < rows * k; s++) cnt[idx[s]]++;
     int ns = 0, no = 0;
@@ -222,9 +222,11 @@ int ferry_moe_mlp(const ferry_moe *M, const float *x, int64_t rows, int64_t hidd
         const int64_t m = cnt[e], *which = order + off[e];
         for (int64_t i = 0; i < m; i++)
             memcpy(xs + i * hidden, x + (which[i] / k) * hidden, (size_t)hidden * sizeof(float));
-        if ((rc = proj_product(&gate_up[e], xs, m, hidden, gu, 2 * inter, FERRY_F32))) goto done;
+        rc = ferry_proj_product(&gate_up[e], xs, m, hidden, gu, 2 * inter, FERRY_F32);
+        if (rc) goto done;
         rc = (M->gelu ? ferry_gelu_tanh_mul : ferry_silu_mul)(gu, act, m, (int)inter, FERRY_F32);
-        if (rc || (rc = proj_product(&down[e], act, m, inter, xs, hidden, FERRY_F32))) goto done;
+        if (rc || (rc = ferry_proj_product(&down[e], act, m, inter, xs, hidden, FERRY_F32)))
+            goto done;
         for (int64_t i = 0; i < m; i++)
             memcpy(ys + which[i] * hidden, xs + i * hidden, (size_t)hidden * sizeof(float));
     }

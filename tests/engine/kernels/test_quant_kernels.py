@@ -389,7 +389,7 @@ def test_lanes_run_where_the_path_has_them(path: str) -> None:
 
 
 def test_c_and_python_agree_where_the_amx_kernel_takes_over(path: str) -> None:
-    # C's fused layers (proj_product) and Python's quant_matmul must pick the same kernel
+    # C's fused layers (ferry_proj_product) and Python's quant_matmul must pick the same kernel
     # for every round size, or the two paths' bits part
     lib = native.library()
     assert lib is not None

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.execution.text.tokenizer import StopMatcher, Tokenizer
+from engine.execution.text.tokenizer import Tokenizer
+from engine.text.stops import StopMatcher
 
 CORPUS = ["hello world", "the quick brown fox", "hello there", "world peace"] * 20
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"

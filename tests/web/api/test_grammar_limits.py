@@ -163,7 +163,7 @@ def test_healthz_answers_while_a_grammar_compiles(server: Any,
 def test_a_model_set_compiles_outside_its_lock(make_models_server: Any,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     models = make_models_server(("alpha",), max_running=4)
-    slow = SlowCompile(monkeypatch, models.engine._lock)
+    slow = SlowCompile(monkeypatch, models.engine.table.lock)
     took, reply = healthz_while_compiling(models.url, slow, "/v1/chat/completions", "alpha")
     assert slow.lock_free is True and slow.thread.startswith("ferry-grammar")
     assert took < 2.0, took  # loosely: the held compile would hold it for 60 s

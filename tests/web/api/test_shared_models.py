@@ -59,8 +59,8 @@ def cards(c: httpx.Client) -> dict[str, dict[str, Any]]:
 
 
 def loaded_for(server: Any, name: str) -> str | None:
-    with server.engine._lock:
-        return server.engine._entries[name].loaded_for  # type: ignore[no-any-return]
+    with server.engine.table.lock:
+        return server.engine.table.entries[name].loaded_for  # type: ignore[no-any-return]
 
 
 def test_normal_users_keep_alive_only_shortens_their_own_load(
@@ -178,8 +178,8 @@ def gate(server: Any, name: str) -> tuple[threading.Event, threading.Event]:
     """Fault injection: `name`'s tokenizer opening and its weights' load each wait for an
     event, so a test sees the request while both are under way."""
     tokenizer, weights = threading.Event(), threading.Event()
-    with server.engine._lock:
-        entry = server.engine._entries[name]
+    with server.engine.table.lock:
+        entry = server.engine.table.entries[name]
         source = entry.source
         assert entry.tokenizer is None, "the tokenizer must not be open yet"
 

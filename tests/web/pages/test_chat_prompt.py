@@ -8,14 +8,15 @@ from typing import Any
 import pytest
 
 from web.config import WebConfig
-from web.pages.chat.service import ChatError, ChatService
+from web.pages.chat.prompting import ConversationModel
+from web.pages.chat.service import ChatError
 from web.storage.store import Conversation, Message
 
 
-def service(tokenizer: Any, context: int, tmp_path: Any, **web: Any) -> ChatService:
+def service(tokenizer: Any, context: int, tmp_path: Any, **web: Any) -> ConversationModel:
     s = SimpleNamespace(config=WebConfig(data_dir=tmp_path, **web), context_limit=context,
                         tokenizer=tokenizer)
-    return ChatService(s)  # type: ignore[arg-type]
+    return ConversationModel(s)  # type: ignore[arg-type]
 
 
 def history(n: int, words: int) -> list[Message]:

@@ -68,7 +68,7 @@ def test_reasoning_is_stored_apart_and_never_fed_back(server: Any, idle_check: A
     # the next turn's prompt holds the answer, not the reasoning
     from web.pages.chat.service import ChatService
 
-    chat = ChatService(server.services)
+    chat = ChatService(server.services, server.app.state.replies)
     conv = server.services.store.conversation(conv_id)
     prompt = chat.prompt(conv, server.services.store.messages(conv_id))
     text = server.services.tokenizer.decode(prompt.ids, skip_special_tokens=False)

@@ -135,7 +135,7 @@ def test_a_stored_max_tokens_above_the_limit_is_held_to_it(server: Any) -> None:
     store = server.services.store
     conv = store.create_conversation("local", "old import")
     store.set_settings(conv.id, None, None, None, 10 ** 9)
-    chat = ChatService(server.services)
+    chat = ChatService(server.services, server.app.state.replies)
     assert chat.wanted_tokens(store.conversation(conv.id)) == 4096
     store.delete_conversation(conv.id)
 

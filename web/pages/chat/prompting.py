@@ -39,9 +39,9 @@ class ConversationModel:
         if self.s.catalog is None:
             return self
         try:
-            return type(self)(self.s.for_model(conv.model, user=user))
+            return ConversationModel(self.s.for_model(conv.model, user=user))
         except UnknownModel:
-            return type(self)(self.s.for_model(None, user=user))
+            return ConversationModel(self.s.for_model(None, user=user))
         except (LoadRefused, QueueFull):
             raise
         except Exception:  # its tokenizer would not open (a file found on disk, say)

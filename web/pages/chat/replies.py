@@ -15,9 +15,10 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
+from litestar.connection import ASGIConnection
 from sse_starlette import ServerSentEvent
 
 from engine import FinalEvent, RequestHandle, TextDelta
@@ -197,7 +198,7 @@ class Replies:
             await asyncio.wait(pending, timeout=1.0)
 
 
-async def reply_events(s: Services, conv: Conversation, message_id: int,
+async def reply_events(s: Services, replies: Replies, conv: Conversation, message_id: int,
                        shutdown: anyio.Event) -> AsyncIterator[ServerSentEvent]:
     """Where the reply stands while it waits (`status`), the text so far, each new delta,
     then the finished message (rendered Markdown, `final`) and `done`.
@@ -206,7 +207,7 @@ async def reply_events(s: Services, conv: Conversation, message_id: int,
     generator is cancelled) changes nothing for the reply. On server shutdown the stream
     just ends: the page reconnects when the server is back and gets the reply as saved.
     """
-    reply = s.replies.get(message_id)
+    reply = replies.get(message_id)
     if reply is not None and not reply.done:
         thought = reply.reasoning  # with the text so far: nothing can come in between
         text, queue = reply.subscribe()
@@ -239,5 +240,11 @@ async def reply_events(s: Services, conv: Conversation, message_id: int,
     if msg is not None:
         await render_ahead((msg.content, msg.reasoning))
         yield html_event("final", s.render("_messages.html", messages=[msg], conversation=conv,
-                                           versions=version_nav(s, [msg])))
+                                           versions=version_nav(s.store, [msg])))
     yield done_event()
+
+
+def replies(connection: ASGIConnection[Any, Any, Any, Any]) -> Replies:
+    """The chat's live replies, kept on `app.state.replies` by create_app (the chat owns them,
+    not the shared Services)."""
+    return connection.app.state.replies  # type: ignore[no-any-return]

@@ -18,7 +18,7 @@ from sse_starlette import EventSourceResponse
 
 from web.access.identity import current_user
 from web.pages.chat import transfer
-from web.pages.chat.replies import reply_events
+from web.pages.chat.replies import replies, reply_events
 from web.pages.chat.service import ChatError, ChatService
 from web.pages.chat.views import (
     REFUSED,
@@ -61,7 +61,7 @@ class ChatController(Controller):
 
     def _find(self, request: HTMXRequest, conversation_id: int,
               message_id: int | None = None) -> tuple[ChatService, Conversation, Any]:
-        chat = ChatService(services(request))
+        chat = ChatService(services(request), replies(request))
         conv = chat.conversation(current_user(request), conversation_id)
         msg = chat.message(conv, message_id) if conv and message_id is not None else None
         if conv is None or (message_id is not None and msg is None):
@@ -77,7 +77,8 @@ class ChatController(Controller):
                      current: FromQuery[int | None] = None) -> Template:
         """The sidebar's list, filtered by title and content (the search box)."""
         user = current_user(request)
-        conv = ChatService(services(request)).conversation(user, current) if current else None
+        chat = ChatService(services(request), replies(request))
+        conv = chat.conversation(user, current) if current else None
         return HTMXTemplate(template_name="_conversations.html",
                             context=sidebar(request, user, conv, q.strip()[:200] or None))
 
@@ -103,7 +104,7 @@ class ChatController(Controller):
 
     @post("/c", name="chat:create")
     async def create(self, request: HTMXRequest, data: Form) -> Response[Any]:
-        chat = ChatService(services(request))
+        chat = ChatService(services(request), replies(request))
         try:
             conv, _, _ = await chat.create(current_user(request), data.content, data.model)
         except REFUSED as exc:
@@ -233,7 +234,8 @@ class ChatController(Controller):
             if len(raw) > s.config.max_body_bytes:
                 raise ChatError("the file is too large", 413)
             conv, unknown = transfer.from_json(s.store, current_user(request).name, raw,
-                                               s.config, ChatService(s).imported_model)
+                                               s.config,
+                                               ChatService(s, replies(request)).imported_model)
         except ChatError as exc:
             return await refused(request, exc, None)
         if unknown is not None:  # the page says the conversation goes on with the default
@@ -251,4 +253,5 @@ class ChatController(Controller):
                      message_id: FromPath[int]) -> EventSourceResponse:
         _, conv, msg = self._find(request, conversation_id, message_id)
         s = services(request)
-        return event_stream(lambda shutdown: reply_events(s, conv, msg.id, shutdown))
+        live = replies(request)
+        return event_stream(lambda shutdown: reply_events(s, live, conv, msg.id, shutdown))

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from web.services import Services
-from web.storage.store import Message
+from web.storage.store import Message, Store
 
 
 class ChatError(Exception):
@@ -54,13 +53,13 @@ class Version:
     next: int | None
 
 
-def version_nav(s: Services, messages: list[Message]) -> dict[int, Version]:
+def version_nav(store: Store, messages: list[Message]) -> dict[int, Version]:
     """Version navigation for the replies of `messages` that have more than one version."""
     nav: dict[int, Version] = {}
     for m in messages:
         if m.role != "assistant":
             continue
-        ids = [v.id for v in s.store.versions(m.group)]
+        ids = [v.id for v in store.versions(m.group)]
         if len(ids) > 1 and m.id in ids:
             i = ids.index(m.id)
             nav[m.id] = Version(i + 1, len(ids), ids[i - 1] if i else None,

@@ -6,7 +6,9 @@ import anyio
 
 from web.access.identity import User
 from web.pages.chat.prompting import ConversationModel
+from web.pages.chat.replies import Replies
 from web.pages.chat.rules import SETTING_NAMES, ChatError, check_settings, title_for
+from web.services import Services
 from web.storage.store import Conversation, Message
 
 __all__ = ["ChatError", "ChatService"]
@@ -14,6 +16,10 @@ __all__ = ["ChatError", "ChatService"]
 
 class ChatService(ConversationModel):
     """The chat's actions; the conversation's model and prompt come from ConversationModel."""
+
+    def __init__(self, s: Services, replies: Replies) -> None:
+        super().__init__(s)
+        self.replies = replies  # the chat's streaming replies (the chat package owns them)
 
     def conversation(self, user: User, conversation_id: int) -> Conversation | None:
         """The conversation if `user` owns it (others' chats do not exist for them)."""
@@ -38,12 +44,12 @@ class ChatService(ConversationModel):
         msg = self.s.store.add_message(conv.id, "assistant", "", "streaming", handle.id,
                                        version_group, p.note, p.max_tokens,
                                        model=chat.s.model if chat.s.catalog else None)
-        self.s.replies.start(handle, msg.id, conv.id, p.max_tokens, user=user)
+        self.replies.start(handle, msg.id, conv.id, p.max_tokens, user=user)
         return msg
 
     # -- checks --------------------------------------------------------------------------
     def _check_idle(self, conv: Conversation) -> None:
-        if self.s.replies.in_conversation(conv.id):
+        if self.replies.in_conversation(conv.id):
             raise ChatError("a reply is still being written: wait for it or press Stop")
 
     def _check_content(self, content: str) -> str:
@@ -130,7 +136,7 @@ class ChatService(ConversationModel):
         finally:
             chat.s.leave()
         self.s.store.restart_message(msg.id, p.max_tokens)
-        self.s.replies.start(handle, msg.id, conv.id, p.max_tokens, prefix=msg.content,
+        self.replies.start(handle, msg.id, conv.id, p.max_tokens, prefix=msg.content,
                              earlier_tokens=msg.completion_tokens or 0,
                              reasoning_prefix=msg.reasoning or "", user=user)
         again = self.s.store.message(msg.id)
@@ -138,7 +144,7 @@ class ChatService(ConversationModel):
         return again
 
     def stop(self, msg: Message) -> bool:
-        reply = self.s.replies.get(msg.id)
+        reply = self.replies.get(msg.id)
         return reply.stop() if reply is not None else False
 
     def rename(self, conv: Conversation, title: str) -> None:
@@ -167,6 +173,6 @@ class ChatService(ConversationModel):
         self.s.store.set_settings(conv.id, *checked, thinking)
 
     def delete(self, conv: Conversation) -> None:
-        for reply in self.s.replies.in_conversation(conv.id):
+        for reply in self.replies.in_conversation(conv.id):
             reply.handle.cancel()
         self.s.store.delete_conversation(conv.id)

@@ -15,6 +15,7 @@ from litestar.response import Redirect, Template
 from engine import LoadRefused, QueueFull, RequestError, UnknownModel
 from web.access.disclosure import model_info
 from web.access.identity import User, current_user
+from web.pages.chat.replies import replies
 from web.pages.chat.rules import ChatError, version_nav
 from web.pages.rendered import render_ahead
 from web.services import EngineUnavailable, Services, services
@@ -68,7 +69,8 @@ def sidebar(request: HTMXRequest, user: User, conv: Conversation | None,
             search: str | None = None) -> dict[str, Any]:
     s = services(request)
     return {"conversations": s.store.conversations(user.name, search=search),
-            "live": s.replies.live_conversations(), "conversation": conv, "search": search or ""}
+            "live": replies(request).live_conversations(), "conversation": conv,
+            "search": search or ""}
 
 
 def thinking_switch(s: Services, conv: Conversation | None) -> bool:
@@ -100,7 +102,7 @@ def page(request: HTMXRequest, user: User, conv: Conversation | None,
         "disk_models": [m for m in models
                         if m.details.get("source", "configured") != "configured"],
         "conversation_model": (conv.model if conv else None) or cfg.model_name,
-        "messages": messages, "versions": version_nav(s, messages), "draft": draft,
+        "messages": messages, "versions": version_nav(s.store, messages), "draft": draft,
         "defaults": {"system_prompt": cfg.chat_system_prompt or "", "temperature":
                      cfg.chat_temperature, "top_p": cfg.chat_top_p,
                      "max_tokens": cfg.default_max_tokens},
@@ -119,7 +121,7 @@ async def fragment(request: HTMXRequest, conv: Conversation,
     await ahead(messages)
     return HTMXTemplate(template_name="_messages.html", context={
         "messages": messages, "conversation": conv,
-        "versions": version_nav(services(request), messages)})
+        "versions": version_nav(services(request).store, messages)})
 
 
 def refusal(request: HTMXRequest, exc: Exception, conv: Conversation | None,

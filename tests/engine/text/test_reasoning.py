@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from engine.runtime.reasoning import CLOSE, OPEN, Reasoning, ReasoningSplitter, continuation
+from engine.text.reasoning import CLOSE, OPEN, Reasoning, ReasoningSplitter, continuation
 
 CASES = [
     # (output, started, reasoning, answer)
@@ -92,7 +92,7 @@ def test_handle_splits_single_token_tags_and_stops_on_the_answer_only(
     the reasoning ending only the answer."""
     from tokenizers import AddedToken
 
-    from engine.execution.text.chat_template import describe_chat_template
+    from engine.execution.text.template_files import describe_chat_template
     from engine.execution.text.tokenizer import Tokenizer
     from engine.runtime.events import FinalEvent, Timings, TokenEvent, Usage
     from engine.runtime.handle import RequestHandle, TextDelta

@@ -1,33 +1,15 @@
-"""Which chat template a model chats with, named the same in the banner, /v1/models and
-`ferry doctor`.
-
-A file without a chat template (a base model, such as Gemma 3 270M) still chats, through
-FALLBACK_TEMPLATE: a plain "User: ... / Assistant:" transcript after the BOS token, with
-"\\nUser:" as a stop string so the model does not go on to write the user's next turn.
-`describe_chat_template` reads a model's files without loading its tokenizer.
-"""
+"""Which chat template a model's files hold, in words (engine.text.chat_template names
+them): `describe_chat_template` reads a model's files without loading its tokenizer."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 from engine.execution.loading.model_files import is_gguf
-from engine.runtime.reasoning import CLOSE, OPEN
+from engine.text.chat_template import chat_template_name
+from engine.text.reasoning import CLOSE, OPEN
 
-FALLBACK_TEMPLATE = (
-    "{% if bos_token %}{{ bos_token }}{% endif %}"
-    "{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
-    "{% else %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}Assistant:{% endif %}")
-FALLBACK_NAME = "plain fallback (User:/Assistant:; the model has no chat template)"
-FALLBACK_STOPS = ("\nUser:",)
 TOKEN_SCAN_BYTES = 64 << 20  # a GGUF's metadata (tokens included) fits in its first 64 MiB
-
-
-def chat_template_name(has_own: bool, thinks: bool = False) -> str:
-    if not has_own:
-        return FALLBACK_NAME
-    return "the model's own" + (f" (reasoning in {OPEN}...{CLOSE} shown apart)" if thinks else "")
 
 
 def _folder_template(folder: Path) -> tuple[str, str]:
