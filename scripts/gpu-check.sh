@@ -78,8 +78,13 @@ fi
 if wanted tests; then
   step tests 300 "$PY" -m pytest -q -p no:cacheprovider -m cuda -o addopts="" \
     --junitxml="$OUTDIR/pytest.xml" \
-    "$ROOT/tests/engine/execution/test_flashinfer_parity.py" \
+    "$ROOT/tests/engine/execution/attention/test_flashinfer_parity.py" \
     "$ROOT/tests/engine/execution/test_cuda_engine.py"
+  # the GPU block kernels, compiled by Triton for the device (on a CPU they run interpreted)
+  step quant 240 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
+    --junitxml="$OUTDIR/pytest-quant.xml" \
+    "$ROOT/tests/engine/kernels/test_gpu_quant_kernels.py" \
+    "$ROOT/tests/engine/execution/model/test_gpu_quant_model.py"
 fi
 if wanted bench; then
   step bench 300 "$PY" "$ROOT/scripts/gpu_check.py" bench "$OUTDIR"

@@ -14,12 +14,12 @@ from typing import Any
 import jsonschema
 import pytest
 import torch
-from engine_runs import assert_all_free
 
 from engine import Engine, EngineConfig, SamplingParams, structured
 from engine.execution.executor import ModelExecutor
 from engine.runtime.handle import TextDelta
 from tests.fakes.stand_ins import fake_flashinfer, kernels_off
+from tests.tools.engine_runs import assert_all_free
 
 pytestmark = pytest.mark.model
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},

@@ -6,11 +6,11 @@ import random
 
 import pytest
 import torch
-from engine_runs import STEPS, assert_all_free, run_all
 
 from engine.config import EngineConfig
 from engine.execution.executor import ModelExecutor
 from engine.runtime.engine import Engine
+from tests.tools.engine_runs import STEPS, assert_all_free, run_all
 
 
 def hf_greedy(tiny,  # conftest.TinyModel

@@ -67,7 +67,7 @@ def test_long_sequence_matches_transformers_holding_the_window(
     """70 prompt tokens in chunks of 16 (beside a short request's decodes: mixed rounds), then
     150 decodes (220 positions, 27 windows): every logits row equals HF's, and no request
     holds more local pages than its window plus one round's tokens."""
-    from tests.engine.execution.test_families import _compare
+    from tests.engine.execution.model.test_families import _compare
 
     name, path, hf = model
     h = make_harness(path, page_size=PAGE)

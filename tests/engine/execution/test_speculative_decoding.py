@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import torch
-from engine_runs import assert_all_free
 
 from engine.config import EngineConfig
 from engine.execution.executor import ModelExecutor
@@ -24,6 +23,7 @@ from engine.runtime.engine import Engine
 from engine.runtime.handle import TextDelta
 from engine.scheduling.batch import Batch, BatchItem
 from engine.scheduling.request import SamplingParams
+from tests.tools.engine_runs import assert_all_free
 from tests.tools.gate import Gate
 
 PARAGRAPH = ("The old lighthouse keeper climbed the spiral stairs every evening at dusk. He "

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_families import FAMILIES, _compare, _config, _run
 
+from tests.engine.execution.model.test_families import FAMILIES, _compare, _config, _run
 from tests.tools import peer_perplexity as peer
 from tests.tools.random_hf import random_hf
 

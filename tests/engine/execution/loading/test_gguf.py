@@ -22,7 +22,6 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from engine_runs import assert_all_free, run_all
 from gguf import GGMLQuantizationType as T
 
 from engine.config import EngineConfig
@@ -34,6 +33,7 @@ from engine.kernels import quant
 from engine.runtime.engine import Engine
 from engine.runtime.handle import TextDelta
 from engine.scheduling.request import SamplingParams
+from tests.tools.engine_runs import assert_all_free, run_all
 from tests.tools.hf_gguf import K_QUANTS, llama_cpp_permute, random_blocks
 from tests.tools.random_hf import random_hf
 
