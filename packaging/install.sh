@@ -98,7 +98,11 @@ if [ -n "$LOCK" ]; then
     run "$VENV/bin/pip" install --no-deps "$TORCH"
   fi
   run "$VENV/bin/pip" install -r "$LOCK"
-  run "$VENV/bin/pip" install --no-deps "$SOURCE"
+  if [ "$GPU" = 1 ]; then  # the CUDA lock holds the gpu extra's packages already
+    run "$VENV/bin/pip" install --no-deps "${SOURCE}[gpu]"
+  else
+    run "$VENV/bin/pip" install --no-deps "$SOURCE"
+  fi
 elif [ "$GPU" = 1 ]; then
   run "$VENV/bin/pip" install "${SOURCE}[gpu]"
 else

@@ -238,7 +238,8 @@ def test_install_script_takes_the_cuda_build_and_flashinfer_with_a_gpu(tmp_path:
     pips = [line for line in done.stdout.splitlines()
             if line.startswith("+ ") and " install " in line and "/pip " in line]
     assert "torch==2.13.0" in pips[0] and "--index-url" not in pips[0]
-    assert pips[1].endswith(f"{REPO}[gpu]")
+    assert pips[1].endswith("locks/linux-x86_64-cuda.txt")  # torch's CUDA build, FlashInfer
+    assert pips[2].endswith(f"{REPO}[gpu]")
     env["FERRY_GPU"] = "0"
     done = subprocess.run(["bash", str(PACKAGING / "install.sh"), "--dry-run"],
                           capture_output=True, text=True, env=env, timeout=60, check=False)

@@ -47,7 +47,7 @@ def small_gguf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     arch = request.param
     path = tmp_path_factory.mktemp("gguf") / f"small-{arch}.gguf"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(synthetic_gguf, "copy_tokenizer", lambda writer, source, template=True: VOCAB)
+        mp.setattr(synthetic_gguf, "copy_tokenizer", lambda writer, source, *_, **__: VOCAB)
         if arch == "llama":
             synthetic_gguf.write(path, hidden=64, layers=2, ff=96, heads=4, kv_heads=2,
                                  qtype=GGMLQuantizationType.Q4_1, untied=False)
