@@ -14,7 +14,9 @@ render ahead) is rendered in place, bounded per message by web.pages.markdown's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
+import os
 import signal
 import threading
 from collections import OrderedDict
@@ -68,8 +70,12 @@ def _render_many(texts: list[str]) -> list[str]:
 
 def _worker_setup() -> None:
     """In the worker process: Ctrl+C in a terminal reaches the whole process group; the
-    server shuts the worker down itself (at exit), without a traceback from it."""
+    server shuts the worker down itself (at exit), without a traceback from it. The worker
+    runs at a lower priority: on a machine with few cores a long page waits for the
+    engine's rounds, not the other way round."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError, AttributeError):  # no nice() on Windows
+        os.nice(10)
 
 
 def _pool() -> ProcessPoolExecutor:
