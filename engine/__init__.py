@@ -7,8 +7,7 @@ tools ask of the machine (CPU level, devices, kernels' build, memory) is in `eng
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from engine import structured
 from engine.config import (
@@ -21,6 +20,7 @@ from engine.config import (
     EngineConfig,
     Policy,
 )
+from engine.lazy import lazy_getattr
 from engine.models import (
     DEFAULT_KEEP_ALIVE,
     KEEP,
@@ -83,13 +83,7 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'engine' has no attribute {name!r}")
-    module, attr = _LAZY[name].split(":")
-    value = getattr(importlib.import_module(module), attr)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 
 __all__ = [

@@ -8,12 +8,12 @@ torch loads; the others load on first use (PEP 562), as `engine`'s execution nam
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from engine.kernels.cpu_level import CpuLevelError
 from engine.kernels.cpu_level import apply_torch_env as apply_cpu_cap
 from engine.kernels.cpu_level import describe as describe_cpu_level
+from engine.lazy import lazy_getattr
 from engine.models.memory import rss_bytes
 
 if TYPE_CHECKING:
@@ -40,13 +40,7 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'engine.host' has no attribute {name!r}")
-    module, attr = _LAZY[name].split(":")
-    value = getattr(importlib.import_module(module), attr)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 
 __all__ = [
