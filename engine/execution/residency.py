@@ -16,10 +16,8 @@ every loaded model's parts.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
-import gc
 import os
 import sys
 import threading
@@ -27,6 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
+
+from engine.models.memory import release_memory
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 PARTS = ("weights", "kv", "tokenizer", "vocabulary", "other")
@@ -117,12 +117,8 @@ def resident(ranges: Iterable[tuple[int, int]]) -> int:
 
 def trim() -> None:
     """Collect cycles and hand glibc's free heap pages back, so that a resident size read
-    next is what is held, not what was freed."""
-    gc.collect()
-    libc = _mincore()
-    if libc is not None:
-        with contextlib.suppress(AttributeError):  # musl has no malloc_trim
-            libc.malloc_trim(0)
+    next is what is held, not what was freed (what an unload does: release_memory)."""
+    release_memory()
 
 
 def storages(tensors: Iterable[torch.Tensor]) -> list[tuple[int, int]]:
