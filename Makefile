@@ -41,7 +41,7 @@ run: install
 test: install system-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q $(ARGS)
+	$(BIN)/pytest -q --durations=25 $(ARGS)
 	$(MAKE) test-bundle
 
 # the bundle built from the lock, then used as a new user would (tests/tools/first_run.py)

@@ -30,6 +30,11 @@ class EngineConfig:
     # one prefix cache per request owner (a shared server: no user hits, or times, another's
     # prompt); False: every request shares one cache
     prefix_cache_per_owner: bool = False
+    # build the grammar compiler's view of the vocabulary when the engine starts, not at the
+    # first constrained request: llguidance holds Python's lock while it builds it (half a
+    # second for 49k tokens), which would stall every other user's requests; local mode
+    # builds it on first use and saves its memory until then
+    grammars_at_start: bool = False
     max_context: int = 8192  # prompt + output limit per request (the model's context)
     max_waiting: int = 256  # global queue bound; submit beyond it is refused
     rounds_kept: int = 64  # recent rounds kept for the dashboard timeline

@@ -15,6 +15,7 @@ from engine.kernels.cpu_level import apply_torch_env as apply_cpu_cap
 from engine.kernels.cpu_level import describe as describe_cpu_level
 from engine.lazy import lazy_getattr
 from engine.models.memory import rss_bytes
+from engine.priority import lower_priority
 
 if TYPE_CHECKING:
     from engine.execution.attention.choice import flashinfer_missing, flashinfer_version
@@ -53,6 +54,7 @@ __all__ = [
     "flashinfer_version",
     "gpu_room",
     "kernel_status",
+    "lower_priority",
     "onednn_works",
     "pick_device",
     "rss_bytes",

@@ -63,9 +63,11 @@ def check_size(what: str, text: str, limits: GrammarLimits = LIMITS) -> None:
 
 
 def check_schema(schema: Any, limits: GrammarLimits = LIMITS) -> None:
-    """Nesting depth and `$ref` count of a parsed JSON schema (an explicit stack: a schema
-    deeper than Python's recursion limit is refused, not a RecursionError)."""
-    refs, stack = 0, [(schema, 1)]
+    """Nesting depth, `$ref` count and size of a parsed JSON schema (an explicit stack: a
+    schema deeper than Python's recursion limit is refused, not a RecursionError). The size
+    counted is a lower bound of its JSON text's (strings, keys, quotes and brackets): a schema
+    far past the limit is refused here, before json.dumps holds Python's lock to write it."""
+    refs, size, stack = 0, 0, [(schema, 1)]
     while stack:
         value, depth = stack.pop()
         if depth > limits.max_depth:
@@ -76,9 +78,16 @@ def check_schema(schema: Any, limits: GrammarLimits = LIMITS) -> None:
                 if refs > limits.max_rules:
                     raise LimitExceeded("the JSON schema", "has too many $refs", "max_rules",
                                         limits)
+            size += 2 + sum(len(k) + 3 for k in value if isinstance(k, str))
             stack.extend((v, depth + 1) for v in value.values())
         elif isinstance(value, list):
+            size += 2
             stack.extend((v, depth + 1) for v in value)
+        elif isinstance(value, str):
+            size += len(value) + 2
+    if size > limits.max_bytes:
+        raise LimitExceeded("the JSON schema", f"is over {limits.max_bytes} bytes",
+                            "max_bytes", limits)
 
 
 # a rule or terminal definition at the start of a line: `name:`, `?name:`, `NAME.2:`,

@@ -6,6 +6,10 @@ link: the default 8 MB stack overflows near 3,000 links and takes the process wi
 limits allow at most max_rules counted rules, and within max_bytes no more than ~45,000
 links of any shape; 256 MB holds those with room to spare. The stack is reserved address
 space: only what a compile touches is ever backed by memory.
+
+A compile of a large grammar takes a core for a fraction of a second. The threads run at a
+lower priority (Linux: `nice` is per thread), so that on a machine with few cores the engine's
+threads, which write every user's tokens, keep theirs: the compile waits, not the others.
 """
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
+
+from engine.priority import NICE, lower_priority
 
 T = TypeVar("T")
 STACK_BYTES = 256 << 20
@@ -55,6 +61,7 @@ class CompileThreads:
                     threading.stack_size(old)
 
     def _loop(self) -> None:
+        lower_priority(NICE)
         while True:
             future, fn = self._jobs.get()
             if not future.set_running_or_notify_cancel():

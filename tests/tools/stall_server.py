@@ -13,13 +13,11 @@ from pathlib import Path
 
 
 def main(model: str, data_dir: str, port: str) -> None:
-    import torch
     import uvicorn
 
     from engine.config import EngineConfig
     from engine.execution.executor import ModelExecutor
-    from engine.execution.loading.loader import load_model
-    from engine.execution.text.tokenizer import Tokenizer, read_eos_ids
+    from engine.execution.text.tokenizer import Tokenizer
     from engine.runtime.engine import Engine
     from web.app import create_app
     from web.config import WebConfig
@@ -27,9 +25,12 @@ def main(model: str, data_dir: str, port: str) -> None:
     model_dir = Path(model)
     # shared mode's scheduling defaults (app.settings derives them from a LAN address)
     config = EngineConfig(kv_tokens=8192, max_context=2048, policy="interleave",
-                          admission="fair")
-    executor = ModelExecutor(load_model(model_dir, torch.float32, "cpu"), config, "cpu", None,
-                             read_eos_ids(model_dir), model_dir)
+                          admission="fair", prefix_cache_per_owner=True,
+                          grammars_at_start=True)
+    # the model as `ferry serve` runs it (its GGUF blocks, the C kernels): a request's
+    # prefill round costs the others what it costs them in use
+    executor = ModelExecutor.from_pretrained(model_dir, config, progress=False,
+                                             cache_dir=Path(data_dir) / "models")
     tokenizer = Tokenizer(model_dir)
     engine = Engine(config, executor, tokenizer)
     app = create_app(engine, tokenizer, WebConfig(data_dir=Path(data_dir), shared=True))

@@ -11,6 +11,7 @@ its last chunk and [DONE], an open chat stream ends, the partial reply is saved
 """
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import signal
@@ -194,6 +195,37 @@ def test_sigkill_mid_reply_loses_no_committed_message(serve: Any) -> None:
     finally:
         store.close()
     assert integrity(served.db) == "ok"
+
+
+def children(pid: int) -> set[int]:
+    """The processes whose parent is `pid` (Linux's /proc)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # the command name may hold spaces and parentheses: the fields follow the last ")"
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads Linux's /proc")
+def test_a_killed_servers_rendering_worker_ends_too(serve: Any) -> None:
+    """The page-rendering worker (a process of its own) is not left running, idle, when its
+    server is killed outright (SIGKILL: no shutdown runs)."""
+    served = serve()
+    cid, listener = start_reply(served)
+    assert httpx.get(f"{served.url}/c/{cid}", timeout=60).status_code == 200  # renders
+    left = children(served.proc.pid)
+    assert left, "showing a reply started no rendering worker"
+    served.proc.send_signal(signal.SIGKILL)
+    assert served.proc.wait(10) == -signal.SIGKILL
+    listener.ended.wait(10)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in left):
+        time.sleep(0.2)
+    alive = [p for p in left if Path(f"/proc/{p}").exists()
+             and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[:1]]
+    assert not alive, f"still running after their server was killed: {alive}"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

@@ -7,8 +7,9 @@ super-linear, a deep JSON body, a hostile multipart CSRF body, a megabyte conver
 imported and shown to three viewers at once, and the grammar inputs (huge and deep JSON
 schemas, a long Lark rule chain, `guided_choice` with n=8). Each must be answered with a 4xx
 or a success (never a 500, never a dead server), and while it is handled no `/healthz` answer
-may take longer than HEALTHZ_BUDGET and no token gap may grow past the stream's own gaps just
-before it by more than TOKEN_BUDGET.
+may take more than HEALTHZ_BUDGET (100 ms) longer, and no token gap grow by more than
+TOKEN_BUDGET (300 ms), than the worst of each in the 1.5 s just before it; a case past either
+is sent once more, and fails when it is past again.
 
 The figures (each case's worst `/healthz` latency and token gap, and the baseline) are
 printed; docs/security.md ("Stall budget") holds those of a reference run.
@@ -39,12 +40,15 @@ pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
 MODEL = "SmolLM2-135M-Instruct"
 MIB = 1 << 20
 BODY = MIB - 4096  # under the body limit, so the guards (not the 413) answer
-# The goal is 100 ms. On a 2-core machine shared with other work the baseline alone (no
-# hostile input) reaches ~100 ms at times, and a page rendered in the worker process takes
-# one of the engine's two cores, so the asserted bounds leave room for that; a stall of the
-# kind this guards against lasted seconds to minutes.
-HEALTHZ_BUDGET = float(os.environ.get("FERRY_STALL_HEALTHZ_BUDGET", "0.5"))
-TOKEN_BUDGET = float(os.environ.get("FERRY_STALL_TOKEN_BUDGET", "1.5"))
+# No input may add more than 100 ms to the worst `/healthz` answer of the 1.5 s
+# before it. On a machine busy with other work (the baseline alone then varies by more than
+# that), set wider budgets (seconds): a stall of the kind this guards against lasted seconds
+# to minutes.
+HEALTHZ_BUDGET = float(os.environ.get("FERRY_STALL_HEALTHZ_BUDGET", "0.1"))
+# Token gaps: the goal is 100 ms too, met by every input but the megabyte conversation shown
+# in three tabs, whose pages cost the others up to ~0.2 s a token on two cores
+# (docs/security.md); FERRY_STALL_TOKEN_BUDGET=0.1 checks the goal.
+TOKEN_BUDGET = float(os.environ.get("FERRY_STALL_TOKEN_BUDGET", "0.3"))
 SETTLE = 1.5  # seconds of probing before each input (the baseline) and after it
 
 
@@ -196,6 +200,14 @@ def escaped_quotes() -> bytes:
     return head + b'\\"' * ((BODY - len(head)) // 2)
 
 
+def long_prompt() -> dict[str, Any]:
+    """A prompt of ordinary words filling the body: tokenized (seconds of a core) before the
+    context check refuses it."""
+    words = ("river", "ferry", "token", "crossing", "harbour", "tide", "lantern", "rope")
+    text = " ".join(words[i % 7 + i % 3 % 2] for i in range((BODY - 200) // 7))
+    return {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4}
+
+
 def deep_json() -> bytes:
     return b"[" * BODY
 
@@ -287,6 +299,8 @@ CASES: list[Any] = [
     pytest.param(lambda bob: bob.api("/v1/chat/completions", escaped_quotes()),
                  id="escaped-quotes-1MiB"),
     pytest.param(lambda bob: bob.api("/v1/completions", deep_json()), id="deep-json-1MiB"),
+    pytest.param(lambda bob: bob.api("/v1/chat/completions", long_prompt()),
+                 id="long-prompt-1MiB"),
     pytest.param(csrf_multipart, id="multipart-csrf-1MiB"),
     pytest.param(import_and_view, id="imported-conversation-1MB-three-viewers"),
     pytest.param(lambda bob: bob.api("/v1/chat/completions",
@@ -295,6 +309,10 @@ CASES: list[Any] = [
     pytest.param(lambda bob: bob.api("/v1/chat/completions",
                                      chat(schema_format(many_properties(12_000)))),
                  id="json-schema-12000-properties"),
+    pytest.param(lambda bob: bob.api("/v1/chat/completions", chat({})), id="plain-chat"),
+    pytest.param(lambda bob: bob.api("/v1/chat/completions",
+                                     chat(schema_format(many_properties(3_000)))),
+                 id="json-schema-3000-properties-compiled"),
     pytest.param(lambda bob: bob.api("/v1/chat/completions",
                                      chat({"guided_grammar": lark_chain(40_000)})),
                  id="lark-rule-chain-400KB"),
@@ -304,8 +322,27 @@ CASES: list[Any] = [
 ]
 
 
-@pytest.mark.parametrize("send", CASES)
-def test_no_input_stalls_the_others(server: Served, send: Send) -> None:
+@dataclass
+class Figures:
+    statuses: list[int]
+    seconds: float
+    healthz: float
+    base_healthz: float
+    gap: float
+    base_gap: float
+
+    def within(self) -> bool:
+        return self.healthz <= self.base_healthz + HEALTHZ_BUDGET and \
+            self.gap <= self.base_gap + TOKEN_BUDGET
+
+    def __str__(self) -> str:
+        return (f"{self.statuses} in {self.seconds:.2f} s; /healthz worst "
+                f"{self.healthz * 1000:.0f} ms (before: {self.base_healthz * 1000:.0f} ms); "
+                f"token gap worst {self.gap * 1000:.0f} ms (before: "
+                f"{self.base_gap * 1000:.0f} ms)")
+
+
+def measured(server: Served, send: Send) -> Figures:
     bob = Bob(server.url, server.tokens["bob"])
     sent = send(bob)  # the input is built before the probe starts: measured is the server
     with Probe(server) as probe:
@@ -314,14 +351,24 @@ def test_no_input_stalls_the_others(server: Served, send: Send) -> None:
         statuses = sent()
         end = time.monotonic()
         time.sleep(SETTLE)
-    healthz, gap = probe.worst_healthz(start, end), probe.worst_gap(start, end)
-    base_healthz = probe.worst_healthz(start - SETTLE, start - 0.05)
-    base_gap = probe.worst_gap(start - SETTLE, start - 0.05)
-    print(f"\nstall figures: {statuses} in {end - start:.2f} s; /healthz worst "
-          f"{healthz * 1000:.0f} ms (before: {base_healthz * 1000:.0f} ms); token gap worst "
-          f"{gap * 1000:.0f} ms (before: {base_gap * 1000:.0f} ms)")
+    figures = Figures(statuses, end - start, probe.worst_healthz(start, end),
+                      probe.worst_healthz(start - SETTLE, start - 0.05),
+                      probe.worst_gap(start, end), probe.worst_gap(start - SETTLE, start - 0.05))
+    print(f"\nstall figures: {figures}")
     assert server.alive(), f"the server died:\n{server.log.read_text()[-3000:]}"
     assert not probe.failures, probe.failures
     assert all(200 <= s < 500 for s in statuses), statuses
-    assert healthz <= HEALTHZ_BUDGET, f"/healthz took {healthz:.3f} s"
-    assert gap <= base_gap + TOKEN_BUDGET, f"a token waited {gap:.3f} s (before: {base_gap:.3f})"
+    return figures
+
+
+@pytest.mark.parametrize("send", CASES)
+def test_no_input_stalls_the_others(server: Served, send: Send) -> None:
+    # a stall the input causes comes back when it is sent again; one from the machine (another
+    # process taking the core for a moment) rarely does: a second try decides
+    figures = measured(server, send)
+    if not figures.within():
+        figures = measured(server, send)
+    assert figures.healthz <= figures.base_healthz + HEALTHZ_BUDGET, \
+        f"/healthz took {figures.healthz:.3f} s (before: {figures.base_healthz:.3f})"
+    assert figures.gap <= figures.base_gap + TOKEN_BUDGET, \
+        f"a token waited {figures.gap:.3f} s (before: {figures.base_gap:.3f})"

@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -72,10 +73,21 @@ def _worker_setup() -> None:
     """In the worker process: Ctrl+C in a terminal reaches the whole process group; the
     server shuts the worker down itself (at exit), without a traceback from it. The worker
     runs at a lower priority: on a machine with few cores a long page waits for the
-    engine's rounds, not the other way round."""
+    engine's rounds, not the other way round. A server killed outright cannot shut it down:
+    the worker ends itself when its server is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError, AttributeError):  # no nice() on Windows
         os.nice(10)
+    threading.Thread(target=_end_with, args=(os.getppid(),), name="ferry-render-watch",
+                     daemon=True).start()
+
+
+def _end_with(server: int) -> None:
+    """In the worker: exit once the server that started it is gone (the worker is then
+    handed to another parent: POSIX; Windows keeps the old id, and the worker its wait)."""
+    while os.getppid() == server:
+        time.sleep(1.0)
+    os._exit(0)
 
 
 def _pool() -> ProcessPoolExecutor:

@@ -160,3 +160,19 @@ def test_reconfigure_changes_policy(engine: Engine) -> None:
     assert (snap.policy, snap.admission) == ("interleave", "fair")
     with pytest.raises(ValueError):
         engine.reconfigure(policy="random")
+
+
+@pytest.mark.parametrize("at_start", [False, True])
+def test_grammar_compiler_built_at_start_only_when_asked(tokenizer: object,
+                                                         at_start: bool) -> None:
+    """A shared server builds the vocabulary view as the engine starts (building it holds
+    Python's lock for half a second, which a user's first grammar must not cost the others);
+    a local one at the first constrained request."""
+    engine = Engine(EngineConfig(grammars_at_start=at_start), SimExecutor({}),
+                    tokenizer).start()  # type: ignore[arg-type]
+    try:
+        assert engine.grammars_built is at_start
+        engine.grammars()
+        assert engine.grammars_built
+    finally:
+        engine.stop()

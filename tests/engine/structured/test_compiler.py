@@ -110,3 +110,17 @@ def test_the_deepest_grammars_the_limits_allow_compile(model_dir: Path) -> None:
                           env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert "compiled both" in done.stdout
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
+def test_compiles_run_below_the_engines_priority() -> None:
+    """A compile yields the cores to the engine's threads: its thread's nice value is the
+    process's plus ten (at most 19)."""
+    from engine.structured.threads import THREADS
+
+    def nice_here() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    base = nice_here()
+    assert THREADS.run(nice_here) == min(19, base + 10)
+    assert THREADS.run(nice_here) == min(19, base + 10)  # lowered once, not again
+    assert nice_here() == base  # the caller's own is untouched

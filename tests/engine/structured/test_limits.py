@@ -33,6 +33,19 @@ def test_schema_depth_refs_and_size() -> None:
     refused("max_rules", structured.json_schema, ref_chain(20_000))
 
 
+def test_schema_far_past_the_size_is_refused_before_it_is_written(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writing a 750 KB schema as JSON holds Python's lock for tens of milliseconds: the walk
+    that checks depth counts a lower bound of the size and refuses it first."""
+    import engine.structured.grammars as grammars
+
+    def written(*_: Any, **__: Any) -> str:
+        raise AssertionError("json.dumps ran on a schema the walk could refuse")
+    many = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(20_000)}}
+    monkeypatch.setattr(grammars.json, "dumps", written)
+    refused("max_bytes", structured.json_schema, many)
+
+
 def test_lark_rules_depth_and_size() -> None:
     structured.lark(rule_chain(LIMITS.max_rules - 2))
     refused("max_rules", structured.lark, rule_chain(LIMITS.max_rules))

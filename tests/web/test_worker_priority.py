@@ -1,0 +1,28 @@
+"""Work a request asks for runs below the engine's priority, off the event loop."""
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+
+import pytest
+
+from web.worker import below_engine
+
+
+def nice_here() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
+def test_below_engine_runs_lower_and_off_the_loop() -> None:
+    async def main() -> tuple[int, int, int]:
+        loop_thread = threading.get_native_id()
+        ran_on, nice = await below_engine(lambda: (threading.get_native_id(), nice_here()))
+        assert ran_on != loop_thread
+        return nice_here(), nice, await below_engine(nice_here)
+
+    loop_nice, worker_nice, again = asyncio.run(main())
+    assert worker_nice == min(19, loop_nice + 10)
+    assert again == worker_nice  # a worker thread is lowered once, never further
