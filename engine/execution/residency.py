@@ -89,6 +89,7 @@ def _mincore() -> ctypes.CDLL | None:
                 _libc = None
             if _libc:
                 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+                _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         return _libc if isinstance(_libc, ctypes.CDLL) else None
 
 
@@ -197,6 +198,40 @@ def mapped(path: str) -> tuple[list[tuple[int, int]], int]:
     except (OSError, ValueError):
         return [], 0
     return ranges, rss
+
+
+MADV_DONTNEED = 4  # Linux: drop these pages from this process (a file's reload on use)
+
+
+def release_unused_file_pages(path: str, tensors: Iterable[torch.Tensor]) -> int:
+    """Drop from this process the pages of its maps of the file at `path` that no tensor in
+    `tensors` lies on: the blocks that loading copied into another layout (stacked q/k/v
+    and gate/up rows, repacked weights) and the header. Loading read them, so they were
+    resident twice, once as the file and once as the copy. Unchanged pages of a private
+    file map come back from the file if anything reads them again. Returns the bytes
+    released (0 where this is not Linux)."""
+    libc = _mincore()
+    if libc is None:
+        return 0
+    maps, _ = mapped(path)
+    used = sorted(storages(tensors))
+    released = 0
+    for start, size in maps:
+        end, cursor = start + size, start
+        gaps: list[tuple[int, int]] = []
+        for a, n in used:
+            if a + n <= cursor or a >= end:
+                continue
+            if a > cursor:
+                gaps.append((cursor, a))
+            cursor = max(cursor, a + n)
+        gaps.append((cursor, end))
+        for a, b in gaps:
+            a, b = -(-a // PAGE) * PAGE, b // PAGE * PAGE  # whole pages inside the gap
+            if b > a and libc.madvise(ctypes.c_void_p(a), ctypes.c_size_t(b - a),
+                                      MADV_DONTNEED) == 0:
+                released += b - a
+    return released
 
 
 def weights_resident(tensors: Iterable[torch.Tensor], path: str | None) -> int:

@@ -240,11 +240,17 @@ def gguf_eos_ids(path: str | Path) -> frozenset[int]:
     return frozenset([int(value)]) if value is not None else frozenset()
 
 
+def gguf_metadata_value(path: str | Path, key: str) -> Any:
+    """One scalar or string metadata value of a GGUF (None when absent), from its metadata
+    alone."""
+    field = _open_reader(Path(path)).fields.get(key)
+    return None if field is None else _value(field)
+
+
 def gguf_tokenizer_model(path: str | Path) -> str | None:
     """A GGUF's vocabulary kind (tokenizer.ggml.model: "gpt2" for byte-level BPE, "llama"
-    for SentencePiece, ...), from its metadata alone."""
-    field = _open_reader(Path(path)).fields.get("tokenizer.ggml.model")
-    value = None if field is None else _value(field)
+    for SentencePiece, "bert" for WordPiece, ...), from its metadata alone."""
+    value = gguf_metadata_value(path, "tokenizer.ggml.model")
     return str(value) if value is not None else None
 
 

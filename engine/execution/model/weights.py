@@ -126,13 +126,14 @@ class SafetensorsSource:
             handle = safe_open(str(file), framework="pt", device="cpu")
             self._files.append(handle)
             for key in handle.keys():  # type: ignore[no-untyped-call]  # noqa: SIM118
-                self._where[key] = handle
+                self._where[model.hf_key(key)] = (handle, key)
 
     def keys(self) -> list[str]:
         return list(self._where)
 
     def _get(self, key: str, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-        tensor = self._where[key].get_tensor(key)
+        handle, stored = self._where[key]
+        tensor = handle.get_tensor(stored)
         return self._model.adapt_hf_tensor(key, tensor).to(device=device, dtype=dtype)
 
     def matrix(self, keys: list[str], dtype: torch.dtype, device: torch.device | str) -> Weight:

@@ -36,14 +36,27 @@ SENTENCEPIECE_CLASSES = ("GemmaTokenizer", "GemmaTokenizerFast", "LlamaTokenizer
                          "LlamaTokenizerFast")
 
 
+def _reads_parts_only(hf: Any, template: str) -> bool:
+    """Whether `template` drops a string content but renders the same text as a part."""
+    probe = "ferry-content-probe"
+
+    def render(content: Any) -> str:
+        try:
+            return str(hf.apply_chat_template([{"role": "user", "content": content}],
+                                              tokenize=False, add_generation_prompt=True,
+                                              chat_template=template))
+        except Exception:  # a template may raise anything on a shape it does not take
+            return ""
+
+    return probe not in render(probe) and probe in render([{"type": "text", "text": probe}])
+
+
 def gguf_tokenizer_dir(gguf: Path, cache_dir: str | Path) -> Path:
     """The tokenizer (and chat template) of a GGUF file as a folder AutoTokenizer loads fast:
     built once from the file by transformers (seconds) and kept under `cache_dir`, keyed by
     the file's name, size and mtime (a changed file gets a fresh folder). Only tokenizer
     files and the EOS ids go there, never weights. Written to a temp folder and renamed into
     place, so a crash or a parallel start never leaves a half-written one."""
-    from transformers import AutoTokenizer
-
     gguf = Path(gguf)
     st = gguf.stat()
     out = Path(cache_dir) / GGUF_TOKENIZERS / f"{gguf.stem}-{st.st_size}-{st.st_mtime_ns}"
@@ -52,7 +65,7 @@ def gguf_tokenizer_dir(gguf: Path, cache_dir: str | Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tok = _from_gguf(gguf)
         tok.save_pretrained(str(tmp))
         _generic_for_bpe(gguf, tmp)
         if tok.eos_token_id is not None:
@@ -70,6 +83,20 @@ def gguf_tokenizer_dir(gguf: Path, cache_dir: str | Path) -> Path:
     return out
 
 
+def _from_gguf(gguf: Path) -> Any:
+    """The file's tokenizer through transformers; a WordPiece vocabulary (a `bert` file),
+    which transformers does not read from a GGUF, rebuilt from it."""
+    from transformers import AutoTokenizer
+
+    from engine.execution.loading.gguf_file import gguf_tokenizer_model
+
+    if gguf_tokenizer_model(gguf) == "bert":
+        from engine.execution.text.wordpiece_gguf import wordpiece_tokenizer
+
+        return wordpiece_tokenizer(gguf)
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
 def _generic_for_bpe(gguf: Path, folder: Path) -> None:
     """transformers names the tokenizer class after the architecture (GemmaTokenizer for
     gemma3), and that class rebuilds a SentencePiece pipeline over tokenizer.json: a
@@ -84,6 +111,20 @@ def _generic_for_bpe(gguf: Path, folder: Path) -> None:
     if fields.get("tokenizer_class") in SENTENCEPIECE_CLASSES:
         fields["tokenizer_class"] = GENERIC_TOKENIZER
         config.write_text(json.dumps(fields, indent=2))
+
+
+CONSTRUCTION_TABLES = ("_vocab", "_merges")
+
+
+def drop_construction_tables(hf: Any) -> None:
+    """transformers' BPE tokenizer classes (Gemma, Llama, Qwen2, GPT-2) keep the Python
+    vocabulary and merge list they built the Rust tokenizer from: Python objects per token
+    (about 150 MB for Gemma 3's 262k tokens and 515k merges) that nothing reads again, as
+    encoding, decoding and get_vocab go to the Rust tokenizer. Empty them."""
+    for name in CONSTRUCTION_TABLES:
+        value = getattr(hf, name, None)
+        if isinstance(value, (dict, list)) and value:
+            setattr(hf, name, type(value)())
 
 
 def read_eos_ids(path: Path) -> frozenset[int]:
@@ -131,16 +172,17 @@ class Tokenizer:
         if is_gguf(self.path) and cache_dir is not None:
             self.path = gguf_tokenizer_dir(self.path, cache_dir)
         if is_gguf(self.path):
-            self.hf = AutoTokenizer.from_pretrained(str(self.path.parent),
-                                                    gguf_file=self.path.name)
+            self.hf = _from_gguf(self.path)
         else:
             self.hf = AutoTokenizer.from_pretrained(str(self.path))
+        drop_construction_tables(self.hf)
         eos = set(read_eos_ids(self.path))
         if self.hf.eos_token_id is not None:
             eos.add(int(self.hf.eos_token_id))
         self.eos_ids: frozenset[int] = frozenset(eos)
         vocab = self.hf.get_vocab()
         self._think_tokens = OPEN in vocab and CLOSE in vocab
+        self._parts: bool | None = None  # content_as_parts, probed on first use
         # transformers' decode is the Rust backend's plus a space clean-up and argument
         # checks; a streamed token is decoded twice, so the backend's own where the
         # clean-up is off (the same text)
@@ -182,6 +224,16 @@ class Tokenizer:
     def takes_enable_thinking(self) -> bool:
         return self.has_chat_template and "enable_thinking" in self.chat_template
 
+    @property
+    def content_as_parts(self) -> bool:
+        """The template reads a message's content only as a list of parts (SmolVLM's loops
+        over `message['content']`): a string content is then given to it as one text part,
+        which it would otherwise render as nothing. Probed once, by rendering."""
+        if self._parts is None:
+            self._parts = self.has_chat_template and _reads_parts_only(self.hf,
+                                                                       self.chat_template)
+        return self._parts
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
@@ -210,6 +262,9 @@ class Tokenizer:
         model's own template, or the plain fallback for a model without one."""
         extra: dict[str, Any] = {"enable_thinking": enable_thinking} \
             if enable_thinking is not None and self.takes_enable_thinking else {}
+        if self.content_as_parts:
+            messages = [{**m, "content": [{"type": "text", "text": m["content"]}]}
+                        if isinstance(m.get("content"), str) else m for m in messages]
         text = self.hf.apply_chat_template(list(messages), tokenize=False,
                                            add_generation_prompt=add_generation_prompt,
                                            tools=list(tools) if tools else None,
