@@ -16,8 +16,17 @@ import torch
 
 from engine.config import EngineConfig
 from engine.execution.cpu import default_threads, on_fresh_thread
+from engine.execution.loading.encoder_gguf import load_bert_gguf
 from engine.execution.loading.loader import choose_dtype
+from engine.execution.loading.model_files import is_gguf
 from engine.execution.model.architectures import bert
+from engine.execution.model.embedding_decoder import (
+    EmbeddingDecoder,
+    EmbeddingDecoderConfig,
+    load_embedding_decoder,
+)
+from engine.execution.model.registry import is_bert_folder, is_encoder_folder
+from engine.execution.text.tokenizer import gguf_tokenizer_dir
 from engine.scheduling.batch import Batch, Sampled
 from engine.scheduling.request import Request
 
@@ -27,10 +36,13 @@ class EncoderExecutor:
     eos_ids: frozenset[int] = frozenset()
     fused = None  # no fused decode layers: an encoder never decodes
 
-    def __init__(self, weights: bert.BertWeights, model_config: bert.BertConfig,
+    def __init__(self, weights: bert.BertWeights | EmbeddingDecoder,
+                 model_config: bert.BertConfig | EmbeddingDecoderConfig,
                  config: EngineConfig, device: torch.device | str = "cpu",
                  model_path: Path | None = None, threads: int | None = None,
                  sep_id: int | None = None) -> None:
+        """`weights`: a BERT encoder's, or a loaded decoder embedding model (Qwen3-Embedding,
+        EmbeddingGemma) with its config."""
         # what the engine accepts for it: embedding requests only; a cross-encoder's "vector"
         # is its one relevance score, its inputs query [SEP] document pairs
         self.task = "score" if model_config.scores else "embed"
@@ -39,7 +51,12 @@ class EncoderExecutor:
         self.model_config = model_config
         self.config = config
         self.device = torch.device(device)
-        self.dtype = weights.word.dtype
+        if isinstance(model_config, bert.BertConfig):
+            self.family = "nomic-bert" if model_config.rope_theta is not None else "bert"
+        else:
+            self.family = model_config.family
+        self.dtype = weights.word.dtype if isinstance(weights, bert.BertWeights) \
+            else weights.model.dtype
         self.max_context = model_config.max_seq_length
         self.vocab_size = model_config.vocab_size
         self.dimensions = model_config.hidden_size
@@ -52,23 +69,38 @@ class EncoderExecutor:
     @classmethod
     def from_pretrained(cls, folder: str | Path, config: EngineConfig | None = None, *,
                         dtype: str | torch.dtype = "auto", device: str = "cpu",
-                        threads: int | None = None) -> EncoderExecutor:
-        """Load a sentence-transformers folder (config.json, safetensors, tokenizer, pooling).
-        dtype auto: float32 on CPU (small models, where bf16 saves little), else bf16/fp16."""
+                        threads: int | None = None,
+                        cache_dir: str | Path | None = None) -> EncoderExecutor:
+        """Load a sentence-transformers folder (config.json, safetensors, tokenizer, pooling)
+        or a llama.cpp `bert` GGUF file (its tokenizer kept as a folder under `cache_dir`,
+        when given). dtype auto: float32 on CPU (small models, where bf16 saves little),
+        else bf16/fp16."""
+        path = Path(folder)
+
         def load() -> EncoderExecutor:
             if torch.device(device).type == "cpu":
                 torch.set_num_threads(threads or default_threads())
             torch_dtype = torch.float32 if dtype == "auto" and device == "cpu" \
                 else choose_dtype(dtype, device)
-            cfg = bert.config_from_folder(folder)
-            weights = bert.load_weights(folder, cfg, torch_dtype, device)
+            if is_gguf(path):
+                cfg, weights = load_bert_gguf(path, torch_dtype, device)
+                executor = cls(weights, cfg, config or EngineConfig(), device, path, threads)
+                executor.source = "gguf"
+                if cache_dir is not None:
+                    executor.tokenizer_path = gguf_tokenizer_dir(path, cache_dir)
+                return executor
+            if is_encoder_folder(path) and not is_bert_folder(path):
+                decoder = load_embedding_decoder(path, torch_dtype, device)
+                return cls(decoder, decoder.config, config or EngineConfig(), device, path,
+                           threads)
+            cfg = bert.config_from_folder(path)
+            weights = bert.load_weights(path, cfg, torch_dtype, device)
             sep = None
             if cfg.scores:  # the pair's separator, for the token types
                 from transformers import AutoTokenizer
 
-                sep = AutoTokenizer.from_pretrained(str(folder)).sep_token_id
-            return cls(weights, cfg, config or EngineConfig(), device, Path(folder), threads,
-                       sep)
+                sep = AutoTokenizer.from_pretrained(str(path)).sep_token_id
+            return cls(weights, cfg, config or EngineConfig(), device, path, threads, sep)
         return on_fresh_thread(load)
 
     def memory_bytes(self) -> int:
@@ -79,10 +111,11 @@ class EncoderExecutor:
         cfg = self.model_config
         size = self.weights.nbytes / 1e6
         if cfg.scores:
-            return (f"bert: {self.source} {str(self.dtype).removeprefix('torch.')}, "
+            return (f"{self.family}: {self.source} {str(self.dtype).removeprefix('torch.')}, "
                     f"cross-encoder (reranker), {size:.0f} MB")
-        return (f"bert: {self.source} {str(self.dtype).removeprefix('torch.')}, embeddings "
-                f"of {cfg.hidden_size} ({cfg.pooling} pooling"
+        dtype = str(self.dtype).removeprefix("torch.")
+        return (f"{self.family}: {self.source} {dtype}, embeddings of {cfg.hidden_size} "
+                f"({cfg.pooling} pooling"
                 f"{', normalized' if cfg.normalize else ''}), {size:.0f} MB")
 
     @property
@@ -112,6 +145,13 @@ class EncoderExecutor:
             return torch.tensor(xs, dtype=torch.int64, device=dev)
 
         with torch.inference_mode():
+            if isinstance(self.weights, EmbeddingDecoder):
+                vectors = self.weights.vectors(as_tensor(ids), as_tensor(positions),
+                                               lengths).cpu()
+                for it, vec in zip(items, vectors):
+                    it.request.embedding = vec.tolist()
+                return [None] * len(items)
+            assert isinstance(self.model_config, bert.BertConfig)
             hidden = bert.encode(self.weights, self.model_config, as_tensor(ids),
                                  as_tensor(positions), as_tensor(types), lengths)
             if self.model_config.scores:

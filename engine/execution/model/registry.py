@@ -14,17 +14,20 @@ from typing import Any
 
 from engine.execution.model.architectures import bert
 from engine.execution.model.architectures.gemma3 import Gemma3ForCausalLM
+from engine.execution.model.architectures.idefics3 import Idefics3ForConditionalGeneration
 from engine.execution.model.architectures.llama import LlamaForCausalLM
+from engine.execution.model.architectures.llava import LlavaForConditionalGeneration
 from engine.execution.model.architectures.phi3 import Phi3ForCausalLM
 from engine.execution.model.architectures.qwen2 import Qwen2ForCausalLM
 from engine.execution.model.architectures.qwen3 import Qwen3ForCausalLM
 from engine.execution.model.architectures.qwen3_moe import Qwen3MoeForCausalLM
 from engine.execution.model.config import ModelConfig, UnsupportedModel
 from engine.execution.model.decoder import CausalLM
+from engine.execution.model.pooling import has_pooling_module
 
 ARCHITECTURES: tuple[type[CausalLM], ...] = (
     LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM,
-    Qwen3MoeForCausalLM,
+    Qwen3MoeForCausalLM, LlavaForConditionalGeneration, Idefics3ForConditionalGeneration,
 )
 
 HF_TYPES: dict[str, type[CausalLM]] = {t: a for a in ARCHITECTURES for t in a.hf_model_types}
@@ -34,15 +37,62 @@ SUPPORTED = tuple(HF_TYPES)  # config.json model_type values Ferry runs
 ENCODERS: dict[str, ModuleType] = {t: bert for t in bert.HF_MODEL_TYPES}
 
 
+# decoder families that also make embeddings (model.embedding_decoder), as a
+# sentence-transformers folder: Qwen3-Embedding, EmbeddingGemma
+EMBEDDING_DECODERS = ("qwen3", "gemma3_text")
+
+
+def is_embedding_decoder(folder: Path, cfg: Mapping[str, Any]) -> bool:
+    """A decoder family's folder with a sentence-transformers Pooling module."""
+    return cfg.get("model_type") in EMBEDDING_DECODERS and has_pooling_module(Path(folder))
+
+
+def is_bert_folder(folder: Path) -> bool:
+    """A safetensors folder whose config.json names an encoder family (BERT)."""
+    config = Path(folder) / "config.json"
+    try:
+        return config.is_file() and json.loads(config.read_text()).get("model_type") in ENCODERS
+    except (ValueError, OSError):
+        return False
+
+
 def is_encoder_folder(folder: Path) -> bool:
-    """A safetensors folder whose config.json names an encoder family (an embedding model)."""
+    """A safetensors folder of an embedding model: its config.json names an encoder family,
+    or a decoder family that its sentence-transformers files pool."""
     config = Path(folder) / "config.json"
     if not config.is_file():
         return False
     try:
-        return json.loads(config.read_text()).get("model_type") in ENCODERS
+        cfg = json.loads(config.read_text())
     except (ValueError, OSError):
         return False
+    return cfg.get("model_type") in ENCODERS or is_embedding_decoder(folder, cfg)
+
+
+def is_embedding_model(path: Path) -> bool:
+    """An embedding model Ferry runs with its encoder executor: an encoder folder, or a
+    GGUF file of an encoder architecture (llama.cpp's `bert`)."""
+    path = Path(path)
+    if path.is_dir():
+        return is_encoder_folder(path)
+    if path.is_file() and path.suffix == ".gguf":
+        from engine.execution.loading.encoder_gguf import is_encoder_gguf
+
+        return is_encoder_gguf(path)
+    return False
+
+
+def embedding_task(path: Path) -> str | None:
+    """What an embedding model's files do, before they load: "score" for a cross-encoder
+    (a BERT sequence classifier), "embed" for the others; None for a model that is not one
+    (engine.Engine.task's words)."""
+    if not is_embedding_model(path):
+        return None
+    if Path(path).is_dir():
+        cfg = json.loads((Path(path) / "config.json").read_text())
+        if "BertForSequenceClassification" in (cfg.get("architectures") or []):
+            return "score"
+    return "embed"
 
 
 def for_hf(cfg: Mapping[str, Any]) -> type[CausalLM]:

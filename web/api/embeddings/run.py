@@ -89,7 +89,8 @@ async def embed(request: Request[Any, Any, Any], s: Services,
         try:
             for ids in inputs[first:first + wave]:
                 # the dashboard's label for the row (it shows no text of an input)
-                handles.append(s.submit(user, ids, EMBED, "embedding", label="embedding"))
+                handles.append(s.submit(user, ids, EMBED, "embedding", label="embedding",
+                                        endpoint=request.url.path))
                 first_id = first_id or handles[-1].id
         except (RequestError, QueueFull, EngineUnavailable) as exc:
             cancel_all(handles)

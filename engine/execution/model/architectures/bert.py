@@ -7,19 +7,18 @@ KV: every input is computed whole, in one round, and only its pooled vector leav
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
 from engine.execution.model.config import UnsupportedModel
+from engine.execution.model.pooling import Pooling, pool_states, pooling_of
+from engine.execution.model.pooling import read_json as _json
 
-Pooling = Literal["mean", "cls", "lasttoken"]
-HF_MODEL_TYPES = ("bert",)
+HF_MODEL_TYPES = ("bert", "nomic_bert")  # nomic_bert: architectures/nomic_bert.py
 ACTIVATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
 
 
@@ -42,34 +41,14 @@ class BertConfig:
     # a cross-encoder (BertForSequenceClassification with one label): scores a query and
     # document pair, [CLS] query [SEP] document [SEP], from the pooled [CLS] state
     scores: bool = False
+    # nomic-bert: rotary positions of this base (rotate-half layout) instead of learned
+    # ones, and a SwiGLU MLP (down(silu(gate(x)) * up(x))) instead of GELU
+    rope_theta: float | None = None
+    gated: bool = False
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
-
-
-def _json(path: Path) -> dict[str, Any]:
-    return dict(json.loads(path.read_text())) if path.is_file() else {}
-
-
-def _pooling(folder: Path) -> tuple[Pooling, bool]:
-    """(pooling, normalize) from modules.json and its Pooling module's config; a folder
-    without sentence-transformers files pools by mean and normalizes (their common default)."""
-    modules = json.loads((folder / "modules.json").read_text()) \
-        if (folder / "modules.json").is_file() else []
-    normalize = not modules or any(m.get("type", "").endswith(".Normalize") for m in modules)
-    pool_dir = next((m.get("path", "") for m in modules
-                     if m.get("type", "").endswith(".Pooling")), "1_Pooling")
-    pool = _json(folder / pool_dir / "config.json")
-    if pool.get("pooling_mode_cls_token"):
-        return "cls", normalize
-    if pool.get("pooling_mode_lasttoken"):
-        return "lasttoken", normalize
-    others = [k for k in ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
-                          "pooling_mode_weightedmean_tokens") if pool.get(k)]
-    if others:
-        raise UnsupportedModel(f"pooling {', '.join(others)} is not supported")
-    return "mean", normalize
 
 
 def config_from_folder(folder: str | Path) -> BertConfig:
@@ -77,6 +56,10 @@ def config_from_folder(folder: str | Path) -> BertConfig:
     cfg = _json(folder / "config.json")
     if cfg.get("model_type") not in HF_MODEL_TYPES:
         raise UnsupportedModel(f"model_type {cfg.get('model_type')!r} is not a BERT encoder")
+    if cfg.get("model_type") == "nomic_bert":
+        from engine.execution.model.architectures import nomic_bert
+
+        return nomic_bert.config_from_hf(cfg, folder)
     if cfg.get("position_embedding_type", "absolute") != "absolute":
         raise UnsupportedModel("only absolute position embeddings are supported")
     act = cfg.get("hidden_act", "gelu")
@@ -88,7 +71,7 @@ def config_from_folder(folder: str | Path) -> BertConfig:
     pooling: Pooling = "cls"  # a cross-encoder's head reads [CLS], unnormalized
     normalize = False
     if not scores:
-        pooling, normalize = _pooling(folder)
+        pooling, normalize = pooling_of(folder)
     positions = int(cfg["max_position_embeddings"])
     st = _json(folder / "sentence_bert_config.json")
     st_config = _json(folder / "config_sentence_transformers.json")
@@ -121,21 +104,28 @@ LAYER_NAMES = {
 @dataclass(frozen=True)
 class BertLayer:
     qkv_w: torch.Tensor  # [3 * hidden, hidden]: one product for q, k and v
-    qkv_b: torch.Tensor
+    qkv_b: torch.Tensor | None  # biases: None where the family has none (nomic-bert)
     o_w: torch.Tensor
-    o_b: torch.Tensor
+    o_b: torch.Tensor | None
     ln1: tuple[torch.Tensor, torch.Tensor]
     up_w: torch.Tensor
-    up_b: torch.Tensor
+    up_b: torch.Tensor | None
     down_w: torch.Tensor
-    down_b: torch.Tensor
+    down_b: torch.Tensor | None
     ln2: tuple[torch.Tensor, torch.Tensor]
+    gate_w: torch.Tensor | None = None  # a SwiGLU MLP's gate
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.qkv_w, self.qkv_b, self.o_w, self.o_b, *self.ln1, self.up_w,
+                            self.up_b, self.down_w, self.down_b, *self.ln2, self.gate_w)
+                if t is not None]
 
 
 @dataclass(frozen=True)
 class BertWeights:
     word: torch.Tensor
-    position: torch.Tensor
+    position: torch.Tensor | None  # None: rotary positions (nomic-bert)
     token_type: torch.Tensor
     ln: tuple[torch.Tensor, torch.Tensor]
     layers: tuple[BertLayer, ...]
@@ -144,16 +134,20 @@ class BertWeights:
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.word, self.position, self.token_type, *self.ln, *(self.head or ())]
+        tensors = [self.word, self.token_type, *self.ln, *(self.head or ())]
+        tensors += [self.position] if self.position is not None else []
         for layer in self.layers:
-            tensors += [layer.qkv_w, layer.qkv_b, layer.o_w, layer.o_b, *layer.ln1, layer.up_w,
-                        layer.up_b, layer.down_w, layer.down_b, *layer.ln2]
+            tensors += layer.tensors
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def weights_from_tensors(tensors: Mapping[str, torch.Tensor], cfg: BertConfig,
                          dtype: torch.dtype, device: torch.device | str) -> BertWeights:
     """BertModel's tensors (with or without a `bert.` prefix) as BertWeights."""
+    if cfg.rope_theta is not None:
+        from engine.execution.model.architectures import nomic_bert
+
+        return nomic_bert.weights_from_tensors(tensors, cfg, dtype, device)
     flat = {k.removeprefix("bert.").removeprefix("model."): v for k, v in tensors.items()}
 
     def get(name: str) -> torch.Tensor:
@@ -208,10 +202,17 @@ def encode(w: BertWeights, cfg: BertConfig, ids: torch.Tensor, positions: torch.
     slot = row_in * longest + col
     keep = (torch.arange(longest, device=dev)[None, :] < lens[:, None])[:, None, None, :]
     eps = cfg.layer_norm_eps
-    x = w.word[ids] + w.position[positions] + w.token_type[token_types]
+    x = w.word[ids] + w.token_type[token_types]
+    if w.position is not None:
+        x = x + w.position[positions]
     x = F.layer_norm(x, (cfg.hidden_size,), *w.ln, eps)
+    rope = None if cfg.rope_theta is None else rotary_tables(positions, d, cfg.rope_theta,
+                                                             x.dtype)
     for layer in w.layers:
         qkv = F.linear(x, layer.qkv_w, layer.qkv_b)  # [T, 3 * hidden]
+        if rope is not None:  # q and k turned in place, by each token's own position
+            qk = qkv[:, :2 * cfg.hidden_size].view(-1, 2 * heads, d)
+            qk.copy_(rotate(qk, *rope))
         padded = qkv.new_zeros(n * longest, 3 * cfg.hidden_size)
         padded[slot] = qkv
         q, k, v = padded.view(n, longest, 3, heads, d).permute(2, 0, 3, 1, 4)
@@ -219,28 +220,35 @@ def encode(w: BertWeights, cfg: BertConfig, ids: torch.Tensor, positions: torch.
         attn = attn.transpose(1, 2).reshape(n * longest, cfg.hidden_size)[slot]
         x = F.layer_norm(x + F.linear(attn, layer.o_w, layer.o_b), (cfg.hidden_size,),
                          *layer.ln1, eps)
-        up = F.gelu(F.linear(x, layer.up_w, layer.up_b), approximate=cfg.gelu)
+        if layer.gate_w is not None:  # SwiGLU
+            up = F.silu(F.linear(x, layer.gate_w)) * F.linear(x, layer.up_w, layer.up_b)
+        else:
+            up = F.gelu(F.linear(x, layer.up_w, layer.up_b), approximate=cfg.gelu)
         x = F.layer_norm(x + F.linear(up, layer.down_w, layer.down_b), (cfg.hidden_size,),
                          *layer.ln2, eps)
     return x
 
 
+def rotary_tables(positions: torch.Tensor, dim: int, theta: float,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) [T, 1, dim] of the positions, in the rotate-half layout."""
+    inv = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32,
+                                       device=positions.device) / dim)
+    freqs = positions.float()[:, None] * inv[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)[:, None, :]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, dim] turned by (cos, sin): x * cos + rotate_half(x) * sin."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
 def pool(hidden: torch.Tensor, cfg: BertConfig, lengths: Sequence[int]) -> torch.Tensor:
     """[T, hidden] packed states -> [inputs, hidden] float32 sentence vectors (pooled as the
     config says, then unit length where the model normalizes)."""
-    dev = hidden.device
-    lens = torch.tensor(list(lengths), dtype=torch.int64, device=dev)
-    starts = torch.cumsum(lens, 0) - lens
-    h = hidden.float()
-    if cfg.pooling == "cls":
-        out = h[starts]
-    elif cfg.pooling == "lasttoken":
-        out = h[starts + lens - 1]
-    else:
-        row_in = torch.repeat_interleave(torch.arange(len(lengths), device=dev), lens)
-        sums = torch.zeros(len(lengths), h.shape[1], dtype=h.dtype, device=dev)
-        sums.index_add_(0, row_in, h)
-        out = sums / lens[:, None].to(h.dtype)
+    out = pool_states(hidden, cfg.pooling, lengths)
     return F.normalize(out, p=2, dim=1) if cfg.normalize else out
 
 

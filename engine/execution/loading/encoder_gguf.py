@@ -1,0 +1,198 @@
+"""llama.cpp's `bert` and `nomic-bert` GGUF files as a BERT encoder: the metadata as a
+BertConfig (nomic-bert: rotary positions of `rope.freq_base`, a SwiGLU MLP), the tensors under
+BertModel's or NomicBertModel's names (then bert.weights_from_tensors, as for a safetensors
+folder).
+
+llama.cpp's converter writes q, k and v apart (a fused `attn_qkv` is cut back into them),
+drops the pooler, and keeps the pooling the folder's sentence-transformers files name in
+`bert.pooling_type`. A GGUF says nothing of normalization: vectors come out unit length, as
+llama.cpp's server answers them. Quantized tensors are dequantized on load (gguf-py's exact
+dequantization): an encoder is small and runs in floats.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.execution.errors import ModelFileError
+from engine.execution.model.architectures import bert
+from engine.execution.model.pooling import Pooling
+
+ARCHS = ("bert", "nomic-bert")
+# bert.pooling_type (llama.cpp's enum): none, mean, cls, last, rank
+POOLING: dict[int, Pooling] = {1: "mean", 2: "cls", 3: "lasttoken"}
+TOP = {
+    "token_embd": "embeddings.word_embeddings",
+    "position_embd": "embeddings.position_embeddings",
+    "token_types": "embeddings.token_type_embeddings",
+    "token_embd_norm": "embeddings.LayerNorm",
+}
+LAYER = {
+    "attn_q": "attention.self.query", "attn_k": "attention.self.key",
+    "attn_v": "attention.self.value", "attn_output": "attention.output.dense",
+    "attn_output_norm": "attention.output.LayerNorm", "ffn_up": "intermediate.dense",
+    "ffn_down": "output.dense", "layer_output_norm": "output.LayerNorm",
+}
+# nomic-bert: transformers' NomicBertModel names (architectures/nomic_bert.py)
+NOMIC_TOP = {**TOP, "position_embd": ""}
+NOMIC_LAYER = {
+    "attn_qkv": "self_attn.qkv", "attn_output": "self_attn.o_proj",
+    "attn_output_norm": "post_attention_layernorm", "ffn_up": "mlp.up_proj",
+    "ffn_gate": "mlp.gate_proj", "ffn_down": "mlp.down_proj",
+    "layer_output_norm": "post_mlp_layernorm",
+}
+
+
+def _reader(path: Path) -> Any:
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path), "r")
+    except (ValueError, IndexError, OSError, KeyError) as exc:
+        raise ModelFileError(f"{path}: not a readable GGUF file ({exc})") from exc
+
+
+def _scalar(reader: Any, key: str) -> Any:
+    field = reader.fields.get(key)
+    return None if field is None else field.contents()
+
+
+def gguf_architecture(path: str | Path) -> str | None:
+    """`general.architecture` of a GGUF file, from its metadata alone."""
+    from engine.execution.loading.gguf_file import gguf_metadata_value
+
+    value = gguf_metadata_value(path, "general.architecture")
+    return None if value is None else str(value)
+
+
+def is_encoder_gguf(path: str | Path) -> bool:
+    """A GGUF file of an encoder architecture Ferry runs (an embedding model)."""
+    from engine.execution.loading.model_files import is_gguf
+
+    try:
+        return is_gguf(path) and gguf_architecture(path) in ARCHS
+    except ModelFileError:
+        return False
+
+
+def config_from_gguf(path: Path, reader: Any) -> bert.BertConfig:
+    arch = str(_scalar(reader, "general.architecture"))
+    if arch not in ARCHS:
+        raise ModelFileError(f"{path}: architecture {arch!r} is not a BERT encoder")
+
+    def need(key: str) -> Any:
+        value = _scalar(reader, f"{arch}.{key}")
+        if value is None:
+            raise ModelFileError(f"{path}: the metadata has no {arch}.{key}")
+        return value
+
+    pooling_type = int(_scalar(reader, f"{arch}.pooling_type") or 1)  # unset: llama.cpp's mean
+    if pooling_type == 4 or any(t.name.startswith("cls") for t in reader.tensors):
+        raise ModelFileError(f"{path}: a GGUF reranker (cross-encoder) is not supported; "
+                             "serve its safetensors folder")
+    if pooling_type not in POOLING:
+        raise ModelFileError(f"{path}: pooling type {pooling_type} is not supported "
+                             "(mean, cls or last)")
+    context = int(need("context_length"))
+    nomic = arch == "nomic-bert"
+    return bert.BertConfig(
+        vocab_size=_vocab(path, reader),
+        hidden_size=int(need("embedding_length")),
+        intermediate_size=int(need("feed_forward_length")),
+        num_layers=int(need("block_count")), num_heads=int(need("attention.head_count")),
+        layer_norm_eps=float(_scalar(reader, f"{arch}.attention.layer_norm_epsilon") or 1e-12),
+        max_position_embeddings=context,
+        type_vocab_size=int(_scalar(reader, "tokenizer.ggml.token_type_count") or 2),
+        gelu="none", pooling=POOLING[pooling_type], normalize=True, max_seq_length=context,
+        rope_theta=float(_scalar(reader, f"{arch}.rope.freq_base") or 1000.0) if nomic
+        else None, gated=nomic)
+
+
+def _vocab(path: Path, reader: Any) -> int:
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embd is None:
+        raise ModelFileError(f"{path}: tensor token_embd.weight is missing")
+    return int(embd.shape[-1])
+
+
+def _hf_name(name: str, nomic: bool) -> str | None:
+    base, _, kind = name.rpartition(".")
+    top, layer, prefix = (NOMIC_TOP, NOMIC_LAYER, "layers") if nomic \
+        else (TOP, LAYER, "encoder.layer")
+    if kind not in ("weight", "bias"):
+        return None
+    if top.get(base):
+        return f"{top[base]}.{kind}"
+    parts = base.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer:
+        return f"{prefix}.{parts[1]}.{layer[parts[2]]}.{kind}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] == "attn_qkv":
+        return f"{prefix}.{parts[1]}.qkv.{kind}"
+    return None
+
+
+def tensors_from_gguf(path: Path, reader: Any, nomic: bool = False
+                      ) -> dict[str, torch.Tensor]:
+    """Every tensor as float32 under BertModel's name (a fused qkv cut into q, k, v), or
+    NomicBertModel's (its qkv kept fused)."""
+    from gguf.quants import dequantize
+
+    out: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        key = _hf_name(t.name, nomic)
+        if key is None:
+            raise ModelFileError(f"{path}: tensor {t.name} is not one Ferry knows for "
+                                 f"{'nomic-bert' if nomic else 'bert'}")
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        try:
+            data = dequantize(np.asarray(t.data), t.tensor_type)
+        except NotImplementedError as exc:
+            raise ModelFileError(f"{path}: tensor {t.name}: {exc}") from exc
+        value = torch.from_numpy(np.array(data, dtype=np.float32)).reshape(shape)
+        if ".qkv." in key and not nomic:
+            for part, chunk in zip(("query", "key", "value"), value.chunk(3, dim=0)):
+                out[key.replace(".qkv.", f".attention.self.{part}.")] = chunk
+        else:
+            out[key] = value
+    return out
+
+
+def load_bert_gguf(path: str | Path, dtype: torch.dtype, device: torch.device | str
+                   ) -> tuple[bert.BertConfig, bert.BertWeights]:
+    """A `bert` GGUF's config and weights (ModelFileError naming the file when it is not one
+    Ferry runs; UnsupportedModel, from the weights, naming a missing tensor)."""
+    path = Path(path)
+    reader = _reader(path)
+    cfg = config_from_gguf(path, reader)
+    tensors = tensors_from_gguf(path, reader, cfg.rope_theta is not None)
+    for name, t in tensors.items():
+        want = _expected_shape(name, cfg)
+        if want is not None and tuple(t.shape) != want:
+            raise ModelFileError(f"{path}: tensor {name} has shape {list(t.shape)}, but the "
+                                 f"metadata implies {list(want)}")
+    return cfg, bert.weights_from_tensors(tensors, cfg, dtype, device)
+
+
+def _expected_shape(name: str, cfg: bert.BertConfig) -> tuple[int, ...] | None:
+    h, ff = cfg.hidden_size, cfg.intermediate_size
+    if name == "embeddings.word_embeddings.weight":
+        return (cfg.vocab_size, h)
+    if name == "embeddings.position_embeddings.weight":
+        return (cfg.max_position_embeddings, h)
+    if name == "embeddings.token_type_embeddings.weight":
+        return (cfg.type_vocab_size, h)
+    if name.endswith(("intermediate.dense.weight", "mlp.up_proj.weight",
+                      "mlp.gate_proj.weight")):
+        return (ff, h)
+    if name.endswith(("output.dense.weight", "mlp.down_proj.weight")) \
+            and ".attention." not in name:
+        return (h, ff)
+    if name.endswith(".self_attn.qkv.weight"):
+        return (3 * h, h)
+    if name.endswith((".self.query.weight", ".self.key.weight", ".self.value.weight",
+                      "attention.output.dense.weight", "self_attn.o_proj.weight")):
+        return (h, h)
+    return None

@@ -1,0 +1,239 @@
+"""Decoder-based embedding models (Qwen3-Embedding, EmbeddingGemma) from a sentence-transformers
+folder: a decoder family's own layers (the registry's CausalLM, loaded as for chat) run over
+whole inputs, the final norm's states pooled as the Pooling module says (last token for
+Qwen3-Embedding, mean for EmbeddingGemma), passed through the folder's Dense modules and
+normalized where a Normalize module is listed.
+
+Like the BERT encoders they are prefill-only work that keeps no KV: attention runs over each
+input's own tokens in a padded block for this round only (`PackedAttention`), causal for a
+decoder trained that way, both ways where config.json sets `use_bidirectional_attention`
+(EmbeddingGemma; a sliding layer of config.json's window W then sees |i - j| < W // 2 + 1,
+as transformers masks it).
+The prompt format (Qwen3-Embedding's instruction line) is the client's business.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from engine.execution.model import registry
+from engine.execution.model.config import ModelConfig, UnsupportedModel
+from engine.execution.model.decoder import CausalLM
+from engine.execution.model.pooling import Pooling, modules, pool_states, pooling_of, read_json
+from engine.execution.model.weights import SafetensorsSource, load_weights
+
+ACTIVATIONS = {"torch.nn.modules.linear.Identity": None, "torch.nn.modules.activation.Tanh":
+               torch.tanh}
+
+
+@dataclass(frozen=True)
+class EmbeddingDecoderConfig:
+    family: str  # the model_type
+    vocab_size: int
+    hidden_size: int  # the width of the vectors answered (after the Dense modules)
+    max_seq_length: int
+    pooling: Pooling
+    normalize: bool
+    bidirectional: bool
+    matryoshka_dims: tuple[int, ...] = ()
+    scores: bool = False  # never a cross-encoder
+
+
+@dataclass(frozen=True)
+class Dense:
+    """A sentence-transformers Dense module: activation(x @ weight.T + bias)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    tanh: bool
+
+
+class PackedAttention:
+    """The attention a decoder layer calls (AttentionBackend's `forward`), over this round's
+    packed inputs only: each input attends to its own tokens, causal or both ways, within
+    each layer's window. Nothing is stored."""
+
+    def __init__(self, cfg: ModelConfig, lengths: Sequence[int], bidirectional: bool,
+                 device: torch.device) -> None:
+        n, longest = len(lengths), max(lengths)
+        lens = torch.tensor(list(lengths), dtype=torch.int64, device=device)
+        starts = torch.cumsum(lens, 0) - lens
+        row_in = torch.repeat_interleave(torch.arange(n, device=device), lens)
+        col = torch.arange(int(lens.sum()), device=device) - starts[row_in]
+        self.slot = row_in * longest + col
+        self.n, self.longest, self.scale = n, longest, cfg.scale
+        self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        i = torch.arange(longest, device=device)
+        q, k = i[:, None], i[None, :]
+        valid_k = (i[None, :] < lens[:, None])[:, None, None, :]  # [n, 1, 1, L]
+        pad_q = i[None, :] >= lens[:, None]  # [n, L]
+        self.masks: dict[int | None, torch.Tensor] = {}
+        for window in set(cfg.windows):
+            allowed = torch.ones(longest, longest, dtype=torch.bool, device=device)
+            if not bidirectional:
+                allowed &= k <= q
+            if window is not None:
+                # both ways, transformers reads config.json's window W as W // 2 + 1 each
+                # side, exclusive (Gemma3TextConfig with use_bidirectional_attention)
+                allowed &= (q - k).abs() < window // 2 + 1 if bidirectional \
+                    else (q - k) < window
+            mask = valid_k & allowed[None, None]
+            # padding queries attend to the first key: their rows are dropped, but never NaN
+            mask[:, 0, :, 0] |= pad_q
+            self.masks[window] = mask
+        self.windows = cfg.windows
+
+    def forward(self, q: torch.Tensor, kv: torch.Tensor, layer: int) -> torch.Tensor:
+        """q [T, heads, d], kv [T, 2, kv_heads, d] -> [T, heads * d]."""
+        rows, h, d = self.n * self.longest, self.heads, self.head_dim
+        pq = q.new_zeros(rows, h, d)
+        pq[self.slot] = q
+        pkv = kv.new_zeros(rows, 2, self.kv_heads, d)
+        pkv[self.slot] = kv
+        qh = pq.view(self.n, self.longest, h, d).transpose(1, 2)
+        kh = pkv[:, 0].view(self.n, self.longest, self.kv_heads, d).transpose(1, 2)
+        vh = pkv[:, 1].view(self.n, self.longest, self.kv_heads, d).transpose(1, 2)
+        if h != self.kv_heads:
+            kh = kh.repeat_interleave(h // self.kv_heads, dim=1)
+            vh = vh.repeat_interleave(h // self.kv_heads, dim=1)
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=self.masks[self.windows[layer]],
+                                             scale=self.scale)
+        return out.transpose(1, 2).reshape(rows, h * d)[self.slot]
+
+
+class _Unprefixed:
+    """A folder saved from the bare decoder (AutoModel: `layers.0...`, no LM head) under
+    the CausalLM's names (`model.layers.0...`); an LM head, if saved, is left out."""
+
+    def __init__(self, inner: SafetensorsSource) -> None:
+        self.inner, self.where = inner, inner.where
+        self.names = {k if k.startswith("model.") else f"model.{k}": k
+                      for k in inner.keys()  # noqa: SIM118 (a source, not a dict)
+                      if not k.startswith("lm_head.")}
+
+    def keys(self) -> list[str]:
+        return list(self.names)
+
+    def matrix(self, keys: list[str], dtype: torch.dtype, device: torch.device | str) -> Any:
+        return self.inner.matrix([self.names[k] for k in keys], dtype, device)
+
+    def vector(self, keys: list[str], dtype: torch.dtype,
+               device: torch.device | str) -> torch.Tensor:
+        return self.inner.vector([self.names[k] for k in keys], dtype, device)
+
+
+class EmbeddingDecoder:
+    """A loaded decoder embedding model: `vectors` of packed inputs."""
+
+    def __init__(self, model: CausalLM, cfg: EmbeddingDecoderConfig,
+                 dense: tuple[Dense, ...]) -> None:
+        self.model, self.config, self.dense = model, cfg, dense
+
+    @property
+    def nbytes(self) -> int:
+        seen: set[int] = set()
+        total = 0
+        tensors = [*self.model.parameters(), *(t for d in self.dense
+                                               for t in (d.weight, d.bias) if t is not None)]
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and id(t) not in seen and not t.is_meta:
+                seen.add(id(t))
+                total += t.numel() * t.element_size()
+        return total
+
+    def hidden(self, ids: torch.Tensor, positions: torch.Tensor,
+               lengths: Sequence[int]) -> torch.Tensor:
+        """[T] packed ids and positions -> the final norm's states [T, hidden]."""
+        m, cfg = self.model, self.model.config
+        x = m.model.embed_tokens(ids)
+        if cfg.embed_scale is not None:
+            x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype, device=x.device)
+        tables = [rotary(positions, x.dtype) for rotary in m.model.rotary]
+        attn: Any = PackedAttention(cfg, lengths, self.config.bidirectional, x.device)
+        residual: torch.Tensor | None = None
+        for layer, rope in zip(m.model.layers, m.rope_index, strict=True):
+            x, residual = layer(x, residual, *tables[rope], attn)
+        out: torch.Tensor = m.model.norm(x) if residual is None \
+            else m.model.norm.add_and_norm(x, residual)[0]
+        return out
+
+    def vectors(self, ids: torch.Tensor, positions: torch.Tensor,
+                lengths: Sequence[int]) -> torch.Tensor:
+        """Pooled, through the Dense modules, normalized where the model says: [inputs, dim]
+        float32."""
+        out = pool_states(self.hidden(ids, positions, lengths), self.config.pooling, lengths)
+        for d in self.dense:
+            out = F.linear(out, d.weight, d.bias)
+            if d.tanh:
+                out = torch.tanh(out)
+        return F.normalize(out, p=2, dim=1) if self.config.normalize else out
+
+
+def _dense(folder: Path, dtype: torch.dtype, device: torch.device | str) -> tuple[Dense, ...]:
+    from safetensors.torch import load_file
+
+    out = []
+    for m in modules(folder):
+        if not str(m.get("type", "")).endswith(".Dense"):
+            continue
+        where = folder / str(m.get("path", ""))
+        cfg = read_json(where / "config.json")
+        act = str(cfg.get("activation_function", "torch.nn.modules.activation.Tanh"))
+        if act not in ACTIVATIONS:
+            raise UnsupportedModel(f"{where}: activation {act!r} is not supported "
+                                   "(Identity or Tanh)")
+        file = where / "model.safetensors"
+        if not file.is_file():
+            raise UnsupportedModel(f"{where} holds no model.safetensors")
+        tensors = load_file(str(file))
+        weight = tensors["linear.weight"].to(device=device, dtype=torch.float32)
+        bias = tensors.get("linear.bias")
+        out.append(Dense(weight, None if bias is None else bias.to(device=device,
+                                                                     dtype=torch.float32),
+                         ACTIVATIONS[act] is not None))
+    widths = [(d.weight.shape[1], d.weight.shape[0]) for d in out]
+    for (_, w_out), (w_in, _) in itertools.pairwise(widths):
+        if w_out != w_in:
+            raise UnsupportedModel(f"{folder}: Dense modules of {w_out} then {w_in} inputs")
+    del dtype  # the modules run in float32 on the pooled vectors (a few rows)
+    return tuple(out)
+
+
+def load_embedding_decoder(folder: str | Path, dtype: torch.dtype,
+                           device: torch.device | str) -> EmbeddingDecoder:
+    """The folder's decoder (its registry family, float weights in `dtype`), pooling, Dense
+    modules and normalization."""
+    folder = Path(folder)
+    raw = read_json(folder / "config.json")
+    if not registry.is_embedding_decoder(folder, raw):
+        raise UnsupportedModel(f"{folder} is not a decoder embedding model ("
+                               f"{', '.join(registry.EMBEDDING_DECODERS)} with a Pooling "
+                               "module)")
+    raw["tie_word_embeddings"] = True  # the LM head is never used: no copy of it
+    arch = registry.for_hf(raw)
+    model = arch(arch.config_from_hf(raw), dtype, "meta")
+    load_weights(model, _Unprefixed(SafetensorsSource(folder, model)), device)
+    pooling, normalize = pooling_of(folder)
+    dense = _dense(folder, dtype, device)
+    width = dense[-1].weight.shape[0] if dense else model.config.hidden_size
+    if dense and dense[0].weight.shape[1] != model.config.hidden_size:
+        raise UnsupportedModel(f"{folder}: the first Dense module takes "
+                               f"{dense[0].weight.shape[1]}, the model gives "
+                               f"{model.config.hidden_size}")
+    positions = model.config.max_position_embeddings
+    st = read_json(folder / "sentence_bert_config.json")
+    dims = read_json(folder / "config_sentence_transformers.json").get("matryoshka_dims") \
+        or raw.get("matryoshka_dims") or ()
+    cfg = EmbeddingDecoderConfig(
+        family=str(raw["model_type"]), vocab_size=model.config.vocab_size, hidden_size=width,
+        max_seq_length=min(positions, int(st.get("max_seq_length") or positions)),
+        pooling=pooling, normalize=normalize,
+        bidirectional=bool(raw.get("use_bidirectional_attention")),
+        matryoshka_dims=tuple(int(d) for d in dims))
+    return EmbeddingDecoder(model, cfg, dense)

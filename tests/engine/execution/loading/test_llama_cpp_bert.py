@@ -1,0 +1,58 @@
+"""Opt-in (`-m slow`, FERRY_LLAMA_CPP=<a llama.cpp source checkout with build/bin>): an
+embedding model's GGUF as llama.cpp's own converter writes it. all-MiniLM-L6-v2's folder is
+converted by the checkout's `convert_hf_to_gguf.py` (in the converter venv of
+test_llama_cpp_files, FERRY_CONVERT_VENV) to F32 and F16; Ferry loads each file, tokenizes
+with the file's WordPiece vocabulary and its vectors equal sentence-transformers' on the
+folder (cosine >= 0.999)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.engine.execution.loading.test_llama_cpp_files import (  # noqa: F401 (fixtures)
+    converter_python,
+    llama_cpp,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+SENTENCES = ["The cat sits on the mat.", "Stock markets fell sharply on Monday.",
+             "Ferry's naïve café serves 1,234 cups!"]
+
+
+@pytest.mark.parametrize("outtype", ["f32", "f16"])
+def test_converted_bert_file_matches_sentence_transformers(
+        outtype: str, embedding_dir: Path, llama_cpp: Path,  # noqa: F811
+        converter_python: Path, tmp_path: Path) -> None:  # noqa: F811
+    from sentence_transformers import SentenceTransformer
+
+    from engine import EncoderExecutor, Engine, EngineConfig, SamplingParams, Tokenizer
+
+    folder = tmp_path / "all-MiniLM-L6-v2"
+    shutil.copytree(embedding_dir, folder)
+    out = tmp_path / f"minilm-{outtype}.gguf"
+    done = subprocess.run(
+        [str(converter_python), str(llama_cpp / "convert_hf_to_gguf.py"), str(folder),
+         "--outtype", outtype, "--outfile", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    executor = EncoderExecutor.from_pretrained(out, threads=2, cache_dir=tmp_path / "cache")
+    assert executor.tokenizer_path is not None
+    tokenizer = Tokenizer(executor.tokenizer_path)
+    reference = Tokenizer(embedding_dir)
+    assert [tokenizer.encode(s) for s in SENTENCES] == [reference.encode(s) for s in SENTENCES]
+    engine = Engine(EngineConfig(max_context=executor.max_context), executor,
+                    tokenizer).start()
+    try:
+        handles = [engine.submit(tokenizer.encode(s), SamplingParams(max_tokens=0, embed=True))
+                   for s in SENTENCES]
+        finals = [list(h.events(timeout=60))[-1] for h in handles]
+    finally:
+        engine.stop()
+    want = SentenceTransformer(str(embedding_dir), device="cpu").encode(SENTENCES)
+    for final, w in zip(finals, want):
+        got = torch.tensor(final.extra["embedding"])
+        assert float(torch.nn.functional.cosine_similarity(got, torch.tensor(w), dim=0)) >= 0.999

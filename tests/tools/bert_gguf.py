@@ -1,0 +1,76 @@
+"""A llama.cpp `bert` (or `nomic-bert`) GGUF written from a sentence-transformers folder with
+gguf-py's writer, under llama.cpp's tensor names and metadata keys (what its converter writes
+for all-MiniLM or bge: q/k/v apart, no pooler, the WordPiece vocabulary in "phantom space"
+form, the pooling of the folder's Pooling module; for nomic-bert the fused qkv and the rope
+base). Matrices in F16 like the converter's default; vectors, the position and token-type
+tables in F32, as it keeps them."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+PHANTOM = "\u2581"
+
+
+def write_bert_gguf(folder: Path, out: Path) -> Path:
+    import gguf
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((folder / "config.json").read_text())
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    nomic = cfg["model_type"] == "nomic_bert"
+    arch = gguf.MODEL_ARCH.NOMIC_BERT if nomic else gguf.MODEL_ARCH.BERT
+    w = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
+    w.add_name(folder.name)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_layer_norm_eps(cfg["layer_norm_eps"])
+    w.add_causal_attention(False)
+    cls = pooling.get("pooling_mode_cls_token") or pooling.get("pooling_mode") == "cls"
+    w.add_pooling_type(gguf.PoolingType.CLS if cls else gguf.PoolingType.MEAN)
+    if nomic:
+        w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+
+    vocab = tok["model"]["vocab"]  # WordPiece: piece -> id
+    pieces = sorted(vocab, key=vocab.__getitem__)
+    special = {t["content"] for t in tok["added_tokens"] if t.get("special")}
+    types = [gguf.TokenType.CONTROL if p in special else gguf.TokenType.NORMAL for p in pieces]
+    tokens = [p if p in special else p[2:] if p.startswith("##") else PHANTOM + p
+              for p in pieces]
+    w.add_token_type_count(cfg.get("type_vocab_size", 2))
+    w.add_tokenizer_model("bert")
+    w.add_tokenizer_pre("bert-bge")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    # as gguf-py's SpecialVocab writes them: [CLS] as BOS, [SEP] as EOS and separator
+    for name, add in (("cls_token", w.add_bos_token_id), ("sep_token", w.add_eos_token_id),
+                      ("sep_token", w.add_sep_token_id), ("unk_token", w.add_unk_token_id),
+                      ("pad_token", w.add_pad_token_id), ("mask_token", w.add_mask_token_id)):
+        add(vocab[tok_cfg[name]])
+    w.add_bool("tokenizer.ggml.normalizer.lowercase", bool(tok_cfg.get("do_lower_case", True)))
+
+    names = gguf.get_tensor_name_map(arch, cfg["num_hidden_layers"])
+    tensors = load_file(str(folder / "model.safetensors"))
+    for key, value in tensors.items():
+        key = key.removeprefix("bert.")
+        if key.startswith("pooler.") or key == "embeddings.position_ids":
+            continue  # the converter drops them
+        name = names.get_name(key, try_suffixes=(".weight", ".bias"))
+        assert name is not None, key
+        # as the converter: position and token-type tables stay F32 (llama.cpp adds them)
+        wide = value.ndim < 2 or name.startswith(("position_embd", "token_types"))
+        data = value.astype(np.float32 if wide else np.float16)
+        w.add_tensor(name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out

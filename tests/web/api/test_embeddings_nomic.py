@@ -1,0 +1,109 @@
+"""nomic-bert (rotary positions, SwiGLU, no projection biases): a tiny seeded model built by
+transformers and saved by sentence-transformers, served through /v1/embeddings, its vectors
+equal to sentence-transformers' on the same folder; both namings of its tensors (nomic's
+original ones, transformers' own) read alike."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import torch
+
+from tests.tools.embedding_decoders import embedding_decoder
+
+SENTENCES = ["The cat sits on the mat.",
+             "A quick brown fox jumps over the lazy dog, twice, while nobody watches it.",
+             "x", "search_query: what do embeddings measure?"]
+
+
+@pytest.fixture(scope="module")
+def folder(embedding_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return embedding_decoder("nomic_bert", embedding_dir,
+                             tmp_path_factory.mktemp("nomic") / "nomic_bert")
+
+
+@pytest.fixture(scope="module")
+def server(folder: Path, in_thread_server: Any,
+           tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from engine import EncoderExecutor, Engine, EngineConfig, Tokenizer
+    from web.app import create_app
+    from web.config import WebConfig
+
+    executor = EncoderExecutor.from_pretrained(folder, threads=2)
+    config = EngineConfig(max_context=executor.max_context, max_prefill_tokens=48)
+    tokenizer = Tokenizer(folder)
+    engine = Engine(config, executor, tokenizer)
+    app = create_app(engine, tokenizer, WebConfig(data_dir=tmp_path_factory.mktemp("data"),
+                                                  model_name="nomic"))
+    running = in_thread_server(app, engine, "uvicorn-nomic", 60)
+    yield running
+    running.stop()
+
+
+def test_vectors_match_sentence_transformers(server: Any, folder: Path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    want = torch.tensor(SentenceTransformer(str(folder), device="cpu").encode(SENTENCES))
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    got = torch.tensor([d.embedding for d in client.embeddings.create(
+        model="nomic", input=SENTENCES, encoding_format="float").data])
+    assert min(torch.nn.functional.cosine_similarity(got, want, dim=1).tolist()) >= 0.999
+    assert server.engine.executor.describe().startswith("nomic-bert: safetensors float32")
+    assert server.engine.wait_idle(30)
+    snap = server.engine.snapshot()
+    assert snap.kv.free == snap.kv.total and any(len(r.batch) > 1 for r in snap.rounds)
+
+
+def test_both_namings_of_the_checkpoint(server: Any, folder: Path) -> None:
+    """transformers writes nomic's original names (`encoder.layers.N.attn.Wqkv`, `mlp.fc11`
+    ...: what the test above served); its own names (`layers.N.self_attn.q_proj`...) give the
+    same weights."""
+    from safetensors.torch import load_file
+
+    from engine.execution.model.architectures import nomic_bert
+
+    cfg = server.engine.executor.model_config
+    original = load_file(str(folder / "model.safetensors"))
+    assert any(".attn.Wqkv." in k for k in original)
+    renamed = {}
+    for key, value in original.items():
+        name = nomic_bert.canonical(key)
+        if ".self_attn.qkv." in name:
+            for x, part in zip("qkv", value.chunk(3)):
+                renamed[name.replace(".qkv.", f".{x}_proj.")] = part
+        else:
+            renamed[name] = value
+    assert "layers.0.self_attn.q_proj.weight" in renamed
+    a = nomic_bert.weights_from_tensors(original, cfg, torch.float32, "cpu")
+    b = nomic_bert.weights_from_tensors(renamed, cfg, torch.float32, "cpu")
+    assert all(torch.equal(x, y) for la, lb in zip(a.layers, b.layers, strict=True)
+               for x, y in zip(la.tensors, lb.tensors, strict=True))
+    assert torch.equal(a.ln[0], b.ln[0]) and a.position is None
+
+
+def test_a_nomic_bert_gguf_matches_sentence_transformers(folder: Path, tmp_path: Path) -> None:
+    """The folder as a llama.cpp `nomic-bert` GGUF (gguf-py's writer, llama.cpp's names:
+    a fused attn_qkv, ffn_gate, no position table)."""
+    from sentence_transformers import SentenceTransformer
+
+    from engine import EncoderExecutor, Engine, EngineConfig, SamplingParams, Tokenizer
+    from tests.tools.bert_gguf import write_bert_gguf
+
+    gguf = write_bert_gguf(folder, tmp_path / "nomic.gguf")
+    executor = EncoderExecutor.from_pretrained(gguf, threads=1, cache_dir=tmp_path / "cache")
+    assert executor.describe().startswith("nomic-bert: gguf")
+    assert executor.tokenizer_path is not None
+    tokenizer = Tokenizer(executor.tokenizer_path)
+    engine = Engine(EngineConfig(max_context=executor.max_context), executor,
+                    tokenizer).start()
+    try:
+        handles = [engine.submit(tokenizer.encode(s), SamplingParams(max_tokens=0, embed=True))
+                   for s in SENTENCES]
+        got = torch.tensor([list(h.events(timeout=60))[-1].extra["embedding"]
+                            for h in handles])
+    finally:
+        engine.stop()
+    want = torch.tensor(SentenceTransformer(str(folder), device="cpu").encode(SENTENCES))
+    assert min(torch.nn.functional.cosine_similarity(got, want, dim=1).tolist()) >= 0.999
