@@ -43,11 +43,14 @@ def web_config(settings: Settings, paths: Paths, model_name: str) -> WebConfig:
     return WebConfig(data_dir=paths.data, model_name=model_name, shared=settings.shared,
                      per_user_limit=settings.per_user_limit,
                      max_body_bytes=settings.max_body_bytes, max_messages=settings.max_messages,
+                     max_images=settings.max_images, max_image_pixels=settings.max_image_pixels,
                      max_stop=settings.max_stop, max_tokens_limit=settings.max_tokens_limit,
                      default_max_tokens=settings.default_max_tokens,
                      chat_system_prompt=settings.chat_system_prompt or None,
                      chat_temperature=float(settings.chat_temperature),
                      chat_top_p=float(settings.chat_top_p),
+                     chat_image_bytes=settings.chat_image_bytes,
+                     chat_conversation_image_bytes=settings.chat_conversation_image_bytes,
                      allowed_hosts=tuple(settings.allowed_hosts))
 
 
@@ -99,12 +102,12 @@ def load_model(spec: str | Path | None, config: EngineConfig,
                how: LoadOptions) -> tuple[ModelExecutor | EncoderExecutor, EngineConfig]:
     """The model loaded (a BERT-family folder: an embedding model's encoder), and `config`
     with its context held to what the model takes."""
-    from engine import EncoderExecutor, ModelExecutor, is_encoder_folder
+    from engine import EncoderExecutor, ModelExecutor, is_embedding_model
 
     executor: ModelExecutor | EncoderExecutor
-    if spec is not None and Path(spec).is_dir() and is_encoder_folder(Path(spec)):
+    if spec is not None and is_embedding_model(Path(spec)):
         executor = EncoderExecutor.from_pretrained(spec, config, dtype=how.dtype,
-                                                   device=how.device)
+                                                   device=how.device, cache_dir=how.cache_dir)
     else:
         executor = ModelExecutor.from_pretrained(spec, config, dtype=how.dtype,
                                                  device=how.device, cache_dir=how.cache_dir,
@@ -192,8 +195,8 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
         ModelExecutor,
         ModelSource,
         Tokenizer,
+        embedding_task,
         gguf_tokenizer_dir,
-        is_encoder_folder,
         resolve_model_files,
     )
 
@@ -217,8 +220,12 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
 
     details: dict[str, object] = {"kind": model.kind, "source": store,
                                   "path": str(model.path) if model.path else None}
-    if model.path is not None and model.path.is_dir() and is_encoder_folder(model.path):
-        details["runs"] = "bert: safetensors embedding model"
+    task = embedding_task(model.path) if model.path is not None else None
+    # what the model set's view of it says it does before it loads (engine.Engine.task)
+    details["task"] = task or "generate"
+    if model.path is not None and task is not None:
+        details["runs"] = ("embedding model: " +
+                           ("GGUF" if model.path.is_file() else "safetensors"))
     elif model.path is not None:  # listed before it loads: architecture, blocks, kernels
         from engine import describe_model_file
 
@@ -227,7 +234,12 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
             details["runs"] = describe_model_file(model.path, settings.dtype, device, quant)
         except Exception as exc:  # a file Ferry cannot run: listed with the reason
             details["runs"] = f"cannot run: {exc}"
-    return ModelSource(model.name, open_tokenizer, load, size, details)
+    vision = None
+    if model.path is not None:  # a vision model takes images before it loads
+        from engine import model_vision
+
+        vision = model_vision(model.path)
+    return ModelSource(model.name, open_tokenizer, load, size, details, vision)
 
 
 def build_several(settings: Settings, paths: Paths, models: list[ModelRef],

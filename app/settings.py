@@ -47,9 +47,13 @@ INT_RANGES: dict[str, tuple[int, int | None]] = {
     "per_user_limit": (1, None),
     "max_body_bytes": (1024, None),
     "max_messages": (1, None),
+    "max_images": (0, None),
+    "max_image_pixels": (1, None),
     "max_stop": (0, None),
     "max_tokens_limit": (1, None),
     "default_max_tokens": (1, None),
+    "chat_image_bytes": (1024, None),
+    "chat_conversation_image_bytes": (1024, None),
 }
 
 
@@ -114,6 +118,8 @@ class Settings:
     per_user_limit: int = 8  # waiting + running requests per user
     max_body_bytes: int = MIB
     max_messages: int = 200
+    max_images: int = 8  # images in one request to a vision model, and in a chat message
+    max_image_pixels: int = 25_000_000  # width x height of one image, checked before decoding
     max_stop: int = 4
     max_tokens_limit: int = 4096
     default_max_tokens: int = 512  # a reply's limit when the request (or chat) sets none
@@ -121,6 +127,9 @@ class Settings:
     chat_system_prompt: str = ""  # "" -> the chat template's own default
     chat_temperature: float = 0.7
     chat_top_p: float = 0.95
+    # pictures attached in the chat: the largest one file, and all of one conversation's
+    chat_image_bytes: int = 10 * MIB
+    chat_conversation_image_bytes: int = 50 * MIB
     open: bool = False  # open the browser once serving
     model_folders: list[str] = field(default_factory=list)
     # serve the models found on disk too (model_folders, Ollama, LM Studio, the HF cache)
@@ -261,6 +270,7 @@ def engine_config(settings: Settings, *, max_context: int | None = None) -> Engi
             prefix_cache=settings.prefix_cache,
             # a shared server keeps each user's prefixes apart (no hit on another's prompt)
             prefix_cache_per_owner=settings.shared,
+            grammars_at_start=settings.shared,  # no user's first grammar holds the others
             speculative=settings.speculative,  # type: ignore[arg-type]  # in SPECULATIVE
             kv_dtype=settings.kv_dtype,  # type: ignore[arg-type]  # in KV_DTYPES
             max_waiting=settings.max_waiting,

@@ -54,6 +54,7 @@ from engine.scheduling.request import (
 )
 from engine.speculative import DraftModelError
 from engine.text.reasoning import Reasoning, ReasoningSplitter, continuation
+from engine.vision import ImageInput, expand, runs, tile_digest
 
 if TYPE_CHECKING:
     from engine.execution.draft_runner import DraftRunner
@@ -61,17 +62,30 @@ if TYPE_CHECKING:
     from engine.execution.executor import ModelExecutor
     from engine.execution.loading.loader import ModelNotFound
     from engine.execution.loading.loader import resolve_model as resolve_model_files
+    from engine.execution.loading.loader import vision_of as model_vision
     from engine.execution.model.describe import describe_file as describe_model_file
     from engine.execution.model.describe import model_architecture
-    from engine.execution.model.registry import is_encoder_folder
+    from engine.execution.model.registry import (
+        embedding_task,
+        is_embedding_model,
+        is_encoder_folder,
+    )
     from engine.execution.text.template_files import describe_chat_template
     from engine.execution.text.tokenizer import Tokenizer, gguf_tokenizer_dir
+    from engine.vision.decode import ImageError, data_url_bytes
+    from engine.vision.decode import decode as decode_image
+    from engine.vision.processor import ProcessorConfig
+    from engine.vision.processor import preprocess as preprocess_image
+    from engine.vision.tiling import TilingConfig, tile_text
+    from engine.vision.tiling import split as split_image
 
 # name -> "module:attribute", imported on first access (PEP 562)
 _LAZY: dict[str, str] = {
     "ModelExecutor": "engine.execution.executor:ModelExecutor",
     "EncoderExecutor": "engine.execution.encoder:EncoderExecutor",
     "is_encoder_folder": "engine.execution.model.registry:is_encoder_folder",
+    "is_embedding_model": "engine.execution.model.registry:is_embedding_model",
+    "embedding_task": "engine.execution.model.registry:embedding_task",
     "DraftRunner": "engine.execution.draft_runner:DraftRunner",
     "ModelNotFound": "engine.execution.loading.loader:ModelNotFound",
     "Tokenizer": "engine.execution.text.tokenizer:Tokenizer",
@@ -80,7 +94,18 @@ _LAZY: dict[str, str] = {
     "describe_chat_template": "engine.execution.text.template_files:describe_chat_template",
     "describe_model_file": "engine.execution.model.describe:describe_file",
     "model_architecture": "engine.execution.model.describe:model_architecture",
+    "model_vision": "engine.execution.loading.loader:vision_of",
+    "ImageError": "engine.vision.decode:ImageError",
+    "data_url_bytes": "engine.vision.decode:data_url_bytes",
+    "decode_image": "engine.vision.decode:decode",
+    "ProcessorConfig": "engine.vision.processor:ProcessorConfig",
+    "preprocess_image": "engine.vision.processor:preprocess",
+    "TilingConfig": "engine.vision.tiling:TilingConfig",
+    "split_image": "engine.vision.tiling:split",
+    "tile_text": "engine.vision.tiling:tile_text",
 }
+expand_image_tokens = expand  # a prompt's image placeholders, each repeated to its count
+image_tile_runs = runs  # a tiled prompt's runs of image tokens, one per tile
 
 
 __getattr__ = lazy_getattr(__name__, _LAZY, globals())
@@ -110,6 +135,8 @@ __all__ = [
     "FinalEvent",
     "FinishReason",
     "Histogram",
+    "ImageError",
+    "ImageInput",
     "KVView",
     "LoadRefused",
     "LoadedModel",
@@ -122,6 +149,7 @@ __all__ = [
     "ModelSource",
     "ModelView",
     "Policy",
+    "ProcessorConfig",
     "QueueFull",
     "Reasoning",
     "ReasoningSplitter",
@@ -132,6 +160,7 @@ __all__ = [
     "SamplingParams",
     "SharingRules",
     "TextDelta",
+    "TilingConfig",
     "Timings",
     "TokenEvent",
     "TokenLogprob",
@@ -141,12 +170,23 @@ __all__ = [
     "WaitReason",
     "Window",
     "continuation",
+    "data_url_bytes",
+    "decode_image",
     "describe_chat_template",
     "describe_model_file",
+    "embedding_task",
+    "expand_image_tokens",
     "gguf_tokenizer_dir",
+    "image_tile_runs",
+    "is_embedding_model",
     "is_encoder_folder",
     "model_architecture",
+    "model_vision",
     "parse_keep_alive",
+    "preprocess_image",
     "resolve_model_files",
+    "split_image",
     "structured",
+    "tile_digest",
+    "tile_text",
 ]

@@ -78,6 +78,12 @@ HELP: dict[str, str] = {
                       "whose `n` alone exceeds it gets 400).",
     "max_body_bytes": "Largest request body; a larger one gets 400.",
     "max_messages": "Most messages in one chat request.",
+    "max_images": "Most images in one request to a vision model (400 `too_many_images` "
+                  "beyond it; 0 refuses images); also the most pictures a chat message "
+                  "may carry and one chat reply's prompt sends (the newest).",
+    "max_image_pixels": "Largest image (width x height) a request may send, checked before "
+                        "decoding (400 `image_too_large` beyond it); the chat refuses a "
+                        "larger attachment (413) and never sends a larger stored one.",
     "max_stop": "Most stop strings in one request.",
     "max_tokens_limit": "Largest `max_tokens` a request may ask for.",
     "default_max_tokens": "A reply's token limit when the request (or the conversation) sets "
@@ -86,6 +92,11 @@ HELP: dict[str, str] = {
                           "own. Each conversation may set its own.",
     "chat_temperature": "The chat's default temperature; each conversation may set its own.",
     "chat_top_p": "The chat's default top_p; each conversation may set its own.",
+    "chat_image_bytes": "Largest picture one may attach in the chat (bytes); a larger one "
+                        "is refused with 413 and nothing is sent. See [chat](chat.md).",
+    "chat_conversation_image_bytes": "Bytes of pictures one conversation may hold, in the "
+                                     "chat and in an imported file; beyond it an attachment "
+                                     "is refused with 413.",
     "open": "Open the chat in the default browser once serving.",
     "model_folders": "Extra folders `ferry models` lists and `ferry serve` serves from "
                      "(`FERRY_MODEL_FOLDERS` separated like PATH).",

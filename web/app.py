@@ -134,9 +134,13 @@ def create_app(engine: Serving, tokenizer: Tokenizer, config: WebConfig) -> Lite
                                      EmbeddingsController],
                  exception_handlers={Exception: api_exception_handler},
                  before_request=json_depth_guard)
+    # the chat's forms carry pictures (and an import their exported copies): their own
+    # body limit, each picture and message still checked by its own
+    chat = Router("/", route_handlers=[ChatController],
+                  request_max_body_size=config.chat_body_bytes)
     app = Litestar(
         route_handlers=[
-            ChatController, DashboardController, SystemController, api, login_router,
+            chat, DashboardController, SystemController, api, login_router,
             anthropic_router, responses_router,
             ollama_router(ollama_embed),  # Ollama's error shape for /api/embed too
             create_static_files_router("/static", [HERE / "static"], name="static"),

@@ -19,6 +19,8 @@ class WebConfig:
     per_user_limit: int = 8  # waiting + running requests per user (shared mode)
     max_body_bytes: int = 1024 * 1024
     max_messages: int = 200
+    max_images: int = 8  # images in one request (vision models)
+    max_image_pixels: int = 25_000_000  # width x height of one image
     max_stop: int = 4
     max_tokens_limit: int = 4096
     default_max_tokens: int = 512
@@ -29,6 +31,9 @@ class WebConfig:
     chat_top_p: float = 0.95
     chat_ignore_eos: bool = False  # keep writing past EOS up to default_max_tokens (demos, tests)
     chat_system_prompt: str | None = None  # None: the chat template's own default
+    # pictures attached in the chat: the largest one file, and all of one conversation's
+    chat_image_bytes: int = 10 * 1024 * 1024
+    chat_conversation_image_bytes: int = 50 * 1024 * 1024
     save_interval: float = 0.5  # seconds between saves of a streaming reply
     assets_dir: Path | None = None  # node_modules with htmx.org and htmx-ext-sse (None: repo's)
     # names served besides loopback and the bound address (web.access.hosts): `name` (any
@@ -42,13 +47,21 @@ class WebConfig:
             object.__setattr__(self, "assets_dir", Path(self.assets_dir))
         object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
         for name in ("per_user_limit", "max_body_bytes", "max_messages", "max_tokens_limit",
-                     "default_max_tokens"):
+                     "default_max_tokens", "chat_image_bytes",
+                     "chat_conversation_image_bytes", "max_image_pixels"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        if self.max_stop < 0:
-            raise ValueError("max_stop must be >= 0")
+        if self.max_stop < 0 or self.max_images < 0:
+            raise ValueError("max_stop and max_images must be >= 0")
         if self.save_interval < 0 or self.dashboard_interval <= 0:
             raise ValueError("save_interval must be >= 0, dashboard_interval > 0")
+
+    @property
+    def chat_body_bytes(self) -> int:
+        """The largest body a chat form may send: a message with pictures, or an exported
+        conversation (its pictures in base64) to import. Each message and picture is still
+        checked by its own limit."""
+        return self.max_body_bytes + self.chat_conversation_image_bytes * 4 // 3 + 64 * 1024
 
     @property
     def db_path(self) -> Path:

@@ -8,7 +8,7 @@ from typing import Any
 import jinja2
 from litestar.connection import ASGIConnection
 
-from engine import KEEP, Reasoning, RequestHandle, SamplingParams, Tokenizer
+from engine import KEEP, ImageInput, Reasoning, RequestHandle, SamplingParams, Tokenizer
 from web.access.identity import User
 from web.config import WebConfig
 from web.serving import ModelCatalog, Serving
@@ -76,17 +76,24 @@ class Services:
 
     def submit(self, user: User, prompt_ids: list[int], params: SamplingParams, kind: str,
                label: str | None = None, link: str | None = None,
-               reasoning: Reasoning | None = None) -> RequestHandle:
+               reasoning: Reasoning | None = None,
+               endpoint: str | None = None,
+               images: tuple[ImageInput, ...] = ()) -> RequestHandle:
         """Submit for `user` and remember it (raises RequestError, QueueFull or
-        EngineUnavailable); `reasoning`: split a thinking model's reasoning out."""
+        EngineUnavailable); `reasoning`: split a thinking model's reasoning out;
+        `endpoint`: the API route it came through (the dashboard and /v1/requests say);
+        `images`: a vision model's images, placed in the prompt (web/api/vision)."""
         if not self.engine.alive:
             raise EngineUnavailable("the engine is not running")
         limit = self.config.per_user_limit if self.config.shared else None
         extra: dict[str, Any] = {"reasoning": reasoning} if reasoning else {}  # gateway: none
+        if images:  # only engines that take images are given them (web/api/vision)
+            extra["images"] = images
         handle: RequestHandle = self.engine.submit(prompt_ids, params, owner=user.name,
                                                    owner_limit=limit, **extra)
         item = self.tracker.add(handle, kind, label, link)
         item.constraint = params.constraint.kind if params.constraint else None
+        item.endpoint = endpoint
         return handle
 
     def render(self, template: str, **context: Any) -> str:

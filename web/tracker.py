@@ -23,7 +23,7 @@ class Tracked:
     # "alice (admin)" when someone other than the owner cancelled it from the dashboard
     cancelled_by: str | None = None
     constraint: str | None = None  # what its output is constrained by (json_schema, tool_call...)
-    endpoint: str | None = None  # the API route it came through, where not the chat/OpenAI one
+    endpoint: str | None = None  # the API route it came through (None: the chat page)
 
     @property
     def id(self) -> str:

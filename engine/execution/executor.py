@@ -21,16 +21,19 @@ from engine.execution.attention.choice import BackendChoice, choose
 from engine.execution.cpu import default_threads, on_fresh_thread, reuse_freed_memory
 from engine.execution.footprint import device_memory, fit_kv_tokens, weight_bytes
 from engine.execution.host import to_device
+from engine.execution.image_encoder import ImageEncoder
 from engine.execution.kv_pool import KVPool, LocalTables, slot_of
 from engine.execution.loading.loader import load_model, pool_dtype, resolve_model, weight_mode
 from engine.execution.loading.model_files import is_gguf
 from engine.execution.model.decoder import CausalLM
 from engine.execution.model.fused_decode import FusedDecode, per_row_rows
 from engine.execution.model.layers.linear import Linear
+from engine.execution.model.vision import VisionConfig
 from engine.execution.residency import (
     Footprint,
     Measured,
     model_tensors,
+    release_unused_file_pages,
     resident,
     storages,
     weights_resident,
@@ -41,6 +44,7 @@ from engine.execution.sampling.verify import verify_items
 from engine.execution.text.tokenizer import gguf_tokenizer_dir, read_eos_ids
 from engine.scheduling.batch import Batch, Sampled
 from engine.scheduling.request import Request, TokenLogprob
+from engine.vision import ImageInput
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +92,8 @@ class ModelExecutor:
         # layers are the fused recipe's (built from the model's neutral description)
         self.fused = FusedDecode.build(cfg, model.decode_layers(), model.dtype, model)
         self.sampler = Sampler()
+        # a vision model's images, encoded in the rounds that reach them
+        self.images = ImageEncoder(model, self.device) if model.takes_images else None
         self.masks = MaskWorker(cfg.vocab_size)
         self.eos_ids = eos_ids
         self.max_context = cfg.max_context
@@ -122,6 +128,8 @@ class ModelExecutor:
             net.pack_weights()
             log.info("loaded %s as %s on %s", path, quant or torch_dtype, device)
             gguf = is_gguf(path)
+            if gguf:  # the file's blocks that loading copied elsewhere: held once, not twice
+                release_unused_file_pages(str(path), model_tensors(net))
             eos = net.eos_ids if gguf else read_eos_ids(path)
             ex = cls(net, config or EngineConfig(), device, backend, eos, path, threads)
             if gguf and cache_dir is not None:
@@ -135,6 +143,12 @@ class ModelExecutor:
         return ex
 
     source = ""  # "GGUF" / "safetensors" when loaded from_pretrained
+
+    @property
+    def vision(self) -> VisionConfig | None:
+        """A vision model's image side (its processor, tokens per image); None: text."""
+        vision: VisionConfig | None = self.model.config.vision
+        return vision
 
     def describe(self) -> str:
         """How the model runs, in one line: e.g. "GGUF Q4_1 + Q8_0 head, native AVX2
@@ -216,6 +230,7 @@ class ModelExecutor:
         local = LocalTables(ps, self.sliding_window) if self.local_pool is not None else None
         score_rows: list[int] = []  # rows whose logits score the next prompt token
         scored: list[tuple[Request, int, int]] = []  # (request, first target, count)
+        pieces: list[tuple[int, ImageInput, int, int]] = []  # (first row, image, from, to)
         for i in order:
             it = items[i]
             req, start, n = it.request, it.start, it.num_tokens
@@ -227,6 +242,12 @@ class ModelExecutor:
             if end > self.max_context:  # checked here, on the host (rotary would sync)
                 raise ValueError(f"position {end - 1} beyond the model's "
                                  f"{self.max_context} positions")
+            if req.images and not it.drafts:  # the image rows this item computes
+                for image in req.images:
+                    lo, hi = max(start, image.offset), min(end, image.end)
+                    if lo < hi:
+                        pieces.append((len(ids) + lo - start, image, lo - image.offset,
+                                       hi - image.offset))
             if n == 1:
                 ids.append(req.token_at(start))
             elif it.drafts:  # the last token, then the drafts (not in the output yet)
@@ -271,12 +292,24 @@ class ModelExecutor:
                 query_lens, kv_lens, tables, as_tensor(slots),
                 None if local is None else LocalInputs(local.kv_lens, local.tables,
                                                        as_tensor(local.slots))))
+            rows, embeds = self._image_rows(pieces) if pieces else (None, None)
             logits = self.model(as_tensor(ids), as_tensor(positions), self.attn,
-                                as_tensor(score_rows + sample_rows), self.fused)
+                                as_tensor(score_rows + sample_rows), self.fused, rows, embeds)
             if score_rows:
                 self._score_prompts(logits[:len(score_rows)], scored)
                 logits = logits[len(score_rows):]
         return logits, sample_items
+
+    def _image_rows(self, pieces: list[tuple[int, ImageInput, int, int]]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the batch rows that hold image positions, their encoder rows), encoding the
+        images this round reaches first."""
+        if self.images is None:
+            raise ValueError(f"{self.model.config.model_type} takes no images")
+        encoded = self.images.rows([image for _, image, _, _ in pieces])
+        rows = [r for first, _, lo, hi in pieces for r in range(first, first + hi - lo)]
+        embeds = torch.cat([encoded[image.digest][lo:hi] for _, image, lo, hi in pieces])
+        return to_device(rows, torch.int64, self.device), embeds
 
     @staticmethod
     def _score_prompts(logits: torch.Tensor, scored: list[tuple[Request, int, int]]) -> None:

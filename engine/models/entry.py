@@ -102,6 +102,7 @@ class ModelInfo:
     error: str | None = None
     memory_wait: str | None = None
     memory: Mapping[str, int] | None = None  # resident bytes by part, while loaded
+    takes_images: bool = False  # a vision model (known from its files before it loads)
 
     @property
     def loaded(self) -> bool:

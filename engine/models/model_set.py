@@ -32,6 +32,7 @@ from engine.runtime.handle import RequestHandle
 from engine.runtime.snapshot import EngineSnapshot
 from engine.scheduling.request import RequestError, SamplingParams, new_request_id
 from engine.text.reasoning import Reasoning
+from engine.vision import ImageInput
 
 if TYPE_CHECKING:
     from engine.execution.text.tokenizer import Tokenizer
@@ -143,7 +144,8 @@ class ModelSet(Monitor, Sharing):
                request_id: str | None = None, owner_limit: int | None = None,
                reasoning: Reasoning | None = None, model: str | None = None,
                keep_alive: object = KEEP, admin: bool = True,
-               arrival: Arrival | None = None) -> RequestHandle:
+               arrival: Arrival | None = None,
+               images: tuple[ImageInput, ...] = ()) -> RequestHandle:
         """Queue a request for `model` (None: the default); `keep_alive`: seconds the model
         stays loaded once idle after it (None: always; the rules in engine.models.sharing
         say whose counts); `admin`: an admin's request (local mode: every one); `arrival`:
@@ -176,14 +178,14 @@ class ModelSet(Monitor, Sharing):
             if loaded:
                 assert entry.engine is not None
                 return entry.engine.submit(prompt_ids, params, owner, request_id, owner_limit,
-                                           reasoning)
+                                           reasoning, images=images)
             if entry.waiting >= self.table.config.max_waiting:
                 raise QueueFull(f"{entry.waiting} requests already wait for "
                                 f"{entry.name} to load")
             handle = RequestHandle(request_id or new_request_id(), owner, list(prompt_ids),
                                    tokenizer, params.stop, self.cancel, reasoning)
             entry.pending.append(Pending(handle, list(prompt_ids), params, owner, owner_limit,
-                                         reasoning, self.clock(), admin))
+                                         reasoning, self.clock(), admin, images))
         self._wake.set()
         return handle
 

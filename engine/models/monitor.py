@@ -133,7 +133,8 @@ class Monitor:
             for p in pending:
                 try:
                     entry.engine.submit(p.prompt_ids, p.params, p.owner, p.handle.id,
-                                        p.owner_limit, p.reasoning, handle=p.handle)
+                                        p.owner_limit, p.reasoning, handle=p.handle,
+                                        images=p.images)
                 except (RequestError, QueueFull) as exc:
                     p.end(self.clock(), "error", str(exc))
         self._event(entry.name, "loaded",

@@ -13,6 +13,7 @@ from engine.runtime.snapshot import EngineSnapshot, KVView, MetricsView, Request
 from engine.scheduling.admission import WaitReason
 from engine.scheduling.request import FinishReason, SamplingParams
 from engine.text.reasoning import Reasoning
+from engine.vision import ImageInput
 
 
 @dataclass(eq=False, slots=True)
@@ -46,6 +47,7 @@ class Pending:
     reasoning: Reasoning | None
     arrival: float
     admin: bool = True  # an admin's request (shared mode): its load may evict the default
+    images: tuple[ImageInput, ...] = ()  # a vision model's images, placed in the prompt
 
     def view(self, model: str, now: float, reason: WaitReason,
              position: int) -> RequestView:

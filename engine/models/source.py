@@ -39,3 +39,6 @@ class ModelSource:
     size: int = 0  # bytes expected once loaded (the file's size): the budget's estimate
     # what /v1/models lists before it is loaded: architecture, blocks, format, path
     details: Mapping[str, Any] = field(default_factory=dict)
+    # a vision model's image side, read from its files (engine.model_vision): its requests
+    # can be prepared before it loads; None: text only
+    vision: Any = None

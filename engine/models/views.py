@@ -21,8 +21,10 @@ from engine.scheduling.admission import WaitReason
 from engine.scheduling.constraint import Constraint
 from engine.scheduling.request import SamplingParams
 from engine.text.reasoning import Reasoning
+from engine.vision import ImageInput
 
 if TYPE_CHECKING:
+    from engine.execution.model.vision import VisionConfig
     from engine.execution.text.tokenizer import Tokenizer
     from engine.structured.compiler import GrammarCompiler
 
@@ -74,7 +76,9 @@ class ModelTable:
             engines = {e.name: e.engine for e in self.entries.values()}
             infos = [ModelInfo(e.name, e.name == default, self.shown_state(e),
                                e.size or e.source.size, e.runs, e.keep_alive, e.live,
-                               e.source.details, e.error, e.memory_wait)
+                               e.source.details, e.error, e.memory_wait,
+                               takes_images=(e.engine.vision if e.engine is not None
+                                             else e.source.vision) is not None)
                      for e in self.entries.values()]
         return [dataclasses.replace(i, memory=memory_of(engines[i.name])) for i in infos]
 
@@ -135,6 +139,17 @@ class ModelTable:
             engines = [(e.name, e.engine) for e in self.entries.values()]
         return [(name, engine.snapshot() if engine else None) for name, engine in engines]
 
+    def task_of(self, model: str) -> str | None:
+        """What the model does: its loaded engine's task ("generate", "embed", "score"),
+        else what its source said of its files before it loaded (None: it did not say)."""
+        with self.lock:
+            entry = self.entries[model]
+            engine = entry.engine
+        if engine is not None:
+            return engine.task
+        task = entry.source.details.get("task")
+        return str(task) if task else None
+
     def config_of(self, model: str) -> EngineConfig:
         with self.lock:
             engine = self.entries[model].engine
@@ -160,7 +175,8 @@ class ServingSet(Protocol):
                request_id: str | None = None, owner_limit: int | None = None,
                reasoning: Reasoning | None = None, model: str | None = None,
                keep_alive: object = ..., admin: bool = True,
-               arrival: Arrival | None = None) -> RequestHandle: ...
+               arrival: Arrival | None = None,
+               images: tuple[ImageInput, ...] = ()) -> RequestHandle: ...
 
     def grammars(self, model: str) -> GrammarCompiler: ...
 
@@ -207,12 +223,34 @@ class ModelView:
     def tokenizer(self) -> Tokenizer:
         return self.models.tokenizer(self.name)
 
+    @property
+    def task(self) -> str | None:
+        """"generate", "embed" or "score" (a cross-encoder), loaded or not (None: not
+        known until it loads)."""
+        return self.models.table.task_of(self.name)
+
     def submit(self, prompt_ids: list[int], params: SamplingParams, owner: str = "local",
                request_id: str | None = None, owner_limit: int | None = None,
-               reasoning: Reasoning | None = None) -> RequestHandle:
+               reasoning: Reasoning | None = None,
+               images: tuple[ImageInput, ...] = ()) -> RequestHandle:
         arrival, self.arrival = self.arrival, None  # the first submit is the announced one
         return self.models.submit(prompt_ids, params, owner, request_id, owner_limit,
-                                  reasoning, self.name, self.keep_alive, self.admin, arrival)
+                                  reasoning, self.name, self.keep_alive, self.admin, arrival,
+                                  images)
+
+    @property
+    def vision(self) -> VisionConfig | None:
+        """The model's image side: the loaded engine's, else read from its files before it
+        loads (None: text only)."""
+        with self.models.table.lock:
+            entry = self.models.table.entries[self.name]
+        vision: VisionConfig | None = entry.engine.vision if entry.engine is not None \
+            else entry.source.vision
+        return vision
+
+    @property
+    def takes_images(self) -> bool:
+        return self.vision is not None
 
     def check_constraint(self, constraint: Constraint) -> Constraint:
         """Checked by the loaded engine's compiler, else by one built from the tokenizer

@@ -41,8 +41,10 @@ from engine.scheduling.request import (
     new_request_id,
 )
 from engine.text.reasoning import Reasoning
+from engine.vision import ImageInput, cache_ids
 
 if TYPE_CHECKING:
+    from engine.execution.model.vision import VisionConfig
     from engine.execution.residency import Footprint
     from engine.execution.text.tokenizer import Tokenizer
     from engine.speculative import DraftModel
@@ -108,6 +110,12 @@ class Engine:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Engine:
+        if self.config.grammars_at_start and self.tokenizer is not None \
+                and self.task == "generate":
+            try:
+                self.grammars()
+            except RequestError as exc:  # constrained requests will say why; serving goes on
+                log.warning("constrained output unavailable: %s", exc)
         self._thread = threading.Thread(target=self._run, name="ferry-scheduler", daemon=True)
         self._thread.start()
         return self
@@ -128,14 +136,18 @@ class Engine:
     def submit(self, prompt_ids: list[int], params: SamplingParams, owner: str = "local",
                request_id: str | None = None, owner_limit: int | None = None,
                reasoning: Reasoning | None = None,
-               handle: RequestHandle | None = None) -> RequestHandle:
+               handle: RequestHandle | None = None,
+               images: tuple[ImageInput, ...] = ()) -> RequestHandle:
         """Queue a request. Raises RequestError (bad input, never fits) or QueueFull.
         `reasoning`: split a thinking model's reasoning from its answer (chat requests);
-        `handle`: one made earlier (a request that waited for its model to load)."""
+        `handle`: one made earlier (a request that waited for its model to load); `images`:
+        a vision model's images, placed in the prompt (engine.vision.expand)."""
         if not self.alive:
             raise RuntimeError("the engine is not running")
         req = Request(list(prompt_ids), params, id=request_id or new_request_id(), owner=owner,
                       arrival=self.clock(), eos_ids=self.eos_ids)
+        if images or self.vision is not None:
+            self._place_images(req, images)
         self._core.scheduler.validate(req)  # read-only: config and pool size
         if params.embed != (self.task != "generate"):
             raise RequestError("this model makes embeddings only" if not params.embed
@@ -161,6 +173,38 @@ class Engine:
         return handle
 
     @property
+    def vision(self) -> VisionConfig | None:
+        """A vision model's image side (engine.execution.model.vision); None: text only."""
+        vision: VisionConfig | None = getattr(self._core.executor, "vision", None)
+        return vision
+
+    @property
+    def takes_images(self) -> bool:
+        return self.vision is not None
+
+    def _place_images(self, req: Request, images: tuple[ImageInput, ...]) -> None:
+        """Check that `images` fill exactly the prompt's image-token positions (a prompt
+        holding the image token without its image would run on the placeholder's
+        embedding: refused), and key the prefix cache by them."""
+        vision = self.vision
+        if vision is None:
+            raise RequestError("this model takes no images")
+        if sum(1 for t in req.prompt_ids if t == vision.image_token_id) != \
+                len(images) * vision.tokens_per_image:
+            raise RequestError("the prompt holds the model's image token without an image "
+                               "for it (send images as image_url content parts)")
+        if not images:
+            return
+        for image in images:
+            if image.offset < 0 or image.end > req.prompt_len or image.length != \
+                    vision.tokens_per_image or any(
+                        t != vision.image_token_id for t in req.prompt_ids[image.offset:image.end]):
+                raise RequestError("an image's positions must hold the model's image token, "
+                                   f"{vision.tokens_per_image} of them")
+        req.images = tuple(images)
+        req.cache_key = cache_ids(req.prompt_ids, images)
+
+    @property
     def executor(self) -> Executor:
         """The model side (read-only use: its sizes and what it supports)."""
         return self._core.executor
@@ -170,6 +214,11 @@ class Engine:
         """"embed" for an embedding model, "score" for a cross-encoder (its executor says),
         else "generate"."""
         return str(getattr(self._core.executor, "task", "generate"))
+
+    @property
+    def grammars_built(self) -> bool:
+        """Whether the grammar compiler (its view of the vocabulary) exists yet."""
+        return self._grammars is not None
 
     def grammars(self) -> GrammarCompiler:
         """The model's grammar compiler, built on first use (about a second)."""

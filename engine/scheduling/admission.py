@@ -15,8 +15,17 @@ from engine.scheduling.slots import SlotTable
 
 @dataclass(frozen=True, slots=True)
 class WaitReason:
-    code: str  # budget | slot | kv | behind | chunk
+    code: str  # budget | slot | kv | behind | chunk | image
     text: str
+
+
+def image_reason(req: Request, start: int, count: int) -> WaitReason | None:
+    """`encoding image 1 of 2` when the chunk of `count` positions from `start` first reaches
+    one of the request's images (its encoder runs in that round), else None."""
+    for i, image in enumerate(req.images):
+        if start <= image.offset < start + count:
+            return WaitReason("image", f"encoding image {i + 1} of {len(req.images)}")
+    return None
 
 
 def reservation(req: Request, page_size: int) -> int:
@@ -84,10 +93,11 @@ class Admission:
         for req in order:
             if req.state is RequestState.CHUNKED:
                 chunks = req.num_chunks + -(-req.prefill_left // self.config.max_prefill_tokens)
-                reasons[req.id] = WaitReason(
+                step = min(max(budget, 0), req.prefill_left)
+                reasons[req.id] = image_reason(req, req.num_computed, step) or WaitReason(
                     "chunk", f"prefill chunk {req.num_chunks + 1} of {chunks}: "
                              f"{req.num_computed} of {req.prompt_len} prompt tokens done")
-                budget -= min(max(budget, 0), req.prefill_left)
+                budget -= step
                 continue
             if blocker is not None:
                 reasons[req.id] = WaitReason("behind", f"behind {blocker.id}")
@@ -100,7 +110,9 @@ class Admission:
             match = self.kv.match(req, touch=False)
             reason = self.refuse(req, match, budget)
             if reason is None:
-                reasons[req.id] = WaitReason("next", "fits: admitted at the next round")
+                first = min(budget, req.prompt_len - match.num_tokens)
+                reasons[req.id] = image_reason(req, match.num_tokens, first) or WaitReason(
+                    "next", "fits: admitted at the next round")
                 self.admitted(req)
                 self.held_back += self.kv.available_with(PrefixMatch(None, [], 0)) \
                     - self.kv.available_with(match)

@@ -48,7 +48,7 @@ class KVAccounting(PagePool):
             return PrefixMatch(None, [], 0)
         # At least the last prompt token is computed, to give logits.
         max_pages = (req.prompt_len - 1) // self.page_size
-        node, pages = self.cache.match(req.prompt_ids, max_pages, touch, self.scope(req))
+        node, pages = self.cache.match(req.cache_prompt, max_pages, touch, self.scope(req))
         return PrefixMatch(node, pages, len(pages) * self.page_size)
 
     def admit(self, req: Request, match: PrefixMatch) -> None:
@@ -80,7 +80,7 @@ class KVAccounting(PagePool):
     def prompt_done(self, req: Request) -> None:
         """The prompt's full pages enter the cache, locked, so concurrent requests hit them."""
         if self.cache is not None and not req.params.embed:  # an encoder keeps no KV
-            self._insert(req, req.prompt_ids, req.prompt_len // self.page_size, relock=True)
+            self._insert(req, req.cache_prompt, req.prompt_len // self.page_size, relock=True)
 
     def release(self, req: Request, keep: bool = True) -> None:
         """Return a finished request's pages: full ones to the cache (unless `keep` is False,
@@ -89,8 +89,8 @@ class KVAccounting(PagePool):
         if self.cache is not None and keep and not req.params.embed:
             computed = req.num_computed if self.cache_outputs else min(req.num_computed,
                                                                         req.prompt_len)
-            ids = [req.token_at(p) for p in range(computed)] if computed > req.prompt_len \
-                else req.prompt_ids
+            ids = req.cache_prompt + req.output_ids[:computed - req.prompt_len] \
+                if computed > req.prompt_len else req.cache_prompt
             node_after = self._insert(req, ids, computed // self.page_size, relock=False)
             kept = self._path_pages(node_after)
         else:

@@ -4,9 +4,12 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from engine.scheduling.constraint import Constraint
+
+if TYPE_CHECKING:
+    from engine.vision import ImageInput
 
 FinishReason = Literal["length", "stop", "cancelled", "error"]
 MAX_LOGPROBS = 20  # top alternatives per position, as OpenAI's and vLLM's limit
@@ -113,6 +116,10 @@ class Request:
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
     embedding: list[float] | None = None  # written by an encoder when params.embed
+    # a vision model's images: each one's positions hold its encoder output, not its tokens
+    images: tuple[ImageInput, ...] = ()
+    # the prompt as the prefix cache keys it (engine.vision.cache_ids); None: prompt_ids
+    cache_key: list[int] | None = None
     # grammar-constrained decoding: the request's own matcher (made at submit, advanced by the
     # executor on every sampled token), set done once the grammar is complete
     matcher: object | None = None
@@ -128,6 +135,12 @@ class Request:
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def cache_prompt(self) -> list[int]:
+        """The prompt as the prefix cache keys its pages (an image's positions by its
+        digest, so that different images never share KV)."""
+        return self.cache_key if self.cache_key is not None else self.prompt_ids
 
     @property
     def num_outputs(self) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 from engine.config import EngineConfig
 
 REQUEST_FIELDS = {"id", "arrive", "prompt", "prompt_ids", "output", "eos_at", "ignore_eos",
-                  "cancel_at", "user", "accept"}
+                  "cancel_at", "user", "accept", "images"}
 TOP_FIELDS = {"engine", "requests", "about"}
 
 
@@ -30,6 +30,8 @@ class SimRequest:
     user: str = "local"
     # speculative rounds, in order: drafts the target keeps in each (then it stops drafting)
     accept: tuple[int, ...] = ()
+    # a vision request's images: (first position, positions, image id); one id, one image
+    images: tuple[tuple[int, int, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,11 +124,32 @@ def _request(item: Any, index: int, seen: set[str]) -> SimRequest:
                             "per speculative round)")
     return SimRequest(
         id=rid, arrive=_number(item.get("arrive", 0), f"{where}.arrive"), prompt_ids=prompt,
+        images=_images(item.get("images", []), len(prompt), where, rid),
         output=_count(item.get("output"), f"{where}.output"),
         eos_at=None if eos_at is None else _count(eos_at, f"{where}.eos_at"),
         ignore_eos=ignore_eos,
         cancel_at=None if cancel_at is None else _number(cancel_at, f"{where}.cancel_at"),
         user=user, accept=tuple(accept))
+
+
+def _images(items: Any, prompt: int, where: str, rid: str) -> tuple[tuple[int, int, str], ...]:
+    """`images`: [{"at": first position, "tokens": positions, "id": optional}], in order,
+    apart, inside the prompt; the same id is the same image (its KV may be shared)."""
+    if not isinstance(items, list):
+        raise ScenarioError(f"{where}.images must be a list of {{at, tokens, id}} objects")
+    out: list[tuple[int, int, str]] = []
+    end = 0
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or set(item) - {"at", "tokens", "id"}:
+            raise ScenarioError(f"{where}.images[{i}] must be an object with at, tokens, id")
+        at = _count(item.get("at"), f"{where}.images[{i}].at", 0)
+        tokens = _count(item.get("tokens"), f"{where}.images[{i}].tokens")
+        if at < end or at + tokens > prompt:
+            raise ScenarioError(f"{where}.images[{i}] must lie inside the prompt, after the "
+                                "image before it")
+        out.append((at, tokens, str(item.get("id", f"{rid}#{i}"))))
+        end = at + tokens
+    return tuple(out)
 
 
 def load(path: str | Path, policy: str | None = None) -> Scenario:

@@ -6,6 +6,7 @@ boundary where nothing can run prints no round (idle time is skipped).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -18,6 +19,7 @@ from engine.scheduling.batch import Batch, BatchItem, Sampled
 from engine.scheduling.request import Request, RequestError, SamplingParams
 from engine.sim.scenario import Scenario, ScenarioError, SimRequest, load
 from engine.speculative import DraftPolicy, Speculator
+from engine.vision import ImageInput, cache_ids
 
 SIM_EOS = -1  # never a prompt id
 SIM_TOKEN = 0
@@ -132,6 +134,10 @@ class Simulation:
         params = SamplingParams(max_tokens=sim.output, ignore_eos=sim.ignore_eos)
         req = Request(list(sim.prompt_ids), params, id=sim.id, owner=sim.user,
                       arrival=sim.arrive, eos_ids=frozenset({SIM_EOS}))
+        if sim.images:  # positions the encoder fills; the prefix cache keys them by image
+            req.images = tuple(ImageInput(hashlib.sha256(key.encode()).hexdigest(), None,
+                                          at, n) for at, n, key in sim.images)
+            req.cache_key = cache_ids(req.prompt_ids, req.images)
         self.requests[sim.id] = req
         self.result[sim.id] = {}
         try:

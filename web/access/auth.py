@@ -78,7 +78,9 @@ class Auth:
         return cls(shared=config.shared,
                    store=store if store is not None else UserStore(config.users_path),
                    key=load_secret_key(config.data_dir, config.secret_key),
-                   max_body_bytes=config.max_body_bytes)
+                   # the largest form a route takes (the chat's, with pictures): a form read
+                   # for its CSRF token; each route then holds its body to its own limit
+                   max_body_bytes=config.chat_body_bytes)
 
     @property
     def max_age(self) -> int:

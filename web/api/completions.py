@@ -15,7 +15,15 @@ from litestar.params import JSONBody
 from litestar.types import ASGIApp
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from engine import Constraint, FinalEvent, Reasoning, RequestHandle, TextDelta, Tokenizer
+from engine import (
+    Constraint,
+    FinalEvent,
+    ImageInput,
+    Reasoning,
+    RequestHandle,
+    TextDelta,
+    Tokenizer,
+)
 from web.access.disclosure import final_error, model_info
 from web.access.identity import User, current_user
 from web.api.choices import ChatShape, CompletionShape, usage_of
@@ -44,6 +52,7 @@ from web.api.structured.chat_input import chat_input, constraint_of, passthrough
 from web.api.structured.shape import ToolChatShape, chat_choices
 from web.services import Services, services
 from web.sse import event_stream, on_event
+from web.worker import below_engine
 
 # the `object` fields of stream chunks and completions
 CHUNK: Literal["chat.completion.chunk"] = "chat.completion.chunk"
@@ -107,15 +116,15 @@ def _headers(handles: list[RequestHandle]) -> dict[str, str]:
 
 def _submit(request: Request[Any, Any, Any], s: Services, prompt_ids: list[int],
             body: Any, default_max: int, max_tokens: int | None,
-            constraint: Constraint | None = None, reasoning: Reasoning | None = None
-            ) -> list[RequestHandle]:
+            constraint: Constraint | None = None, reasoning: Reasoning | None = None,
+            images: tuple[ImageInput, ...] = ()) -> list[RequestHandle]:
     n = body.n or 1
     params = [dataclasses.replace(sampling_params(body, s.config, len(prompt_ids),
                                                   s.context_limit, default_max, max_tokens, i),
                                   constraint=constraint) for i in range(n)]
     chat = hasattr(body, "messages")
     return submit_all(request, s, prompt_ids, with_chat_stops(params, s.tokenizer) if chat
-                      else params, "messages" if chat else "prompt", reasoning)
+                      else params, "messages" if chat else "prompt", reasoning, images=images)
 
 
 def _prompt_text(body: CompletionRequest, ids: list[int], tokenizer: Tokenizer) -> str:
@@ -162,6 +171,12 @@ def _known(s: Services) -> list[str]:
     return [m.id for m in _served(s)]
 
 
+def _task(s: Services) -> str:
+    """The card's word for what the model does: generate, embed or rerank."""
+    task = str(getattr(s.engine, "task", None) or "generate")
+    return "rerank" if task == "score" else task
+
+
 def _memory(engine: Any) -> dict[str, int] | None:
     """One engine's resident bytes by part (None where it cannot tell: a gateway)."""
     measure = getattr(engine, "footprint", None)
@@ -176,11 +191,13 @@ class OpenAIController(Controller):
     def _card(self, s: Services, served: Any = None) -> ModelCard:
         thinks = bool(getattr(s.tokenizer, "thinks", False))  # the gateway: the upstream's
         runs = s.config.model_runs or None
+        task = _task(s)
         return ModelCard(served.id if served else s.config.model_name, int(s.started),
                          (served and served.max_context) or s.context_limit,
                          chat_template=getattr(s.tokenizer, "chat_template_name", None),
                          architecture=runs.split(":", 1)[0] if runs else None, runs=runs,
-                         reasoning=thinks, embedding=getattr(s.engine, "task", "") == "embed",
+                         reasoning=thinks, embedding=task == "embed", task=task,
+                         vision=bool(getattr(s.engine, "takes_images", False)),
                          upstreams=list(served.upstreams) if served else None,
                          memory=None if served else _memory(s.engine))
 
@@ -196,9 +213,12 @@ class OpenAIController(Controller):
         for m in (model_info(m, user) for m in s.catalog.models()):
             runs = m.runs or str(m.details.get("runs") or "") or None
             one = dataclasses.replace(s, engine=s.catalog.serving(m.name))
+            task = _task(one)
             card = self._card(s) if m.default else ModelCard(
                 m.name, int(s.started), one.context_limit,
-                architecture=runs.split(":", 1)[0] if runs else None, runs=runs)
+                architecture=runs.split(":", 1)[0] if runs else None, runs=runs,
+                embedding=task == "embed", task=task,
+                vision=bool(getattr(one.engine, "takes_images", False)))
             cards.append(msgspec.structs.replace(card, runs=runs, loaded=m.loaded, state=m.state,
                                                  default=m.default, size=m.size,
                                                  memory=dict(m.memory) if m.memory else None,
@@ -240,7 +260,7 @@ class OpenAIController(Controller):
         max_tokens = data.max_tokens if data.max_tokens is not None else \
             data.max_completion_tokens
         handles = _submit(request, s, ids, data, s.config.default_max_tokens, max_tokens,
-                          chat.constraint, chat.reasoning)
+                          chat.constraint, chat.reasoning, chat.images)
         top = (data.top_logprobs or 0) if data.logprobs else None
         shape = ToolChatShape(top, token_texts(s.tokenizer), chat.tools, s.tokenizer) \
             if chat.tools is not None and chat.tools.parses else \
@@ -275,7 +295,7 @@ class OpenAIController(Controller):
 
     async def _complete(self, request: Request[Any, Any, Any], s: Services,
                         data: CompletionRequest) -> ASGIApp:
-        ids = await anyio.to_thread.run_sync(check_completion, data, s.tokenizer)
+        ids = await below_engine(check_completion, data, s.tokenizer)
         constraint = await constraint_of(data, s)
         if upstream(s):
             ids.extra = passthrough(data)  # type: ignore[attr-defined]

@@ -14,6 +14,7 @@ from litestar import Request
 
 from engine import (
     FinalEvent,
+    ImageInput,
     LoadRefused,
     QueueFull,
     Reasoning,
@@ -30,7 +31,12 @@ from web.sse import until_disconnect
 
 def submit_all(request: Request[Any, Any, Any], s: Services, prompt_ids: list[int],
                params: list[SamplingParams], param: str,
-               reasoning: Reasoning | None = None) -> list[RequestHandle]:
+               reasoning: Reasoning | None = None,
+               endpoint: str | None = None,
+               images: tuple[ImageInput, ...] = ()) -> list[RequestHandle]:
+    """Submit one request per choice, labelled with `endpoint` (default: the route the
+    request came through), with a vision model's `images`; all or none (a refusal cancels
+    those submitted)."""
     limit = s.config.per_user_limit if s.config.shared else None
     if limit is not None and len(params) > limit:
         # could never fit, however long the client waits: not a retryable 429
@@ -40,7 +46,8 @@ def submit_all(request: Request[Any, Any, Any], s: Services, prompt_ids: list[in
     try:
         for p in params:
             handles.append(s.submit(current_user(request), prompt_ids, p, "api",
-                                    reasoning=reasoning))
+                                    reasoning=reasoning, images=images,
+                                    endpoint=endpoint or request.url.path))
     except (RequestError, QueueFull, EngineUnavailable, LoadRefused) as exc:
         for handle in handles:
             handle.cancel()

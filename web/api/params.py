@@ -24,7 +24,7 @@ from engine import (
 )
 from web.access.identity import User
 from web.api.errors import APIError, from_engine, unsupported
-from web.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from web.api.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields, TextPart
 from web.config import WebConfig
 from web.services import Services
 
@@ -103,14 +103,9 @@ def check_chat(body: ChatCompletionRequest, config: WebConfig) -> list[dict[str,
         if message.tool_calls and role != "assistant":
             raise APIError(f"{where}.tool_calls: only assistant messages carry tool calls",
                            param=f"{where}.tool_calls")
-        content = message.content
+        content: Any = message.content
         if isinstance(content, list):
-            texts = []
-            for part in content:
-                if part.type != "text" or part.text is None:
-                    raise unsupported(f"{where}.content", f"content of type {part.type!r}")
-                texts.append(part.text)
-            content = "".join(texts)
+            content = _content_parts(content, where, role)
         entry: dict[str, Any] = {"role": role, "content": content or ""}
         if message.tool_calls:  # web/api/structured/tools.py renders them for the template
             entry["tool_calls"] = message.tool_calls
@@ -118,6 +113,26 @@ def check_chat(body: ChatCompletionRequest, config: WebConfig) -> list[dict[str,
             entry["tool_call_id"] = message.tool_call_id
         out.append(entry)
     return out
+
+
+def _content_parts(parts: list[TextPart], where: str, role: str) -> str | list[dict[str, Any]]:
+    """A message's content parts: their text joined, or, with image parts (a user's), the
+    parts as template input for web/api/vision."""
+    out: list[dict[str, Any]] = []
+    for j, part in enumerate(parts):
+        if part.type == "image_url" and part.image_url is not None and role == "user":
+            out.append({"type": "image_url", "image_url": {"url": part.image_url.url,
+                                                            "detail": part.image_url.detail}})
+        elif part.type == "image_url" and part.image_url is not None:
+            raise APIError(f"{where}.content[{j}]: only user messages carry images",
+                           param=f"{where}.content[{j}]")
+        elif part.type != "text" or part.text is None:
+            raise unsupported(f"{where}.content", f"content of type {part.type!r}")
+        else:
+            out.append({"type": "text", "text": part.text})
+    if any(p["type"] == "image_url" for p in out):
+        return out
+    return "".join(p["text"] for p in out)
 
 
 def check_completion(body: CompletionRequest, tokenizer: Tokenizer) -> list[int]:

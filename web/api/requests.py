@@ -55,7 +55,9 @@ class RequestInfo(Struct):
     kind: str | None = None
     constraint: str | None = None  # json_schema, json_object, regex, choice, grammar, tool_call
     model: str | None = None  # the model serving it, where the server has several
-    endpoint: str | None = None  # the route it came through (/v1/messages, /api/chat...)
+    # the route it came through (/v1/chat/completions, /v1/messages, /api/chat...);
+    # None for the chat page's
+    endpoint: str | None = None
 
 
 class RequestList(Struct):
@@ -108,7 +110,7 @@ def find(s: Services, user: User, request_id: str) -> RequestInfo:
         if s.engine.handle(request_id) is not None:  # submitted, not yet in a snapshot
             return RequestInfo(request_id, item.owner, "waiting", "waiting", None, None, None,
                                item.handle.prompt_tokens, 0, 0, 0, None, RequestTimings(),
-                               None, item.kind)
+                               None, item.kind, endpoint=item.endpoint)
         return finished_info(item, None)
     raise APIError(f"no request {request_id}", 404, param="id", code="request_not_found")
 

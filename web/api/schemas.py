@@ -11,9 +11,17 @@ import msgspec
 from msgspec import Struct
 
 
+class ImageURL(Struct, kw_only=True):
+    url: str  # a base64 data: URL (remote http(s) URLs are refused: fetching is off)
+    detail: str | None = None  # auto, low or high: accepted; every image is processed alike
+
+
 class TextPart(Struct, kw_only=True):
+    """A content part: `text`, or `image_url` (vision models; web/api/vision)."""
+
     type: str
     text: str | None = None
+    image_url: ImageURL | None = None
 
 
 class ChatMessage(Struct, kw_only=True):
@@ -232,6 +240,8 @@ class ModelCard(Struct):
     runs: str | None = None  # block types and kernels, as the banner says it
     reasoning: bool = False  # replies carry reasoning_content (a thinking model)
     embedding: bool = False  # an embedding model: /v1/embeddings, no chat
+    vision: bool = False  # takes images (image_url content parts; docs/vision.md)
+    task: str = "generate"  # generate, embed, or rerank (a cross-encoder: /v1/rerank)
     upstreams: list[str] | None = None  # upstream mode: the upstreams that serve it
     # several models in one server: loaded or not (loading, unloading), the default, bytes
     loaded: bool = True

@@ -1,4 +1,5 @@
-// Ferry's only script: composer keys and its Send/Stop button, copy buttons, editing a sent
+// Ferry's only script: composer keys and its Send/Stop button, pictures attached to the
+// composer (picked, pasted, dropped) and the large view of one, copy buttons, editing a sent
 // message, the conversation drawer, the theme, keeping the newest message in view; and what
 // the Content-Security-Policy keeps out of the HTML (no inline handlers): dismissing a notice, the import picker, the sidebar's refresh while a reply is written.
 (function () {
@@ -35,6 +36,119 @@
     button.title = busy ? "Stop the reply (Esc)" : "Send (Enter)";
     var mark = document.querySelector("#conversations .conv.active .live-dot");
     if (mark && !busy) mark.remove();
+  }
+
+  // pictures for the next message: the composer's file input holds them (a DataTransfer
+  // keeps the picked, pasted and dropped ones together) and they go with the form as
+  // multipart files; the previews are data: URLs (what the CSP's img-src allows)
+  var picked = null;
+
+  function attachInput() {
+    var form = composer();
+    return form ? form.querySelector("input[data-attach]") : null;
+  }
+
+  function pickedFiles() { return picked ? picked.files : []; }
+
+  function seesImages() {
+    var select = document.querySelector("select.model-pick[form=composer]");  // a new chat's
+    if (select) {
+      var option = select.selectedOptions[0];
+      return !!(option && option.dataset.images);
+    }
+    var form = composer();
+    return !!form && form.dataset.seesImages === "1";
+  }
+
+  function showAttachments() {
+    var form = composer();
+    if (!form || !attachInput()) return;
+    var tray = form.querySelector(".attach-tray");
+    tray.innerHTML = "";
+    var files = pickedFiles();
+    Array.prototype.forEach.call(files, function (file, i) {
+      var box = document.createElement("div");
+      box.className = "preview";
+      box.title = file.name;
+      var img = document.createElement("img");
+      img.alt = file.name;
+      img.addEventListener("error", function () { img.remove(); });  // not a picture: its name
+      var name = document.createElement("span");
+      name.className = "name";
+      name.textContent = file.name;
+      var remove = document.createElement("button");
+      remove.type = "button";
+      remove.className = "remove";
+      remove.textContent = "×";
+      remove.setAttribute("aria-label", "Remove " + file.name);
+      remove.dataset.removeAttachment = String(i);
+      box.append(img, name, remove);
+      tray.append(box);
+      var reader = new FileReader();
+      reader.onload = function () { img.src = reader.result; };
+      reader.readAsDataURL(file);
+    });
+    tray.hidden = !files.length;
+    form.querySelector(".attach-warn").hidden = !files.length || seesImages();
+    form.querySelector("textarea").required = !files.length;  // a picture alone may be sent
+  }
+
+  function attach(files) {
+    var input = attachInput();
+    if (!input || !files.length) return false;
+    if (!picked) picked = new DataTransfer();
+    Array.prototype.forEach.call(files, function (file) { picked.items.add(file); });
+    input.files = picked.files;
+    showAttachments();
+    return true;
+  }
+
+  function detach(index) {
+    var kept = new DataTransfer();
+    Array.prototype.forEach.call(pickedFiles(), function (file, i) {
+      if (i !== index) kept.items.add(file);
+    });
+    picked = kept;
+    attachInput().files = picked.files;
+    showAttachments();
+  }
+
+  function clearAttachments() {
+    picked = null;
+    var input = attachInput();
+    if (input) input.value = "";
+    showAttachments();
+  }
+
+  function carriesFiles(e) {
+    return e.dataTransfer && Array.prototype.indexOf.call(e.dataTransfer.types, "Files") >= 0;
+  }
+
+  function viewImage(src) {
+    var box = document.querySelector("dialog.lightbox");
+    if (!box) return false;
+    box.querySelector("img").src = src;
+    box.showModal();
+    return true;
+  }
+
+  // the conversation's model changed while pictures wait in the composer: saved in the
+  // background, so the pictures stay and the warning follows the new model
+  function switchModel(select) {
+    var form = select.form;
+    var headers = { "HX-Request": "true" };
+    try { Object.assign(headers, JSON.parse(document.body.getAttribute("hx-headers") || "{}")); }
+    catch (err) { /* no CSRF header (local mode) */ }
+    fetch(form.action, { method: "POST", headers: headers,
+                         body: new URLSearchParams(new FormData(form)) })
+      .then(function (response) {
+        if (!response.ok) throw new Error(String(response.status));
+        var option = select.selectedOptions[0];
+        composer().dataset.seesImages = option && option.dataset.images ? "1" : "0";
+        composer().querySelector("textarea").placeholder = "Message " + select.value + "…";
+        showAttachments();
+      })
+      .catch(function () { form.submit(); });
   }
 
   function stopReply() {
@@ -86,6 +200,13 @@
 
   document.addEventListener("keydown", function (e) {
     var area = e.target;
+    var open = document.querySelector("dialog.lightbox[open]");
+    if (e.key === "Escape" && open) { open.close(); e.preventDefault(); return; }
+    if ((e.key === "Enter" || e.key === " ") && area.matches && area.matches("label.attach")) {
+      e.preventDefault();
+      attachInput().click();  // the paperclip from the keyboard
+      return;
+    }
     if (e.key === "Escape") {
       if (document.body.classList.contains("drawer-open")) { setDrawer(false); return; }
       if (stopReply()) { e.preventDefault(); return; }
@@ -98,7 +219,8 @@
     if (area.matches && area.matches("#composer textarea") && e.key === "Enter" &&
         !e.shiftKey && !e.isComposing) {
       e.preventDefault();
-      if (area.value.trim() && !composer().classList.contains("busy")) area.form.requestSubmit();
+      if ((area.value.trim() || pickedFiles().length) &&
+          !composer().classList.contains("busy")) area.form.requestSubmit();
     }
   });
 
@@ -109,7 +231,49 @@
   }, 3000);
 
   document.addEventListener("change", function (e) {
-    if (e.target.matches && e.target.matches("[data-submit-on-change]")) e.target.form.submit();
+    if (!e.target.matches) return;
+    if (e.target.matches("form.model-pick select") && pickedFiles().length) {
+      switchModel(e.target);  // keep the attached pictures: no reload
+    } else if (e.target.matches("[data-submit-on-change]")) {
+      e.target.form.submit();
+    }
+    if (e.target.matches("input[data-attach]")) attach(Array.prototype.slice.call(e.target.files));
+    if (e.target.matches("select.model-pick[form=composer]")) showAttachments();
+  });
+
+  document.addEventListener("paste", function (e) {
+    var files = e.clipboardData ? Array.prototype.slice.call(e.clipboardData.files) : [];
+    var here = e.target === document.body || (e.target.closest && e.target.closest("#composer"));
+    if (here && files.length && attach(files)) e.preventDefault();
+  });
+
+  // a file dropped anywhere on the chat is attached (never opened in place of the page)
+  document.addEventListener("dragover", function (e) {
+    if (!attachInput() || !carriesFiles(e)) return;
+    e.preventDefault();
+    composer().classList.add("dropping");
+  });
+  document.addEventListener("dragleave", function (e) {
+    if (attachInput() && !e.relatedTarget) composer().classList.remove("dropping");
+  });
+  document.addEventListener("drop", function (e) {
+    if (!attachInput() || !carriesFiles(e)) return;
+    e.preventDefault();
+    composer().classList.remove("dropping");
+    attach(Array.prototype.slice.call(e.dataTransfer.files));
+  });
+
+  // pictures: the large view, and removing one from the composer
+  document.addEventListener("click", function (e) {
+    var t = e.target;
+    if (!t.closest) return;
+    var link = t.closest("a[data-view-image]");
+    if (link && viewImage(link.href)) { e.preventDefault(); return; }
+    if (t.matches(".attach-tray .preview img")) { viewImage(t.src); return; }
+    var remove = t.closest("[data-remove-attachment]");
+    if (remove) { detach(Number(remove.dataset.removeAttachment)); return; }
+    var box = t.closest("dialog.lightbox");
+    if (box) box.close();  // a click on the picture, the backdrop or ×
   });
 
   document.addEventListener("click", function (e) {
@@ -160,6 +324,7 @@
     var form = e.detail.elt;
     if (form.id === "composer" && e.detail.successful) {
       form.reset();
+      clearAttachments();
       form.querySelector("textarea").textContent = "";
       grow(form.querySelector("textarea"));
       var empty = document.querySelector("#messages .empty");

@@ -10,18 +10,24 @@ Schema versions (PRAGMA user_version): 0 the first release; 1 adds per-conversat
 settings, reply figures (tokens, TTFT, tokens/s), `ended`, `note` and reply versions; 2 adds
 a thinking model's `reasoning` beside each reply's content (it is shown collapsed and never
 sent back to the model) and the conversation's `enable_thinking` (NULL: on); 3 adds the
-conversation's `model` (NULL: the server's default) and the model that wrote each reply.
-Opening an older database adds the columns in place (existing rows keep their values).
+conversation's `model` (NULL: the server's default) and the model that wrote each reply;
+4 adds the `images` table: the pictures attached to a user's message (the file as sent, its
+type, size and a small thumbnail), deleted with their message and so with the conversation.
+Opening an older database adds the columns and the table in place (existing rows keep their
+values).
 """
 from __future__ import annotations
 
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-SCHEMA_VERSION = 3
+from web.storage.images import ImageTable, NewImage
+
+SCHEMA_VERSION = 4
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY,
@@ -44,6 +50,20 @@ CREATE TABLE IF NOT EXISTS messages (
     updated REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_conversation ON messages (conversation_id, id);
+CREATE TABLE IF NOT EXISTS images (
+    id INTEGER PRIMARY KEY,
+    message_id INTEGER NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
+    conversation_id INTEGER NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    position INTEGER NOT NULL,
+    media_type TEXT NOT NULL,
+    width INTEGER NOT NULL,
+    height INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    thumb BLOB NOT NULL,
+    thumb_type TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS images_message ON images (message_id, position);
+CREATE INDEX IF NOT EXISTS images_conversation ON images (conversation_id);
 """
 # versions 1 to 3: the columns they add to each table, as ALTER TABLE ... ADD COLUMN takes
 # them; NULL settings mean "the server's default"
@@ -137,7 +157,7 @@ def migrate(db: sqlite3.Connection) -> None:
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
-class Store:
+class Store(ImageTable):
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -181,10 +201,12 @@ class Store:
                             messages: list[tuple[str, str, str, str | None, str | None,
                                                  str | None]],
                             enable_thinking: bool | None = None,
-                            model: str | None = None) -> Conversation:
+                            model: str | None = None,
+                            images: dict[int, list[NewImage]] | None = None) -> Conversation:
         """A whole conversation in one transaction (settings: system prompt, temperature,
         top_p, max_tokens; messages: role, content, status, finish_reason, reasoning, the
-        model that wrote a reply): if any row fails, nothing of it is kept."""
+        model that wrote a reply; images: by the index of their message): if any row
+        fails, nothing of it is kept."""
         now = time.time()
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
@@ -196,13 +218,16 @@ class Store:
                     (owner, title, now, now, *settings,
                      None if enable_thinking is None else int(enable_thinking), model))
                 conversation_id = int(cur.lastrowid or 0)
-                for role, content, status, reason, reasoning, wrote in messages:
-                    self._db.execute(
+                for i, (role, content, status, reason, reasoning, wrote) in \
+                        enumerate(messages):
+                    row = self._db.execute(
                         "INSERT INTO messages (conversation_id, role, content, status, "
                         "finish_reason, reasoning, model, created, updated) "
                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (conversation_id, role, content, status, reason, reasoning, wrote,
                          now, now))
+                    self._insert_images(conversation_id, int(row.lastrowid or 0),
+                                        (images or {}).get(i, ()))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -256,13 +281,23 @@ class Store:
                     status: str = "complete", request_id: str | None = None,
                     version_group: int | None = None, note: str | None = None,
                     max_tokens: int | None = None, reasoning: str | None = None,
-                    model: str | None = None) -> Message:
+                    model: str | None = None, images: Sequence[NewImage] = ()) -> Message:
+        """A new message; its `images` are stored with it in one transaction."""
         now = time.time()
-        cur = self._run("INSERT INTO messages (conversation_id, role, content, status, "
-                        "request_id, created, updated, version_group, note, max_tokens, "
-                        "reasoning, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (conversation_id, role, content, status, request_id, now, now,
-                         version_group, note, max_tokens, reasoning or None, model))
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                cur = self._db.execute(
+                    "INSERT INTO messages (conversation_id, role, content, status, "
+                    "request_id, created, updated, version_group, note, max_tokens, "
+                    "reasoning, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (conversation_id, role, content, status, request_id, now, now,
+                     version_group, note, max_tokens, reasoning or None, model))
+                self._insert_images(conversation_id, int(cur.lastrowid or 0), images)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
         self.touch(conversation_id)
         return Message(int(cur.lastrowid or 0), conversation_id, role, content, status, None,
                        None, request_id, now, max_tokens=max_tokens, note=note,

@@ -13,6 +13,7 @@ once at load (`quantize="q8_0" | "q4_0"`).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -25,6 +26,7 @@ from engine.execution.cpu import cpu_has_native_bf16
 from engine.execution.errors import ModelFileError, ModelNotFound
 from engine.execution.loading.model_files import is_gguf, is_model_dir
 from engine.execution.model import registry
+from engine.execution.model.config import ModelConfig, UnsupportedModel
 from engine.execution.model.decoder import CausalLM
 from engine.execution.model.layers import Embedding, Linear
 from engine.execution.model.weights import SafetensorsSource, load_weights
@@ -159,6 +161,37 @@ def weight_mode(path: Path, dtype: str | torch.dtype, device: torch.device | str
     return torch.float32, quantize
 
 
+def with_processor(config: ModelConfig, folder: Path) -> ModelConfig:
+    """A vision model's config with its folder's image processor (preprocessor_config.json;
+    without one, the family's defaults)."""
+    if config.vision is None:
+        return config
+    file = Path(folder) / "preprocessor_config.json"
+    if not file.is_file():
+        return config
+    try:
+        processor = type(config.vision.processor).from_json(json.loads(file.read_text()))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelFileError(f"{file}: {exc}") from exc
+    return dataclasses.replace(config, vision=dataclasses.replace(config.vision,
+                                                                  processor=processor))
+
+
+def vision_of(path: str | Path) -> Any:
+    """The image side of the model at `path` (engine.execution.model.vision.VisionConfig),
+    read from its files without loading it; None for a text model (or a GGUF: GGUF vision
+    models are not read yet)."""
+    path = Path(path)
+    if is_gguf(path) or not (path / "config.json").is_file():
+        return None
+    try:
+        cfg = read_config(path)
+        config = registry.for_hf(cfg).config_from_hf(cfg)
+        return with_processor(config, path).vision
+    except (UnsupportedModel, ModelFileError, KeyError, ValueError, TypeError, OSError):
+        return None  # it is told why when it loads
+
+
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu",
                quantize: str | None = None) -> CausalLM:
@@ -229,7 +262,7 @@ def _load_folder(path: Path, dtype: torch.dtype, device: torch.device | str) -> 
     gate/up), through the one weight loop."""
     cfg = read_config(path)
     arch = registry.for_hf(cfg)
-    model = arch(arch.config_from_hf(cfg), dtype, "meta")
+    model = arch(with_processor(arch.config_from_hf(cfg), path), dtype, "meta")
     if not any(path.glob("*.safetensors")):
         raise ModelNotFound(f"no *.safetensors in {path}")
     return load_weights(model, SafetensorsSource(path, model), device)

@@ -75,6 +75,8 @@ class ModelConfig:
     embed_scale: float | None = None  # embeddings multiplied by this (Gemma: sqrt(hidden))
     final_softcap: float | None = None  # logits = cap * tanh(logits / cap)
     moe: MoESpec | None = None
+    # a vision family's image side (engine.execution.model.vision.VisionConfig); None: text
+    vision: Any = None
 
     def __post_init__(self) -> None:
         if len(self.layers) != self.num_layers:

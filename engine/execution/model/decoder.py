@@ -142,6 +142,21 @@ class CausalLM(nn.Module):
                    device: torch.device | str | None) -> nn.Module:
         return DecoderLayer(cfg, layer, dtype, device)
 
+    @classmethod
+    def hf_key(cls, key: str) -> str:
+        """A checkpoint key as this model's modules name it (a vision family's text model
+        sits under `language_model` in its checkpoint)."""
+        return key
+
+    @property
+    def takes_images(self) -> bool:
+        return self.config.vision is not None
+
+    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Pixel values [B, 3, H, W] -> the rows each image's positions hold
+        [B, tokens_per_image, hidden] (vision families only)."""
+        raise NotImplementedError(f"{self.config.model_type} takes no images")
+
     def adapt_hf_tensor(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
         """A safetensors tensor in the convention the layers use (e.g. Gemma's norms)."""
         return tensor
@@ -266,16 +281,22 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
                 logits_indices: torch.Tensor | None = None,
-                fused: FusedDecode | None = None) -> torch.Tensor:
+                fused: FusedDecode | None = None,
+                image_rows: torch.Tensor | None = None,
+                image_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """[T] ids and positions -> logits [S, vocab] for rows `logits_indices` (all if None).
 
-        `attn` must be prepared for this round. The final norm and the LM head run only on
-        the selected rows: prefill chunks that do not sample cost no vocab projection.
+        `attn` must be prepared for this round. Rows `image_rows` take `image_embeds`
+        (the encoder's output for the image positions) instead of their token's embedding.
+        The final norm and the LM head run only on the selected rows: prefill chunks that
+        do not sample cost no vocab projection.
         """
         cfg = self.config
         x = self.model.embed_tokens(input_ids)
         if cfg.embed_scale is not None:
             x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype, device=x.device)
+        if image_rows is not None and image_embeds is not None:
+            x = x.index_copy(0, image_rows, image_embeds.to(x.dtype))
         tables: Tables = [rotary(positions, x.dtype) for rotary in self.model.rotary]
         residual: torch.Tensor | None = None
         done = fused.run(x, tables, attn) if fused is not None else None

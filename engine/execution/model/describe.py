@@ -11,12 +11,15 @@ KERNELS = {"avx2": "native AVX2 kernels", "avx-vnni": "native AVX-VNNI kernels",
            "avx512-vnni": "native AVX-512 VNNI kernels",
            "plain": "native plain-C kernels", "torch": "torch fallback kernels (slow)"}
 DEVICE_KERNELS = "Triton block kernels on the GPU"  # engine.kernels.gpu_quant
+IMAGES = ", text + images"  # a vision model (docs/vision.md)
 
 
 def describe_weights(model: CausalLM, source: str = "") -> str:
     """e.g. "llama: GGUF Q4_1 + Q8_0 head, native AVX2 kernels, 98 MB" (quantized) or
-    "llama: GGUF dequantised to float32, 538 MB" (float). Sizes are of the weights held."""
-    return f"{model.config.model_type}: {_weights(model, source)}"
+    "llama: GGUF dequantised to float32, 538 MB" (float). Sizes are of the weights held. A
+    vision model's line ends ", text + images"."""
+    images = IMAGES if model.takes_images else ""
+    return f"{model.config.model_type}: {_weights(model, source)}{images}"
 
 
 def _weights(model: CausalLM, source: str) -> str:
@@ -43,8 +46,15 @@ def describe_file(path: str | Path, dtype: str = "auto", device: str = "cpu",
                   quantize: str | None = None) -> str:
     """The same line for a model not loaded yet (`ferry doctor`): a GGUF's tensor table is
     read (memory-mapped, no weights touched); a folder is described by its settings."""
+    from engine.execution.loading.loader import vision_of
+    from engine.execution.model import registry
+
     path = Path(path)
-    return f"{model_architecture(path)}: {_file(path, dtype, device, quantize)}"
+    arch = model_architecture(path)
+    if registry.is_embedding_model(path):  # the encoder executor's, in floats
+        return f"{arch}: embedding model, {'GGUF' if is_gguf(path) else 'safetensors'}"
+    images = IMAGES if vision_of(path) is not None else ""
+    return f"{arch}: {_file(path, dtype, device, quantize)}{images}"
 
 
 def model_architecture(path: str | Path) -> str:
@@ -55,6 +65,8 @@ def model_architecture(path: str | Path) -> str:
     from engine.execution.model import registry
 
     path = Path(path)
+    if registry.is_embedding_model(path) and (is_gguf(path) or registry.is_bert_folder(path)):
+        return "bert"  # an encoder (engine.execution.encoder), not a decoder family
     if is_gguf(path):
         from engine.execution.errors import ModelFileError
         from engine.execution.loading.gguf_file import GGUFFile

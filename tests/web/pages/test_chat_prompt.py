@@ -10,12 +10,14 @@ import pytest
 from web.config import WebConfig
 from web.pages.chat.prompting import ConversationModel
 from web.pages.chat.service import ChatError
-from web.storage.store import Conversation, Message
+from web.storage.store import Conversation, Message, Store
 
 
 def service(tokenizer: Any, context: int, tmp_path: Any, **web: Any) -> ConversationModel:
+    # the store holds the conversation's pictures (none here); the engine is a text model's
     s = SimpleNamespace(config=WebConfig(data_dir=tmp_path, **web), context_limit=context,
-                        tokenizer=tokenizer)
+                        tokenizer=tokenizer, store=Store(tmp_path / "ferry.sqlite3"),
+                        engine=SimpleNamespace(), model_name="SmolLM2")
     return ConversationModel(s)  # type: ignore[arg-type]
 
 

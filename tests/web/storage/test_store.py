@@ -220,7 +220,7 @@ def test_a_version_1_database_gains_reasoning_and_the_thinking_setting(tmp_path:
     old.commit()
     old.close()
     store = Store(path)
-    assert store.schema_version == SCHEMA_VERSION == 3
+    assert store.schema_version == SCHEMA_VERSION == 4
     conv = store.conversation(1)
     assert conv is not None and conv.enable_thinking is None and conv.thinking
     reply = store.message(2)
@@ -277,7 +277,7 @@ def test_a_version_2_database_gains_the_conversation_and_reply_models(tmp_path: 
     old.commit()
     old.close()
     store = Store(path)
-    assert store.schema_version == SCHEMA_VERSION == 3
+    assert store.schema_version == SCHEMA_VERSION == 4
     conv = store.conversation(1)
     assert conv is not None and conv.model is None  # the server's default
     assert [m.model for m in store.messages(1)] == [None, None, None]

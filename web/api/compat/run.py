@@ -76,10 +76,7 @@ async def _start(request: Request[Any, Any, Any], body: ChatCompletionRequest,
                                  s.config.default_max_tokens, body.max_tokens)
         params = dataclasses.replace(params, constraint=chat.constraint)
         handles = submit_all(request, s, chat.ids, with_chat_stops([params], s.tokenizer),
-                             "messages", chat.reasoning)
-        tracked = s.tracker.get(handles[0].id)
-        if tracked is not None:
-            tracked.endpoint = endpoint
+                             "messages", chat.reasoning, endpoint, chat.images)
         texts = token_texts(s.tokenizer)
         shape = ToolChatShape(None, texts, chat.tools, s.tokenizer) \
             if chat.tools is not None and chat.tools.parses else ChatShape(None, texts)

@@ -12,13 +12,14 @@ from typing import Any
 import anyio
 from jinja2 import TemplateError
 
-from engine import Constraint, Reasoning, structured
-from web.api.errors import APIError
+from engine import Constraint, ImageInput, Reasoning, structured
+from web.api.errors import APIError, unsupported
 from web.api.params import check_chat
 from web.api.reasoning import enable_thinking
 from web.api.schemas import ChatCompletionRequest, SamplingFields
 from web.api.structured import fields, tools
 from web.api.structured.formats import FORMATS
+from web.api.vision import image_parts, prompt_with_images
 from web.services import Services
 
 # the model too: the gateway routes by it (web/gateway/queue.py)
@@ -32,6 +33,7 @@ class ChatInput:
     constraint: Constraint | None
     tools: tools.ToolPlan | None  # replies are read for tool calls when it `parses`
     reasoning: Reasoning | None = None  # how a thinking model's reply carries its reasoning
+    images: tuple[ImageInput, ...] = ()  # a vision model's images, placed in `ids`
 
 
 def upstream(s: Services) -> bool:
@@ -56,6 +58,9 @@ async def constraint_of(body: SamplingFields, s: Services) -> Constraint | None:
 async def chat_input(data: ChatCompletionRequest, s: Services) -> ChatInput:
     messages, thinking = check_chat(data, s.config), enable_thinking(data)
     if upstream(s):
+        parts = image_parts(messages)
+        if parts:
+            raise unsupported(parts[0][0], "images through an upstream")
         plan = tools.plan(data, None)
         plan = plan and tools.ToolPlan(plan.tools, plan.choice, plan.parallel,
                                        FORMATS["generic"])
@@ -77,20 +82,22 @@ async def chat_input(data: ChatCompletionRequest, s: Services) -> ChatInput:
         raise APIError(f"{asked[1]} cannot be combined with tools (unless tool_choice is "
                        "none)", param=asked[1])
     try:
-        ids = await anyio.to_thread.run_sync(
-            lambda: s.tokenizer.apply_chat_template(template_messages, tools=template_tools,
-                                                    enable_thinking=thinking))
+        prompt = await prompt_with_images(
+            template_messages, s.engine, s.config, data.model or s.model_name,
+            lambda ms: s.tokenizer.apply_chat_template(ms, tools=template_tools,
+                                                       enable_thinking=thinking))
     except (TemplateError, ValueError) as exc:
         raise APIError(f"the chat template refused these messages: {exc}",
                        param="messages") from exc
+    ids, images = prompt.ids, prompt.images
     reasoning = s.tokenizer.reasoning_for(ids)
     if forced is not None:
         forced = await anyio.to_thread.run_sync(_compiled, s, forced, "tools", reasoning)
-        return ChatInput(ids, forced, plan, reasoning)
+        return ChatInput(ids, forced, plan, reasoning, images)
     if asked is not None:
         constraint = await anyio.to_thread.run_sync(_compiled, s, *asked, reasoning)
-        return ChatInput(ids, constraint, plan, reasoning)
-    return ChatInput(ids, None, plan, reasoning)
+        return ChatInput(ids, constraint, plan, reasoning, images)
+    return ChatInput(ids, None, plan, reasoning, images)
 
 
 def _compiled(s: Services, constraint: Constraint, param: str,

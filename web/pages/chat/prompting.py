@@ -4,10 +4,29 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
-from engine import LoadRefused, QueueFull, Reasoning, SamplingParams, UnknownModel, continuation
+from engine import (
+    ImageInput,
+    LoadRefused,
+    QueueFull,
+    Reasoning,
+    SamplingParams,
+    UnknownModel,
+    continuation,
+)
 from web.access.identity import User
+from web.api.errors import APIError
+from web.api.vision import ImagePrompt, build_image_prompt
 from web.pages.chat.rules import ChatError
+from web.pages.chat.vision import (
+    content_parts,
+    left_out_words,
+    limit_words,
+    sent_pictures,
+    takes_images,
+    vision_models,
+)
 from web.services import Services
 from web.storage.store import Conversation, Message
 
@@ -20,6 +39,7 @@ class Prompt:
     max_tokens: int  # the reply's limit once the prompt's room is taken
     note: str | None  # what the reader should know (turns left out, a smaller limit)
     reasoning: Reasoning | None = None  # how a thinking model's reply carries its reasoning
+    images: tuple[ImageInput, ...] = ()  # a vision model's pictures, placed in `ids`
 
 
 class ConversationModel:
@@ -94,9 +114,10 @@ class ConversationModel:
     def prompt(self, conv: Conversation, history: list[Message], tail: str = "") -> Prompt:
         """Prompt ids for the history, leaving out the oldest turns (never the system prompt)
         until the prompt and a reply fit the context; `tail` is a reply being continued.
-        Replies go back as their answers only: their reasoning is not fed to the model."""
-        turns = [{"role": m.role, "content": m.content} for m in history
-                 if m.role == "user" or m.content]
+        Replies go back as their answers only: their reasoning is not fed to the model.
+        A message's pictures go to a model that takes them (decoded here: call it off the
+        event loop); to any other, never (the note says so)."""
+        turns, unsent = self._turns(conv, history)
         system = conv.system_prompt if conv.system_prompt is not None else \
             self.s.config.chat_system_prompt
         head = [{"role": "system", "content": system}] if system else []
@@ -106,8 +127,10 @@ class ConversationModel:
         tokenizer = self.s.tokenizer
         tail_ids = tokenizer.encode(tail, add_special_tokens=False) if tail else []
         dropped = 0
+        pixels: dict[str, Any] = {}  # each picture decoded once while old turns are dropped
         while True:
-            base = tokenizer.apply_chat_template(head + turns, enable_thinking=conv.thinking)
+            built = self._with_images(head + turns, conv, pixels)
+            base = built.ids
             ids = base + tail_ids
             if len(ids) <= room or len(turns) <= 1:
                 break
@@ -117,7 +140,7 @@ class ConversationModel:
             raise ChatError(f"the message does not fit the model's {limit}-token context "
                             f"({len(ids)} tokens with what it needs around it)", 400)
         max_tokens = min(wanted, limit - len(ids))
-        notes = []
+        notes = unsent
         if dropped:
             notes.append(f"the {dropped} oldest message{'s' if dropped > 1 else ''} "
                          f"{'were' if dropped > 1 else 'was'} left out to fit the "
@@ -125,7 +148,49 @@ class ConversationModel:
         if max_tokens < wanted:
             notes.append(f"the reply is limited to {max_tokens} tokens (not {wanted}): "
                          "the context is nearly full")
-        return Prompt(ids, max_tokens, "; ".join(notes) or None, tokenizer.reasoning_for(base))
+        return Prompt(ids, max_tokens, "; ".join(notes) or None, tokenizer.reasoning_for(base),
+                      built.images)
+
+    def _with_images(self, messages: list[dict[str, Any]], conv: Conversation,
+                     pixels: dict[str, Any]) -> ImagePrompt:
+        """The messages' ids and placed pictures through the API's own path (its checks and
+        the model's preprocessing); its 400s become the chat's."""
+        def render(plain: list[dict[str, Any]]) -> list[int]:
+            return list(self.s.tokenizer.apply_chat_template(plain,
+                                                             enable_thinking=conv.thinking))
+        try:
+            return build_image_prompt(messages, self.s.engine, self.s.config, self.s.model_name,
+                                      render, pixels)
+        except APIError as exc:
+            raise ChatError(exc.message, exc.status_code) from None
+
+    def _turns(self, conv: Conversation, history: list[Message]
+               ) -> tuple[list[dict[str, Any]], list[str]]:
+        """The history as chat-template turns, and why some pictures were not sent (the
+        model takes none, or the limits of one request)."""
+        stored = self.s.store.images(conv.id)
+        pictures = {m.id: stored[m.id] for m in history if m.role == "user" and m.id in stored}
+        sees = takes_images(self.s.engine)
+        sent = sent_pictures(pictures, self.s.config) if sees else None
+        turns: list[dict[str, Any]] = []
+        left_out = 0
+        for m in history:
+            if m.role != "user" and not m.content:
+                continue
+            attached = pictures.get(m.id, [])
+            going = sent.pictures.get(m.id, []) if sent is not None else []
+            if going:
+                turns.append({"role": m.role,
+                              "content": content_parts(self.s.store, m.content, going)})
+            else:
+                turns.append({"role": m.role, "content": m.content})
+            if sent is None:
+                left_out += len(attached)
+        if sent is not None:
+            return turns, limit_words(sent, self.s.config)
+        if left_out:
+            return turns, [left_out_words(self.s.model_name, left_out, vision_models(self.s))]
+        return turns, []
 
     def continued_prompt(self, conv: Conversation, history: list[Message],
                          msg: Message) -> tuple[Prompt, Reasoning | None]:

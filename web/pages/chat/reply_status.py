@@ -20,11 +20,13 @@ def find(snap: EngineSnapshot, request_id: str) -> RequestView | None:
 
 def standing(snap: EngineSnapshot, request_id: str) -> str | None:
     """"Waiting: 3rd in line · 2 of 2 slots in use", "Reading your message: chunk 2 of 5",
-    or None once tokens flow (or the engine does not know the request yet)."""
+    "Encoding image 1 of 2 · reading your message (40 tokens)", or None once tokens flow
+    (or the engine does not know the request yet)."""
     view = find(snap, request_id)
     if view is None:
         return None
-    if view.state == "waiting":
+    image = view.reason if view.reason is not None and view.reason.code == "image" else None
+    if view.state == "waiting" and image is None:
         in_use = sum(owner is not None for owner in snap.slots)
         words = [f"Waiting: {ordinal(view.position or 1)} in line",
                  f"{in_use} of {snap.max_running} slots in use"]
@@ -32,12 +34,19 @@ def standing(snap: EngineSnapshot, request_id: str) -> str | None:
             words.append(view.reason.text)
         return " · ".join(words)
     if view.output_tokens == 0:
-        if view.num_chunks > 1:
-            chunk = min(view.chunk + 1, view.num_chunks)
-            return (f"Reading your message: chunk {chunk} of {view.num_chunks} "
-                    f"({view.prefill_done} of {view.prompt_tokens} tokens)")
-        return f"Reading your message ({view.prompt_tokens} tokens)"
+        reading = _reading(view)
+        if image is not None:  # its next round runs the image encoder: say which image
+            return f"{image.text[:1].upper()}{image.text[1:]} · {reading[:1].lower()}{reading[1:]}"
+        return reading
     return None
+
+
+def _reading(view: RequestView) -> str:
+    if view.num_chunks > 1:
+        chunk = min(view.chunk + 1, view.num_chunks)
+        return (f"Reading your message: chunk {chunk} of {view.num_chunks} "
+                f"({view.prefill_done} of {view.prompt_tokens} tokens)")
+    return f"Reading your message ({view.prompt_tokens} tokens)"
 
 
 def figures(final: FinalEvent | None, earlier_tokens: int = 0) -> ReplyFigures:

@@ -3,6 +3,7 @@ streaming, Stop, regenerate (versions), Continue, settings, rename, export and i
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Awaitable
 from typing import Annotated, Any
 from urllib.parse import urlencode
@@ -20,6 +21,7 @@ from web.access.identity import current_user
 from web.pages.chat import transfer
 from web.pages.chat.replies import replies, reply_events
 from web.pages.chat.service import ChatError, ChatService
+from web.pages.chat.uploads import checked_images
 from web.pages.chat.views import (
     REFUSED,
     Form,
@@ -28,6 +30,7 @@ from web.pages.chat.views import (
     SettingsForm,
     TitleForm,
     ahead,
+    composed,
     fragment,
     go,
     http_error,
@@ -38,6 +41,7 @@ from web.pages.chat.views import (
 from web.services import services
 from web.sse import event_stream
 from web.storage.store import Conversation, Message
+from web.worker import below_engine
 
 
 async def new_reply(request: HTMXRequest, conv: Conversation,
@@ -103,20 +107,28 @@ class ChatController(Controller):
         return page(request, current_user(request), conv, notice)
 
     @post("/c", name="chat:create")
-    async def create(self, request: HTMXRequest, data: Form) -> Response[Any]:
+    async def create(self, request: HTMXRequest) -> Response[Any]:
+        """A new chat from the composer (its text, pictures and model)."""
         chat = ChatService(services(request), replies(request))
+        data = await composed(request)
         try:
-            conv, _, _ = await chat.create(current_user(request), data.content, data.model)
+            pictures = await below_engine(checked_images, data.files,
+                                                      chat.s.config)
+            conv, _, _ = await chat.create(current_user(request), data.content, data.model,
+                                           pictures)
         except REFUSED as exc:
             return await refused(request, exc, None, data.content)
         return go(request, f"/c/{conv.id}")
 
     @post("/c/{conversation_id:int}/messages", name="chat:send")
-    async def send(self, request: HTMXRequest, conversation_id: FromPath[int],
-                   data: Form) -> Response[Any]:
+    async def send(self, request: HTMXRequest, conversation_id: FromPath[int]) -> Response[Any]:
+        """The composer's message (its text and pictures) and the reply it asks for."""
         chat, conv, _ = self._find(request, conversation_id)
+        data = await composed(request)
         try:
-            mine, reply = await chat.send(current_user(request), conv, data.content)
+            pictures = await anyio.to_thread.run_sync(
+                checked_images, data.files, chat.s.config, chat.s.store.image_bytes(conv.id))
+            mine, reply = await chat.send(current_user(request), conv, data.content, pictures)
         except REFUSED as exc:
             return await refused(request, exc, conv, data.content)
         if not request.htmx:
@@ -207,13 +219,28 @@ class ChatController(Controller):
                 re_target="#notice", re_swap="innerHTML")
         return Redirect(f"/c/{conv.id}", status_code=303)
 
+    @get("/c/{conversation_id:int}/images/{image_id:int}", name="chat:image")
+    async def image(self, request: HTMXRequest, conversation_id: FromPath[int],
+                    image_id: FromPath[int], thumb: FromQuery[bool] = False) -> Response[bytes]:
+        """A picture of the conversation (`thumb`: its small preview), for its owner only."""
+        chat, conv, _ = self._find(request, conversation_id)
+        found = chat.s.store.image(image_id)
+        data = chat.s.store.image_data(image_id, thumb) if found else None
+        if found is None or found.conversation_id != conv.id or data is None:
+            raise NotFoundException("no such picture")
+        return Response(data, media_type=found.thumb_type if thumb else found.media_type,
+                        headers={"Cache-Control": "private, max-age=86400"})
+
     @get("/c/{conversation_id:int}/export.json", name="chat:export_json")
     async def export_json(self, request: HTMXRequest,
                           conversation_id: FromPath[int]) -> Response[Any]:
         chat, conv, _ = self._find(request, conversation_id)
-        body = transfer.to_json(conv, chat.s.store.messages(conv.id),
-                                conv.model or chat.s.config.model_name)
-        return Response(body, headers={
+        messages = chat.s.store.messages(conv.id)
+        model = conv.model or chat.s.config.model_name
+        # pictures make it large: read, encoded and written off the event loop
+        body = await anyio.to_thread.run_sync(lambda: json.dumps(
+            transfer.to_json(conv, messages, model, chat.s.store)).encode())
+        return Response(body, media_type="application/json", headers={
             "Content-Disposition": f'attachment; filename="conversation-{conv.id}.json"'})
 
     @get("/c/{conversation_id:int}/export.md", name="chat:export_md")
@@ -221,7 +248,8 @@ class ChatController(Controller):
                         conversation_id: FromPath[int]) -> Response[str]:
         chat, conv, _ = self._find(request, conversation_id)
         text = transfer.to_markdown(conv, chat.s.store.messages(conv.id),
-                                    conv.model or chat.s.config.model_name)
+                                    conv.model or chat.s.config.model_name,
+                                    chat.s.store.images(conv.id))
         return Response(text, media_type="text/markdown; charset=utf-8", headers={
             "Content-Disposition": f'attachment; filename="conversation-{conv.id}.md"'})
 
@@ -231,11 +259,11 @@ class ChatController(Controller):
         s = services(request)
         raw = await data.file.read()
         try:
-            if len(raw) > s.config.max_body_bytes:
+            if len(raw) > s.config.chat_body_bytes:
                 raise ChatError("the file is too large", 413)
-            conv, unknown = transfer.from_json(s.store, current_user(request).name, raw,
-                                               s.config,
-                                               ChatService(s, replies(request)).imported_model)
+            conv, unknown = await below_engine(
+                transfer.from_json, s.store, current_user(request).name, raw, s.config,
+                ChatService(s, replies(request)).imported_model)
         except ChatError as exc:
             return await refused(request, exc, None)
         if unknown is not None:  # the page says the conversation goes on with the default

@@ -2,6 +2,8 @@
 store, the engine and replies."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import anyio
 
 from web.access.identity import User
@@ -9,7 +11,9 @@ from web.pages.chat.prompting import ConversationModel
 from web.pages.chat.replies import Replies
 from web.pages.chat.rules import SETTING_NAMES, ChatError, check_settings, title_for
 from web.services import Services
+from web.storage.images import NewImage
 from web.storage.store import Conversation, Message
+from web.worker import below_engine
 
 __all__ = ["ChatError", "ChatService"]
 
@@ -35,10 +39,10 @@ class ChatService(ConversationModel):
         """Submit a reply to `history` and start streaming it (raises RequestError, QueueFull)."""
         chat = await anyio.to_thread.run_sync(self.for_conversation, conv, user)
         try:
-            p = await anyio.to_thread.run_sync(chat.prompt, conv, history)
+            p = await below_engine(chat.prompt, conv, history)
             handle = chat.s.submit(user, p.ids, chat._params(conv, p.max_tokens), "chat",
                                    label=conv.title, link=f"/c/{conv.id}",
-                                   reasoning=p.reasoning)
+                                   reasoning=p.reasoning, images=p.images)
         finally:
             chat.s.leave()  # announced, not submitted: no longer listed
         msg = self.s.store.add_message(conv.id, "assistant", "", "streaming", handle.id,
@@ -52,9 +56,10 @@ class ChatService(ConversationModel):
         if self.replies.in_conversation(conv.id):
             raise ChatError("a reply is still being written: wait for it or press Stop")
 
-    def _check_content(self, content: str) -> str:
+    def _check_content(self, content: str, pictures: bool = False) -> str:
+        """The message's text, stripped; empty only beside pictures."""
         content = content.strip()
-        if not content:
+        if not content and not pictures:
             raise ChatError("the message is empty", 400)
         if len(content.encode()) > self.s.config.max_body_bytes:
             raise ChatError("the message is too long", 413)
@@ -67,25 +72,29 @@ class ChatService(ConversationModel):
         return history
 
     # -- actions -------------------------------------------------------------------------
-    async def create(self, user: User, content: str,
-                     model: str = "") -> tuple[Conversation, Message, Message]:
-        content = self._check_content(content)
+    async def create(self, user: User, content: str, model: str = "",
+                     images: Sequence[NewImage] = ()) -> tuple[Conversation, Message, Message]:
+        content = self._check_content(content, bool(images))
         picked = self.model_name(model)
-        conv = self.s.store.create_conversation(user.name, title_for(content))
+        title = title_for(content) if content else \
+            f"{len(images)} picture{'s' if len(images) > 1 else ''}"
+        conv = self.s.store.create_conversation(user.name, title)
         if picked is not None:
             self.s.store.set_model(conv.id, picked)
             conv = self.s.store.conversation(conv.id) or conv
         try:
-            mine, reply = await self.send(user, conv, content)
+            mine, reply = await self.send(user, conv, content, images)
         except Exception:
             self.s.store.delete_conversation(conv.id)
             raise
         return conv, mine, reply
 
-    async def send(self, user: User, conv: Conversation, content: str) -> tuple[Message, Message]:
-        content = self._check_content(content)
+    async def send(self, user: User, conv: Conversation, content: str,
+                   images: Sequence[NewImage] = ()) -> tuple[Message, Message]:
+        """Store the message (and its pictures) and start the reply to it."""
+        content = self._check_content(content, bool(images))
         self._check_idle(conv)
-        mine = self.s.store.add_message(conv.id, "user", content)
+        mine = self.s.store.add_message(conv.id, "user", content, images=images)
         try:
             reply = await self.start_reply(user, conv, self.s.store.messages(conv.id))
         except Exception:
@@ -96,7 +105,7 @@ class ChatService(ConversationModel):
     async def edit(self, user: User, conv: Conversation, msg: Message,
                    content: str) -> tuple[Message, Message]:
         """Change a sent message and ask again: what followed it is replaced by a new reply."""
-        content = self._check_content(content)
+        content = self._check_content(content, bool(self.s.store.images(conv.id).get(msg.id)))
         if msg.role != "user":
             raise ChatError("only your own messages can be edited")
         self._check_idle(conv)
@@ -128,11 +137,11 @@ class ChatService(ConversationModel):
             raise ChatError("only a reply that was cut short can be continued")
         chat = await anyio.to_thread.run_sync(self.for_conversation, conv, user)
         try:
-            p, reasoning = await anyio.to_thread.run_sync(chat.continued_prompt, conv,
+            p, reasoning = await below_engine(chat.continued_prompt, conv,
                                                           history[:-1], msg)
             handle = chat.s.submit(user, p.ids, chat._params(conv, p.max_tokens), "chat",
                                    label=conv.title, link=f"/c/{conv.id}",
-                                   reasoning=reasoning)
+                                   reasoning=reasoning, images=p.images)
         finally:
             chat.s.leave()
         self.s.store.restart_message(msg.id, p.max_tokens)

@@ -17,6 +17,7 @@ from web.access.disclosure import model_info
 from web.access.identity import User, current_user
 from web.pages.chat.replies import replies
 from web.pages.chat.rules import ChatError, version_nav
+from web.pages.chat.vision import model_takes_images, vision_models
 from web.pages.rendered import render_ahead
 from web.services import EngineUnavailable, Services, services
 from web.storage.store import Conversation, Message
@@ -65,6 +66,27 @@ class ImportForm:
 Form = URLEncodedBody[ChatForm]
 
 
+@dataclass(frozen=True, slots=True)
+class Composed:
+    """What the composer sent: its text, a new chat's model, the attached files (name,
+    bytes). The composer posts multipart when it carries pictures, else urlencoded."""
+
+    content: str
+    model: str
+    files: list[tuple[str, bytes]]
+
+
+async def composed(request: HTMXRequest) -> Composed:
+    form = await request.form()
+
+    def text(name: str) -> str:
+        value = form.get(name)
+        return value if isinstance(value, str) else ""
+    files = [(f.filename, await f.read()) for f in form.getall("images", [])
+             if isinstance(f, UploadFile) and f.filename]  # an empty picker sends a bare name
+    return Composed(text("content"), text("model"), files)
+
+
 def sidebar(request: HTMXRequest, user: User, conv: Conversation | None,
             search: str | None = None) -> dict[str, Any]:
     s = services(request)
@@ -94,6 +116,7 @@ def page(request: HTMXRequest, user: User, conv: Conversation | None,
     messages = s.store.messages(conv.id) if conv else []
     cfg = s.config
     models = [model_info(m, user) for m in s.catalog.models()] if s.catalog else []
+    vision = vision_models(s)
     return Template("chat.html", status_code=status_code, context={
         "page": "chat", "user": user, "model_name": cfg.model_name, "notice": notice,
         "thinking_switch": thinking_switch(s, conv),
@@ -103,6 +126,10 @@ def page(request: HTMXRequest, user: User, conv: Conversation | None,
                         if m.details.get("source", "configured") != "configured"],
         "conversation_model": (conv.model if conv else None) or cfg.model_name,
         "messages": messages, "versions": version_nav(s.store, messages), "draft": draft,
+        "images": s.store.images(conv.id) if conv else {},
+        # the composer warns when pictures are attached for a model that takes none
+        "sees_images": model_takes_images(s, conv.model if conv else None),
+        "vision_models": vision,
         "defaults": {"system_prompt": cfg.chat_system_prompt or "", "temperature":
                      cfg.chat_temperature, "top_p": cfg.chat_top_p,
                      "max_tokens": cfg.default_max_tokens},
@@ -121,6 +148,7 @@ async def fragment(request: HTMXRequest, conv: Conversation,
     await ahead(messages)
     return HTMXTemplate(template_name="_messages.html", context={
         "messages": messages, "conversation": conv,
+        "images": services(request).store.images(conv.id),
         "versions": version_nav(services(request).store, messages)})
 
 
@@ -158,7 +186,8 @@ REFUSED = (ChatError, RequestError, QueueFull, EngineUnavailable, LoadRefused)
 
 def http_error(request: HTMXRequest, exc: HTTPException) -> Response[Any]:
     """A 404 or 413 on a chat route: a notice in the page, never a JSON body in the chat."""
-    detail = "the message is too long" if exc.status_code == 413 else str(exc.detail)
+    detail = "the message and its pictures are too large" if exc.status_code == 413 \
+        else str(exc.detail)
     return refusal(request, ChatError(detail, exc.status_code), None)
 
 

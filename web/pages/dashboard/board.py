@@ -19,7 +19,7 @@ from web.tracker import RequestTracker
 
 # the dashboard's short tag before a wait reason's text (the text reads on its own in the chat)
 REASON_TAGS = {"budget": "budget", "slot": "slots", "kv": "KV", "behind": "queued",
-               "turn": "turn", "next": "next", "chunk": "prefill"}
+               "turn": "turn", "next": "next", "chunk": "prefill", "image": "image"}
 TIMELINE_ROUNDS = 40
 TIMELINE_ROWS = 14
 CHART_SPAN = 360.0
@@ -32,7 +32,7 @@ class Row:
     link: str | None
     mine: bool
     can_cancel: bool
-    endpoint: str | None = None  # the API route, where not the chat page or OpenAI's
+    endpoint: str | None = None  # the API route it came through (None: the chat page)
 
     @property
     def progress(self) -> int:

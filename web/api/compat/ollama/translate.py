@@ -9,7 +9,13 @@ from engine import FinalEvent
 from web.api.compat.ollama.options import sampling, tagged
 from web.api.compat.ollama.schemas import ChatRequest, GenerateRequest
 from web.api.errors import APIError, unsupported
-from web.api.schemas import AssistantMessage, ChatCompletionRequest, ChatMessage
+from web.api.schemas import (
+    AssistantMessage,
+    ChatCompletionRequest,
+    ChatMessage,
+    ImageURL,
+    TextPart,
+)
 
 ROLES = ("system", "user", "assistant", "tool")
 NS = 1_000_000_000
@@ -45,10 +51,9 @@ def chat_request(body: ChatRequest) -> ChatCompletionRequest:
         if m.role not in ROLES:
             raise APIError(f"{where}.role must be one of {', '.join(ROLES)}, got {m.role!r}",
                            param=f"{where}.role")
-        if m.images:
-            raise unsupported(f"{where}.images", "images")
         calls = _calls(m.tool_calls, f"{where}.tool_calls") if m.tool_calls else None
-        messages.append(ChatMessage(role=m.role, content=m.content, tool_calls=calls))
+        content = _with_images(m.content, m.images) if m.images else m.content
+        messages.append(ChatMessage(role=m.role, content=content, tool_calls=calls))
     tools = body.tools
     return ChatCompletionRequest(messages=messages, tools=tools,
                                  tool_choice="auto" if tools else None, **sampling(body))
@@ -56,14 +61,24 @@ def chat_request(body: ChatRequest) -> ChatCompletionRequest:
 
 def generate_request(body: GenerateRequest) -> ChatCompletionRequest:
     """The prompt as one user turn (with the system prompt) through the model's template."""
-    for name in ("suffix", "template", "images", "context"):
+    for name in ("suffix", "template", "context"):
         if getattr(body, name):
             raise unsupported(name)
     if body.raw:
         raise unsupported("raw", "raw prompts (use /v1/completions)")
     messages = [ChatMessage(role="system", content=body.system)] if body.system else []
-    messages.append(ChatMessage(role="user", content=body.prompt))
+    messages.append(ChatMessage(role="user", content=_with_images(body.prompt, body.images)
+                                if body.images else body.prompt))
     return ChatCompletionRequest(messages=messages, **sampling(body))
+
+
+def _with_images(text: str | None, images: list[str]) -> list[TextPart]:
+    """Ollama's `images` (base64 files, no data: prefix) as OpenAI content parts, the images
+    before the text (vision models; web/api/vision checks and decodes them). The media type
+    is a label only: the file's own bytes say what it is."""
+    parts = [TextPart(type="image_url", image_url=ImageURL(url=f"data:image/png;base64,{b64}"))
+             for b64 in images]
+    return [*parts, TextPart(type="text", text=text or "")]
 
 
 def _message(m: AssistantMessage) -> dict[str, Any]:

@@ -1,0 +1,91 @@
+"""SmolVLM (Idefics3): a SigLIP vision tower, a pixel-shuffle connector with one linear
+projection, and a Llama text model with causal attention over every position.
+
+An image is split into tiles plus a global image (engine.vision.tiling); each tile is one
+encoder input and fills one run of `<image>` tokens in the prompt: (image_size / patch)^2 /
+scale^2 of them (64 for SmolVLM2's 512-pixel tiles, patch 16, scale 4).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from engine.execution.model.architectures.llama import LlamaForCausalLM
+from engine.execution.model.config import ModelConfig, UnsupportedModel
+from engine.execution.model.decoder import CausalLM
+from engine.execution.model.vision import (
+    PixelShuffleConnector,
+    SiglipVisionTower,
+    TowerConfig,
+    VisionConfig,
+)
+from engine.vision.tiling import TilingConfig
+
+# checkpoint prefixes (transformers 4 and 5 alike) -> this model's module names
+RENAMES = (("model.text_model.", "model."), ("model.vision_model.", "vision_model."),
+           ("model.connector.", "connector."))
+
+
+# transformers' Idefics3VisionConfig defaults, where a checkpoint's vision_config is silent
+SIGLIP = TowerConfig(hidden_size=1152, intermediate_size=3072, num_heads=16, layers=12,
+                     image_size=224, patch_size=32, layer_norm_eps=1e-6,
+                     hidden_act="gelu_pytorch_tanh", class_token=False)
+
+
+class Idefics3ForConditionalGeneration(CausalLM):
+    hf_model_types = ("idefics3",)
+
+    @classmethod
+    def config_from_hf(cls, cfg: Mapping[str, Any]) -> ModelConfig:
+        text = dict(cfg.get("text_config") or {})
+        if text.get("model_type", "llama") != "llama":
+            raise UnsupportedModel(f"Idefics3 over a {text.get('model_type')!r} text model is "
+                                   "not supported (supported: llama)")
+        text.setdefault("model_type", "llama")
+        tower = TowerConfig.from_hf(cfg.get("vision_config") or {}, SIGLIP)
+        scale = int(cfg.get("scale_factor", 2))
+        side = tower.image_size // tower.patch_size
+        if side % scale:
+            raise UnsupportedModel(f"scale_factor {scale} does not divide the tower's "
+                                   f"{side} x {side} patches")
+        spec = VisionConfig(tower, int(cfg.get("image_token_id", 128257)),
+                            (side // scale) ** 2, "<image>",
+                            TilingConfig(longest_edge=4 * tower.image_size,
+                                         tile=tower.image_size))
+        text_cfg = LlamaForCausalLM.config_from_hf(text)
+        return dataclasses.replace(text_cfg, model_type="idefics3", vision=spec,
+                                   tie_word_embeddings=bool(cfg.get("tie_word_embeddings",
+                                                                    text_cfg.tie_word_embeddings)))
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__(cfg, dtype, device)
+        spec: VisionConfig = cfg.vision
+        tile = getattr(spec.processor, "tile", None)
+        if tile != spec.tower.image_size:  # else a tile encodes to more rows than its tokens
+            raise UnsupportedModel(f"the image processor's tiles ({tile} pixels) differ from "
+                                   f"the vision tower's image_size ({spec.tower.image_size})")
+        where = device if device is not None else "cpu"
+        self.vision_model = SiglipVisionTower(spec.tower, dtype, where)
+        side = spec.tower.image_size // spec.tower.patch_size
+        scale = round((side * side / spec.tokens_per_image) ** 0.5)
+        self.connector = PixelShuffleConnector(spec.tower.hidden_size, cfg.hidden_size, scale,
+                                               dtype, where)
+
+    @classmethod
+    def hf_key(cls, key: str) -> str:
+        for old, new in RENAMES:
+            if key.startswith(old):
+                return new + key[len(old):]
+        return key
+
+    def skip_key(self, key: str) -> bool:
+        return key == "vision_model.embeddings.position_ids" or super().skip_key(key)
+
+    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Tiles [B, 3, S, S] -> [B, tokens per tile, hidden]."""
+        rows: torch.Tensor = self.connector(self.vision_model(pixels.to(self.dtype)))
+        return rows

@@ -1,0 +1,59 @@
+"""What a vision family reads of its checkpoint: the tower's shape, which layer's output it
+takes, the projector, and how images sit in the prompt."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from engine.vision import ProcessorConfig, TilingConfig
+
+
+@dataclass(frozen=True, slots=True)
+class TowerConfig:
+    """A ViT image encoder (CLIP's or SigLIP's): patches of `patch_size`, `layers` run of
+    the checkpoint's (the rest are never used and never loaded)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    layers: int
+    image_size: int
+    patch_size: int
+    layer_norm_eps: float
+    hidden_act: str  # quick_gelu (CLIP), gelu_tanh (SigLIP)
+    class_token: bool  # CLIP prepends one (and a pre-layernorm); SigLIP does not
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @classmethod
+    def from_hf(cls, cfg: Mapping[str, Any], defaults: TowerConfig,
+                layers: int | None = None) -> TowerConfig:
+        """The tower a checkpoint's `vision_config` describes; what it leaves out is its
+        family's (`defaults`); `layers`: how many of them run (default: all)."""
+        return cls(
+            hidden_size=int(cfg.get("hidden_size", defaults.hidden_size)),
+            intermediate_size=int(cfg.get("intermediate_size", defaults.intermediate_size)),
+            num_heads=int(cfg.get("num_attention_heads", defaults.num_heads)),
+            layers=layers or int(cfg.get("num_hidden_layers", defaults.layers)),
+            image_size=int(cfg.get("image_size", defaults.image_size)),
+            patch_size=int(cfg.get("patch_size", defaults.patch_size)),
+            layer_norm_eps=float(cfg.get("layer_norm_eps", defaults.layer_norm_eps)),
+            hidden_act=str(cfg.get("hidden_act", defaults.hidden_act)),
+            class_token=defaults.class_token)
+
+
+@dataclass(frozen=True, slots=True)
+class VisionConfig:
+    """A vision model's image side: its tower, and the prompt's image placeholder."""
+
+    tower: TowerConfig
+    image_token_id: int  # the placeholder token each image's positions hold
+    # positions one image takes in the prompt; a tiled image: one tile's (each tile is one
+    # encoder input, placed by the prompt text the family writes for it)
+    tokens_per_image: int
+    placeholder: str  # the text a chat message holds where an image goes
+    # how an image becomes pixel values: one resized image, or tiles (SmolVLM's splitting)
+    processor: ProcessorConfig | TilingConfig

@@ -1,0 +1,108 @@
+"""A vision model's images in the engine's rounds: with a prefill budget smaller than an
+image, its positions span several chunks (the later ones take the encoder's cached rows), and
+the greedy tokens still equal transformers' float32 generate; each image is encoded once while
+its rows stay cached, again when the bounded cache let it go."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.tools.tiny_llava import IMAGE_TOKEN, TOKENS_PER_IMAGE, build, png
+
+
+@pytest.fixture(scope="module")
+def llava(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    folder = tmp_path_factory.mktemp("llava-rounds")
+    return folder, build(folder, tokenizer)
+
+
+def _engine(folder: Path, **fields: Any) -> Any:
+    from engine import Engine, EngineConfig, ModelExecutor
+
+    config = EngineConfig(page_size=4, kv_tokens=2048, max_context=512, kv_dtype="float32",
+                          **fields)
+    executor = ModelExecutor.from_pretrained(folder, config, dtype=torch.float32, threads=1)
+    return Engine(executor.config, executor).start()
+
+
+def _prompt(images: list[bytes], processor: Any) -> tuple[list[int], tuple[Any, ...]]:
+    import io
+
+    from PIL import Image
+
+    from engine import ImageInput, expand_image_tokens, preprocess_image
+
+    text = [1, 330, 2133, IMAGE_TOKEN, 281, 1056] + ([IMAGE_TOKEN] if images[1:] else []) \
+        + [4456, 30]
+    ids, offsets = expand_image_tokens(text, IMAGE_TOKEN, [TOKENS_PER_IMAGE] * len(images))
+    return ids, tuple(ImageInput(hashlib.sha256(data).hexdigest(),
+                                 preprocess_image(Image.open(io.BytesIO(data)), processor),
+                                 offset, TOKENS_PER_IMAGE)
+                      for data, offset in zip(images, offsets))
+
+
+def _run(engine: Any, ids: list[int], images: tuple[Any, ...]) -> list[int]:
+    from engine import SamplingParams
+
+    handle = engine.submit(ids, SamplingParams(max_tokens=6, ignore_eos=True), images=images)
+    for _ in handle.events():
+        pass
+    assert handle.final.finish_reason == "length", handle.final.error
+    return list(handle.token_ids)
+
+
+def _hf(model: Any, ids: list[int], images: tuple[Any, ...]) -> list[int]:
+    with torch.inference_mode():
+        out = model.generate(input_ids=torch.tensor([ids]),
+                             pixel_values=torch.stack([i.pixels for i in images]),
+                             max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    return [int(t) for t in out[0, len(ids):]]
+
+
+@pytest.mark.parametrize("budget,capacity", [(6, 32), (6, 1), (1, 32)])
+def test_chunked_images_equal_transformers(llava: tuple[Path, Any], budget: int,
+                                           capacity: int) -> None:
+    """Budget 6: an image's 16 positions over three rounds; budget 1: one position a round,
+    each run as a single-token row."""
+    folder, model = llava
+    engine = _engine(folder, max_prefill_tokens=budget, prefix_cache=False)
+    try:
+        encoder = engine.executor.images
+        encoder.capacity = capacity
+        ids, images = _prompt([png(30), png(31)], engine.vision.processor)
+        want = _hf(model, ids, images)
+        assert _run(engine, ids, images) == want
+        # evicting image 1 to keep image 2 (capacity 1) comes after image 1's last chunk
+        assert encoder.encoded == 2
+        assert _run(engine, ids, images) == want  # the same images again
+        assert encoder.encoded == (2 if capacity > 1 else 4)
+        assert len(encoder) == min(2, capacity)
+        assert engine.wait_idle(30)
+        snap = engine.snapshot()
+        assert snap.kv.free == snap.kv.total and all(s is None for s in snap.slots)
+    finally:
+        engine.stop()
+
+
+def test_a_text_engine_refuses_images(llava: tuple[Path, Any], model_dir: Path) -> None:
+    from engine import Engine, EngineConfig, ModelExecutor, RequestError, SamplingParams
+
+    executor = ModelExecutor.from_pretrained(model_dir, EngineConfig(kv_tokens=512), threads=1)
+    engine = Engine(executor.config, executor).start()
+    try:
+        assert not engine.takes_images and engine.vision is None
+        ids, images = _prompt([png(1)], _engine_processor(llava[0]))
+        with pytest.raises(RequestError, match="takes no images"):
+            engine.submit(ids, SamplingParams(max_tokens=2), images=images)
+    finally:
+        engine.stop()
+
+
+def _engine_processor(folder: Path) -> Any:
+    from engine import model_vision
+
+    return model_vision(folder).processor

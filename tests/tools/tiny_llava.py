@@ -1,0 +1,142 @@
+"""A seeded random tiny LLaVA built by transformers offline (CLIP tower, MLP projector, Llama
+text model), saved as a Hugging Face folder with SmolLM2's tokenizer plus `<image>` and a CLIP
+image processor; and transformers' own greedy reply for a prompt with images, the reference
+the vision tests hold Ferry to."""
+from __future__ import annotations
+
+import base64
+import copy
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+IMAGE_TOKEN = 49152  # `<image>`, added after SmolLM2's 49152 tokens
+TOKENS_PER_IMAGE = 16  # 32-pixel images, patch 8
+
+
+def png(seed: int, size: tuple[int, int] = (50, 40)) -> bytes:
+    rng = np.random.default_rng(seed)
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(out, "PNG")
+    return out.getvalue()
+
+
+def data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def content(text: str, images: list[bytes]) -> list[dict[str, Any]]:
+    """An OpenAI user content: the images first, then the text."""
+    return [*({"type": "image_url", "image_url": {"url": data_url(i)}} for i in images),
+            {"type": "text", "text": text}]
+
+
+def build(folder: Path, tokenizer: Any) -> Any:
+    """Write the tiny LLaVA into `folder` (SmolLM2's tokenizer, a copy: `tokenizer` is the
+    session's); return transformers' model."""
+    from transformers import (
+        CLIPImageProcessorPil,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+    )
+
+    from tests.tools.random_hf import random_hf
+
+    text = LlamaConfig(vocab_size=49160, hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.2,
+                       tie_word_embeddings=False)
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                              num_attention_heads=4, image_size=32, patch_size=8,
+                              initializer_range=0.2)
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=IMAGE_TOKEN)
+    model: Any = random_hf(config, LlavaForConditionalGeneration)
+    model.save_pretrained(folder)
+    hf_tok: Any = copy.deepcopy(tokenizer.hf)
+    hf_tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    assert hf_tok.convert_tokens_to_ids("<image>") == IMAGE_TOKEN
+    hf_tok.save_pretrained(folder)
+    CLIPImageProcessorPil(size={"shortest_edge": 32},
+                          crop_size={"height": 32, "width": 32}).save_pretrained(folder)
+    return model
+
+
+def reference(folder: Path, model: Any, text: str, images: list[bytes],
+              max_tokens: int) -> tuple[int, str]:
+    """(prompt tokens, greedy reply) as transformers computes them: its tokenizer's chat
+    template with `<image>` per image, each expanded to the patch count as LlavaProcessor
+    does, and its own image processor's pixel values."""
+    from transformers import AutoTokenizer, CLIPImageProcessorPil
+
+    tok: Any = AutoTokenizer.from_pretrained(folder)
+    ids = tok.apply_chat_template([{"role": "user", "content": "<image>" * len(images) + text}],
+                                  add_generation_prompt=True, tokenize=True)
+    ids = ids["input_ids"] if not isinstance(ids, list) else ids
+    expanded = [t for i in ids for t in ([i] * TOKENS_PER_IMAGE if i == IMAGE_TOKEN else [i])]
+    processor: Any = CLIPImageProcessorPil.from_pretrained(folder)
+    pixels = processor([Image.open(io.BytesIO(i)) for i in images],
+                       return_tensors="pt")["pixel_values"]
+    with torch.inference_mode():
+        out = model.generate(input_ids=torch.tensor([expanded]), pixel_values=pixels,
+                             max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                             do_sample=False)
+    return len(expanded), str(tok.decode(out[0, len(expanded):]))
+
+
+def chat_server(make_server: Any, folder: Path, engine: dict[str, Any] | None = None,
+                **web: Any) -> Any:
+    """A tiny vision model in `folder` served for real by conftest's make_server (its chat page
+    and its API), in float32 like `reference`; `engine`: more EngineConfig fields, `web`:
+    WebConfig fields."""
+    from engine import EngineConfig, Tokenizer
+    from engine.execution.executor import ModelExecutor
+
+    fields: dict[str, Any] = {"page_size": 4, "kv_tokens": 4096, "max_context": 512,
+                              "kv_dtype": "float32", **(engine or {})}
+    executor = ModelExecutor.from_pretrained(folder, EngineConfig(**fields),
+                                             dtype=torch.float32, threads=1)
+    return make_server(web={"model_name": "tiny-llava", **web}, executor=executor,
+                       tokenizer_override=Tokenizer(folder), **fields)
+
+
+def vision_set(in_thread_server: Any, model_dir: Path, folder: Path, data: Path, cache: Path,
+               name: str = "tiny-llava", **web: Any) -> Any:
+    """A running server over a model set: SmolLM2's GGUF as "chat" (the default, loaded) and
+    the tiny LLaVA in `folder` as `name` (loaded on demand); `web`: WebConfig fields."""
+    import dataclasses
+
+    from engine import (
+        Budget,
+        EngineConfig,
+        LoadedModel,
+        ModelExecutor,
+        ModelSet,
+        ModelSource,
+        Tokenizer,
+        model_vision,
+    )
+    from tests.tools.model_sources import gguf_source
+    from web.app import create_app
+    from web.config import WebConfig
+
+    config = EngineConfig(kv_tokens=4096, max_context=512, page_size=4)
+
+    def load() -> LoadedModel:
+        ex = ModelExecutor.from_pretrained(folder, dataclasses.replace(config, kv_dtype="float32"),
+                                           dtype=torch.float32, threads=1)
+        return LoadedModel(ex, ex.config, ex.describe(), ex.memory_bytes())
+
+    seer = ModelSource(name, lambda: Tokenizer(folder), load, 20 << 20,
+                       {"format": "safetensors"}, model_vision(folder))
+    chat = gguf_source("chat", model_dir, config, cache)
+    loaded, tokenizer = chat.load(), chat.open_tokenizer()
+    models = ModelSet([chat, seer], loaded.config, Budget(2, 8 << 30),
+                      preloaded={"chat": (loaded, tokenizer)}, poll=0.05)
+    settings = WebConfig(data_dir=data, model_name="chat", model_runs=loaded.runs, **web)
+    return in_thread_server(create_app(models, tokenizer, settings), models, "uvicorn-seer", 60)

@@ -1,0 +1,189 @@
+"""Images in chat messages: OpenAI `image_url` content parts into a vision model's prompt.
+
+`prompt_with_images` is the one path from OpenAI-style messages (content parts with
+`{"type": "image_url", "image_url": {"url": "data:..."}}`) to prompt ids and placed images;
+the API and the chat page both use it. Decoding and preprocessing run on a worker thread,
+never on the event loop nor on the engine thread. Remote http(s) URLs are not fetched.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine import (
+    ImageError,
+    ImageInput,
+    ProcessorConfig,
+    TilingConfig,
+    data_url_bytes,
+    decode_image,
+    expand_image_tokens,
+    image_tile_runs,
+    preprocess_image,
+    split_image,
+    tile_digest,
+    tile_text,
+)
+from web.api.errors import APIError
+from web.config import WebConfig
+from web.worker import below_engine
+
+DETAILS = (None, "auto", "low", "high")  # OpenAI's; every image is processed the same way
+# images decoding at once, across requests: bounds the memory decoded pixels take (a 1 MB
+# PNG of one colour may hold 25 million pixels, 100 MB once decoded)
+DECODES = threading.BoundedSemaphore(4)
+
+
+@dataclass(frozen=True, slots=True)
+class ImagePrompt:
+    ids: list[int]
+    images: tuple[ImageInput, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    digest: str
+    pixels: Any  # torch.Tensor [3, H, W]; a tiled image's: [tiles, 3, S, S]
+    grid: tuple[int, int] | None = None  # a tiled image's rows and columns of tiles
+
+
+def vision_of(engine: Any) -> Any:
+    """The serving engine's image side (engine.execution.model.vision.VisionConfig), or None
+    where it takes no images (a text model, a gateway)."""
+    return getattr(engine, "vision", None) if getattr(engine, "takes_images", False) else None
+
+
+def image_parts(messages: Sequence[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(where, part) of every image part in template messages (content given as a list)."""
+    return [(f"messages[{i}].content[{j}]", part)
+            for i, m in enumerate(messages) if isinstance(m.get("content"), list)
+            for j, part in enumerate(m["content"]) if part.get("type") == "image_url"]
+
+
+def check_images(messages: Sequence[dict[str, Any]], config: WebConfig, vision: Any,
+                 model: str) -> list[tuple[str, str]]:
+    """Every image's (where, data: URL), or a 400: too many, a remote URL, a text model."""
+    parts = image_parts(messages)
+    if not parts:
+        return []
+    if vision is None:
+        raise APIError(f"the model {model} takes no images (it is a text-only model); send "
+                       "text, or choose a vision model", param=parts[0][0],
+                       code="model_takes_no_images")
+    if len(parts) > config.max_images:
+        raise APIError(f"too many images: {len(parts)} (at most {config.max_images} per "
+                       "request)", param=parts[config.max_images][0], code="too_many_images")
+    out = []
+    for where, part in parts:
+        image_url = part.get("image_url") or {}
+        url = str(image_url.get("url") or "")
+        if image_url.get("detail") not in DETAILS:
+            raise APIError(f"{where}.image_url.detail must be auto, low or high",
+                           param=f"{where}.image_url.detail")
+        if url.startswith(("http://", "https://")):
+            raise APIError("remote image URLs are not fetched by this server (fetching is "
+                           "off); send the image inline as a data: URL "
+                           "(data:image/png;base64,...)", param=f"{where}.image_url.url",
+                           code="image_fetch_disabled")
+        out.append((where, url))
+    return out
+
+
+def _prepare(where: str, url: str, processor: ProcessorConfig | TilingConfig,
+             max_pixels: int) -> _Prepared:
+    """Decode and preprocess one image (CPU work: never on the event loop). A small file may
+    decode to `max_pixels` x 4 bytes, so only DECODES images decode at once."""
+    with DECODES:
+        try:
+            decoded = decode_image(data_url_bytes(url), max_pixels)
+        except ImageError as exc:
+            raise APIError(str(exc), param=f"{where}.image_url.url", code=exc.code) from None
+        if isinstance(processor, TilingConfig):
+            tiles = split_image(decoded.image, processor)
+            return _Prepared(decoded.digest, tiles.pixels, (tiles.rows, tiles.cols))
+        return _Prepared(decoded.digest, preprocess_image(decoded.image, processor))
+
+
+def with_placeholders(messages: Sequence[dict[str, Any]], placeholder: str | Sequence[str]
+                      ) -> list[dict[str, Any]]:
+    """Template messages whose content lists became strings: text parts joined, each image
+    part replaced by the model's placeholder text (LLaVA's `<image>`), or the i-th image's
+    own text where `placeholder` lists one per image (a tiled image's)."""
+    texts = iter([placeholder] * len(image_parts(messages)) if isinstance(placeholder, str)
+                 else placeholder)
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            text = "".join(next(texts) if p.get("type") == "image_url"
+                           else str(p.get("text", "")) for p in content)
+            m = {**m, "content": text}
+        out.append(m)
+    return out
+
+
+def build_image_prompt(messages: Sequence[dict[str, Any]], engine: Any, config: WebConfig,
+                       model: str, render: Callable[[list[dict[str, Any]]], list[int]],
+                       cache: dict[str, Any] | None = None) -> ImagePrompt:
+    """`prompt_with_images` for a caller already off the event loop (it blocks: decoding,
+    preprocessing, the template). `cache` (a dict the caller keeps, e.g. across attempts
+    that leave old turns out to fit the context) keeps each image's pixels by its URL."""
+    images = check_images(messages, config, vision_of(engine), model)
+    if not images:
+        return ImagePrompt(render(with_placeholders(messages, "")), ())
+    vision = vision_of(engine)
+    cache = {} if cache is None else cache
+    prepared = []
+    for where, url in images:
+        if url not in cache:
+            cache[url] = _prepare(where, url, vision.processor, config.max_image_pixels)
+        prepared.append(cache[url])
+    if isinstance(vision.processor, TilingConfig):
+        return _place_tiles(messages, vision, prepared, render)
+    ids = render(with_placeholders(messages, vision.placeholder))
+    try:
+        expanded, offsets = expand_image_tokens(ids, vision.image_token_id,
+                                                [vision.tokens_per_image] * len(prepared))
+    except ValueError as exc:  # the text itself held the placeholder
+        raise APIError(f"the messages hold {vision.placeholder!r} besides their image parts: "
+                       f"{exc}", param="messages", code="invalid_image_placement") from None
+    placed = tuple(ImageInput(p.digest, p.pixels, offset, vision.tokens_per_image)
+                   for p, offset in zip(prepared, offsets))
+    return ImagePrompt(expanded, placed)
+
+
+def _place_tiles(messages: Sequence[dict[str, Any]], vision: Any, prepared: list[_Prepared],
+                 render: Callable[[list[dict[str, Any]]], list[int]]) -> ImagePrompt:
+    """A tiled image's text (each tile's image tokens between its own tags) goes into the
+    message before the template renders it, as the family's processor writes the prompt;
+    each tile is then one encoder input over its run of image tokens."""
+    per_tile = vision.tokens_per_image
+    texts = [tile_text(*(p.grid or (0, 0)), per_tile, vision.placeholder) for p in prepared]
+    ids = render(with_placeholders(messages, texts))
+    tiles = [(p, i) for p in prepared for i in range(p.pixels.shape[0])]
+    try:
+        offsets = image_tile_runs(ids, vision.image_token_id, per_tile)
+        if len(offsets) != len(tiles):
+            raise ValueError(f"the prompt holds {len(offsets)} runs of image tokens for "
+                             f"{len(tiles)} tiles")
+    except ValueError as exc:  # the text itself held the placeholder
+        raise APIError(f"the messages hold {vision.placeholder!r} besides their image parts: "
+                       f"{exc}", param="messages", code="invalid_image_placement") from None
+    placed = tuple(ImageInput(tile_digest(p.digest, i), p.pixels[i], offset, per_tile)
+                   for (p, i), offset in zip(tiles, offsets))
+    return ImagePrompt(ids, placed)
+
+
+async def prompt_with_images(messages: Sequence[dict[str, Any]], engine: Any,
+                             config: WebConfig, model: str,
+                             render: Callable[[list[dict[str, Any]]], list[int]]
+                             ) -> ImagePrompt:
+    """OpenAI-style template messages (content a string, or a list of `text` and
+    `image_url` parts) -> the prompt ids and its placed images. `render` turns messages with
+    string contents into ids (the chat template). All of it (base64 decoding, Pillow,
+    preprocessing, the template) runs on a worker thread. Raises APIError (400s with a
+    `code`)."""
+    return await below_engine(build_image_prompt, messages, engine, config, model,
+                                          render)
