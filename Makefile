@@ -37,11 +37,15 @@ BUNDLE_INPUTS = $(shell find app engine web packaging/ferry.spec packaging/ferry
 run: install
 	$(BIN)/ferry serve $(ARGS)
 
-# lint and types first: they take seconds, the suite takes minutes
+# lint and types first: they take seconds, the suite takes minutes. The suite runs on every
+# core (JOBS pytest-xdist workers); the tests that time Ferry against a quiet machine run
+# after it, alone (exit 5: ARGS chose none of them)
+JOBS ?= auto
 test: install system-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q --durations=25 $(ARGS)
+	$(BIN)/pytest -q -n $(JOBS) --durations=25 -m "not slow and not serial" $(ARGS)
+	$(BIN)/pytest -q -m serial $(ARGS) || [ $$? -eq 5 ]
 	$(MAKE) test-bundle
 
 # the bundle built from the lock, then used as a new user would (tests/tools/first_run.py)

@@ -36,7 +36,7 @@ import pytest
 from tests.tools.waiting import wait_healthy
 from web.access.users import UserStore
 
-pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.model, pytest.mark.serial, pytest.mark.timeout(900)]
 MODEL = "SmolLM2-135M-Instruct"
 MIB = 1 << 20
 BODY = MIB - 4096  # under the body limit, so the guards (not the 413) answer
