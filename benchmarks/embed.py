@@ -26,7 +26,6 @@ import contextlib
 import datetime as _dt
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.processes import end, free_port
 from benchmarks.records import Record, append, this_commit, this_cpu
 
 PEER = "llama.cpp llama-server --embeddings"
@@ -85,12 +85,6 @@ def measure(post: Callable[[list[str]], None], work: Workload, repeat: int,
 
 # --- servers --------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def pinned(threads: int) -> Callable[[], None]:
     cpus = sorted(os.sched_getaffinity(0))[:threads]
     return lambda: os.sched_setaffinity(0, cpus)
@@ -119,12 +113,7 @@ def server(command: list[str], ready_url: str, threads: int, env: dict[str, str]
             time.sleep(0.5)
         yield
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end(proc, 20)
 
 
 def poster(base: str, model: str) -> Callable[[list[str]], None]:

@@ -20,7 +20,6 @@ import contextlib
 import datetime
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,16 +28,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from benchmarks.processes import end, free_port
 from benchmarks.records import Record, append, this_cpu
 
 PROMPT = "Tell me, in a few sentences, how a river ferry crosses a strong current."
 MB = 1e6
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def resident(pid: int) -> dict[str, float]:
@@ -102,12 +96,7 @@ def measure(command: list[str], port: int, max_tokens: int, env: dict[str, str],
                 models = get(f"{base}/v1/models")
             return figures, models
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            end(proc, 30)
 
 
 def warm_caches(model: str, env: dict[str, str]) -> None:

@@ -10,6 +10,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import torch
 from PIL import Image
@@ -33,6 +34,13 @@ def content(text: str, images: list[bytes]) -> list[dict[str, Any]]:
     """An OpenAI user content: the images first, then the text."""
     return [*({"type": "image_url", "image_url": {"url": data_url(i)}} for i in images),
             {"type": "text", "text": text}]
+
+
+def ask(server: Any, content: Any, max_tokens: int = 6) -> httpx.Response:
+    """A greedy chat request to the served model with this user `content`."""
+    return httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
+        "model": "", "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
 
 
 def build(folder: Path, tokenizer: Any) -> Any:

@@ -13,29 +13,17 @@ import openai
 import pytest
 import torch
 
+from tests.tools.embedding_server import serve_encoder
+
 NAME = "all-MiniLM-L6-v2"
 SENTENCES = ["The cat sits on the mat.", "A dog sleeps by the fire.",
              "Stock markets fell sharply on Monday.", "Ferry runs models on your computer."]
 
 
-def serve_embeddings(embedding_dir: Path, in_thread_server: Any, data: Path,
-                     **web: Any) -> Any:
-    from engine import EncoderExecutor, Engine, EngineConfig, Tokenizer
-    from web.app import create_app
-    from web.config import WebConfig
-
-    executor = EncoderExecutor.from_pretrained(embedding_dir, threads=2)
-    config = EngineConfig(max_context=executor.max_context, max_prefill_tokens=512)
-    tokenizer = Tokenizer(embedding_dir)
-    engine = Engine(config, executor, tokenizer)
-    app = create_app(engine, tokenizer, WebConfig(data_dir=data, model_name=NAME, **web))
-    return in_thread_server(app, engine, "uvicorn-embeddings", 60)
-
-
 @pytest.fixture(scope="module")
 def server(embedding_dir: Path, in_thread_server: Any,
            tmp_path_factory: pytest.TempPathFactory) -> Any:
-    running = serve_embeddings(embedding_dir, in_thread_server, tmp_path_factory.mktemp("emb"))
+    running = serve_encoder(in_thread_server, embedding_dir, tmp_path_factory.mktemp("emb"), NAME)
     yield running
     running.stop()
 
@@ -211,8 +199,8 @@ def test_shared_mode_needs_a_token_and_takes_inputs_a_few_at_a_time(
     from web.access.users import UserStore
 
     token = UserStore(tmp_path / "users.json").add("ann", admin=False)
-    shared = serve_embeddings(embedding_dir, in_thread_server, tmp_path, shared=True,
-                              per_user_limit=2)
+    shared = serve_encoder(in_thread_server, embedding_dir, tmp_path, NAME, shared=True,
+                           per_user_limit=2)
     try:
         body = {"model": NAME, "input": SENTENCES}
         assert httpx.post(shared.url + "/v1/embeddings", json=body,

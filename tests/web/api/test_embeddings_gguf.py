@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.tools.bert_gguf import write_bert_gguf
+from tests.tools.embedding_server import serve_encoder
 
 NAME = "all-MiniLM-L6-v2-gguf"
 SENTENCES = ["The cat sits on the mat.", "A dog sleeps by the fire.",
@@ -26,19 +27,8 @@ def gguf_file(embedding_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="module")
 def server(gguf_file: Path, in_thread_server: Any,
            tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from engine import EncoderExecutor, Engine, EngineConfig, Tokenizer
-    from web.app import create_app
-    from web.config import WebConfig
-
-    cache = tmp_path_factory.mktemp("cache")
-    executor = EncoderExecutor.from_pretrained(gguf_file, threads=2, cache_dir=cache)
-    config = EngineConfig(max_context=executor.max_context, max_prefill_tokens=1024)
-    assert executor.tokenizer_path is not None
-    tokenizer = Tokenizer(executor.tokenizer_path)
-    engine = Engine(config, executor, tokenizer)
-    app = create_app(engine, tokenizer, WebConfig(data_dir=tmp_path_factory.mktemp("data"),
-                                                  model_name=NAME))
-    running = in_thread_server(app, engine, "uvicorn-embeddings-gguf", 60)
+    running = serve_encoder(in_thread_server, gguf_file, tmp_path_factory.mktemp("data"), NAME,
+                            max_prefill_tokens=1024, cache_dir=tmp_path_factory.mktemp("cache"))
     yield running
     running.stop()
 

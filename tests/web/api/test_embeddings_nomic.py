@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.tools.embedding_decoders import embedding_decoder
+from tests.tools.embedding_server import serve_encoder
 
 SENTENCES = ["The cat sits on the mat.",
              "A quick brown fox jumps over the lazy dog, twice, while nobody watches it.",
@@ -27,17 +28,8 @@ def folder(embedding_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 @pytest.fixture(scope="module")
 def server(folder: Path, in_thread_server: Any,
            tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from engine import EncoderExecutor, Engine, EngineConfig, Tokenizer
-    from web.app import create_app
-    from web.config import WebConfig
-
-    executor = EncoderExecutor.from_pretrained(folder, threads=2)
-    config = EngineConfig(max_context=executor.max_context, max_prefill_tokens=48)
-    tokenizer = Tokenizer(folder)
-    engine = Engine(config, executor, tokenizer)
-    app = create_app(engine, tokenizer, WebConfig(data_dir=tmp_path_factory.mktemp("data"),
-                                                  model_name="nomic"))
-    running = in_thread_server(app, engine, "uvicorn-nomic", 60)
+    running = serve_encoder(in_thread_server, folder, tmp_path_factory.mktemp("data"), "nomic",
+                            max_prefill_tokens=48)
     yield running
     running.stop()
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.tools.tiny_idefics3 import IMAGE_TOKEN, build, reference
-from tests.tools.tiny_llava import chat_server, content, png
+from tests.tools.tiny_llava import ask, chat_server, content, png
 
 NAME = "tiny-smolvlm"
 
@@ -30,12 +30,6 @@ def server(smolvlm: tuple[Path, Any], make_server: Any) -> Any:
                        max_images=2)
 
 
-def _ask(server: Any, content: Any, max_tokens: int = 6) -> httpx.Response:
-    return httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
-        "model": "", "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
-
-
 def _idle(server: Any) -> None:
     assert server.engine.wait_idle(30)
     snap = server.engine.snapshot()
@@ -50,7 +44,7 @@ def test_replies_equal_transformers(server: Any, smolvlm: tuple[Path, Any],
     folder, model = smolvlm
     images = [png(seed, size) for seed, size in enumerate(sizes)]
     text = "What is in the picture?"
-    r = _ask(server, content(text, images))
+    r = ask(server, content(text, images))
     assert r.status_code == 200, r.text
     prompt_tokens, reply = reference(folder, model, text, images, 6)
     body = r.json()
@@ -67,7 +61,7 @@ def test_models_say_vision(server: Any) -> None:
 
 
 def test_a_typed_image_token_is_refused(server: Any) -> None:
-    r = _ask(server, content("<image> and this?", [png(1)]))
+    r = ask(server, content("<image> and this?", [png(1)]))
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_image_placement"
     _idle(server)
 
@@ -76,9 +70,9 @@ def test_the_image_matters_and_repeats_hit_the_cache(server: Any) -> None:
     """Each tile keyed by its image: the same image again reuses its pages, another image
     of the same shape (the same tags and token count) shares none of them."""
     text = "Describe it."
-    first = _ask(server, content(text, [png(10)])).json()
-    again = _ask(server, content(text, [png(10)])).json()
-    other = _ask(server, content(text, [png(11)])).json()
+    first = ask(server, content(text, [png(10)])).json()
+    again = ask(server, content(text, [png(10)])).json()
+    other = ask(server, content(text, [png(11)])).json()
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 40
     assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
     other_cached = (other["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)

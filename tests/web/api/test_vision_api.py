@@ -13,6 +13,7 @@ import pytest
 
 from tests.tools.tiny_llava import (
     IMAGE_TOKEN,
+    ask,
     build,
     chat_server,
     content,
@@ -37,12 +38,6 @@ def server(llava: tuple[Path, Any], make_server: Any) -> Any:
                        max_image_pixels=50 * 50)
 
 
-def _ask(server: Any, content: Any, max_tokens: int = 6) -> httpx.Response:
-    return httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
-        "model": "", "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
-
-
 def _idle(server: Any) -> None:
     assert server.engine.wait_idle(30)
     snap = server.engine.snapshot()
@@ -57,7 +52,7 @@ def test_replies_equal_transformers(server: Any, llava: tuple[Path, Any], count:
     folder, model = llava
     images = [png(seed) for seed in range(count)]
     text = "What is in the picture?"
-    r = _ask(server, content(text, images))
+    r = ask(server, content(text, images))
     assert r.status_code == 200, r.text
     prompt_tokens, reply = reference(folder, model, text, images, 6)
     body = r.json()
@@ -76,9 +71,9 @@ def test_models_say_vision(server: Any) -> None:
 
 def test_different_images_never_share_kv(server: Any) -> None:
     text = "Describe it."
-    first = _ask(server, content(text, [png(10)])).json()
-    again = _ask(server, content(text, [png(10)])).json()
-    other = _ask(server, content(text, [png(11)])).json()
+    first = ask(server, content(text, [png(10)])).json()
+    again = ask(server, content(text, [png(10)])).json()
+    other = ask(server, content(text, [png(11)])).json()
     # the same image: its pages come from the prefix cache; another image: none of its
     # pages (only the page-aligned text before it could match; it leads the message)
     cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -107,7 +102,7 @@ def _image_offset(server: Any, text: str) -> int:
      "too_many_images"),
 ])
 def test_bad_images_get_400(server: Any, content: Any, code: str) -> None:
-    r = _ask(server, content)
+    r = ask(server, content)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == code
     if code == "image_fetch_disabled":
@@ -117,15 +112,15 @@ def test_bad_images_get_400(server: Any, content: Any, code: str) -> None:
 
 def test_a_placeholder_without_its_image_is_refused(server: Any) -> None:
     """`<image>` typed as text would run on the placeholder's own embedding: a 400."""
-    r = _ask(server, "<image> what is this?")
+    r = ask(server, "<image> what is this?")
     assert r.status_code == 400 and "without an image" in r.json()["error"]["message"]
-    r = _ask(server, content("<image> and this?", [png(1)]))
+    r = ask(server, content("<image> and this?", [png(1)]))
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_image_placement"
     _idle(server)
 
 
 def test_detail_is_accepted(server: Any) -> None:
-    r = _ask(server, [{"type": "image_url", "image_url": {"url": data_url(png(3)),
+    r = ask(server, [{"type": "image_url", "image_url": {"url": data_url(png(3)),
                                                           "detail": "low"}},
                       {"type": "text", "text": "hi"}], max_tokens=2)
     assert r.status_code == 200, r.text
@@ -137,7 +132,7 @@ def test_ollama_images_are_image_parts(server: Any) -> None:
     import base64
 
     image = png(5)
-    want = _ask(server, content("What is it?", [image])).json()["choices"][0]["message"]
+    want = ask(server, content("What is it?", [image])).json()["choices"][0]["message"]
     r = httpx.post(server.url + "/api/chat", timeout=120, json={
         "model": NAME, "stream": False, "options": {"num_predict": 6, "temperature": 0},
         "messages": [{"role": "user", "content": "What is it?",
@@ -175,7 +170,7 @@ def test_the_blocking_form_keeps_pixels_across_attempts(server: Any) -> None:
 
 def test_a_text_model_refuses_images_by_name(make_server: Any) -> None:
     server = make_server(web={"model_name": "smol"})
-    r = _ask(server, content("hi", [png(0)]))
+    r = ask(server, content("hi", [png(0)]))
     assert r.status_code == 400 and r.json()["error"]["code"] == "model_takes_no_images"
     assert "smol" in r.json()["error"]["message"]
     cards = httpx.get(server.url + "/v1/models", timeout=10).json()["data"]

@@ -7,7 +7,6 @@ scale^2 of them (64 for SmolVLM2's 512-pixel tiles, patch 16, scale 4).
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +20,7 @@ from engine.execution.model.vision import (
     SiglipVisionTower,
     TowerConfig,
     VisionConfig,
+    with_vision,
 )
 from engine.vision.tiling import TilingConfig
 
@@ -55,10 +55,7 @@ class Idefics3ForConditionalGeneration(CausalLM):
                             (side // scale) ** 2, "<image>",
                             TilingConfig(longest_edge=4 * tower.image_size,
                                          tile=tower.image_size))
-        text_cfg = LlamaForCausalLM.config_from_hf(text)
-        return dataclasses.replace(text_cfg, model_type="idefics3", vision=spec,
-                                   tie_word_embeddings=bool(cfg.get("tie_word_embeddings",
-                                                                    text_cfg.tie_word_embeddings)))
+        return with_vision(LlamaForCausalLM.config_from_hf(text), "idefics3", spec, cfg)
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:

@@ -6,7 +6,6 @@ The tower runs up to `vision_feature_layer` (-2: all but its last layer) and, wi
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +19,7 @@ from engine.execution.model.vision import (
     MLPProjector,
     TowerConfig,
     VisionConfig,
+    with_vision,
 )
 from engine.vision import ProcessorConfig
 
@@ -72,10 +72,7 @@ class LlavaForConditionalGeneration(CausalLM):
                             tower.num_patches + (strategy == "full"), "<image>",
                             ProcessorConfig(shortest_edge=tower.image_size,
                                             crop=(tower.image_size, tower.image_size)))
-        text_cfg = LlamaForCausalLM.config_from_hf(text)
-        return dataclasses.replace(text_cfg, model_type="llava", vision=spec,
-                                   tie_word_embeddings=bool(cfg.get("tie_word_embeddings",
-                                                                    text_cfg.tie_word_embeddings)))
+        return with_vision(LlamaForCausalLM.config_from_hf(text), "llava", spec, cfg)
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:

@@ -1,9 +1,9 @@
 """Vision layers the image families share: the ViT towers, the projectors, their configs."""
 from engine.execution.model.vision.clip import ClipVisionTower
-from engine.execution.model.vision.config import TowerConfig, VisionConfig
+from engine.execution.model.vision.config import TowerConfig, VisionConfig, with_vision
 from engine.execution.model.vision.pixel_shuffle import PixelShuffleConnector
 from engine.execution.model.vision.projector import MLPProjector
 from engine.execution.model.vision.siglip import SiglipVisionTower
 
 __all__ = ["ClipVisionTower", "MLPProjector", "PixelShuffleConnector", "SiglipVisionTower",
-           "TowerConfig", "VisionConfig"]
+           "TowerConfig", "VisionConfig", "with_vision"]

@@ -3,10 +3,13 @@ takes, the projector, and how images sit in the prompt."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from engine.vision import ProcessorConfig, TilingConfig
+
+if TYPE_CHECKING:
+    from engine.execution.model.config import ModelConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,3 +60,12 @@ class VisionConfig:
     placeholder: str  # the text a chat message holds where an image goes
     # how an image becomes pixel values: one resized image, or tiles (SmolVLM's splitting)
     processor: ProcessorConfig | TilingConfig
+
+
+def with_vision(text: ModelConfig, model_type: str, vision: VisionConfig,
+                cfg: Mapping[str, Any]) -> ModelConfig:
+    """A vision family's config: its text model's `text`, with the image side, and the
+    outer config's tie_word_embeddings where it says (it may differ from text_config's)."""
+    return replace(text, model_type=model_type, vision=vision,
+                   tie_word_embeddings=bool(cfg.get("tie_word_embeddings",
+                                                    text.tie_word_embeddings)))
