@@ -15,12 +15,15 @@ _lowered = threading.local()
 
 
 def lower_priority(step: int = NICE) -> None:
-    """The calling thread's nice value raised by `step` (at most 19), once per thread, on
-    Linux, where each thread has its own; elsewhere (a thread id is no process id there)
-    nothing changes. A thread's priority is never raised again: it stays lowered."""
+    """The calling thread's nice value set to the process's (its main thread's) plus `step`
+    (at most 19), once per thread, on Linux, where each thread has its own; elsewhere (a
+    thread id is no process id there) nothing changes. A thread started by a lowered one
+    inherits its value and is not lowered twice; no thread's priority is ever raised."""
     if sys.platform != "linux" or getattr(_lowered, "done", False):
         return
     _lowered.done = True
     tid = threading.get_native_id()
     with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + step))
+        base = os.getpriority(os.PRIO_PROCESS, os.getpid())
+        now = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, max(now, min(19, base + step)))

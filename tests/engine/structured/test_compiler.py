@@ -124,3 +124,27 @@ def test_compiles_run_below_the_engines_priority() -> None:
     assert THREADS.run(nice_here) == min(19, base + 10)
     assert THREADS.run(nice_here) == min(19, base + 10)  # lowered once, not again
     assert nice_here() == base  # the caller's own is untouched
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
+def test_a_thread_started_by_a_lowered_one_is_not_lowered_twice() -> None:
+    """Threads inherit their creator's nice value: a compile thread first started from a
+    lowered worker (a tokenizing one) sits at the process's plus ten, not plus twenty."""
+    from engine.priority import NICE, lower_priority
+
+    def nice_here() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    def lowered_then_spawns() -> None:
+        lower_priority()
+        got.append(nice_here())
+        child = threading.Thread(target=lambda: (lower_priority(), got.append(nice_here())))
+        child.start()
+        child.join()
+
+    base = nice_here()
+    got: list[int] = []
+    worker = threading.Thread(target=lowered_then_spawns)
+    worker.start()
+    worker.join()
+    assert got == [min(19, base + NICE)] * 2
