@@ -38,13 +38,14 @@ run: install
 	$(BIN)/ferry serve $(ARGS)
 
 # lint and types first: they take seconds, the suite takes minutes. The suite runs on every
-# core (JOBS pytest-xdist workers); the tests that time Ferry against a quiet machine run
-# after it, alone (exit 5: ARGS chose none of them)
+# core (JOBS pytest-xdist workers; each module stays on one worker, so its fixtures are built
+# once); the tests that time Ferry against a quiet machine run after it, alone (exit 5: ARGS
+# chose none of them)
 JOBS ?= auto
 test: install system-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q -n $(JOBS) --durations=25 -m "not slow and not serial" $(ARGS)
+	$(BIN)/pytest -q -n $(JOBS) --dist loadscope --durations=25 -m "not slow and not serial" $(ARGS)
 	$(BIN)/pytest -q -m serial $(ARGS) || [ $$? -eq 5 ]
 	$(MAKE) test-bundle
 
