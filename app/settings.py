@@ -54,12 +54,14 @@ INT_RANGES: dict[str, tuple[int, int | None]] = {
     "default_max_tokens": (1, None),
     "chat_image_bytes": (1024, None),
     "chat_conversation_image_bytes": (1024, None),
+    "image_fetch_bytes": (1024, None),
 }
 
 
 FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "chat_temperature": (0.0, 2.0),
     "chat_top_p": (0.0, 1.0),
+    "image_fetch_seconds": (0.1, 300.0),
 }
 
 
@@ -120,6 +122,10 @@ class Settings:
     max_messages: int = 200
     max_images: int = 8  # images in one request to a vision model, and in a chat message
     max_image_pixels: int = 25_000_000  # width x height of one image, checked before decoding
+    # fetch remote http(s) image URLs in requests (off: a 400); in shared mode admins' only
+    fetch_image_urls: bool = False
+    image_fetch_bytes: int = 20 * MIB  # one fetched image's size limit
+    image_fetch_seconds: float = 10.0  # one fetch's time limit
     max_stop: int = 4
     max_tokens_limit: int = 4096
     default_max_tokens: int = 512  # a reply's limit when the request (or chat) sets none

@@ -84,6 +84,14 @@ HELP: dict[str, str] = {
     "max_image_pixels": "Largest image (width x height) a request may send, checked before "
                         "decoding (400 `image_too_large` beyond it); the chat refuses a "
                         "larger attachment (413) and never sends a larger stored one.",
+    "fetch_image_urls": "Fetch remote `http(s)` image URLs in requests to a vision model; "
+                        "off, they are a 400 (`image_fetch_disabled`). In shared mode only "
+                        "admins' URLs are fetched: a normal user's could reach what only the "
+                        "server can. See [vision](vision.md).",
+    "image_fetch_bytes": "Largest image one fetch may bring (bytes); a larger one is a 400 "
+                         "(`image_fetch_failed`).",
+    "image_fetch_seconds": "Time one fetch may take, redirects included (at most 3); a slower "
+                           "one is a 400 (`image_fetch_failed`).",
     "max_stop": "Most stop strings in one request.",
     "max_tokens_limit": "Largest `max_tokens` a request may ask for.",
     "default_max_tokens": "A reply's token limit when the request (or the conversation) sets "

@@ -21,6 +21,11 @@ class WebConfig:
     max_messages: int = 200
     max_images: int = 8  # images in one request (vision models)
     max_image_pixels: int = 25_000_000  # width x height of one image
+    # remote http(s) image URLs: fetched only when on (in shared mode, for admins only),
+    # each within these bytes and seconds
+    fetch_image_urls: bool = False
+    image_fetch_bytes: int = 20 * 1024 * 1024
+    image_fetch_seconds: float = 10.0
     max_stop: int = 4
     max_tokens_limit: int = 4096
     default_max_tokens: int = 512
@@ -48,11 +53,14 @@ class WebConfig:
         object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
         for name in ("per_user_limit", "max_body_bytes", "max_messages", "max_tokens_limit",
                      "default_max_tokens", "chat_image_bytes",
-                     "chat_conversation_image_bytes", "max_image_pixels"):
+                     "chat_conversation_image_bytes", "max_image_pixels",
+                     "image_fetch_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.max_stop < 0 or self.max_images < 0:
             raise ValueError("max_stop and max_images must be >= 0")
+        if not self.image_fetch_seconds > 0:
+            raise ValueError("image_fetch_seconds must be > 0")
         if self.save_interval < 0 or self.dashboard_interval <= 0:
             raise ValueError("save_interval must be >= 0, dashboard_interval > 0")
 

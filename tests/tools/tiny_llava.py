@@ -98,7 +98,7 @@ def reference(folder: Path, model: Any, text: str, images: list[bytes],
 
 
 def chat_server(make_server: Any, folder: Path, engine: dict[str, Any] | None = None,
-                **web: Any) -> Any:
+                data_dir: Path | None = None, **web: Any) -> Any:
     """A tiny vision model in `folder` served for real by conftest's make_server (its chat page
     and its API), in float32 like `reference`; `engine`: more EngineConfig fields, `web`:
     WebConfig fields."""
@@ -110,7 +110,7 @@ def chat_server(make_server: Any, folder: Path, engine: dict[str, Any] | None = 
     executor = ModelExecutor.from_pretrained(folder, EngineConfig(**fields),
                                              dtype=torch.float32, threads=1)
     return make_server(web={"model_name": "tiny-llava", **web}, executor=executor,
-                       tokenizer_override=Tokenizer(folder), **fields)
+                       tokenizer_override=Tokenizer(folder), data_dir=data_dir, **fields)
 
 
 def vision_set(in_thread_server: Any, model_dir: Path, folder: Path, data: Path, cache: Path,

@@ -50,6 +50,7 @@ from web.api.schemas import (
 )
 from web.api.structured.chat_input import chat_input, constraint_of, passthrough, upstream
 from web.api.structured.shape import ToolChatShape, chat_choices
+from web.api.vision import may_fetch
 from web.services import Services, services
 from web.sse import event_stream, on_event
 from web.worker import below_engine
@@ -255,7 +256,7 @@ class OpenAIController(Controller):
 
     async def _chat(self, request: Request[Any, Any, Any], s: Services,
                     data: ChatCompletionRequest) -> ASGIApp:
-        chat = await chat_input(data, s)
+        chat = await chat_input(data, s, may_fetch(s.config, current_user(request)))
         ids = chat.ids
         max_tokens = data.max_tokens if data.max_tokens is not None else \
             data.max_completion_tokens

@@ -22,6 +22,7 @@ from web.api.reasoning import with_chat_stops
 from web.api.schemas import ChatChoice, ChatChunkChoice, ChatCompletionRequest, UsageInfo
 from web.api.structured.chat_input import chat_input
 from web.api.structured.shape import ToolChatShape, chat_choices
+from web.api.vision import may_fetch
 from web.services import Services, services
 from web.sse import on_event
 
@@ -71,7 +72,7 @@ async def _start(request: Request[Any, Any, Any], body: ChatCompletionRequest,
         raise APIError("only one choice per request is supported here", param="n")
     s = services(request)
     async with route_model(s, body, current_user(request), _known(s)) as s:
-        chat = await chat_input(body, s)
+        chat = await chat_input(body, s, may_fetch(s.config, current_user(request)))
         params = sampling_params(body, s.config, len(chat.ids), s.context_limit,
                                  s.config.default_max_tokens, body.max_tokens)
         params = dataclasses.replace(params, constraint=chat.constraint)

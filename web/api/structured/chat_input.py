@@ -55,7 +55,8 @@ async def constraint_of(body: SamplingFields, s: Services) -> Constraint | None:
     return await anyio.to_thread.run_sync(fields.check, s.engine, *asked)
 
 
-async def chat_input(data: ChatCompletionRequest, s: Services) -> ChatInput:
+async def chat_input(data: ChatCompletionRequest, s: Services,
+                     may_fetch: bool = False) -> ChatInput:
     messages, thinking = check_chat(data, s.config), enable_thinking(data)
     if upstream(s):
         parts = image_parts(messages)
@@ -85,7 +86,8 @@ async def chat_input(data: ChatCompletionRequest, s: Services) -> ChatInput:
         prompt = await prompt_with_images(
             template_messages, s.engine, s.config, data.model or s.model_name,
             lambda ms: s.tokenizer.apply_chat_template(ms, tools=template_tools,
-                                                       enable_thinking=thinking))
+                                                       enable_thinking=thinking),
+            may_fetch)
     except (TemplateError, ValueError) as exc:
         raise APIError(f"the chat template refused these messages: {exc}",
                        param="messages") from exc

@@ -3,7 +3,8 @@
 `prompt_with_images` is the one path from OpenAI-style messages (content parts with
 `{"type": "image_url", "image_url": {"url": "data:..."}}`) to prompt ids and placed images;
 the API and the chat page both use it. Decoding and preprocessing run on a worker thread,
-never on the event loop nor on the engine thread. Remote http(s) URLs are not fetched.
+never on the event loop nor on the engine thread. Remote http(s) URLs are fetched there too,
+where `fetch_image_urls` allows it for the user (web/api/vision/fetch.py).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from engine import (
     tile_text,
 )
 from web.api.errors import APIError
+from web.api.vision.fetch import fetch_image, refusal
 from web.config import WebConfig
 from web.worker import below_engine
 
@@ -63,8 +65,9 @@ def image_parts(messages: Sequence[dict[str, Any]]) -> list[tuple[str, dict[str,
 
 
 def check_images(messages: Sequence[dict[str, Any]], config: WebConfig, vision: Any,
-                 model: str) -> list[tuple[str, str]]:
-    """Every image's (where, data: URL), or a 400: too many, a remote URL, a text model."""
+                 model: str, may_fetch: bool = False) -> list[tuple[str, str]]:
+    """Every image's (where, URL), or a 400: too many, a remote URL the user may not have
+    fetched (web.api.vision.fetch.may_fetch), a text model."""
     parts = image_parts(messages)
     if not parts:
         return []
@@ -82,22 +85,22 @@ def check_images(messages: Sequence[dict[str, Any]], config: WebConfig, vision: 
         if image_url.get("detail") not in DETAILS:
             raise APIError(f"{where}.image_url.detail must be auto, low or high",
                            param=f"{where}.image_url.detail")
-        if url.startswith(("http://", "https://")):
-            raise APIError("remote image URLs are not fetched by this server (fetching is "
-                           "off); send the image inline as a data: URL "
-                           "(data:image/png;base64,...)", param=f"{where}.image_url.url",
-                           code="image_fetch_disabled")
+        if url.startswith(("http://", "https://")) and not may_fetch:
+            raise refusal(where)
         out.append((where, url))
     return out
 
 
 def _prepare(where: str, url: str, processor: ProcessorConfig | TilingConfig,
-             max_pixels: int) -> _Prepared:
-    """Decode and preprocess one image (CPU work: never on the event loop). A small file may
-    decode to `max_pixels` x 4 bytes, so only DECODES images decode at once."""
+             config: WebConfig) -> _Prepared:
+    """Fetch (a remote URL check_images let through), decode and preprocess one image (never
+    on the event loop). A small file may decode to `max_image_pixels` x 4 bytes, so only
+    DECODES images decode at once."""
+    remote = url.startswith(("http://", "https://"))
     with DECODES:
         try:
-            decoded = decode_image(data_url_bytes(url), max_pixels)
+            raw = fetch_image(url, where, config) if remote else data_url_bytes(url)
+            decoded = decode_image(raw, config.max_image_pixels)
         except ImageError as exc:
             raise APIError(str(exc), param=f"{where}.image_url.url", code=exc.code) from None
         if isinstance(processor, TilingConfig):
@@ -126,11 +129,13 @@ def with_placeholders(messages: Sequence[dict[str, Any]], placeholder: str | Seq
 
 def build_image_prompt(messages: Sequence[dict[str, Any]], engine: Any, config: WebConfig,
                        model: str, render: Callable[[list[dict[str, Any]]], list[int]],
-                       cache: dict[str, Any] | None = None) -> ImagePrompt:
+                       cache: dict[str, Any] | None = None,
+                       may_fetch: bool = False) -> ImagePrompt:
     """`prompt_with_images` for a caller already off the event loop (it blocks: decoding,
     preprocessing, the template). `cache` (a dict the caller keeps, e.g. across attempts
-    that leave old turns out to fit the context) keeps each image's pixels by its URL."""
-    images = check_images(messages, config, vision_of(engine), model)
+    that leave old turns out to fit the context) keeps each image's pixels by its URL;
+    `may_fetch`: the user's remote URLs are fetched (web.api.vision.fetch.may_fetch)."""
+    images = check_images(messages, config, vision_of(engine), model, may_fetch)
     if not images:
         return ImagePrompt(render(with_placeholders(messages, "")), ())
     vision = vision_of(engine)
@@ -138,7 +143,7 @@ def build_image_prompt(messages: Sequence[dict[str, Any]], engine: Any, config: 
     prepared = []
     for where, url in images:
         if url not in cache:
-            cache[url] = _prepare(where, url, vision.processor, config.max_image_pixels)
+            cache[url] = _prepare(where, url, vision.processor, config)
         prepared.append(cache[url])
     if isinstance(vision.processor, TilingConfig):
         return _place_tiles(messages, vision, prepared, render)
@@ -178,12 +183,12 @@ def _place_tiles(messages: Sequence[dict[str, Any]], vision: Any, prepared: list
 
 async def prompt_with_images(messages: Sequence[dict[str, Any]], engine: Any,
                              config: WebConfig, model: str,
-                             render: Callable[[list[dict[str, Any]]], list[int]]
-                             ) -> ImagePrompt:
+                             render: Callable[[list[dict[str, Any]]], list[int]],
+                             may_fetch: bool = False) -> ImagePrompt:
     """OpenAI-style template messages (content a string, or a list of `text` and
     `image_url` parts) -> the prompt ids and its placed images. `render` turns messages with
     string contents into ids (the chat template). All of it (base64 decoding, Pillow,
     preprocessing, the template) runs on a worker thread. Raises APIError (400s with a
     `code`)."""
-    return await below_engine(build_image_prompt, messages, engine, config, model,
-                                          render)
+    return await below_engine(build_image_prompt, messages, engine, config, model, render,
+                              None, may_fetch)

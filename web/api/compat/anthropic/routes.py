@@ -16,6 +16,7 @@ from web.api.completions import _known
 from web.api.guards import json_depth_guard
 from web.api.params import route_model
 from web.api.structured.chat_input import chat_input
+from web.api.vision import may_fetch
 from web.services import services
 from web.sse import event_stream
 
@@ -52,7 +53,8 @@ class MessagesController(Controller):
         body = translate.chat_request(data, count_only=True)
         s = services(request)
         async with route_model(s, body, current_user(request), _known(s)) as s:
-            return {"input_tokens": len((await chat_input(body, s)).ids)}
+            chat = await chat_input(body, s, may_fetch(s.config, current_user(request)))
+            return {"input_tokens": len(chat.ids)}
 
 
 anthropic_router = Router("/", route_handlers=[MessagesController],
