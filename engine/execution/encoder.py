@@ -52,7 +52,8 @@ class EncoderExecutor:
         self.config = config
         self.device = torch.device(device)
         if isinstance(model_config, bert.BertConfig):
-            self.family = "nomic-bert" if model_config.rope_theta is not None else "bert"
+            self.family = "nomic-bert" if model_config.rope_theta is not None \
+                else "roberta" if model_config.roberta else "bert"
         else:
             self.family = model_config.family
         self.dtype = weights.word.dtype if isinstance(weights, bert.BertWeights) \
@@ -96,7 +97,7 @@ class EncoderExecutor:
             cfg = bert.config_from_folder(path)
             weights = bert.load_weights(path, cfg, torch_dtype, device)
             sep = None
-            if cfg.scores:  # the pair's separator, for the token types
+            if cfg.scores and cfg.type_vocab_size > 1:  # the pair's separator: token types
                 from transformers import AutoTokenizer
 
                 sep = AutoTokenizer.from_pretrained(str(path)).sep_token_id

@@ -1,8 +1,9 @@
 """Tiny embedding models as sentence-transformers folders: a seeded random Qwen3 (last-token
 pooling, as Qwen3-Embedding), Gemma 3 text with bidirectional attention, mean pooling and two
-Dense modules (as EmbeddingGemma), and nomic-bert (rotary, SwiGLU, mean pooling, as
-nomic-embed-text), built by transformers and saved by sentence-transformers itself. The
-tokenizer is all-MiniLM's (any tokenizer does: both sides read the same files)."""
+Dense modules (as EmbeddingGemma), nomic-bert (rotary, SwiGLU, mean pooling, as
+nomic-embed-text) and XLM-RoBERTa (mean pooling, as multilingual-e5), built by transformers
+and saved by sentence-transformers itself. The tokenizer is all-MiniLM's (any tokenizer does:
+both sides read the same files)."""
 from __future__ import annotations
 
 import shutil
@@ -25,12 +26,19 @@ def _config(family: str, vocab: int) -> tuple[Any, Any]:
         NomicBertModel,
         Qwen3Config,
         Qwen3Model,
+        XLMRobertaConfig,
+        XLMRobertaModel,
     )
 
     if family == "nomic_bert":
         return NomicBertConfig(vocab_size=vocab, hidden_size=64, intermediate_size=96,
                                num_hidden_layers=2, num_attention_heads=4,
                                max_position_embeddings=512), NomicBertModel
+    if family == "xlm_roberta":  # positions from the tokenizer's [PAD] (0) + 1
+        return XLMRobertaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=96,
+                                num_hidden_layers=2, num_attention_heads=4, type_vocab_size=1,
+                                pad_token_id=0, max_position_embeddings=514,
+                                add_pooling_layer=False), XLMRobertaModel
     if family == "qwen3":
         return Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128,
                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -44,8 +52,8 @@ def _config(family: str, vocab: int) -> tuple[Any, Any]:
 
 
 def embedding_decoder(family: str, tokenizer_dir: Path, out: Path) -> Path:
-    """`family` ("qwen3", "gemma3_text" or "nomic_bert") saved as a sentence-transformers
-    folder at `out`."""
+    """`family` ("qwen3", "gemma3_text", "nomic_bert" or "xlm_roberta") saved as a
+    sentence-transformers folder at `out`."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import (
         Dense,
@@ -64,7 +72,7 @@ def embedding_decoder(family: str, tokenizer_dir: Path, out: Path) -> Path:
     body = Transformer(str(hf_dir))
     if family == "qwen3":
         modules = [body, Pooling(64, "lasttoken"), Normalize()]
-    elif family == "nomic_bert":
+    elif family in ("nomic_bert", "xlm_roberta"):
         modules = [body, Pooling(64, "mean"), Normalize()]
     else:
         torch.manual_seed(1)

@@ -84,13 +84,13 @@ def is_embedding_model(path: Path) -> bool:
 
 def embedding_task(path: Path) -> str | None:
     """What an embedding model's files do, before they load: "score" for a cross-encoder
-    (a BERT sequence classifier), "embed" for the others; None for a model that is not one
-    (engine.Engine.task's words)."""
+    (a BERT or RoBERTa sequence classifier), "embed" for the others; None for a model that
+    is not one (engine.Engine.task's words)."""
     if not is_embedding_model(path):
         return None
     if Path(path).is_dir():
         cfg = json.loads((Path(path) / "config.json").read_text())
-        if "BertForSequenceClassification" in (cfg.get("architectures") or []):
+        if any(a in bert.SCORERS for a in cfg.get("architectures") or []):
             return "score"
     return "embed"
 

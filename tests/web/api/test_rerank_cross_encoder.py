@@ -1,6 +1,7 @@
-"""/v1/rerank with a cross-encoder (BertForSequenceClassification, one label, as bge-reranker):
-a tiny random one built by transformers offline, with all-MiniLM-L6-v2's tokenizer; its
-scores against transformers' own forward of each (query, document) pair, sigmoid applied."""
+"""/v1/rerank with a cross-encoder (a sequence classifier with one label: BERT's, as the
+ms-marco MiniLM ones, and XLM-RoBERTa's, as bge-reranker): a tiny random one built by
+transformers offline, with all-MiniLM-L6-v2's tokenizer; its scores against transformers' own
+forward of each (query, document) pair, sigmoid applied."""
 from __future__ import annotations
 
 import shutil
@@ -15,19 +16,32 @@ NAME = "tiny-reranker"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-@pytest.fixture(scope="module")
-def reranker(embedding_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    from transformers import BertConfig, BertForSequenceClassification
+@pytest.fixture(scope="module", params=["bert", "xlm-roberta"])
+def reranker(request: pytest.FixtureRequest, embedding_dir: Path,
+             tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        XLMRobertaConfig,
+        XLMRobertaForSequenceClassification,
+    )
 
     from tests.tools.random_hf import random_hf
 
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=4, intermediate_size=64, num_labels=1,
-                        max_position_embeddings=128, initializer_range=0.2)
-    config.architectures = ["BertForSequenceClassification"]
+    sizes: dict[str, Any] = {"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 2,
+                             "num_attention_heads": 4, "intermediate_size": 64,
+                             "num_labels": 1, "initializer_range": 0.2}
+    if request.param == "bert":
+        config: Any = BertConfig(max_position_embeddings=128, **sizes)
+        kind: Any = BertForSequenceClassification
+    else:  # positions from the padding id + 1 (the tokenizer's [PAD], 0): 128 of them
+        config = XLMRobertaConfig(max_position_embeddings=129, type_vocab_size=1,
+                                  pad_token_id=0, **sizes)
+        kind = XLMRobertaForSequenceClassification
+    config.architectures = [kind.__name__]
     torch.manual_seed(0)
-    model = random_hf(config, BertForSequenceClassification)
-    folder = tmp_path_factory.mktemp("reranker")
+    model = random_hf(config, kind)
+    folder = tmp_path_factory.mktemp(f"reranker-{request.param}")
     model.save_pretrained(folder)
     for name in TOKENIZER_FILES:
         shutil.copy(embedding_dir / name, folder / name)
@@ -67,6 +81,8 @@ def test_scores_are_the_heads(server: Any, reranker: tuple[Path, Any]) -> None:
     with torch.inference_mode():
         batch = tok([query] * len(docs), docs, padding=True, truncation="only_second",
                     max_length=128, return_tensors="pt")
+        if model.config.type_vocab_size == 1:  # XLM-RoBERTa: one token type
+            batch.pop("token_type_ids")
         want = torch.sigmoid(model(**batch).logits[:, 0]).tolist()
     results = r.json()["results"]
     assert [x["index"] for x in results] == sorted(range(len(docs)), key=lambda i: -want[i])

@@ -18,7 +18,13 @@ from engine.execution.model.config import UnsupportedModel
 from engine.execution.model.pooling import Pooling, pool_states, pooling_of
 from engine.execution.model.pooling import read_json as _json
 
-HF_MODEL_TYPES = ("bert", "nomic_bert")  # nomic_bert: architectures/nomic_bert.py
+HF_MODEL_TYPES = ("bert", "nomic_bert", "roberta", "xlm-roberta")  # nomic_bert: its own file
+# RoBERTa and XLM-RoBERTa (e5-multilingual, bge-m3, bge-reranker): BERT's layers, positions
+# counted from the padding id + 1, one token type, and a classifier head of its own
+ROBERTA_TYPES = ("roberta", "xlm-roberta")
+# cross-encoders: a sequence classifier with one label, its relevance score
+SCORERS = ("BertForSequenceClassification", "RobertaForSequenceClassification",
+           "XLMRobertaForSequenceClassification")
 ACTIVATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
 
 
@@ -38,13 +44,17 @@ class BertConfig:
     max_seq_length: int  # inputs longer than this are refused (the model's context)
     # widths the model was trained to be cut to (Matryoshka); () = only its full width
     matryoshka_dims: tuple[int, ...] = ()
-    # a cross-encoder (BertForSequenceClassification with one label): scores a query and
+    # a cross-encoder (a sequence classifier with one label, SCORERS): scores a query and
     # document pair, [CLS] query [SEP] document [SEP], from the pooled [CLS] state
     scores: bool = False
     # nomic-bert: rotary positions of this base (rotate-half layout) instead of learned
     # ones, and a SwiGLU MLP (down(silu(gate(x)) * up(x))) instead of GELU
     rope_theta: float | None = None
     gated: bool = False
+    # RoBERTa and XLM-RoBERTa: a token's learned position is its index plus this (the
+    # padding id + 1), and a cross-encoder's head is named classifier.dense/out_proj
+    roberta: bool = False
+    position_offset: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -65,7 +75,9 @@ def config_from_folder(folder: str | Path) -> BertConfig:
     act = cfg.get("hidden_act", "gelu")
     if act not in ACTIVATIONS:
         raise UnsupportedModel(f"hidden_act {act!r} is not supported")
-    scores = "BertForSequenceClassification" in (cfg.get("architectures") or [])
+    scores = any(a in SCORERS for a in cfg.get("architectures") or [])
+    roberta = cfg.get("model_type") in ROBERTA_TYPES
+    offset = int(cfg.get("pad_token_id", 1)) + 1 if roberta else 0
     if scores and len(cfg.get("id2label") or {"0": ""}) != 1:
         raise UnsupportedModel("a cross-encoder must have exactly one label (a relevance score)")
     pooling: Pooling = "cls"  # a cross-encoder's head reads [CLS], unnormalized
@@ -83,8 +95,9 @@ def config_from_folder(folder: str | Path) -> BertConfig:
         layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12)),
         max_position_embeddings=positions, type_vocab_size=int(cfg.get("type_vocab_size", 2)),
         gelu=ACTIVATIONS[act], pooling=pooling, normalize=normalize,
-        max_seq_length=min(positions, int(st.get("max_seq_length") or positions)),
-        matryoshka_dims=tuple(int(d) for d in dims), scores=scores)
+        max_seq_length=min(positions - offset, int(st.get("max_seq_length") or positions)),
+        matryoshka_dims=tuple(int(d) for d in dims), scores=scores, roberta=roberta,
+        position_offset=offset)
 
 
 # --- weights --------------------------------------------------------------------------------
@@ -148,7 +161,8 @@ def weights_from_tensors(tensors: Mapping[str, torch.Tensor], cfg: BertConfig,
         from engine.execution.model.architectures import nomic_bert
 
         return nomic_bert.weights_from_tensors(tensors, cfg, dtype, device)
-    flat = {k.removeprefix("bert.").removeprefix("model."): v for k, v in tensors.items()}
+    flat = {k.removeprefix("bert.").removeprefix("roberta.").removeprefix("model."): v
+            for k, v in tensors.items()}
 
     def get(name: str) -> torch.Tensor:
         if name not in flat:
@@ -162,8 +176,11 @@ def weights_from_tensors(tensors: Mapping[str, torch.Tensor], cfg: BertConfig,
             torch.cat([t["q_w"], t["k_w"], t["v_w"]]), torch.cat([t["q_b"], t["k_b"], t["v_b"]]),
             t["o_w"], t["o_b"], (t["ln1_w"], t["ln1_b"]), t["up_w"], t["up_b"], t["down_w"],
             t["down_b"], (t["ln2_w"], t["ln2_b"])))
-    head = (get("pooler.dense.weight"), get("pooler.dense.bias"), get("classifier.weight"),
-            get("classifier.bias")) if cfg.scores else None
+    # BERT's pooler then classifier; RoBERTa's classifier head is the same two steps
+    dense, out = ("classifier.dense", "classifier.out_proj") if cfg.roberta \
+        else ("pooler.dense", "classifier")
+    head = (get(f"{dense}.weight"), get(f"{dense}.bias"), get(f"{out}.weight"),
+            get(f"{out}.bias")) if cfg.scores else None
     return BertWeights(get("embeddings.word_embeddings.weight"),
                        get("embeddings.position_embeddings.weight"),
                        get("embeddings.token_type_embeddings.weight"),
@@ -204,7 +221,7 @@ def encode(w: BertWeights, cfg: BertConfig, ids: torch.Tensor, positions: torch.
     eps = cfg.layer_norm_eps
     x = w.word[ids] + w.token_type[token_types]
     if w.position is not None:
-        x = x + w.position[positions]
+        x = x + w.position[positions + cfg.position_offset]
     x = F.layer_norm(x, (cfg.hidden_size,), *w.ln, eps)
     rope = None if cfg.rope_theta is None else rotary_tables(positions, d, cfg.rope_theta,
                                                              x.dtype)
