@@ -17,6 +17,7 @@ import pytest
 from tests.tools.tiny_llava import ask, build, chat_server, content, png
 
 PICTURE = png(7)
+FREE_WHILE_FETCHED: list[int] = []
 LIMIT = 32 * 1024  # image_fetch_bytes in these servers: the picture fits, /big does not
 
 
@@ -32,6 +33,11 @@ class _Images(BaseHTTPRequestHandler):
             self.end_headers()
             for _ in range(4):
                 self.wfile.write(bytes(LIMIT))
+        elif self.path == "/probe.png":  # what the decoding places read while it is fetched
+            from web.api.vision.images import DECODES
+
+            FREE_WHILE_FETCHED.append(DECODES._value)  # type: ignore[attr-defined]
+            self._send(200, PICTURE)
         elif self.path == "/slow.png":
             time.sleep(3)
             self._send(200, PICTURE)
@@ -102,6 +108,9 @@ def test_a_fetched_image_answers_as_the_same_image_inline(llava: Path, make_serv
         r = ask(server, _remote(pictures + path))
         assert _code(r) == "image_fetch_failed" and why in r.json()["error"]["message"], r.text
         assert r.json()["error"]["param"] == "messages[0].content[0].image_url.url"
+    # a slow server holds one request's fetch, never a place other users' images decode in
+    assert ask(server, _remote(pictures + "/probe.png")).status_code == 200
+    assert FREE_WHILE_FETCHED == [4]
     assert server.engine.wait_idle(30)
     snap = server.engine.snapshot()
     assert snap.kv.used == snap.kv.reserved == 0 and all(s is None for s in snap.slots)

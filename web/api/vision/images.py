@@ -91,18 +91,26 @@ def check_images(messages: Sequence[dict[str, Any]], config: WebConfig, vision: 
     return out
 
 
+def _refused(exc: ImageError, where: str) -> APIError:
+    return APIError(str(exc), param=f"{where}.image_url.url", code=exc.code)
+
+
 def _prepare(where: str, url: str, processor: ProcessorConfig | TilingConfig,
              config: WebConfig) -> _Prepared:
     """Fetch (a remote URL check_images let through), decode and preprocess one image (never
     on the event loop). A small file may decode to `max_image_pixels` x 4 bytes, so only
     DECODES images decode at once."""
     remote = url.startswith(("http://", "https://"))
+    try:
+        # a fetch waits on the network, not a core: it takes no decoding place from others
+        raw = fetch_image(url, where, config) if remote else data_url_bytes(url)
+    except ImageError as exc:
+        raise _refused(exc, where) from None
     with DECODES:
         try:
-            raw = fetch_image(url, where, config) if remote else data_url_bytes(url)
             decoded = decode_image(raw, config.max_image_pixels)
         except ImageError as exc:
-            raise APIError(str(exc), param=f"{where}.image_url.url", code=exc.code) from None
+            raise _refused(exc, where) from None
         if isinstance(processor, TilingConfig):
             tiles = split_image(decoded.image, processor)
             return _Prepared(decoded.digest, tiles.pixels, (tiles.rows, tiles.cols))
