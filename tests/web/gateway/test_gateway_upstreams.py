@@ -146,7 +146,9 @@ def test_cancel_from_the_dashboard_ends_it_on_the_upstream(upstreams: list[Any],
     a = upstreams[0]
     front = make_front([a.url])
     model = front.services.config.model_name
-    body = {"model": model, "prompt": "Tell me a story", "max_tokens": 400, "stream": True,
+    # long enough that a busy machine's upstream cannot finish it before the front reads its
+    # first token (the upstream's KV holds 2048 tokens)
+    body = {"model": model, "prompt": "Tell me a story", "max_tokens": 1500, "stream": True,
             **GREEDY}
     ended = threading.Event()
     chunks: list[str] = []
