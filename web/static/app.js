@@ -339,6 +339,22 @@
     }
   });
 
+  // Show earlier: the page grows above the reader; what they read stays where it was
+  var fromBottom = null;
+  document.addEventListener("htmx:beforeSwap", function (e) {
+    var el = messages();
+    if (el && e.detail.target && e.detail.target.id === "earlier") {
+      fromBottom = el.scrollHeight - el.scrollTop;
+    }
+  });
+  document.addEventListener("htmx:afterSwap", function () {
+    var el = messages();
+    if (el && fromBottom !== null) {
+      el.scrollTo({ top: el.scrollHeight - fromBottom, behavior: "instant" });
+      fromBottom = null;
+    }
+  });
+
   // streamed tokens and finished replies: follow them while the reader is at the bottom
   document.addEventListener("htmx:sseBeforeMessage", function () {
     var el = messages();

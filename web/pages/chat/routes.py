@@ -20,6 +20,7 @@ from sse_starlette import EventSourceResponse
 from web.access.identity import current_user
 from web.pages.chat import transfer
 from web.pages.chat.replies import replies, reply_events
+from web.pages.chat.rules import latest_page
 from web.pages.chat.service import ChatError, ChatService
 from web.pages.chat.uploads import checked_images
 from web.pages.chat.views import (
@@ -36,6 +37,7 @@ from web.pages.chat.views import (
     http_error,
     page,
     refused,
+    shown,
     sidebar,
 )
 from web.services import services
@@ -103,8 +105,17 @@ class ChatController(Controller):
         if unknown_model and not conv.model:  # after an import (see import_json)
             notice = (f"This conversation was written with {unknown_model[:200]}, which this "
                       f"server does not serve: it goes on with {chat.s.config.model_name}.")
-        await ahead(chat.s.store.messages(conv.id))
+        await ahead(shown(chat.s, conv)[0])
         return page(request, current_user(request), conv, notice)
+
+    @get("/c/{conversation_id:int}/earlier", name="chat:earlier")
+    async def earlier(self, request: HTMXRequest, conversation_id: FromPath[int],
+                      before: FromQuery[int]) -> Response[Any]:
+        """The page of messages before message `before` (the page's Show earlier)."""
+        chat, conv, _ = self._find(request, conversation_id)
+        messages, more = latest_page([m for m in chat.s.store.messages(conv.id)
+                                      if m.id < before])
+        return await fragment(request, conv, messages, more)
 
     @post("/c", name="chat:create")
     async def create(self, request: HTMXRequest) -> Response[Any]:
@@ -145,7 +156,7 @@ class ChatController(Controller):
             return await refused(request, exc, conv)
         if not request.htmx:
             return Redirect(f"/c/{conv.id}", status_code=303)
-        return await fragment(request, conv, chat.s.store.messages(conv.id))
+        return await fragment(request, conv, *shown(chat.s, conv))
 
     @post("/c/{conversation_id:int}/messages/{message_id:int}/stop", status_code=204,
           name="chat:stop")
@@ -179,9 +190,9 @@ class ChatController(Controller):
             return await refused(request, exc, conv)
         if not request.htmx:
             return Redirect(f"/c/{conv.id}", status_code=303)
-        shown = chat.s.store.message(msg.id)
-        assert shown is not None
-        return await fragment(request, conv, [shown])
+        version = chat.s.store.message(msg.id)
+        assert version is not None
+        return await fragment(request, conv, [version])
 
     @post("/c/{conversation_id:int}/rename", name="chat:rename")
     async def rename(self, request: HTMXRequest, conversation_id: FromPath[int],

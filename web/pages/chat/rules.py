@@ -1,5 +1,6 @@
 """The chat's rules that need no engine: a conversation's settings (the Settings form's
-rules, which the import follows too), titles, and where a reply stands among its versions."""
+rules, which the import follows too), titles, where a reply stands among its versions, and
+how much of a long conversation one page shows."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,6 +42,40 @@ def check_settings(max_tokens_limit: int, system_prompt: str | None, temperature
 def title_for(content: str, limit: int = 60) -> str:
     line = " ".join(content.split())
     return line if len(line) <= limit else line[:limit - 1].rstrip() + "…"
+
+
+# A page shows a conversation's latest messages up to these bounds and offers the earlier
+# ones a page at a time: what one view costs (rendering, the page's size, the server's share
+# of both) is bounded however long the conversation grows or an import makes it.
+PAGE_MESSAGES = 40
+PAGE_CHARS = 96 * 1024  # of message text, reasoning included
+
+
+@dataclass(frozen=True, slots=True)
+class Earlier:
+    """What a page leaves out before its first message: how many, and where the next page
+    of them ends (the id of the first message shown)."""
+
+    count: int
+    before: int
+
+
+def latest_page(messages: list[Message]) -> tuple[list[Message], Earlier | None]:
+    """The last messages that fit a page (at least one; a reply with its question where the
+    bounds allow), and what is left before them."""
+    start, chars = len(messages), 0
+    while start > 0 and len(messages) - start < PAGE_MESSAGES:
+        m = messages[start - 1]
+        chars += len(m.content or "") + len(m.reasoning or "")
+        if chars > PAGE_CHARS and start < len(messages):
+            break
+        start -= 1
+    if 0 < start < len(messages) and messages[start].role == "assistant":
+        question = messages[start - 1]  # a reply reads best with its question, if short
+        if question.role == "user" and len(question.content or "") <= PAGE_CHARS // 8:
+            start -= 1
+    shown = messages[start:]
+    return shown, (Earlier(start, shown[0].id) if start else None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from engine import LoadRefused, QueueFull, RequestError, UnknownModel
 from web.access.disclosure import model_info
 from web.access.identity import User, current_user
 from web.pages.chat.replies import replies
-from web.pages.chat.rules import ChatError, version_nav
+from web.pages.chat.rules import ChatError, Earlier, latest_page, version_nav
 from web.pages.chat.vision import model_takes_images, vision_models
 from web.pages.rendered import render_ahead
 from web.services import EngineUnavailable, Services, services
@@ -113,7 +113,7 @@ def page(request: HTMXRequest, user: User, conv: Conversation | None,
          notice: str | None = None, status_code: int = 200, draft: str = "",
          search: str | None = None) -> Template:
     s = services(request)
-    messages = s.store.messages(conv.id) if conv else []
+    messages, earlier = shown(s, conv)
     cfg = s.config
     models = [model_info(m, user) for m in s.catalog.models()] if s.catalog else []
     vision = vision_models(s)
@@ -125,7 +125,8 @@ def page(request: HTMXRequest, user: User, conv: Conversation | None,
         "disk_models": [m for m in models
                         if m.details.get("source", "configured") != "configured"],
         "conversation_model": (conv.model if conv else None) or cfg.model_name,
-        "messages": messages, "versions": version_nav(s.store, messages), "draft": draft,
+        "messages": messages, "earlier": earlier,
+        "versions": version_nav(s.store, messages), "draft": draft,
         "images": s.store.images(conv.id) if conv else {},
         # the composer warns when pictures are attached for a model that takes none
         "sees_images": model_takes_images(s, conv.model if conv else None),
@@ -136,6 +137,11 @@ def page(request: HTMXRequest, user: User, conv: Conversation | None,
         **sidebar(request, user, conv, search)})
 
 
+def shown(s: Services, conv: Conversation | None) -> tuple[list[Message], Earlier | None]:
+    """What a conversation's page shows: its latest messages (rules.latest_page)."""
+    return latest_page(s.store.messages(conv.id)) if conv else ([], None)
+
+
 async def ahead(messages: list[Message]) -> None:
     """The replies' Markdown rendered on the worker thread (web.pages.rendered), before a
     template shows them: never on the event loop."""
@@ -143,11 +149,13 @@ async def ahead(messages: list[Message]) -> None:
                        for text in (m.content, m.reasoning))
 
 
-async def fragment(request: HTMXRequest, conv: Conversation,
-                   messages: list[Message]) -> HTMXTemplate:
+async def fragment(request: HTMXRequest, conv: Conversation, messages: list[Message],
+                   earlier: Earlier | None = None) -> HTMXTemplate:
+    """Messages to swap into the page (`earlier`: what is left before them, offered by a
+    button above them)."""
     await ahead(messages)
     return HTMXTemplate(template_name="_messages.html", context={
-        "messages": messages, "conversation": conv,
+        "messages": messages, "conversation": conv, "earlier": earlier,
         "images": services(request).store.images(conv.id),
         "versions": version_nav(services(request).store, messages)})
 
@@ -177,7 +185,7 @@ async def refused(request: HTMXRequest, exc: Exception, conv: Conversation | Non
                   draft: str = "") -> Response[Any]:
     """refusal(), the conversation's replies rendered ahead where it shows the page."""
     if conv is not None and not request.htmx:
-        await ahead(services(request).store.messages(conv.id))
+        await ahead(shown(services(request), conv)[0])
     return refusal(request, exc, conv, draft)
 
 
