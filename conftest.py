@@ -12,7 +12,9 @@
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -38,6 +40,13 @@ from tests.tools.random_hf import random_hf
 # process builds instead of compiling its own copy.
 KERNEL_CACHE = "FERRY_KERNEL_CACHE"
 os.environ.setdefault(KERNEL_CACHE, str(native.default_build_dir()))
+# every test's FERRY_HOME (and every server a test starts) builds a GGUF's tokenizer folder
+# once per file for the whole run, not once per home (seconds each, ~50 homes)
+TOKENIZER_CACHE = "FERRY_TOKENIZER_CACHE"
+if TOKENIZER_CACHE not in os.environ:  # the first pytest process (xdist's workers inherit it)
+    os.environ[TOKENIZER_CACHE] = tempfile.mkdtemp(prefix="ferry-tokenizers-")
+    atexit.register(shutil.rmtree, os.environ[TOKENIZER_CACHE], True)
+SHARED_ENV = (KERNEL_CACHE, TOKENIZER_CACHE)
 
 
 @pytest.fixture(autouse=True)
@@ -238,7 +247,7 @@ def tokenizer(model_dir: Path) -> Any:
 @pytest.fixture
 def ferry_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The test's own FERRY_HOME (its tmp_path) and no FERRY_* variables from outside."""
-    for name in [n for n in os.environ if n.startswith("FERRY_") and n != KERNEL_CACHE]:
+    for name in [n for n in os.environ if n.startswith("FERRY_") and n not in SHARED_ENV]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("FERRY_HOME", str(tmp_path))
     return tmp_path

@@ -15,6 +15,7 @@ from web.config import USERS_FILE
 APP_NAME = "ferry"
 HOME_ENV = "FERRY_HOME"
 KERNELS_ENV = "FERRY_KERNEL_CACHE"  # one compiled-kernels folder for several homes
+TOKENIZERS_ENV = "FERRY_TOKENIZER_CACHE"  # one folder of GGUF tokenizers for several homes
 CONFIG_FILE = "ferry.toml"
 
 
@@ -25,6 +26,7 @@ class Paths:
     cache: Path  # converted models (cache/models/<name>)
     log: Path  # rotating ferry.log
     kernels: Path | None = None  # compiled kernels, when not cache/kernels
+    tokenizers: Path | None = None  # GGUF files' tokenizer folders, when not cache/models
 
     @property
     def config_file(self) -> Path:
@@ -46,6 +48,13 @@ class Paths:
         return self.kernels or self.cache / "kernels"
 
     @property
+    def tokenizer_cache(self) -> Path:
+        """Where a GGUF file's tokenizer is kept as a folder once built from the file
+        (seconds per file): the models cache, or the folder FERRY_TOKENIZER_CACHE names
+        (tests and portable installs share the builds across many FERRY_HOMEs)."""
+        return self.tokenizers or self.models_cache
+
+    @property
     def log_file(self) -> Path:
         return self.log / "ferry.log"
 
@@ -61,11 +70,13 @@ class Paths:
 def get_paths(env: dict[str, str] | None = None) -> Paths:
     """The folders for this user; FERRY_HOME=<dir> puts all four under that one folder."""
     environ = os.environ if env is None else env
-    home, kernels = environ.get(HOME_ENV), environ.get(KERNELS_ENV)
-    shared = Path(kernels).expanduser().resolve() if kernels else None
+    home = environ.get(HOME_ENV)
+    shared, tokenizers = (Path(value).expanduser().resolve() if value else None
+                          for value in (environ.get(KERNELS_ENV), environ.get(TOKENIZERS_ENV)))
     if home:
         root = Path(home).expanduser().resolve()
-        return Paths(root / "data", root / "config", root / "cache", root / "log", shared)
+        return Paths(root / "data", root / "config", root / "cache", root / "log", shared,
+                     tokenizers)
     # appauthor=False: no extra vendor folder level on Windows
     return Paths(
         data=Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)),
@@ -73,4 +84,5 @@ def get_paths(env: dict[str, str] | None = None) -> Paths:
         cache=Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False)),
         log=Path(platformdirs.user_log_dir(APP_NAME, appauthor=False)),
         kernels=shared,
+        tokenizers=tokenizers,
     )

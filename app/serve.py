@@ -89,6 +89,7 @@ class LoadOptions:
     cache_dir: Path
     progress: bool = True
     quantize: str | None = None
+    tokenizer_cache: Path | None = None  # GGUF tokenizers' folders (None: cache_dir)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,12 +110,14 @@ def load_model(spec: str | Path | None, config: EngineConfig,
 
     executor: ModelExecutor | EncoderExecutor
     if spec is not None and is_embedding_model(Path(spec)):
-        executor = EncoderExecutor.from_pretrained(spec, config, dtype=how.dtype,
-                                                   device=how.device, cache_dir=how.cache_dir)
+        executor = EncoderExecutor.from_pretrained(
+            spec, config, dtype=how.dtype, device=how.device,
+            cache_dir=how.tokenizer_cache or how.cache_dir)
     else:
         executor = ModelExecutor.from_pretrained(spec, config, dtype=how.dtype,
                                                  device=how.device, cache_dir=how.cache_dir,
-                                                 progress=how.progress, quantize=how.quantize)
+                                                 progress=how.progress, quantize=how.quantize,
+                                                 tokenizer_cache=how.tokenizer_cache)
     return executor, dataclasses.replace(config, max_context=min(config.max_context,
                                                                  executor.max_context))
 
@@ -160,7 +163,8 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
     device = pick_device(settings.device)
     spec = None if model.kind == "default" else (str(model.path) if model.path else model.name)
     set_kernel_build_dir(paths.kernels_cache)
-    how = LoadOptions(settings.dtype, device, paths.models_cache, progress, settings.quantize)
+    how = LoadOptions(settings.dtype, device, paths.models_cache, progress, settings.quantize,
+                      paths.tokenizer_cache)
     executor, config = load_model(spec, engine_config(settings), how)
     draft_ref = None
     # refused (DraftModelError) when it cannot draft; an encoder has nothing to draft for
@@ -209,11 +213,12 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
     def open_tokenizer() -> Tokenizer:
         path = resolve_model_files(spec, paths.models_cache, False)
         if path.is_file():  # a GGUF: its tokenizer as a folder, built once and cached
-            path = gguf_tokenizer_dir(path, paths.models_cache)
+            path = gguf_tokenizer_dir(path, paths.tokenizer_cache)
         return Tokenizer(path)
 
     def load() -> LoadedModel:
-        how = LoadOptions(settings.dtype, device, paths.models_cache, False, settings.quantize)
+        how = LoadOptions(settings.dtype, device, paths.models_cache, False, settings.quantize,
+                          paths.tokenizer_cache)
         executor, clipped = load_model(spec, config, how)
         # what a budget counts: every weight read and KV page written (an encoder: its weights)
         size = executor.footprint(in_use=True).total if isinstance(executor, ModelExecutor) \

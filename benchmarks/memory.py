@@ -105,10 +105,10 @@ def warm_caches(model: str, env: dict[str, str]) -> None:
     from app.paths import get_paths
     from engine import gguf_tokenizer_dir, resolve_model_files
 
-    cache = get_paths(env).models_cache
-    path = resolve_model_files(None if model == "default" else model, cache, False)
+    paths = get_paths(env)
+    path = resolve_model_files(None if model == "default" else model, paths.models_cache, False)
     if path.is_file():
-        gguf_tokenizer_dir(path, cache)
+        gguf_tokenizer_dir(path, paths.tokenizer_cache)
 
 
 def ferry_command(model: str, context: int, port: int) -> list[str]:

@@ -125,6 +125,8 @@ OTHER_ENV: tuple[tuple[str, str], ...] = (
                    "portable installs)."),
     ("FERRY_KERNEL_CACHE", "Folder of the compiled C kernels instead of `cache/kernels`, so "
                            "several FERRY_HOMEs share one build."),
+    ("FERRY_TOKENIZER_CACHE", "Folder of the tokenizers built from GGUF files instead of "
+                              "`cache/models`, so several FERRY_HOMEs build each once."),
     ("FERRY_NATIVE_KERNELS", "`0` turns Ferry's C kernels off: plain torch ops, much slower."),
     ("FERRY_CPU", "`avx2`, `avx-vnni`, `avx512` or `amx`: run as that smaller x86 CPU would "
                   "(Ferry's kernel paths, the C build flags, and torch's own kernels capped); "

@@ -109,7 +109,8 @@ def main(argv: list[str]) -> int:
                           max_draft=args.max_draft)
     paths = get_paths()
     set_kernel_build_dir(paths.kernels_cache)
-    how = LoadOptions(args.dtype, args.device, paths.models_cache)
+    how = LoadOptions(args.dtype, args.device, paths.models_cache,
+                      tokenizer_cache=paths.tokenizer_cache)
     try:
         executor, config = load_model(args.model, config, how)
     except ModelNotFound as exc:
@@ -129,7 +130,7 @@ def main(argv: list[str]) -> int:
         # grammars and chats need the tokenizer; a draft model is checked against it
         built = assemble(executor, config, how,
                          tokenizer=bool(args.structured_fraction or args.chat),
-                         tokenizer_cache=paths.models_cache, draft=draft)
+                         tokenizer_cache=paths.tokenizer_cache, draft=draft)
     except (DraftModelError, ModelNotFound) as exc:
         print(f"ferry bench: draft model: {exc}", file=sys.stderr)
         return 2

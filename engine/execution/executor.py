@@ -110,11 +110,13 @@ class ModelExecutor:
                         *, dtype: str | torch.dtype = "auto", device: str = "cpu",
                         cache_dir: str | Path | None = None, backend: str | None = None,
                         threads: int | None = None, progress: bool = True,
-                        quantize: str | None = None) -> ModelExecutor:
+                        quantize: str | None = None,
+                        tokenizer_cache: str | Path | None = None) -> ModelExecutor:
         """Load `model` (None = the default SmolLM2 GGUF; a HF folder; a .gguf file; or a hub
         id) and size the KV pool from `config`. dtype auto on CPU runs a GGUF in its own
         quantization; `quantize` ("q8_0" / "q4_0") quantizes a float folder once, at load.
-        A GGUF's tokenizer is kept under `cache_dir` (tokenizer files only).
+        A GGUF's tokenizer is kept under `tokenizer_cache` (tokenizer files only; default
+        `cache_dir`).
 
         Runs on a short-lived thread so that the engine thread's OpenMP team is the only one
         afterwards (engine.execution.cpu explains why that halves small-batch step times)."""
@@ -132,8 +134,9 @@ class ModelExecutor:
                 release_unused_file_pages(str(path), model_tensors(net))
             eos = net.eos_ids if gguf else read_eos_ids(path)
             ex = cls(net, config or EngineConfig(), device, backend, eos, path, threads)
-            if gguf and cache_dir is not None:
-                ex.tokenizer_path = gguf_tokenizer_dir(path, cache_dir)
+            tokenizers = tokenizer_cache or cache_dir
+            if gguf and tokenizers is not None:
+                ex.tokenizer_path = gguf_tokenizer_dir(path, tokenizers)
             ex.source = "GGUF" if gguf else "safetensors"
             return ex
         with Measured() as grew:  # and gives the allocator's slack of loading back
