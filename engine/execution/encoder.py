@@ -47,7 +47,8 @@ class EncoderExecutor:
         # is its one relevance score, its inputs query [SEP] document pairs
         self.task = "score" if model_config.scores else "embed"
         self.sep_id = sep_id
-        self.weights = weights
+        self.weights = bert.packed(weights) if isinstance(weights, bert.BertWeights) \
+            else weights
         self.model_config = model_config
         self.config = config
         self.device = torch.device(device)

@@ -149,7 +149,7 @@ def onednn_works() -> bool:
         g = torch.Generator().manual_seed(0)
         w, b, x = (torch.randn(24, 16, generator=g), torch.randn(24, generator=g),
                    torch.randn(3, 16, generator=g))
-        out = _onednn(x, torch.ops.mkldnn._reorder_linear_weight(w), b)
+        out = onednn_linear(x, torch.ops.mkldnn._reorder_linear_weight(w), b)
         return bool(torch.allclose(out, F.linear(x, w, b), atol=1e-4, rtol=1e-4))
     except (AttributeError, RuntimeError) as exc:
         log.info("oneDNN packed linear unavailable (%s); using plain F.linear", exc)
@@ -166,7 +166,8 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return packed
 
 
-def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor | None) -> torch.Tensor:
     if x.shape[0] == 0:  # oneDNN refuses empty inputs
         return x.new_empty(0, weight.shape[0])
     out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias,
@@ -185,7 +186,7 @@ def product_for(weight: Weight, wide: torch.Tensor | None = None) -> Product:
     if not isinstance(weight, torch.Tensor):  # is_quantized
         return _quant
     if is_packed(weight):
-        return _onednn
+        return onednn_linear
     if not emulated_bf16(weight.dtype, weight.device):
         return F.linear
     direct = _bf16_native if native_direct(weight) else _bf16_torch
@@ -197,7 +198,7 @@ def product_for(weight: Weight, wide: torch.Tensor | None = None) -> Product:
                 bias: torch.Tensor | None) -> torch.Tensor:
         if x.shape[0] <= rows:
             return direct(x, weight, bias)
-        return _onednn(x.float(), wide, None if bias is None else bias.float()).to(x.dtype)
+        return onednn_linear(x.float(), wide, None if bias is None else bias.float()).to(x.dtype)
     return product
 
 
@@ -257,5 +258,5 @@ def _widened_product(xf: torch.Tensor, weight: torch.Tensor,
                      bias: torch.Tensor | None) -> torch.Tensor:
     wide, b = widened(weight), None if bias is None else bias.float()
     if onednn_works():
-        return _onednn(xf, wide, b)
+        return onednn_linear(xf, wide, b)
     return F.linear(xf, wide, b)

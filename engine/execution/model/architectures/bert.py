@@ -7,6 +7,7 @@ KV: every input is computed whole, in one round, and only its pooled vector leav
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.execution.model.config import UnsupportedModel
+from engine.execution.model.linear_kernels import is_packed, onednn_linear, pack
 from engine.execution.model.pooling import Pooling, pool_states, pooling_of
 from engine.execution.model.pooling import read_json as _json
 
@@ -201,6 +203,22 @@ def load_weights(folder: str | Path, cfg: BertConfig, dtype: torch.dtype,
     return weights_from_tensors(tensors, cfg, dtype, device)
 
 
+def packed(w: BertWeights) -> BertWeights:
+    """The layers' matrices in oneDNN's blocked layout (float32 on the CPU; elsewhere as they
+    are). MKL's sgemm repacks a weight on every product, which for a short input's few rows
+    was most of the forward's time; the packed weights replace the plain ones."""
+    def layer(it: BertLayer) -> BertLayer:
+        return dataclasses.replace(
+            it, qkv_w=pack(it.qkv_w), o_w=pack(it.o_w), up_w=pack(it.up_w),
+            down_w=pack(it.down_w), gate_w=None if it.gate_w is None else pack(it.gate_w))
+    return dataclasses.replace(w, layers=tuple(layer(it) for it in w.layers))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [T, in] @ weight.T (+ bias), from a packed weight where loading packed it."""
+    return onednn_linear(x, weight, bias) if is_packed(weight) else F.linear(x, weight, bias)
+
+
 # --- the model ------------------------------------------------------------------------------
 
 def encode(w: BertWeights, cfg: BertConfig, ids: torch.Tensor, positions: torch.Tensor,
@@ -226,7 +244,7 @@ def encode(w: BertWeights, cfg: BertConfig, ids: torch.Tensor, positions: torch.
     rope = None if cfg.rope_theta is None else rotary_tables(positions, d, cfg.rope_theta,
                                                              x.dtype)
     for layer in w.layers:
-        qkv = F.linear(x, layer.qkv_w, layer.qkv_b)  # [T, 3 * hidden]
+        qkv = linear(x, layer.qkv_w, layer.qkv_b)  # [T, 3 * hidden]
         if rope is not None:  # q and k turned in place, by each token's own position
             qk = qkv[:, :2 * cfg.hidden_size].view(-1, 2 * heads, d)
             qk.copy_(rotate(qk, *rope))
@@ -235,13 +253,13 @@ def encode(w: BertWeights, cfg: BertConfig, ids: torch.Tensor, positions: torch.
         q, k, v = padded.view(n, longest, 3, heads, d).permute(2, 0, 3, 1, 4)
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # [n, heads, L, d]
         attn = attn.transpose(1, 2).reshape(n * longest, cfg.hidden_size)[slot]
-        x = F.layer_norm(x + F.linear(attn, layer.o_w, layer.o_b), (cfg.hidden_size,),
+        x = F.layer_norm(x + linear(attn, layer.o_w, layer.o_b), (cfg.hidden_size,),
                          *layer.ln1, eps)
         if layer.gate_w is not None:  # SwiGLU
-            up = F.silu(F.linear(x, layer.gate_w)) * F.linear(x, layer.up_w, layer.up_b)
+            up = F.silu(linear(x, layer.gate_w, None)) * linear(x, layer.up_w, layer.up_b)
         else:
-            up = F.gelu(F.linear(x, layer.up_w, layer.up_b), approximate=cfg.gelu)
-        x = F.layer_norm(x + F.linear(up, layer.down_w, layer.down_b), (cfg.hidden_size,),
+            up = F.gelu(linear(x, layer.up_w, layer.up_b), approximate=cfg.gelu)
+        x = F.layer_norm(x + linear(up, layer.down_w, layer.down_b), (cfg.hidden_size,),
                          *layer.ln2, eps)
     return x
 
