@@ -3,6 +3,7 @@ holds them), and still encodes, decodes and renders chats as it did with them.""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,3 +39,43 @@ def test_the_construction_tables_are_emptied_and_nothing_changes(model_dir: Path
     chat = [{"role": "user", "content": "Name three rivers."}]
     assert dropped.apply_chat_template(chat, tokenize=False, chat_template=ours.chat_template) \
         == kept.apply_chat_template(chat, tokenize=False, chat_template=ours.chat_template)
+
+
+@pytest.mark.parametrize("which", ["default", "wordpiece"])
+def test_encode_is_the_rust_backends_where_it_agrees(which: str, model_dir: Path,
+                                                     embedding_dir: Path,
+                                                     tmp_path: Path) -> None:
+    """Ferry encodes through the Rust backend (transformers' wrapper costs ~0.4 ms a text)
+    once it gave transformers' ids on the probe texts; the ids stay transformers'."""
+    from engine.execution.text.tokenizer import Tokenizer, gguf_tokenizer_dir
+
+    folder = gguf_tokenizer_dir(model_dir, tmp_path) if which == "default" else embedding_dir
+    ours = Tokenizer(folder)
+    assert ours._backend is not None
+    for text in (*TEXTS, "  leading and trailing  ", "a\u00a0b\u200bc", "1234567890" * 30):
+        for special in (True, False):
+            assert ours.encode(text, add_special_tokens=special) == \
+                list(ours.hf.encode(text, add_special_tokens=special))
+    # a call through transformers that truncates leaves the backend truncating: encode()
+    # then goes through transformers, which turns it off again
+    long = "word " * 600
+    assert len(ours.hf(long, truncation=True, max_length=8)["input_ids"]) == 8
+    assert ours.encode(long) == list(ours.hf.encode(long)) and len(ours.encode(long)) > 600
+
+
+def test_a_backend_that_disagrees_is_not_used(model_dir: Path, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.execution.text import tokenizer as tokenizer_module
+
+    folder = tokenizer_module.gguf_tokenizer_dir(model_dir, tmp_path)
+    # a probe the backend and transformers are made to disagree on: transformers' ids of
+    # it are taken as the truth, the backend's differ (an extra id)
+    real = tokenizer_module.Tokenizer._same_ids
+
+    def skewed(self: Any, encode: Any) -> bool:
+        return real(self, lambda text, **kw: type("E", (), {"ids": [*encode(text, **kw).ids,
+                                                                    0]})())
+    monkeypatch.setattr(tokenizer_module.Tokenizer, "_same_ids", skewed)
+    ours = tokenizer_module.Tokenizer(folder)
+    assert ours._backend is None
+    assert ours.encode("Hello there") == list(ours.hf.encode("Hello there"))
