@@ -156,6 +156,14 @@ ENCODE_PROBES = (" Hello, world!  How are you?\n\nFine.\t", "x = [1, 2, 3]  # 45
 CONTEXT_TOKENS = 4  # prompt ids kept as decode context for the first output token
 
 
+def backend_encoder(backend: Any) -> Callable[..., list[int]]:
+    """One text's ids from a Rust tokenizer, through encode_batch (which releases Python's
+    lock while it works, where encode holds it)."""
+    def encode(text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
+    return encode
+
+
 class Tokenizer:
     """From a model folder, or a GGUF file (with `cache_dir`: through gguf_tokenizer_dir;
     without: rebuilt from the file, which takes seconds)."""
@@ -196,18 +204,23 @@ class Tokenizer:
             else None
         # transformers' encode of one text is the Rust backend's ids behind ~0.4 ms of
         # argument handling, which was a tenth of a short embedding request's time: the
-        # backend's own where it gives the same ids on probe texts. transformers turns the
-        # backend's padding and truncation (a tokenizer.json may set them) off for such a
-        # call, and on for a call that asks: encode() checks they are off.
-        self._backend = None
+        # backend's own where it gives the same ids on probe texts. Its encode_batch, as
+        # transformers calls it: the backend's plain encode holds Python's lock (a megabyte
+        # prompt held every other request 0.4 s), encode_batch lets go of it. transformers
+        # turns the backend's padding and truncation (a tokenizer.json may set them) off for
+        # such a call, and on for a call that asks: encode() checks they are off.
+        self._backend: Any = None
+        self._fast_encode: Callable[..., list[int]] | None = None
         if backend is not None:
             backend.no_truncation()
             backend.no_padding()
-            self._backend = backend if self._same_ids(backend.encode) else None
+            fast = backend_encoder(backend)
+            if self._same_ids(fast):
+                self._backend, self._fast_encode = backend, fast
 
-    def _same_ids(self, encode: Callable[..., Any]) -> bool:
+    def _same_ids(self, encode: Callable[..., list[int]]) -> bool:
         try:
-            return all(list(encode(text, add_special_tokens=special).ids)
+            return all(encode(text, add_special_tokens=special)
                        == list(self.hf.encode(text, add_special_tokens=special))
                        for text in ENCODE_PROBES for special in (True, False))
         except (TypeError, ValueError, AttributeError):  # keep transformers' encode
@@ -257,9 +270,9 @@ class Tokenizer:
         return self._parts
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        b = self._backend
-        if b is not None and b.truncation is None and b.padding is None:
-            return list(b.encode(text, add_special_tokens=add_special_tokens).ids)
+        b, fast = self._backend, self._fast_encode
+        if fast is not None and b.truncation is None and b.padding is None:
+            return fast(text, add_special_tokens)
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
