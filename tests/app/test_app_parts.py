@@ -162,3 +162,15 @@ def test_banner_says_the_device_and_why() -> None:
     text = banner.banner(Settings(), "m", "cpu", "bfloat16",
                          device_info="cpu (no NVIDIA GPU found), torch 2.13.0 (CPU build)")
     assert "  Device:  cpu (no NVIDIA GPU found), torch 2.13.0 (CPU build)" in text
+
+
+def test_a_shared_tokenizer_cache_serves_several_homes(tmp_path: Path) -> None:
+    """FERRY_TOKENIZER_CACHE: one folder of GGUF tokenizers for every FERRY_HOME; without
+    it each home keeps its own under its models cache."""
+    alone = get_paths({"FERRY_HOME": str(tmp_path / "a")})
+    assert alone.tokenizer_cache == alone.models_cache
+    shared = str(tmp_path / "tokenizers")
+    a, b = (get_paths({"FERRY_HOME": str(tmp_path / h), "FERRY_TOKENIZER_CACHE": shared})
+            for h in ("a", "b"))
+    assert a.tokenizer_cache == b.tokenizer_cache == (tmp_path / "tokenizers").resolve()
+    assert a.models_cache != b.models_cache  # the rest stays each home's own
