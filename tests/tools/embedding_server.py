@@ -2,8 +2,15 @@
 Engine and the web app behind uvicorn (the `in_thread_server` fixture runs it)."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+# texts every tiny encoder's test embeds (each module adds one in its model's own style)
+SHARED_SENTENCES = ["The cat sits on the mat.",
+             "A quick brown fox jumps over the lazy dog, twice, while nobody watches it.", "x"]
 
 
 def serve_encoder(in_thread_server: Any, model: Path, data: Path, name: str, *,
@@ -22,3 +29,40 @@ def serve_encoder(in_thread_server: Any, model: Path, data: Path, name: str, *,
     engine = Engine(config, executor, tokenizer)
     app = create_app(engine, tokenizer, WebConfig(data_dir=data, model_name=name, **web))
     return in_thread_server(app, engine, f"uvicorn-{name}", 60)
+
+
+def encoder_fixtures(kind: str, name: str) -> tuple[Any, Any]:
+    """A test module's `folder` (the tiny seeded `kind` model of tests/tools/embedding_decoders,
+    saved by sentence-transformers) and `server` (Ferry serving it as `name`) fixtures, both
+    module-scoped: `folder, server = encoder_fixtures("nomic_bert", "nomic")`."""
+    from tests.tools.embedding_decoders import embedding_decoder
+
+    @pytest.fixture(scope="module")
+    def folder(embedding_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+        return embedding_decoder(kind, embedding_dir, tmp_path_factory.mktemp(kind) / kind)
+
+    @pytest.fixture(scope="module")
+    def server(folder: Path, in_thread_server: Any,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+        running = serve_encoder(in_thread_server, folder, tmp_path_factory.mktemp("data"), name,
+                                max_prefill_tokens=48)
+        yield running
+        running.stop()
+
+    return folder, server
+
+
+def worst_cosine_to_sentence_transformers(url: str, name: str, folder: Path,
+                                          sentences: list[str]) -> float:
+    """The lowest cosine similarity between the vectors of `sentences` that the server at
+    `url` gives through the openai SDK and sentence-transformers' on the same folder."""
+    import openai
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    want = torch.tensor(SentenceTransformer(str(folder), device="cpu").encode(sentences))
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+    got = torch.tensor([d.embedding for d in client.embeddings.create(
+        model=name, input=sentences, encoding_format="float").data])
+    assert got.shape == want.shape
+    return float(torch.nn.functional.cosine_similarity(got, want, dim=1).min())
