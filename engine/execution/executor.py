@@ -84,7 +84,9 @@ class ModelExecutor:
             self.attention = BackendChoice(backend, "requested")
         else:
             self.attention = choose(self.device, kv_dtype, cfg.num_heads, cfg.num_kv_heads,
-                                    cfg.head_dim, cfg.scale, config.page_size, windows)
+                                    cfg.head_dim, cfg.scale, config.page_size, windows,
+                                    whole_images=cfg.vision is not None
+                                    and cfg.vision.whole_images)
         self.attn = get_backend(self.attention.name)(
             self.pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.scale, windows,
             self.local_pool)
@@ -234,6 +236,7 @@ class ModelExecutor:
         score_rows: list[int] = []  # rows whose logits score the next prompt token
         scored: list[tuple[Request, int, int]] = []  # (request, first target, count)
         pieces: list[tuple[int, ImageInput, int, int]] = []  # (first row, image, from, to)
+        spans: list[tuple[int, int, int]] = []  # (sequence, first row, rows): whole images
         for i in order:
             it = items[i]
             req, start, n = it.request, it.start, it.num_tokens
@@ -251,6 +254,8 @@ class ModelExecutor:
                     if lo < hi:
                         pieces.append((len(ids) + lo - start, image, lo - image.offset,
                                        hi - image.offset))
+                        if image.whole:  # the scheduler never splits it (chunk_end)
+                            spans.append((len(query_lens), lo - start, hi - lo))
             if n == 1:
                 ids.append(req.token_at(start))
             elif it.drafts:  # the last token, then the drafts (not in the output yet)
@@ -294,7 +299,8 @@ class ModelExecutor:
             self.attn.prepare(AttentionInputs(
                 query_lens, kv_lens, tables, as_tensor(slots),
                 None if local is None else LocalInputs(local.kv_lens, local.tables,
-                                                       as_tensor(local.slots))))
+                                                       as_tensor(local.slots)),
+                tuple(spans)))
             rows, embeds = self._image_rows(pieces) if pieces else (None, None)
             logits = self.model(as_tensor(ids), as_tensor(positions), self.attn,
                                 as_tensor(score_rows + sample_rows), self.fused, rows, embeds)

@@ -11,6 +11,7 @@ from engine.scheduling.kv_accounting import KVAccounting, PrefixMatch
 from engine.scheduling.request import Request, RequestState
 from engine.scheduling.sliding_kv import SlidingKV
 from engine.scheduling.slots import SlotTable
+from engine.vision.placement import chunk_end
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +94,9 @@ class Admission:
         for req in order:
             if req.state is RequestState.CHUNKED:
                 chunks = req.num_chunks + -(-req.prefill_left // self.config.max_prefill_tokens)
-                step = min(max(budget, 0), req.prefill_left)
+                start = req.num_computed
+                step = chunk_end(req.images, start,
+                                 start + min(max(budget, 0), req.prefill_left)) - start
                 reasons[req.id] = image_reason(req, req.num_computed, step) or WaitReason(
                     "chunk", f"prefill chunk {req.num_chunks + 1} of {chunks}: "
                              f"{req.num_computed} of {req.prompt_len} prompt tokens done")
@@ -110,7 +113,8 @@ class Admission:
             match = self.kv.match(req, touch=False)
             reason = self.refuse(req, match, budget)
             if reason is None:
-                first = min(budget, req.prompt_len - match.num_tokens)
+                first = chunk_end(req.images, match.num_tokens, match.num_tokens + min(
+                    budget, req.prompt_len - match.num_tokens)) - match.num_tokens
                 reasons[req.id] = image_reason(req, match.num_tokens, first) or WaitReason(
                     "next", "fits: admitted at the next round")
                 self.admitted(req)

@@ -21,6 +21,7 @@ from engine.scheduling.request import (
 from engine.scheduling.sliding_kv import SlidingKV
 from engine.scheduling.slots import SlotTable
 from engine.scheduling.speculation import apply_run, decode_items
+from engine.vision.placement import chunk_end
 
 
 class Scheduler:
@@ -131,7 +132,8 @@ class Scheduler:
                 req.admitted_at = now
                 self._last_owner = req.owner
                 check.admitted(req)
-            take = min(budget, req.prefill_left)
+            start = req.num_computed
+            take = chunk_end(req.images, start, start + min(budget, req.prefill_left)) - start
             budget -= take
             last = take == req.prefill_left
             # a prefill-only request (max_tokens 0) samples nothing, even on its last chunk

@@ -30,8 +30,9 @@ class SimRequest:
     user: str = "local"
     # speculative rounds, in order: drafts the target keeps in each (then it stops drafting)
     accept: tuple[int, ...] = ()
-    # a vision request's images: (first position, positions, image id); one id, one image
-    images: tuple[tuple[int, int, str], ...] = ()
+    # a vision request's images: (first position, positions, image id, attended as a whole:
+    # never split between prefill chunks); one id, one image
+    images: tuple[tuple[int, int, str, bool], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,22 +133,27 @@ def _request(item: Any, index: int, seen: set[str]) -> SimRequest:
         user=user, accept=tuple(accept))
 
 
-def _images(items: Any, prompt: int, where: str, rid: str) -> tuple[tuple[int, int, str], ...]:
-    """`images`: [{"at": first position, "tokens": positions, "id": optional}], in order,
-    apart, inside the prompt; the same id is the same image (its KV may be shared)."""
+def _images(items: Any, prompt: int, where: str,
+            rid: str) -> tuple[tuple[int, int, str, bool], ...]:
+    """`images`: [{"at": first position, "tokens": positions, "id": optional, "whole":
+    optional}], in order, apart, inside the prompt; the same id is the same image (its KV
+    may be shared); `whole`: its positions attend to one another both ways (Gemma 3's), so
+    a prefill chunk never splits it."""
     if not isinstance(items, list):
         raise ScenarioError(f"{where}.images must be a list of {{at, tokens, id}} objects")
-    out: list[tuple[int, int, str]] = []
+    out: list[tuple[int, int, str, bool]] = []
     end = 0
     for i, item in enumerate(items):
-        if not isinstance(item, dict) or set(item) - {"at", "tokens", "id"}:
-            raise ScenarioError(f"{where}.images[{i}] must be an object with at, tokens, id")
+        if not isinstance(item, dict) or set(item) - {"at", "tokens", "id", "whole"} \
+                or not isinstance(item.get("whole", False), bool):
+            raise ScenarioError(f"{where}.images[{i}] must be an object with at, tokens, id "
+                                "and whole (true or false)")
         at = _count(item.get("at"), f"{where}.images[{i}].at", 0)
         tokens = _count(item.get("tokens"), f"{where}.images[{i}].tokens")
         if at < end or at + tokens > prompt:
             raise ScenarioError(f"{where}.images[{i}] must lie inside the prompt, after the "
                                 "image before it")
-        out.append((at, tokens, str(item.get("id", f"{rid}#{i}"))))
+        out.append((at, tokens, str(item.get("id", f"{rid}#{i}")), item.get("whole", False)))
         end = at + tokens
     return tuple(out)
 

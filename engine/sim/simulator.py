@@ -136,7 +136,7 @@ class Simulation:
                       arrival=sim.arrive, eos_ids=frozenset({SIM_EOS}))
         if sim.images:  # positions the encoder fills; the prefix cache keys them by image
             req.images = tuple(ImageInput(hashlib.sha256(key.encode()).hexdigest(), None,
-                                          at, n) for at, n, key in sim.images)
+                                          at, n, whole) for at, n, key, whole in sim.images)
             req.cache_key = cache_ids(req.prompt_ids, req.images)
         self.requests[sim.id] = req
         self.result[sim.id] = {}

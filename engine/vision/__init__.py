@@ -10,7 +10,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.lazy import lazy_getattr
-from engine.vision.placement import ImageInput, cache_ids, expand, runs, tile_digest
+from engine.vision.placement import (
+    ImageInput,
+    cache_ids,
+    chunk_end,
+    expand,
+    runs,
+    tile_digest,
+)
 
 if TYPE_CHECKING:
     from engine.vision.decode import DecodedImage, ImageError, data_url_bytes
@@ -44,6 +51,7 @@ __all__ = [
     "Tiles",
     "TilingConfig",
     "cache_ids",
+    "chunk_end",
     "data_url_bytes",
     "decode_image",
     "expand",

@@ -22,6 +22,9 @@ class ImageInput:
     pixels: torch.Tensor | None
     offset: int
     length: int
+    # its positions attend to one another both ways (Gemma 3's): each sees the whole image,
+    # so the image's positions are computed in one prefill chunk (chunk_end)
+    whole: bool = False
 
     @property
     def end(self) -> int:
@@ -84,3 +87,14 @@ def cache_ids(ids: Sequence[int], images: Sequence[ImageInput]) -> list[int]:
         key = -1 - int(image.digest[:15], 16)
         out[image.offset:image.end] = [key] * image.length
     return out
+
+
+def chunk_end(images: Sequence[ImageInput], start: int, end: int) -> int:
+    """Where a prefill chunk over positions [start, end) ends so that it never splits an
+    image attended as a whole: an image it would cut is left to the next chunk when the
+    chunk reaches it from before, or taken whole (past `end`, the budget) when the chunk
+    begins at or inside it."""
+    for image in images:
+        if image.whole and image.offset < end < image.end:
+            return image.offset if image.offset > start else image.end
+    return end

@@ -31,6 +31,9 @@ class ProcessorConfig:
 
     @classmethod
     def from_json(cls, cfg: Mapping[str, Any]) -> ProcessorConfig:
+        if cfg.get("do_pan_and_scan"):
+            raise ValueError("do_pan_and_scan (Gemma 3's extra crops of a wide image) is not "
+                             "supported")
         size = cfg.get("size") or {}
         if not isinstance(size, Mapping):  # an int: a square
             size = {"height": int(size), "width": int(size)}

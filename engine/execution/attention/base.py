@@ -4,9 +4,11 @@ A round is a packed batch of sequences. Sequence r computes `query_lens[r]` new 
 positions are [kv_lens[r] - query_lens[r], kv_lens[r]); it attends causally over its whole
 prefix, positions [0, kv_lens[r]), whose older K/V (cached prefix, earlier chunks, earlier
 decodes) are already in the pool; a sliding-window layer's queries see only the last `window`
-positions of it (their own included). Tokens are packed in sequence order, and sequences with a
-single query token (decodes, one-token chunks) come first, so backends can split the round
-into a decode part and a prefill part without reordering.
+positions of it (their own included). Rows in a `span` see one another both ways: each
+also sees the later positions of its span (an image Gemma 3 attends as a whole). Tokens are
+packed in sequence order, and sequences with a single query token (decodes, one-token
+chunks) come first, so backends can split the round into a decode part and a prefill part
+without reordering.
 
 Models with local (sliding-window) layers keep those layers' K/V in a second pool
 (`local_pool`) that holds only the window (engine.scheduling.sliding_kv): `AttentionInputs.local`
@@ -48,6 +50,9 @@ class AttentionInputs:
     page_tables: list[list[int]]  # pool pages per sequence (at least ceil(kv_len / page_size))
     slot_mapping: torch.Tensor  # [num_tokens] int64, pool slot each new token writes
     local: LocalInputs | None = None  # required when the backend has a local pool
+    # (sequence, first query row, rows): rows of a sequence that attend to one another both
+    # ways (an image attended as a whole, Gemma 3's): each sees up to the span's last position
+    spans: tuple[tuple[int, int, int], ...] = ()
 
     def part(self, local: bool) -> tuple[list[int], list[list[int]], torch.Tensor]:
         """(kv_lens, page_tables, slot_mapping) of the global or the local pool."""
@@ -71,6 +76,10 @@ class AttentionInputs:
                 seen_multi = True
             elif seen_multi:
                 raise ValueError("single-token sequences must come before longer ones")
+        for seq, first, rows in self.spans:
+            if not (0 <= seq < n and first >= 0 and rows >= 1
+                    and first + rows <= self.query_lens[seq]):
+                raise ValueError(f"bad span: sequence {seq}, rows {first}..{first + rows}")
         if self.local is not None:
             loc = self.local
             if len(loc.kv_lens) != n or len(loc.page_tables) != n:

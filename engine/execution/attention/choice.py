@@ -53,12 +53,16 @@ def flashinfer_version() -> str:
 
 def choose(device: torch.device, kv_dtype: torch.dtype, num_heads: int, num_kv_heads: int,
            head_dim: int, scale: float, page_size: int,
-           windows: Sequence[int | None] = ()) -> BackendChoice:
-    """FlashInfer where it can run this model and passes its self-test, else torch."""
+           windows: Sequence[int | None] = (), whole_images: bool = False) -> BackendChoice:
+    """FlashInfer where it can run this model and passes its self-test, else torch.
+    `whole_images`: the model's image positions attend to one another both ways (Gemma 3),
+    which Ferry's FlashInfer plans (causal) do not do."""
     if device.type not in fp.DEVICES:
         return BackendChoice("torch", "the CPU runs the torch backend" if device.type == "cpu"
                              else f"FlashInfer runs on CUDA only, not {device.type}")
-    reason = fp.unsupported(device.type, head_dim, kv_dtype) or flashinfer_missing()
+    reason = ("an image's positions attend to one another both ways, which the FlashInfer "
+              "plans do not do" if whole_images else None) \
+        or fp.unsupported(device.type, head_dim, kv_dtype) or flashinfer_missing()
     how = "kernels from the stand-in"
     if reason is None and device.type == "cuda":
         from engine.execution.devices import flashinfer_kernels

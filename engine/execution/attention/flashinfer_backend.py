@@ -63,6 +63,11 @@ class FlashInferAttention(AttentionBackend):
         return host_tensor(values, torch.int32, self._pin)
 
     def prepare(self, inputs: AttentionInputs) -> None:
+        if any(rows > 1 for _, _, rows in inputs.spans):
+            # the causal kernels planned here would drop the image's own later positions;
+            # a model with such images runs the torch backend (choice.choose)
+            raise ValueError("the flashinfer backend attends causally only: an image "
+                             "attended as a whole needs the torch backend")
         wrapper = fp.wrapper_for(inputs.query_lens)
         qo = self._i32(fp.qo_indptr(inputs.query_lens)) if wrapper == "prefill" else None
         csrs: dict[bool, tuple[torch.Tensor, ...]] = {}

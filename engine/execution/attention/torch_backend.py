@@ -10,7 +10,8 @@ each layer then does one gather for K and V together and batched matmuls:
   block with the scale and padding mask fused in; softmax runs in float32. On CPU this beats
   SDPA (notably in bf16) for single-query attention.
 * prefill part (several queries each): queries padded to [seqs, Qmax], SDPA with a bool mask,
-  causal and aligned to each sequence's end (a chunk after a cached prefix sees the prefix).
+  causal and aligned to each sequence's end (a chunk after a cached prefix sees the prefix);
+  a span's rows (an image attended as a whole) see up to the span's last position.
 Sequences of very different sizes go to separate groups (one call each; few per round), so
 one long context does not make every short one pay for its padding.
 Padded pages repeat a sequence's first page, so they hold finite values, and are masked out.
@@ -130,8 +131,14 @@ class TorchAttention(AttentionBackend):
         if self.n_pre:
             qlens, kvlens = inputs.query_lens[n_dec:], kv_lens[n_dec:]
             tables = page_tables[n_dec:]
-            if self.native and all(q <= NATIVE_PREFILL_ROWS or kv <= NATIVE_PREFILL_CONTEXT
-                                   for q, kv in zip(qlens, kvlens)):
+            # spans: a prefill-part sequence -> its rows that see one another both ways
+            spans: dict[int, list[tuple[int, int]]] = {}
+            for seq, first, count in inputs.spans:
+                if seq >= n_dec and count > 1:
+                    spans.setdefault(seq - n_dec, []).append((first, count))
+            if self.native and not spans and all(
+                    q <= NATIVE_PREFILL_ROWS or kv <= NATIVE_PREFILL_CONTEXT
+                    for q, kv in zip(qlens, kvlens)):
                 plan.pre_pages = ops.DecodePages(  # a sequence's rows share its table
                     [t for t, q in zip(tables, qlens) for _ in range(q)],
                     [kv - q + r + 1 for q, kv in zip(qlens, kvlens) for r in range(q)],
@@ -146,7 +153,8 @@ class TorchAttention(AttentionBackend):
                 plan.pre_groups.append(self._prefill_group(
                     pool, self.kinds[local], [qlens[i] for i in g], [kvlens[i] for i in g],
                     [tables[i] for i in g], [firsts[i] for i in g],
-                    whole=len(groups) == 1 and len(g) == 1))
+                    whole=len(groups) == 1 and len(g) == 1,
+                    spans=[spans.get(i, []) for i in g]))
                 rows.extend(r for i in g for r in range(firsts[i], firsts[i] + qlens[i]))
             if rows != list(range(len(rows))):
                 plan.pre_perm = torch.argsort(torch.tensor(rows, device="cpu")).to(dev)
@@ -154,7 +162,8 @@ class TorchAttention(AttentionBackend):
 
     def _prefill_group(self, pool: KVPool, kinds: list[int | None], qlens: list[int],
                        kvlens: list[int], tables: list[list[int]], firsts: list[int],
-                       whole: bool) -> PrefillGroup:
+                       whole: bool, spans: Sequence[Sequence[tuple[int, int]]] = ()
+                       ) -> PrefillGroup:
         dev = pool.device
         n, qmax = len(qlens), max(qlens)
         kv_idx, length = self._block_index(pool, tables, kvlens)
@@ -164,7 +173,11 @@ class TorchAttention(AttentionBackend):
         # positions in the view
         qpos = torch.tensor(kvlens, device="cpu")[:, None] - ql[:, None] + i_clamped
         k = torch.arange(length, device="cpu")[None, None, :]
-        causal = k <= qpos[:, :, None]
+        upto = qpos.clone()  # the last position each row sees: its own, or its span's last
+        for s, seq_spans in enumerate(spans):
+            for first, rows in seq_spans:
+                upto[s, first:first + rows] = qpos[s, first + rows - 1]
+        causal = k <= upto[:, :, None]
         masks = {w: (causal if w is None else causal & (k > qpos[:, :, None] - w))
                  .unsqueeze(1).to(dev) for w in kinds}
         if whole:  # the only prefill sequence: no padding, use views

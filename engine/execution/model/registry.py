@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.execution.model.architectures import bert
 from engine.execution.model.architectures.gemma3 import Gemma3ForCausalLM
+from engine.execution.model.architectures.gemma3_vision import Gemma3ForConditionalGeneration
 from engine.execution.model.architectures.idefics3 import Idefics3ForConditionalGeneration
 from engine.execution.model.architectures.llama import LlamaForCausalLM
 from engine.execution.model.architectures.llava import LlavaForConditionalGeneration
@@ -28,6 +29,7 @@ from engine.execution.model.pooling import has_pooling_module
 ARCHITECTURES: tuple[type[CausalLM], ...] = (
     LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM,
     Qwen3MoeForCausalLM, LlavaForConditionalGeneration, Idefics3ForConditionalGeneration,
+    Gemma3ForConditionalGeneration,
 )
 
 HF_TYPES: dict[str, type[CausalLM]] = {t: a for a in ARCHITECTURES for t in a.hf_model_types}

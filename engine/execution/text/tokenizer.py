@@ -286,12 +286,17 @@ class Tokenizer:
     def apply_chat_template(self, messages: Sequence[dict[str, Any]],
                             add_generation_prompt: bool = True,
                             tools: Sequence[dict[str, Any]] | None = None,
-                            enable_thinking: bool | None = None) -> list[int]:
+                            enable_thinking: bool | None = None,
+                            image_text: tuple[str, str] | None = None) -> list[int]:
         """[{role, content}, ...] -> prompt ids (the template supplies BOS and markers);
         `tools` (OpenAI's function specs) go to templates that render them; `enable_thinking`
-        reaches the templates that take it (None: the template's default)."""
-        return self.encode(self.render_chat(messages, add_generation_prompt, tools,
-                                            enable_thinking), add_special_tokens=False)
+        reaches the templates that take it (None: the template's default); `image_text`
+        (placeholder, text): each placeholder the template wrote becomes the text, as a
+        vision family's processor rewrites the rendered prompt (Gemma 3's)."""
+        text = self.render_chat(messages, add_generation_prompt, tools, enable_thinking)
+        if image_text is not None:
+            text = text.replace(*image_text)
+        return self.encode(text, add_special_tokens=False)
 
     def render_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
                     tools: Sequence[dict[str, Any]] | None = None,

@@ -51,8 +51,21 @@ def test_waiting_reason_names_the_image_its_chunk_encodes() -> None:
     assert [b["tokens"] for r in result["rounds"] for b in r["batch"]][:4] == [8, 8, 8, 6]
 
 
+def test_an_image_attended_whole_is_never_split_between_chunks() -> None:
+    """Chunks of 8 would end inside both images (10..18, 20..28): the first chunk stops
+    before the first image, the next takes it whole past the budget, and so on."""
+    prompt = list(range(1, 11)) + IMAGE + [11, 12] + IMAGE + [13, 14]
+    images = [{"at": 10, "tokens": 8, "whole": True}, {"at": 20, "tokens": 8, "whole": True}]
+    result = _run({"max_running": 2, "max_prefill_tokens": 8, "kv_tokens": 256,
+                   "page_size": 4, "prefix_cache": False},
+                  [{"id": "A", "prompt_ids": prompt, "output": 1, "images": images}])
+    assert [b["tokens"] for r in result["rounds"] for b in r["batch"]][:4] == [8, 2, 8, 2]
+    assert result["requests"]["A"]["finish_reason"] == "length"
+
+
 @pytest.mark.parametrize("images", [[{"at": 25, "tokens": 8}], [{"at": 0}],
-                                    [{"at": 0, "tokens": 4}, {"at": 2, "tokens": 4}], "x"])
+                                    [{"at": 0, "tokens": 4}, {"at": 2, "tokens": 4}], "x",
+                                    [{"at": 0, "tokens": 4, "whole": "yes"}]])
 def test_bad_images_are_scenario_errors(images: object) -> None:
     with pytest.raises(ScenarioError, match="images"):
         parse({"engine": {}, "requests": [{"id": "A", "prompt": 30, "output": 1,

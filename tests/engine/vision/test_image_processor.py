@@ -29,11 +29,16 @@ def _encoded(fmt: str, mode: str = "RGB", size: tuple[int, int] = (53, 37)) -> b
 
 
 def _processors() -> list[object]:
-    from transformers import CLIPImageProcessorPil, SiglipImageProcessorPil
+    from transformers import (
+        CLIPImageProcessorPil,
+        Gemma3ImageProcessorPil,
+        SiglipImageProcessorPil,
+    )
 
     return [CLIPImageProcessorPil(size={"shortest_edge": 32},
                                   crop_size={"height": 32, "width": 32}),
-            SiglipImageProcessorPil(size={"height": 24, "width": 24})]
+            SiglipImageProcessorPil(size={"height": 24, "width": 24}),
+            Gemma3ImageProcessorPil(size={"height": 40, "width": 40})]
 
 
 @pytest.mark.parametrize("fmt,mode", [("PNG", "RGB"), ("PNG", "RGBA"), ("JPEG", "RGB"),
@@ -45,6 +50,27 @@ def test_pixels_equal_the_hf_processors(fmt: str, mode: str) -> None:
         got = preprocess(decode_image(data, 10_000).image, config)
         want = hf(Image.open(io.BytesIO(data)), return_tensors="np")  # type: ignore[operator]
         assert torch.equal(got, torch.from_numpy(np.asarray(want["pixel_values"][0])))
+
+
+def test_gemma3_family_defaults_equal_its_processor() -> None:
+    """Without a preprocessor_config.json, Gemma 3's pixels are still its processor's."""
+    from transformers import Gemma3ImageProcessorPil
+
+    from engine.execution.model.architectures.gemma3_vision import processor_for
+
+    hf = Gemma3ImageProcessorPil(size={"height": 896, "width": 896})
+    config = processor_for(896)
+    assert ProcessorConfig.from_json(hf.to_dict()) == config
+    data = _encoded("PNG")
+    want = hf(Image.open(io.BytesIO(data)), return_tensors="np")["pixel_values"][0]
+    assert torch.equal(preprocess(decode_image(data, 10_000).image, config),
+                       torch.from_numpy(np.asarray(want)))
+
+
+def test_pan_and_scan_is_refused() -> None:
+    with pytest.raises(ValueError, match="pan_and_scan"):
+        ProcessorConfig.from_json({"size": {"height": 896, "width": 896},
+                                   "do_pan_and_scan": True})
 
 
 def test_gif_first_frame_is_read() -> None:

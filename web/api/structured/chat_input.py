@@ -85,8 +85,8 @@ async def chat_input(data: ChatCompletionRequest, s: Services,
     try:
         prompt = await prompt_with_images(
             template_messages, s.engine, s.config, data.model or s.model_name,
-            lambda ms: s.tokenizer.apply_chat_template(ms, tools=template_tools,
-                                                       enable_thinking=thinking),
+            lambda ms, **kw: s.tokenizer.apply_chat_template(ms, tools=template_tools,
+                                                             enable_thinking=thinking, **kw),
             may_fetch)
     except (TemplateError, ValueError) as exc:
         raise APIError(f"the chat template refused these messages: {exc}",

@@ -135,8 +135,23 @@ def with_placeholders(messages: Sequence[dict[str, Any]], placeholder: str | Seq
     return out
 
 
+def with_image_parts(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Template messages whose content lists the template reads as they are: text parts,
+    and each image part as `{"type": "image"}` (where the template writes its placeholder,
+    Gemma 3's `<start_of_image>`)."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            m = {**m, "content": [{"type": "image"} if p.get("type") == "image_url"
+                                  else {"type": "text", "text": str(p.get("text", ""))}
+                                  for p in content]}
+        out.append(m)
+    return out
+
+
 def build_image_prompt(messages: Sequence[dict[str, Any]], engine: Any, config: WebConfig,
-                       model: str, render: Callable[[list[dict[str, Any]]], list[int]],
+                       model: str, render: Callable[..., list[int]],
                        cache: dict[str, Any] | None = None,
                        may_fetch: bool = False) -> ImagePrompt:
     """`prompt_with_images` for a caller already off the event loop (it blocks: decoding,
@@ -155,14 +170,19 @@ def build_image_prompt(messages: Sequence[dict[str, Any]], engine: Any, config: 
         prepared.append(cache[url])
     if isinstance(vision.processor, TilingConfig):
         return _place_tiles(messages, vision, prepared, render)
-    ids = render(with_placeholders(messages, vision.placeholder))
+    if vision.image_text is not None:  # the template writes the placeholder (Gemma 3)
+        ids = render(with_image_parts(messages),
+                     image_text=(vision.placeholder, vision.image_text))
+    else:
+        ids = render(with_placeholders(messages, vision.placeholder))
     try:
         expanded, offsets = expand_image_tokens(ids, vision.image_token_id,
                                                 [vision.tokens_per_image] * len(prepared))
     except ValueError as exc:  # the text itself held the placeholder
         raise APIError(f"the messages hold {vision.placeholder!r} besides their image parts: "
                        f"{exc}", param="messages", code="invalid_image_placement") from None
-    placed = tuple(ImageInput(p.digest, p.pixels, offset, vision.tokens_per_image)
+    placed = tuple(ImageInput(p.digest, p.pixels, offset, vision.tokens_per_image,
+                              vision.whole_images)
                    for p, offset in zip(prepared, offsets))
     return ImagePrompt(expanded, placed)
 
@@ -191,11 +211,12 @@ def _place_tiles(messages: Sequence[dict[str, Any]], vision: Any, prepared: list
 
 async def prompt_with_images(messages: Sequence[dict[str, Any]], engine: Any,
                              config: WebConfig, model: str,
-                             render: Callable[[list[dict[str, Any]]], list[int]],
+                             render: Callable[..., list[int]],
                              may_fetch: bool = False) -> ImagePrompt:
     """OpenAI-style template messages (content a string, or a list of `text` and
-    `image_url` parts) -> the prompt ids and its placed images. `render` turns messages with
-    string contents into ids (the chat template). All of it (base64 decoding, Pillow,
+    `image_url` parts) -> the prompt ids and its placed images. `render` turns messages into
+    ids (the chat template; Tokenizer.apply_chat_template's `image_text` keyword passed on
+    where the family's processor rewrites the rendered text). All of it (base64 decoding, Pillow,
     preprocessing, the template) runs on a worker thread. Raises APIError (400s with a
     `code`)."""
     return await below_engine(build_image_prompt, messages, engine, config, model, render,

@@ -155,9 +155,10 @@ class ConversationModel:
                      pixels: dict[str, Any]) -> ImagePrompt:
         """The messages' ids and placed pictures through the API's own path (its checks and
         the model's preprocessing); its 400s become the chat's."""
-        def render(plain: list[dict[str, Any]]) -> list[int]:
+        def render(plain: list[dict[str, Any]], **kw: Any) -> list[int]:
             return list(self.s.tokenizer.apply_chat_template(plain,
-                                                             enable_thinking=conv.thinking))
+                                                             enable_thinking=conv.thinking,
+                                                             **kw))
         try:
             return build_image_prompt(messages, self.s.engine, self.s.config, self.s.model_name,
                                       render, pixels)

@@ -68,7 +68,7 @@ class Gemma3DecoderLayer(nn.Module):
 
 class Gemma3ForCausalLM(CausalLM):
     hf_model_types = ("gemma3_text",)
-    gguf_archs = ("gemma3",)
+    gguf_archs: ClassVar[tuple[str, ...]] = ("gemma3",)
     packed_modules: ClassVar[Mapping[str, tuple[str, str]]] = CausalLM.packed_modules
     gguf_layer_names: ClassVar[Mapping[str, str]] = {
         **GGUF_LAYER, "post_attention_norm": "post_attention_layernorm",

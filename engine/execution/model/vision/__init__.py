@@ -2,8 +2,10 @@
 from engine.execution.model.vision.clip import ClipVisionTower
 from engine.execution.model.vision.config import TowerConfig, VisionConfig, with_vision
 from engine.execution.model.vision.pixel_shuffle import PixelShuffleConnector
+from engine.execution.model.vision.pooled import PooledProjector
 from engine.execution.model.vision.projector import MLPProjector
 from engine.execution.model.vision.siglip import SiglipVisionTower
 
-__all__ = ["ClipVisionTower", "MLPProjector", "PixelShuffleConnector", "SiglipVisionTower",
+__all__ = ["ClipVisionTower", "MLPProjector", "PixelShuffleConnector", "PooledProjector",
+           "SiglipVisionTower",
            "TowerConfig", "VisionConfig", "with_vision"]

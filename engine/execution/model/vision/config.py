@@ -60,6 +60,13 @@ class VisionConfig:
     placeholder: str  # the text a chat message holds where an image goes
     # how an image becomes pixel values: one resized image, or tiles (SmolVLM's splitting)
     processor: ProcessorConfig | TilingConfig
+    # the processor's text for one image, put where the chat template wrote `placeholder`
+    # (Gemma 3's: its image tokens between its own tags), the image token once (repeated to
+    # tokens_per_image after encoding); the template then gets image parts as they are
+    # (`{"type": "image"}`). None: the placeholder is the image token itself.
+    image_text: str | None = None
+    # an image's positions attend to one another both ways (Gemma 3), not causally
+    whole_images: bool = False
 
 
 def with_vision(text: ModelConfig, model_type: str, vision: VisionConfig,

@@ -1,0 +1,102 @@
+"""Gemma 3 with images through the API: a seeded random tiny model (SigLIP tower, pooled
+projector, Gemma 3 text model with a sliding layer) built by transformers offline, served
+for real. Greedy replies and prompt-token counts equal transformers' float32 generate, whose
+mask lets an image's tokens attend to one another both ways, for text + one image and text +
+two images, also when the prefill budget would cut an image in two chunks; a typed
+`<start_of_image>` is refused."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.tools.tiny_gemma3 import build, reference
+from tests.tools.tiny_llava import ask, chat_server, content, png
+
+NAME = "tiny-gemma3"
+TEXT = "What is in the picture? Say it in a few words, please, and then some more."
+
+
+@pytest.fixture(scope="module")
+def gemma3(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    folder = tmp_path_factory.mktemp("gemma3")
+    return folder, build(folder, tokenizer)
+
+
+@pytest.fixture(scope="module")
+def server(gemma3: tuple[Path, Any], make_server: Any) -> Any:
+    folder, _ = gemma3
+    return chat_server(make_server, folder, {"max_context": 1024}, model_name=NAME,
+                       max_images=2)
+
+
+@pytest.fixture(scope="module")
+def small_chunks(gemma3: tuple[Path, Any], make_server: Any) -> Any:
+    """Prefill chunks of 7 positions: most of them would end inside an image."""
+    folder, _ = gemma3
+    return chat_server(make_server, folder, {"max_context": 1024, "max_prefill_tokens": 7},
+                       model_name=NAME, max_images=2)
+
+
+def ask_logprobs(server: Any, content: Any) -> httpx.Response:
+    return httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
+        "model": "", "messages": [{"role": "user", "content": content}], "max_tokens": 6,
+        "temperature": 0, "ignore_eos": True, "logprobs": True, "top_logprobs": 5})
+
+
+def first_logprobs(body: dict[str, Any]) -> list[float]:
+    top = body["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+    return sorted((t["logprob"] for t in top), reverse=True)
+
+
+def _idle(server: Any) -> None:
+    assert server.engine.wait_idle(30)
+    snap = server.engine.snapshot()
+    assert snap.kv.used == 0 and snap.kv.reserved == 0
+    assert snap.kv.free + snap.kv.cached == snap.kv.total
+    assert all(s is None for s in snap.slots)
+
+
+@pytest.mark.parametrize("count", [1, 2])
+@pytest.mark.parametrize("which", ["server", "small_chunks"])
+def test_replies_equal_transformers(which: str, count: int, gemma3: tuple[Path, Any],
+                                    request: pytest.FixtureRequest) -> None:
+    served = request.getfixturevalue(which)
+    folder, model = gemma3
+    images = [png(seed + 20 * count, size) for seed, size in enumerate([(50, 40), (30, 90)])]
+    images = images[:count]
+    r = ask_logprobs(served, content(TEXT, images))
+    assert r.status_code == 200, r.text
+    prompt_tokens, reply, first = reference(folder, model, TEXT, images, 6)
+    body = r.json()
+    assert body["usage"]["prompt_tokens"] == prompt_tokens
+    assert body["choices"][0]["message"]["content"] == reply
+    # the image's tokens attending causally instead moves these by ~0.01-0.1
+    assert first_logprobs(body) == pytest.approx(first, abs=2e-4)
+    _idle(served)
+
+
+def test_models_say_vision(server: Any) -> None:
+    cards = httpx.get(server.url + "/v1/models", timeout=10).json()["data"]
+    assert [c["vision"] for c in cards] == [True]
+    assert server.engine.executor.describe().endswith(", text + images")
+    assert server.engine.executor.attention.name == "torch"
+
+
+def test_a_typed_image_tag_is_refused(server: Any) -> None:
+    r = ask(server, content("<start_of_image> and this?", [png(1)]))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_image_placement"
+    _idle(server)
+
+
+def test_the_image_matters(server: Any) -> None:
+    """The same image again gives the same numbers, another one of the same size others."""
+    text = "Describe it, please, in one or two short sentences."
+    first = first_logprobs(ask_logprobs(server, content(text, [png(10)])).json())
+    again = first_logprobs(ask_logprobs(server, content(text, [png(10)])).json())
+    other = first_logprobs(ask_logprobs(server, content(text, [png(11)])).json())
+    assert again == pytest.approx(first, abs=1e-5)
+    assert max(abs(a - b) for a, b in zip(other, first)) > 1e-2
+    _idle(server)
