@@ -119,6 +119,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     serve.add_argument("--draft-model", metavar="PATH",
                        help="speculative draft: the small model that drafts (a .gguf file or "
                             "a safetensors folder) with the model's tokenizer")
+    serve.add_argument("--mmproj", metavar="PATH",
+                       help="a GGUF vision model's projector file (llama.cpp's mmproj-*.gguf; "
+                            "default: the one beside the model file)")
     serve.add_argument("--max-running", type=int, metavar="N",
                        help="requests decoding at once: the engine's slots (default 32)")
     serve.add_argument("--kv-tokens", type=int, metavar="N",
@@ -165,7 +168,8 @@ def passthrough(command: str, argv: list[str]) -> int:
 def serve_flags(args: argparse.Namespace) -> dict[str, object]:
     flags: dict[str, object] = {name: getattr(args, name) for name in
                                 ("host", "port", "dtype", "quantize", "device", "policy",
-                                 "admission", "speculative", "draft_model", "max_running",
+                                 "admission", "speculative", "draft_model", "mmproj",
+                                 "max_running",
                                  "kv_tokens", "kv_dtype",
                                  "max_prefill_tokens", "open", "upstreams", "allowed_hosts",
                                  "max_loaded", "max_memory", "keep_alive",

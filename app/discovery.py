@@ -35,10 +35,12 @@ class FoundModel:
     path: Path
     size: int
     store: str  # "model folder", "ollama", "lm studio", "hugging face cache"
+    projector: Path | None = None  # an Ollama vision model's projector blob
 
     @property
     def ref(self) -> ModelRef:
-        return ModelRef("gguf" if self.path.is_file() else "folder", self.name, self.path)
+        return ModelRef("gguf" if self.path.is_file() else "folder", self.name, self.path,
+                        self.projector)
 
 
 def served_name(model: StoredModel) -> str:
@@ -98,7 +100,7 @@ def found_models(folders: Iterable[str], taken: Iterable[ModelRef],
             continue
         names.add(name)
         paths.add(path)
-        found.append(FoundModel(name, model.path, model.size, model.store))
+        found.append(FoundModel(name, model.path, model.size, model.store, model.projector))
     return found
 
 

@@ -7,7 +7,8 @@ Ollama's layout (`OLLAMA_MODELS`, else ~/.ollama/models): manifests/<registry>/<
 `application/vnd.ollama.image.model` names the GGUF by digest; the blob is blobs/sha256-<hex>
 (older versions: sha256:<hex>). `gemma3:270m` means registry.ollama.ai/library/gemma3/270m;
 `user/model:tag` a user namespace, `host/ns/model:tag` another registry; the tag defaults to
-`latest`.
+`latest`. A vision model's manifest also has a layer of media type
+`application/vnd.ollama.image.projector`: its projector file (llama.cpp's mmproj), a blob too.
 
 A store's file is served only when it lies inside the store: an Ollama layer's digest must be
 `sha256:<64 lowercase hex>` (never a path), and every file, symlinks resolved, must lie under
@@ -27,6 +28,7 @@ from pathlib import Path
 OLLAMA_PREFIX = "ollama:"
 OLLAMA_REGISTRY = "registry.ollama.ai"
 MODEL_LAYER = "application/vnd.ollama.image.model"
+PROJECTOR_LAYER = "application/vnd.ollama.image.projector"  # a vision model's (llama.cpp's)
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 
@@ -40,6 +42,7 @@ class StoredModel:
     path: Path  # the GGUF file (an Ollama blob), or a model folder
     size: int
     store: str  # "ollama", "lm studio", "hugging face cache"
+    projector: Path | None = None  # an Ollama vision model's projector blob
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,16 +98,20 @@ def _blob(models: Path, digest: str) -> Path:
     raise StoreError(f"Ollama's blob {digest} is missing from {blobs}")
 
 
-def _model_blob(models: Path, manifest: Path) -> Path:
+def _model_blob(models: Path, manifest: Path) -> tuple[Path, Path | None]:
+    """The manifest's model blob, and its projector blob (a vision model's) or None."""
     try:
         layers = json.loads(manifest.read_text(encoding="utf-8")).get("layers", [])
         digest = next(layer["digest"] for layer in layers
                       if layer.get("mediaType") == MODEL_LAYER)
+        projector = next((layer["digest"] for layer in layers
+                          if layer.get("mediaType") == PROJECTOR_LAYER), None)
     except (OSError, ValueError, AttributeError, KeyError, TypeError, StopIteration):
         raise StoreError(f"{manifest} is not an Ollama manifest with a model layer") from None
-    if not isinstance(digest, str):
-        raise StoreError(f"the manifest's model layer digest {digest!r} is not a string")
-    return _blob(models, digest)
+    for kind, value in (("model", digest), ("projector", projector)):
+        if value is not None and not isinstance(value, str):
+            raise StoreError(f"the manifest's {kind} layer digest {value!r} is not a string")
+    return _blob(models, digest), None if projector is None else _blob(models, projector)
 
 
 def resolve_ollama(name: str, env: Mapping[str, str] | None = None) -> StoredModel:
@@ -117,8 +124,8 @@ def resolve_ollama(name: str, env: Mapping[str, str] | None = None) -> StoredMod
         known = ", ".join(m.name for m in ollama_models(env)) or "none"
         raise StoreError(f"Ollama has no model {full} in {models} (found: {known}); "
                          f"`ollama pull {full}` fetches it")
-    blob = _model_blob(models, manifest)
-    return StoredModel(OLLAMA_PREFIX + full, blob, blob.stat().st_size, "ollama")
+    blob, projector = _model_blob(models, manifest)
+    return StoredModel(OLLAMA_PREFIX + full, blob, blob.stat().st_size, "ollama", projector)
 
 
 def _ollama(env: Mapping[str, str] | None) -> Iterator[StoredModel | RefusedModel]:
@@ -136,11 +143,11 @@ def _ollama(env: Mapping[str, str] | None) -> Iterator[StoredModel | RefusedMode
             repo = "/".join(parts[:-1])
         name = f"{OLLAMA_PREFIX}{repo}:{parts[-1]}"
         try:
-            blob = _model_blob(models, manifest)
+            blob, projector = _model_blob(models, manifest)
         except StoreError as exc:  # a half-pulled model, or one naming a file outside
             yield RefusedModel(name, manifest, str(exc), "ollama")
             continue
-        yield StoredModel(name, blob, blob.stat().st_size, "ollama")
+        yield StoredModel(name, blob, blob.stat().st_size, "ollama", projector)
 
 
 def ollama_models(env: Mapping[str, str] | None = None) -> list[StoredModel]:

@@ -29,6 +29,9 @@ class ModelRef:
     kind: ModelKind
     name: str  # shown in the banner, /v1/models and the cache folder name
     path: Path | None  # folder or .gguf file; None for an HF id not yet downloaded
+    # a GGUF vision model's projector file (llama.cpp's mmproj; Ollama's projector layer);
+    # None: the one beside the file, if any
+    projector: Path | None = None
 
 
 def default_gguf() -> Path | None:
@@ -76,7 +79,8 @@ def resolve_model(spec: str) -> ModelRef:
             stored = resolve_ollama(spec)
         except StoreError as exc:
             raise ModelError(str(exc)) from None
-        return ModelRef("gguf", stored.name.removeprefix(OLLAMA_PREFIX), stored.path)
+        return ModelRef("gguf", stored.name.removeprefix(OLLAMA_PREFIX), stored.path,
+                        stored.projector)
     path = Path(spec).expanduser()
     looks_like_path = (spec.startswith(("/", ".", "~", "\\")) or spec.endswith(".gguf")
                        or path.drive != "" or not HF_ID_RE.match(spec))

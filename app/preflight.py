@@ -1,9 +1,11 @@
 """Checks `ferry serve` runs before loading anything heavy, so mistakes fail fast and clearly."""
 from __future__ import annotations
 
+import dataclasses
 import errno
 import socket
 import sys
+from pathlib import Path
 
 from app.commands.users import users_exist
 from app.models import ModelError, ModelRef, resolve_model
@@ -44,12 +46,30 @@ def port_problem(host: str, port: int) -> str | None:
 def served_models(settings: Settings) -> list[ModelRef]:
     """Every model to serve, resolved (the default first); raises ModelError."""
     refs = [resolve_model(spec) for spec in settings.served_models]
+    if settings.mmproj:
+        refs[0] = with_projector(refs[0], settings.mmproj)
     names = [r.name for r in refs]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ModelError(f"two models would both be served as {', '.join(twice)}: name "
                          "each once")
     return refs
+
+
+def with_projector(ref: ModelRef, mmproj: str) -> ModelRef:
+    """`ref` with the projector file `mmproj` (a GGUF model's; checked to be one Ferry reads,
+    its pairing with the model is checked when the model loads)."""
+    from engine.execution.loading.projector_gguf import projector_type
+
+    path = Path(mmproj).expanduser()
+    if ref.kind not in ("gguf", "default") or ref.path is None or not ref.path.is_file():
+        raise ModelError(f"mmproj {path} pairs with a .gguf model, not {ref.name}")
+    if not path.is_file():
+        raise ModelError(f"mmproj: no projector file at {path}")
+    if not projector_type(path):
+        raise ModelError(f"mmproj: {path} is not a projector file (a GGUF with architecture "
+                         "'clip', as llama.cpp's convert_hf_to_gguf.py --mmproj writes it)")
+    return dataclasses.replace(ref, projector=path.resolve())
 
 
 def draft_model(settings: Settings) -> ModelRef:

@@ -102,10 +102,12 @@ class Assembly:
     engine: Engine
 
 
-def load_model(spec: str | Path | None, config: EngineConfig,
-               how: LoadOptions) -> tuple[ModelExecutor | EncoderExecutor, EngineConfig]:
-    """The model loaded (a BERT-family folder: an embedding model's encoder), and `config`
-    with its context held to what the model takes."""
+def load_model(spec: str | Path | None, config: EngineConfig, how: LoadOptions,
+               projector: Path | None = None
+               ) -> tuple[ModelExecutor | EncoderExecutor, EngineConfig]:
+    """The model loaded (a BERT-family folder: an embedding model's encoder; a GGUF vision
+    model with `projector`, or the projector file beside it), and `config` with its context
+    held to what the model takes."""
     from engine import EncoderExecutor, ModelExecutor, is_embedding_model
 
     executor: ModelExecutor | EncoderExecutor
@@ -117,7 +119,8 @@ def load_model(spec: str | Path | None, config: EngineConfig,
         executor = ModelExecutor.from_pretrained(spec, config, dtype=how.dtype,
                                                  device=how.device, cache_dir=how.cache_dir,
                                                  progress=how.progress, quantize=how.quantize,
-                                                 tokenizer_cache=how.tokenizer_cache)
+                                                 tokenizer_cache=how.tokenizer_cache,
+                                                 projector=projector)
     return executor, dataclasses.replace(config, max_context=min(config.max_context,
                                                                  executor.max_context))
 
@@ -165,7 +168,7 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
     set_kernel_build_dir(paths.kernels_cache)
     how = LoadOptions(settings.dtype, device, paths.models_cache, progress, settings.quantize,
                       paths.tokenizer_cache)
-    executor, config = load_model(spec, engine_config(settings), how)
+    executor, config = load_model(spec, engine_config(settings), how, model.projector)
     draft_ref = None
     # refused (DraftModelError) when it cannot draft; an encoder has nothing to draft for
     if settings.speculative == "draft" and not is_encoder(executor):
@@ -219,7 +222,7 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
     def load() -> LoadedModel:
         how = LoadOptions(settings.dtype, device, paths.models_cache, False, settings.quantize,
                           paths.tokenizer_cache)
-        executor, clipped = load_model(spec, config, how)
+        executor, clipped = load_model(spec, config, how, model.projector)
         # what a budget counts: every weight read and KV page written (an encoder: its weights)
         size = executor.footprint(in_use=True).total if isinstance(executor, ModelExecutor) \
             else executor.memory_bytes()
@@ -239,14 +242,15 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
 
         quant = None if settings.quantize == "none" else settings.quantize
         try:
-            details["runs"] = describe_model_file(model.path, settings.dtype, device, quant)
+            details["runs"] = describe_model_file(model.path, settings.dtype, device, quant,
+                                                  model.projector)
         except Exception as exc:  # a file Ferry cannot run: listed with the reason
             details["runs"] = f"cannot run: {exc}"
     vision = None
     if model.path is not None:  # a vision model takes images before it loads
         from engine import model_vision
 
-        vision = model_vision(model.path)
+        vision = model_vision(model.path, model.projector)
     return ModelSource(model.name, open_tokenizer, load, size, details, vision)
 
 

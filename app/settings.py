@@ -88,6 +88,8 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     model: str = "default"  # "default" | folder | HF id | .gguf file
+    # a GGUF vision model's projector file (llama.cpp's mmproj); "": the one beside the model
+    mmproj: str = ""
     # several models in one process (first = the chat's default); when set, `model` is unused
     models: list[str] = field(default_factory=list)
     max_loaded: int = 0  # models loaded at once; 0: from the machine's memory
@@ -191,6 +193,9 @@ class Settings:
             if value not in choices:
                 raise SettingsError(
                     name, f"{name} must be one of {', '.join(choices)}, got {value!r}")
+        if self.mmproj and len(self.served_models) > 1:
+            raise SettingsError("mmproj", "mmproj pairs a projector with one model: with "
+                                          "several, keep each one's mmproj*.gguf beside it")
         if self.speculative == "draft" and not self.draft_model.strip():
             raise SettingsError("draft_model", "speculative 'draft' needs a draft model: set "
                                                "draft_model (--draft-model PATH: a GGUF file "

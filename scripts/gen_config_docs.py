@@ -32,6 +32,8 @@ HELP: dict[str, str] = {
     "port": "TCP port.",
     "model": "The model: `default` (the embedded SmolLM2-135M-Instruct), a Hugging Face "
              "folder, a `.gguf` file, `ollama:NAME[:TAG]`, or a hub id (downloaded only then).",
+    "mmproj": "A GGUF vision model's projector file (llama.cpp's `mmproj-*.gguf`); empty "
+              "takes the one beside the model file. See [vision](vision.md).",
     "models": "Several models in one process, the first the chat's default (`--model` "
               "repeated; `FERRY_MODELS` comma separated). See [models](models.md).",
     "max_loaded": "Several models: how many may be loaded at once; 0 picks one per 4 GB of "

@@ -55,7 +55,7 @@ def describe(settings: Settings, paths: Paths) -> list[str]:
     for model in stored:
         lines.append(f"  {model.name:<40} {human_size(model.size):>10}  {model.store}"
                      + (f"  {model.path}" if model.name != str(model.path) else ""))
-        lines.append(f"      {runs(model.path)}")
+        lines.append(f"      {runs(model.path, model.projector)}")
     refused = refused_models()
     if refused:
         lines.append("Refused (never served)")
@@ -75,14 +75,19 @@ def describe(settings: Settings, paths: Paths) -> list[str]:
     return lines
 
 
-def runs(path: Path) -> str:
-    """Whether Ferry runs this file or folder: its architecture, or why not."""
-    from engine import ModelNotFound, model_architecture
+def runs(path: Path, projector: Path | None = None) -> str:
+    """Whether Ferry runs this file or folder: its architecture (and, for a vision model,
+    that it takes images, with a GGUF's projector file), or why not."""
+    from engine import ModelNotFound, model_architecture, model_vision, projector_beside
 
     try:
-        return f"runs: {model_architecture(path)}"
+        line = f"runs: {model_architecture(path)}"
     except (ModelNotFound, ValueError, KeyError, OSError) as exc:
         return f"cannot run: {exc}"
+    paired = projector or (projector_beside(path) if path.is_file() else None)
+    if model_vision(path, paired) is not None:
+        line += ", text + images" + (f" (projector {paired})" if paired else "")
+    return line
 
 
 def main(settings: Settings, paths: Paths) -> int:

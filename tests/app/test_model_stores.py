@@ -64,6 +64,28 @@ def test_ollama_name_resolves_to_the_blob_in_place(store: Path) -> None:
     assert (ref.kind, ref.name, ref.path) == ("gguf", "gemma3:270m", blob)
 
 
+def test_an_ollama_vision_model_brings_its_projector_layer(store: Path) -> None:
+    """A vision model's manifest has a projector layer (a blob too): it goes with the model
+    to the loader (--model and the picker alike); a projector naming a missing blob is a
+    refused pull."""
+    blob = add_ollama(store, "registry.ollama.ai/library/gemma3", "4b", GGUF_BYTES + b"m")
+    projector = GGUF_BYTES + b"projector"
+    digest = hashlib.sha256(projector).hexdigest()
+    (store / "blobs" / f"sha256-{digest}").write_bytes(projector)
+    manifest = store / "manifests" / "registry.ollama.ai/library/gemma3/4b"
+    fields = json.loads(manifest.read_text())
+    fields["layers"].append({"mediaType": "application/vnd.ollama.image.projector",
+                             "digest": f"sha256:{digest}", "size": len(projector)})
+    manifest.write_text(json.dumps(fields))
+    got = resolve_ollama("gemma3:4b")
+    assert (got.path, got.projector) == (blob, store / "blobs" / f"sha256-{digest}")
+    assert resolve_model("ollama:gemma3:4b").projector == got.projector
+    assert [m.projector for m in ollama_models()] == [got.projector]
+    (store / "blobs" / f"sha256-{digest}").unlink()
+    with pytest.raises(StoreError, match="missing"):
+        resolve_ollama("gemma3:4b")
+
+
 def test_tag_defaults_to_latest_and_namespaces(store: Path) -> None:
     latest = add_ollama(store, "registry.ollama.ai/library/qwen3", "latest", GGUF_BYTES + b"b")
     user = add_ollama(store, "registry.ollama.ai/alice/tiny", "q4", GGUF_BYTES + b"c",

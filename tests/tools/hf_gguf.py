@@ -118,9 +118,12 @@ def _experts(w: gguf.GGUFWriter, key: str, value: torch.Tensor, qtype: T,
 
 
 def write_gguf(path: Path, hf: torch.nn.Module, qtype: T = T.F32,
-               types: dict[str, T] | None = None) -> dict[str, torch.Tensor]:
+               types: dict[str, T] | None = None,
+               tokens: list[str] | None = None) -> dict[str, torch.Tensor]:
     """`hf`'s weights as a GGUF: each matrix in types[GGUF short name] or `qtype`, vectors
-    F32. Returns what the file holds as an HF state dict (the reference's weights)."""
+    F32; `tokens`: a vocabulary's spellings (tokenizer.ggml.tokens, named a byte-level BPE's;
+    no merges: enough to look tokens up). Returns what the file holds as an HF state dict
+    (the reference's weights)."""
     cfg = hf.config
     arch, model_arch = ARCHS[cfg.model_type]
     names = gguf.get_tensor_name_map(model_arch, cfg.num_hidden_layers)
@@ -130,6 +133,9 @@ def write_gguf(path: Path, hf: torch.nn.Module, qtype: T = T.F32,
     gemma = arch == "gemma3"
     w = gguf.GGUFWriter(str(path), arch)
     _metadata(w, arch, cfg)
+    if tokens is not None:
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list(tokens)
     rng = np.random.default_rng(0)
     held: dict[str, torch.Tensor] = {}
     for key, value in hf.state_dict().items():

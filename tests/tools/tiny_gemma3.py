@@ -1,13 +1,14 @@
 """A seeded random tiny Gemma 3 with images (SigLIP tower, average-pooled projector, Gemma 3
-text model with a sliding and a global layer) built by transformers offline, saved as a
-Hugging Face folder with SmolLM2's tokenizer plus Gemma 3's image tags, a Gemma-shaped chat
-template and a Gemma 3 image processor; and transformers' own greedy reply for a prompt
-with images (Gemma3Processor's prompt text, its pixel values, its bidirectional mask over
-each image's tokens), the reference the vision tests hold Ferry to."""
+text model: five sliding layers, then a global one, the pattern llama.cpp assumes) built by
+transformers offline, saved as a Hugging Face folder with SmolLM2's tokenizer plus Gemma 3's
+image tags, a Gemma-shaped chat template and a Gemma 3 image processor; and transformers' own
+greedy reply for a prompt with images (Gemma3Processor's prompt text, its pixel values, its
+bidirectional mask over each image's tokens), the reference the vision tests hold Ferry to."""
 from __future__ import annotations
 
 import copy
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,8 @@ def build(folder: Path, tokenizer: Any) -> Any:
     from tests.tools.random_hf import random_hf
 
     text = Gemma3TextConfig(vocab_size=49160, hidden_size=64, intermediate_size=128,
-                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
                             head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW,
-                            layer_types=["sliding_attention", "full_attention"],
                             max_position_embeddings=1024, initializer_range=0.2)
     vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                 num_attention_heads=4, image_size=64, patch_size=8,
@@ -66,6 +66,10 @@ def build(folder: Path, tokenizer: Any) -> Any:
     hf_tok.chat_template = TEMPLATE
     hf_tok.save_pretrained(folder)
     Gemma3ImageProcessorPil(size={"height": 64, "width": 64}).save_pretrained(folder)
+    # as Gemma 3's own preprocessor_config.json says it (llama.cpp's converter reads it)
+    file = folder / "preprocessor_config.json"
+    file.write_text(json.dumps({**json.loads(file.read_text()),
+                                "image_seq_length": TOKENS_PER_IMAGE}))
     return model
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from engine.execution.errors import ModelFileError
+from engine.execution.loading.projector_gguf import ProjectorFile
 from engine.execution.model import registry
 from engine.execution.model.config import GGUFMeta, ModelConfig
 from engine.execution.model.decoder import CausalLM
@@ -117,6 +118,7 @@ class GGUFTensor:
     offset: int  # absolute file offset of the data
     nbytes: int
     permute_heads: int = 0  # >0: rows are in llama.cpp's rotary order over this many heads
+    projector: bool = False  # from the projector file (offset -1): always read as floats
 
     def hf_rows(self) -> torch.Tensor | None:
         """Row order that turns this tensor's rows into Hugging Face's (None: as stored)."""
@@ -128,9 +130,11 @@ class GGUFTensor:
 
 
 class GGUFFile:
-    """An opened GGUF: `config`, `tensors` (HF key -> GGUFTensor), `rope_factors`, `eos_ids`."""
+    """An opened GGUF: `config`, `tensors` (HF key -> GGUFTensor), `rope_factors`, `eos_ids`.
+    With `projector` (a vision model's projector file, projector_gguf): the text model's
+    file and its image side as one vision model."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, projector: str | Path | None = None) -> None:
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelFileError(f"no GGUF file at {self.path}")
@@ -141,17 +145,57 @@ class GGUFFile:
         if arch is None:
             raise ModelFileError(f"{self.path}: architecture {self.arch!r} is not one Ferry "
                                  f"runs (supported: {', '.join(registry.GGUF_ARCHS)})")
+        self.text_architecture: type[CausalLM] = arch  # names the text model's tensors
         self.architecture: type[CausalLM] = arch
         by_name = {t.name: t for t in self.reader.tensors}
         shapes = {n: tuple(int(d) for d in reversed(t.shape.tolist())) for n, t in by_name.items()}
         self.config: ModelConfig = arch.config_from_gguf(GGUFMeta(
             str(self.path), self.arch, self.meta, shapes,
             lambda name: np.array(by_name[name].data, dtype=np.float32).ravel().tolist()))
+        self.projector: ProjectorFile | None = None
+        if projector is not None:
+            self._with_projector(ProjectorFile(projector))
         self.tensors: dict[str, GGUFTensor] = {}
         self.rope_factors: torch.Tensor | None = None
         self._map_tensors(by_name)
         eos = self.meta.get("tokenizer.ggml.eos_token_id")
         self.eos_ids: frozenset[int] = frozenset([int(eos)] if eos is not None else [])
+
+    def _with_projector(self, projector: ProjectorFile) -> None:
+        """The vision family whose projector this is, over this text model."""
+        family = registry.for_projector(projector.kind)
+        if family is None:
+            raise ModelFileError(f"{projector.path}: projector type {projector.kind!r} is not "
+                                 "one Ferry runs (supported: "
+                                 f"{', '.join(registry.PROJECTOR_TYPES)})")
+        if self.arch not in family.projector_text_archs:
+            raise ModelFileError(f"{projector.path}: a {projector.kind!r} projector goes with "
+                                 f"a {' or '.join(family.projector_text_archs)} model, not "
+                                 f"{self.path.name} ({self.arch})")
+        width = int(projector.get("projection_dim", self.config.hidden_size))
+        if width != self.config.hidden_size:
+            raise ModelFileError(f"{projector.path}: the projector gives {width}-wide rows, "
+                                 f"{self.path.name} takes {self.config.hidden_size}")
+        self.projector, self.architecture = projector, family
+        self.config = family.config_from_projector(self.config, projector, self.token_id)
+
+    def token_id(self, text: str) -> int | None:
+        """The id of a token of the file's vocabulary spelled `text` (None: no such token)."""
+        field = self.reader.fields.get("tokenizer.ggml.tokens")
+        if field is None:
+            return None
+        # our reader only measured the strings (_open_reader): walk them where they lie,
+        # after the field's key, type, item type and count
+        raw = memoryview(self.reader.data)
+        offs = int(field.offset) + sum(int(p.nbytes) for p in field.parts)
+        want = text.encode()
+        for i in range(int(field.parts[-1][0])):
+            length = int.from_bytes(raw[offs:offs + 8], "little")
+            offs += 8
+            if length == len(want) and raw[offs:offs + length] == want:
+                return i
+            offs += length
+        return None
 
     def skeleton(self) -> CausalLM:
         """The architecture's model for this config, on the meta device (no storage)."""
@@ -162,7 +206,8 @@ class GGUFFile:
 
         expected = self.skeleton().checkpoint_shapes()
         c = self.config
-        names = _Names(self.architecture)
+        names = _Names(self.text_architecture)
+        permute = self.text_architecture.gguf_permute_qk
         for name, t in by_name.items():
             if name == "rope_freqs.weight":
                 self.rope_factors = torch.from_numpy(np.array(t.data, dtype=np.float32))
@@ -189,17 +234,36 @@ class GGUFFile:
                 raise ModelFileError(f"{self.path}: vector {name} is stored as "
                                      f"{t.tensor_type.name}, expected a float type")
             heads = 0
-            if self.architecture.gguf_permute_qk and ".q_proj." in key:
+            if permute and ".q_proj." in key:
                 heads = c.num_heads
-            elif self.architecture.gguf_permute_qk and ".k_proj." in key:
+            elif permute and ".k_proj." in key:
                 heads = c.num_kv_heads
             self.tensors[key] = GGUFTensor(name, key, qtype, shape, t.data, int(t.data_offset),
                                            int(t.n_bytes), heads)
+        if self.projector is not None:
+            self._map_projector(self.projector, expected)
         missing = [k for k in expected if k not in self.tensors]
         if missing:
             shown = [names.gguf_name(k) for k in missing[:3]]
             raise ModelFileError(f"{self.path}: {len(missing)} tensors are missing, "
                                  f"e.g. {', '.join(shown)}")
+
+    def _map_projector(self, projector: ProjectorFile,
+                       expected: dict[str, tuple[int, ...]]) -> None:
+        """The projector file's tensors under the vision family's keys (read as floats:
+        the tower runs float, whatever the file stores)."""
+        family = self.architecture
+        assert self.config.vision is not None
+        keyed = projector.keyed(family.projector_tower, dict(family.projector_names),
+                                self.config.vision.tower.hidden_size)
+        for key, t in keyed.items():
+            want = expected.get(key)
+            if want is None or t.shape != want:
+                raise ModelFileError(f"{projector.path}: tensor {t.name} has shape "
+                                     f"{list(t.shape)}, but the metadata implies "
+                                     f"{list(want or ())}")
+            self.tensors[key] = GGUFTensor(t.name, key, t.qtype, t.shape, t.data, -1,
+                                           int(t.data.nbytes), projector=True)
 
     def _split_experts(self, t: Any, key: str, expected: dict[str, tuple[int, ...]]) -> None:
         """A 3-D tensor of all experts [experts, out, in] as one 2-D view per expert, under

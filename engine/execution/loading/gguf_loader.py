@@ -127,6 +127,8 @@ class GGUFSource:
         file = self.file
         parts = [file.tensors[k] for k in keys]
         kinds = {p.qtype for p in parts}
+        if any(p.projector for p in parts):  # the image tower runs on floats
+            return torch.cat([_dequantized(p) for p in parts]).to(device=device, dtype=dtype)
         if self.device_blocks:
             return self._device_matrix(parts, dtype, device)
         if not self.quantized or kinds == {F32}:  # float32 matrices stay float
@@ -154,8 +156,9 @@ class GGUFSource:
 
     def vector(self, keys: list[str], dtype: torch.dtype,
                device: torch.device | str) -> torch.Tensor:
-        return torch.cat([_float(self.file, self.file.tensors[k]) for k in keys]).to(
-            device=device, dtype=dtype)
+        parts = [self.file.tensors[k] for k in keys]
+        return torch.cat([_dequantized(p) if p.projector else _float(self.file, p)
+                          for p in parts]).to(device=device, dtype=dtype)
 
 
 def _load(file: GGUFFile, quantized: bool, dtype: torch.dtype, device: torch.device | str,

@@ -177,12 +177,23 @@ def with_processor(config: ModelConfig, folder: Path) -> ModelConfig:
                                                                   processor=processor))
 
 
-def vision_of(path: str | Path) -> Any:
+def vision_of(path: str | Path, projector: str | Path | None = None) -> Any:
     """The image side of the model at `path` (engine.execution.model.vision.VisionConfig),
-    read from its files without loading it; None for a text model (or a GGUF: GGUF vision
-    models are not read yet)."""
+    read from its files without loading it (a GGUF: with `projector`, or the projector file
+    beside it); None for a text model."""
     path = Path(path)
-    if is_gguf(path) or not (path / "config.json").is_file():
+    if is_gguf(path):
+        from engine.execution.loading.gguf_file import GGUFFile
+        from engine.execution.loading.projector_gguf import projector_beside
+
+        paired = projector if projector is not None else projector_beside(path)
+        if paired is None:
+            return None
+        try:
+            return GGUFFile(path, paired).config.vision
+        except (UnsupportedModel, ModelFileError, ValueError, OSError):
+            return None  # it is told why when it loads
+    if not (path / "config.json").is_file():
         return None
     try:
         cfg = read_config(path)
@@ -194,8 +205,9 @@ def vision_of(path: str | Path) -> Any:
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu",
-               quantize: str | None = None) -> CausalLM:
-    """Build our model from a HF folder or a GGUF file.
+               quantize: str | None = None, projector: str | Path | None = None) -> CausalLM:
+    """Build our model from a HF folder or a GGUF file (with `projector`: llama.cpp's
+    projector file of a vision model, loading.projector_gguf).
 
     quantize None: float weights in `dtype` (a GGUF dequantised in memory: the reference
     path); GGUF: a GGUF's own blocks (CPU, float32 activations); GGUF_DEVICE: a GGUF's own
@@ -211,7 +223,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
             load_quantized,
         )
 
-        file = GGUFFile(path)
+        file = GGUFFile(path, projector)
         if quantize == GGUF:
             return load_quantized(file)
         if quantize == GGUF_DEVICE:
@@ -228,6 +240,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
         return load_dequantized(file, dtype, device)
     if quantize in (GGUF, GGUF_DEVICE):
         raise ValueError(f"{path} is not a GGUF file")
+    if projector is not None:
+        raise ValueError(f"{path} is not a GGUF file: a projector file goes with a GGUF")
     model = _load_folder(path, torch.float32 if quantize else dtype, device)
     if quantize is not None:
         quantize_model(model, QUANTIZE[quantize])

@@ -13,7 +13,7 @@ layers from the shared ones (`make_layer`; the pre-norm DecoderLayer below by de
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -33,6 +33,7 @@ from engine.execution.model.layers import (
 )
 
 if TYPE_CHECKING:
+    from engine.execution.loading.projector_gguf import ProjectorFile
     from engine.execution.model.config import GGUFMeta
     from engine.execution.model.fused_decode import DecodeLayerSpec, FusedDecode
 
@@ -107,6 +108,13 @@ class CausalLM(nn.Module):
     gguf_expert_names: ClassVar[Mapping[str, str]] = {}
     # GGUF tensors that config_from_gguf reads (GGUFMeta.floats), not weights
     gguf_config_tensors: ClassVar[tuple[str, ...]] = ()
+    # a vision family read from a text GGUF and llama.cpp's projector file
+    # (loading.projector_gguf): its clip.projector_type, the text architectures it goes
+    # over, its tower's module name, and the projector's GGUF tensor names -> keys
+    projector_type: ClassVar[str] = ""
+    projector_text_archs: ClassVar[tuple[str, ...]] = ()
+    projector_tower: ClassVar[str] = "vision_tower"
+    projector_names: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:
@@ -136,6 +144,13 @@ class CausalLM(nn.Module):
 
     @classmethod
     def config_from_gguf(cls, meta: GGUFMeta) -> ModelConfig:
+        raise NotImplementedError
+
+    @classmethod
+    def config_from_projector(cls, text: ModelConfig, projector: ProjectorFile,
+                              token_id: Callable[[str], int | None]) -> ModelConfig:
+        """A vision family's config: the text GGUF's `text`, with the image side the
+        projector file describes; `token_id` looks up the text file's vocabulary."""
         raise NotImplementedError
 
     def make_layer(self, cfg: ModelConfig, layer: int, dtype: torch.dtype,

@@ -14,11 +14,18 @@ DEVICE_KERNELS = "Triton block kernels on the GPU"  # engine.kernels.gpu_quant
 IMAGES = ", text + images"  # a vision model (docs/vision.md)
 
 
-def describe_weights(model: CausalLM, source: str = "") -> str:
+def images_said(projector: str | Path | None) -> str:
+    """How a vision model's line ends: ", text + images", naming the projector file a GGUF
+    takes its image side from."""
+    return IMAGES if projector is None else f"{IMAGES} (projector {Path(projector).name})"
+
+
+def describe_weights(model: CausalLM, source: str = "",
+                     projector: str | Path | None = None) -> str:
     """e.g. "llama: GGUF Q4_1 + Q8_0 head, native AVX2 kernels, 98 MB" (quantized) or
     "llama: GGUF dequantised to float32, 538 MB" (float). Sizes are of the weights held. A
-    vision model's line ends ", text + images"."""
-    images = IMAGES if model.takes_images else ""
+    vision model's line ends ", text + images" (and its `projector` file's name)."""
+    images = images_said(projector) if model.takes_images else ""
     return f"{model.config.model_type}: {_weights(model, source)}{images}"
 
 
@@ -43,18 +50,27 @@ def _weights(model: CausalLM, source: str) -> str:
 
 
 def describe_file(path: str | Path, dtype: str = "auto", device: str = "cpu",
-                  quantize: str | None = None) -> str:
+                  quantize: str | None = None, projector: str | Path | None = None) -> str:
     """The same line for a model not loaded yet (`ferry doctor`): a GGUF's tensor table is
-    read (memory-mapped, no weights touched); a folder is described by its settings."""
+    read (memory-mapped, no weights touched); a folder is described by its settings. A
+    GGUF's projector file is `projector`, or the one beside it."""
     from engine.execution.loading.loader import vision_of
+    from engine.execution.loading.projector_gguf import projector_beside
     from engine.execution.model import registry
 
     path = Path(path)
     arch = model_architecture(path)
     if registry.is_embedding_model(path):  # the encoder executor's, in floats
         return f"{arch}: embedding model, {'GGUF' if is_gguf(path) else 'safetensors'}"
-    images = IMAGES if vision_of(path) is not None else ""
-    return f"{arch}: {_file(path, dtype, device, quantize)}{images}"
+    paired = projector if projector is not None or not is_gguf(path) \
+        else projector_beside(path)
+    if vision_of(path, paired) is None:
+        return f"{arch}: {_file(path, dtype, device, quantize)}"
+    if paired is not None:  # the vision family over the file's text model
+        from engine.execution.loading.gguf_file import GGUFFile
+
+        arch = GGUFFile(path, paired).config.model_type
+    return f"{arch}: {_file(path, dtype, device, quantize)}{images_said(paired)}"
 
 
 def model_architecture(path: str | Path) -> str:

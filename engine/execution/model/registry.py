@@ -34,6 +34,10 @@ ARCHITECTURES: tuple[type[CausalLM], ...] = (
 
 HF_TYPES: dict[str, type[CausalLM]] = {t: a for a in ARCHITECTURES for t in a.hf_model_types}
 GGUF_ARCHS: dict[str, type[CausalLM]] = {t: a for a in ARCHITECTURES for t in a.gguf_archs}
+# llama.cpp projector files' clip.projector_type -> the vision family over a text GGUF
+PROJECTORS: dict[str, type[CausalLM]] = {a.projector_type: a for a in ARCHITECTURES
+                                         if a.projector_type}
+PROJECTOR_TYPES = tuple(PROJECTORS)
 SUPPORTED = tuple(HF_TYPES)  # config.json model_type values Ferry runs
 # encoders (embedding models, run by engine.execution.encoder): model_type -> family module
 ENCODERS: dict[str, ModuleType] = {t: bert for t in bert.HF_MODEL_TYPES}
@@ -107,6 +111,10 @@ def for_hf(cfg: Mapping[str, Any]) -> type[CausalLM]:
 
 def for_gguf(arch: str) -> type[CausalLM] | None:
     return GGUF_ARCHS.get(arch)
+
+
+def for_projector(kind: str) -> type[CausalLM] | None:
+    return PROJECTORS.get(kind)
 
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:

@@ -9,8 +9,9 @@ always computed within one prefill chunk (engine.vision.placement.chunk_end).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -24,6 +25,9 @@ from engine.execution.model.vision import (
     with_vision,
 )
 from engine.vision import ProcessorConfig
+
+if TYPE_CHECKING:
+    from engine.execution.loading.projector_gguf import ProjectorFile
 
 # checkpoint prefixes (transformers 5 and 4 layouts) -> this model's module names
 RENAMES = (("model.language_model.", "model."), ("language_model.model.", "model."),
@@ -41,6 +45,20 @@ START, END, SOFT = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
 IMAGE_TEXT = f"\n\n{START}{SOFT}{END}\n\n"  # SOFT once: repeated to the image's tokens
 
 
+def _vision(text: ModelConfig, tower: TowerConfig, tokens: int, image_token: int,
+            processor: ProcessorConfig) -> VisionConfig:
+    per_side, side = round(tokens ** 0.5), tower.image_size // tower.patch_size
+    if per_side * per_side != tokens or side % per_side:
+        raise UnsupportedModel(f"{tokens} tokens an image do not pool the tower's "
+                               f"{side} x {side} patches into a square")
+    windows = [layer.window for layer in text.layers if layer.window]
+    if windows and min(windows) < tokens:  # a local layer would see part of an image
+        raise UnsupportedModel(f"a sliding window of {min(windows)} positions is shorter "
+                               f"than an image's {tokens}")
+    return VisionConfig(tower, image_token, tokens, START, processor, image_text=IMAGE_TEXT,
+                        whole_images=True)
+
+
 def processor_for(size: int) -> ProcessorConfig:
     """Gemma3ImageProcessor's steps, where a folder has no preprocessor_config.json: a
     bilinear resize to the tower's square (no crop), rescale, normalize around 0.5."""
@@ -51,6 +69,12 @@ def processor_for(size: int) -> ProcessorConfig:
 class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
     hf_model_types = ("gemma3",)
     gguf_archs: ClassVar[tuple[str, ...]] = ()  # a GGUF "gemma3" is the text model's
+    projector_type = "gemma3"
+    projector_text_archs = ("gemma3",)
+    projector_names: ClassVar[Mapping[str, str]] = {
+        "mm.input_projection.weight": "multi_modal_projector.mm_input_projection_weight",
+        # llama.cpp's converter stores Gemma's 1 + w, the multiplier the norm uses
+        "mm.soft_emb_norm.weight": "multi_modal_projector.mm_soft_emb_norm.weight"}
 
     @classmethod
     def config_from_hf(cls, cfg: Mapping[str, Any]) -> ModelConfig:
@@ -63,20 +87,25 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
             raise UnsupportedModel(f"Gemma 3 with a {vision.get('model_type')!r} tower is not "
                                    "supported (supported: siglip_vision_model)")
         tower = TowerConfig.from_hf(vision, SIGLIP_896)
-        tokens = int(cfg.get("mm_tokens_per_image", 256))
-        per_side, side = round(tokens ** 0.5), tower.image_size // tower.patch_size
-        if per_side * per_side != tokens or side % per_side:
-            raise UnsupportedModel(f"mm_tokens_per_image {tokens} does not pool the tower's "
-                                   f"{side} x {side} patches into a square")
         text_model = Gemma3ForCausalLM.config_from_hf({"model_type": "gemma3_text", **text})
-        windows = [layer.window for layer in text_model.layers if layer.window]
-        if windows and min(windows) < tokens:  # a local layer would see part of an image
-            raise UnsupportedModel(f"a sliding window of {min(windows)} positions is shorter "
-                                   f"than an image's {tokens}")
-        spec = VisionConfig(tower, int(cfg.get("image_token_index", 262144)), tokens, START,
-                            processor_for(tower.image_size), image_text=IMAGE_TEXT,
-                            whole_images=True)
+        spec = _vision(text_model, tower, int(cfg.get("mm_tokens_per_image", 256)),
+                       int(cfg.get("image_token_index", 262144)),
+                       processor_for(tower.image_size))
         return with_vision(text_model, "gemma3", spec, cfg)
+
+    @classmethod
+    def config_from_projector(cls, text: ModelConfig, projector: ProjectorFile,
+                              token_id: Callable[[str], int | None]) -> ModelConfig:
+        tower = projector.tower(SIGLIP_896.hidden_act, False, SIGLIP_896.layer_norm_eps)
+        side = tower.image_size // tower.patch_size
+        scale = int(projector.get("projector.scale_factor", 4))  # written where not 4
+        image = token_id(SOFT)
+        if image is None:
+            raise UnsupportedModel(f"the text model's vocabulary has no {SOFT}")
+        mean, std = projector.mean_std()
+        processor = replace(processor_for(tower.image_size), mean=mean, std=std)
+        spec = _vision(text, tower, (side // max(scale, 1)) ** 2, image, processor)
+        return with_vision(text, "gemma3", spec, {})
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:

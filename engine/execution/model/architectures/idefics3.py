@@ -7,8 +7,8 @@ scale^2 of them (64 for SmolVLM2's 512-pixel tiles, patch 16, scale 4).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -24,6 +24,9 @@ from engine.execution.model.vision import (
 )
 from engine.vision.tiling import TilingConfig
 
+if TYPE_CHECKING:
+    from engine.execution.loading.projector_gguf import ProjectorFile
+
 # checkpoint prefixes (transformers 4 and 5 alike) -> this model's module names
 RENAMES = (("model.text_model.", "model."), ("model.vision_model.", "vision_model."),
            ("model.connector.", "connector."))
@@ -35,8 +38,25 @@ SIGLIP = TowerConfig(hidden_size=1152, intermediate_size=3072, num_heads=16, lay
                      hidden_act="gelu_pytorch_tanh", class_token=False)
 
 
+IMAGE = "<image>"
+
+
+def _vision(tower: TowerConfig, scale: int, image_token: int,
+            tiling: TilingConfig) -> VisionConfig:
+    side = tower.image_size // tower.patch_size
+    if scale < 1 or side % scale:
+        raise UnsupportedModel(f"scale_factor {scale} does not divide the tower's "
+                               f"{side} x {side} patches")
+    return VisionConfig(tower, image_token, (side // scale) ** 2, IMAGE, tiling)
+
+
 class Idefics3ForConditionalGeneration(CausalLM):
     hf_model_types = ("idefics3",)
+    projector_type = "idefics3"
+    projector_text_archs = ("llama",)
+    projector_tower = "vision_model"
+    projector_names: ClassVar[Mapping[str, str]] = {
+        "mm.model.fc.weight": "connector.modality_projection.proj.weight"}
 
     @classmethod
     def config_from_hf(cls, cfg: Mapping[str, Any]) -> ModelConfig:
@@ -46,16 +66,24 @@ class Idefics3ForConditionalGeneration(CausalLM):
                                    "not supported (supported: llama)")
         text.setdefault("model_type", "llama")
         tower = TowerConfig.from_hf(cfg.get("vision_config") or {}, SIGLIP)
-        scale = int(cfg.get("scale_factor", 2))
-        side = tower.image_size // tower.patch_size
-        if side % scale:
-            raise UnsupportedModel(f"scale_factor {scale} does not divide the tower's "
-                                   f"{side} x {side} patches")
-        spec = VisionConfig(tower, int(cfg.get("image_token_id", 128257)),
-                            (side // scale) ** 2, "<image>",
-                            TilingConfig(longest_edge=4 * tower.image_size,
-                                         tile=tower.image_size))
+        spec = _vision(tower, int(cfg.get("scale_factor", 2)),
+                       int(cfg.get("image_token_id", 128257)),
+                       TilingConfig(longest_edge=4 * tower.image_size, tile=tower.image_size))
         return with_vision(LlamaForCausalLM.config_from_hf(text), "idefics3", spec, cfg)
+
+    @classmethod
+    def config_from_projector(cls, text: ModelConfig, projector: ProjectorFile,
+                              token_id: Callable[[str], int | None]) -> ModelConfig:
+        tower = projector.tower(SIGLIP.hidden_act, False, SIGLIP.layer_norm_eps)
+        image = token_id(IMAGE)
+        if image is None:
+            raise UnsupportedModel(f"the text model's vocabulary has no {IMAGE}")
+        mean, std = projector.mean_std()
+        longest = int(projector.get("preproc_image_size", 4 * tower.image_size))
+        spec = _vision(tower, int(projector.get("projector.scale_factor", 2)), image,
+                       TilingConfig(longest_edge=longest, tile=tower.image_size, mean=mean,
+                                    std=std))
+        return with_vision(text, "idefics3", spec, {})
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:

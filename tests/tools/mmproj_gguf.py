@@ -1,0 +1,63 @@
+"""A vision model's tower and projector written as llama.cpp's projector file (`mmproj`,
+architecture `clip`), by the names and metadata keys of llama.cpp's converter (gguf-py's
+constants), for the tests that run without a llama.cpp checkout: Gemma 3's (`gemma3`
+projector). `swap_ffn` writes each FFN's up and down under each other's name, as older
+projector files have them."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+         "self_attn.v_proj": "attn_v", "self_attn.out_proj": "attn_out",
+         "layer_norm1": "ln1", "layer_norm2": "ln2", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down"}
+TOP = {"embeddings.patch_embedding": "v.patch_embd",
+       "embeddings.position_embedding": "v.position_embd", "post_layernorm": "v.post_ln"}
+
+
+def write_gemma3_mmproj(path: Path, hf: Any, tokens_per_image: int,
+                        swap_ffn: bool = False) -> None:
+    """`hf` (transformers' Gemma3ForConditionalGeneration) -> its projector file at `path`."""
+    cfg, vision = hf.config, hf.config.vision_config
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_bool(gguf.Keys.Clip.HAS_VISION_ENCODER, True)
+    w.add_string(gguf.Keys.Clip.PROJECTOR_TYPE, "gemma3")
+    v = gguf.Keys.ClipVision
+    w.add_uint32(v.PROJECTION_DIM, cfg.text_config.hidden_size)
+    w.add_uint32(v.IMAGE_SIZE, vision.image_size)
+    w.add_uint32(v.PATCH_SIZE, vision.patch_size)
+    w.add_uint32(v.EMBEDDING_LENGTH, vision.hidden_size)
+    w.add_uint32(v.FEED_FORWARD_LENGTH, vision.intermediate_size)
+    w.add_uint32(v.BLOCK_COUNT, vision.num_hidden_layers)
+    w.add_uint32(v.Attention.HEAD_COUNT, vision.num_attention_heads)
+    w.add_float32(v.Attention.LAYERNORM_EPS, vision.layer_norm_eps)
+    w.add_array(v.IMAGE_MEAN, [0.5, 0.5, 0.5])
+    w.add_array(v.IMAGE_STD, [0.5, 0.5, 0.5])
+    w.add_bool(v.USE_GELU, True)
+    scale = (vision.image_size // vision.patch_size) // round(tokens_per_image ** 0.5)
+    if scale != 4:  # as the converter: only where it is not Gemma 3's
+        w.add_uint32(v.Projector.SCALE_FACTOR, scale)
+    swap = {"ffn_up": "ffn_down", "ffn_down": "ffn_up"} if swap_ffn else {}
+    for key, value in hf.state_dict().items():
+        data = value.detach().float().numpy()
+        if ".vision_tower." in f".{key}" and ".head." not in key:
+            rest = key.split("vision_tower.", 1)[1].removeprefix("vision_model.")
+            base, _, kind = rest.rpartition(".")
+            if base.startswith("encoder.layers."):
+                _, _, i, module = base.split(".", 3)
+                short = LAYER[module]
+                name = f"v.blk.{i}.{swap.get(short, short)}.{kind}"
+            else:
+                name = f"{TOP[base]}.{kind}"
+            w.add_tensor(name, data)
+        elif key.endswith("mm_input_projection_weight"):
+            w.add_tensor("mm.input_projection.weight", data)
+        elif key.endswith("mm_soft_emb_norm.weight"):  # llama.cpp stores Gemma's 1 + w
+            w.add_tensor("mm.soft_emb_norm.weight", (data + 1).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

@@ -1,0 +1,103 @@
+"""Opt-in (`-m slow`, FERRY_LLAMA_CPP=<a llama.cpp source checkout>): vision models as people
+get them for llama.cpp and LM Studio, a text GGUF with its projector file (`mmproj`) beside
+it, both written by the checkout's own `convert_hf_to_gguf.py` (`--mmproj` for the
+projector) from the seeded tiny Gemma 3 and SmolVLM the HF-folder tests use. Ferry pairs the
+projector by itself (the one `mmproj*.gguf` beside the model) and its greedy replies, prompt
+counts and first-token log-probabilities through the API equal transformers' float32 for
+text + one image and text + two images."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.engine.execution.loading.test_llama_cpp_files import (  # noqa: F401 (fixtures)
+    converter_python,
+    llama_cpp,
+)
+from tests.tools import tiny_gemma3, tiny_idefics3
+from tests.tools.tiny_llava import ask, content, png
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+TEXT = "What is in the picture? Say it in a few words, please, and then some more."
+
+
+def convert(python: Path, root: Path, folder: Path, out: Path, *extra: str) -> None:
+    done = subprocess.run([str(python), str(root / "convert_hf_to_gguf.py"), str(folder),
+                           "--outtype", "f32", "--outfile", str(out), *extra],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def hub_layout(file: Path) -> None:
+    """transformers 5 saves the tower as `vision_tower.*`; Gemma 3's files (and llama.cpp's
+    converter) have `vision_tower.vision_model.*`."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(file)
+    save_file({("vision_tower.vision_model." + k[len("vision_tower."):]
+                if k.startswith("vision_tower.") else k): v for k, v in tensors.items()},
+              file, metadata={"format": "pt"})
+
+
+@pytest.fixture(scope="module", params=["gemma3", "smolvlm"])
+def converted(request: pytest.FixtureRequest, tokenizer: Any, llama_cpp: Path,  # noqa: F811
+              converter_python: Path,  # noqa: F811
+              tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Any, Path]:
+    """(family, HF folder, transformers' model, the GGUF with its mmproj beside it)."""
+    tool = tiny_gemma3 if request.param == "gemma3" else tiny_idefics3
+    folder = tmp_path_factory.mktemp(request.param)
+    model = tool.build(folder, tokenizer)
+    # the converter's transformers 4 knows neither transformers 5's tokenizer class name nor
+    # its list of extra special tokens (a dict of named ones there)
+    convertible = tmp_path_factory.mktemp(f"{request.param}-convertible")
+    shutil.copytree(folder, convertible, dirs_exist_ok=True)
+    config = convertible / "tokenizer_config.json"
+    fields = {**json.loads(config.read_text()), "tokenizer_class": "GPT2Tokenizer"}
+    extra = fields.pop("extra_special_tokens", None)
+    if isinstance(extra, list):
+        fields["additional_special_tokens"] = extra
+    config.write_text(json.dumps(fields))
+    if request.param == "gemma3":  # the tower's keys as Gemma 3's published files hold them
+        hub_layout(convertible / "model.safetensors")
+    else:  # SmolVLM's config names its text model's class, which the converter goes by
+        file = convertible / "config.json"
+        cfg = json.loads(file.read_text())
+        cfg["text_config"]["architectures"] = ["VLlama3ForCausalLM"]
+        file.write_text(json.dumps(cfg))
+    store = tmp_path_factory.mktemp(f"{request.param}-lmstudio")  # LM Studio's layout
+    gguf = store / f"tiny-{request.param}-F32.gguf"
+    convert(converter_python, llama_cpp, convertible, gguf)
+    convert(converter_python, llama_cpp, convertible,
+            store / f"mmproj-tiny-{request.param}-F32.gguf", "--mmproj")
+    return request.param, folder, model, gguf
+
+
+def test_gguf_with_its_projector_equals_transformers(
+        converted: tuple[str, Path, Any, Path], make_server: Any) -> None:
+    from engine import EngineConfig, ModelExecutor, Tokenizer
+
+    family, folder, model, gguf = converted
+    config = EngineConfig(page_size=4, kv_tokens=4096, max_context=1024, kv_dtype="float32")
+    executor = ModelExecutor.from_pretrained(gguf, config, dtype=torch.float32, threads=1)
+    assert executor.vision is not None
+    projector = f"mmproj-tiny-{family}-F32.gguf"
+    assert executor.describe().endswith(f", text + images (projector {projector})")
+    server = make_server(web={"model_name": f"tiny-{family}", "max_images": 2},
+                         executor=executor, tokenizer_override=Tokenizer(gguf),
+                         page_size=4, kv_tokens=4096, max_context=1024, kv_dtype="float32")
+    tool = tiny_gemma3 if family == "gemma3" else tiny_idefics3
+    for count in (1, 2):
+        images = [png(seed, size) for seed, size in enumerate([(50, 40), (30, 90)])][:count]
+        r = ask(server, content(TEXT, images))
+        assert r.status_code == 200, r.text
+        want = tool.reference(folder, model, TEXT, images, 6)
+        body = r.json()
+        assert body["usage"]["prompt_tokens"] == want[0]
+        assert body["choices"][0]["message"]["content"] == want[1]
+    assert server.engine.wait_idle(30)
