@@ -92,9 +92,9 @@ def pinned(threads: int) -> Callable[[], None]:
 
 @contextlib.contextmanager
 def server(command: list[str], ready_url: str, threads: int, env: dict[str, str],
-           log: Path, timeout: float = 300.0) -> Iterator[None]:
-    """The command running (pinned to `threads` CPUs) until `ready_url` answers 200; stopped
-    (terminated, then killed) on leaving."""
+           log: Path, timeout: float = 300.0) -> Iterator[int]:
+    """The command running (pinned to `threads` CPUs) until `ready_url` answers 200 (its
+    process id); stopped (terminated, then killed) on leaving."""
     import httpx
 
     with log.open("w") as out:
@@ -111,7 +111,7 @@ def server(command: list[str], ready_url: str, threads: int, env: dict[str, str]
             if time.monotonic() > deadline:
                 raise SystemExit(f"{command[0]} did not answer within {timeout:.0f} s")
             time.sleep(0.5)
-        yield
+        yield proc.pid
     finally:
         end(proc, 20)
 

@@ -39,12 +39,15 @@ def _figures(values: tuple[float, ...]) -> str:
 
 
 def ratio(record: Record) -> str:
-    """Ferry's mean over the peer's; for perplexity, the relative difference."""
+    """Ferry's mean over the peer's; for perplexity, the relative difference; for a time
+    (lower is better), the peer's over Ferry's, "sooner"."""
     if not record.peer_figures:
         return ""
     ours, theirs = _mean(record.ferry), _mean(record.peer_figures)
     if record.metric.startswith("perplexity"):
         return f"{(ours / theirs - 1) * 100:+.2f}%"
+    if record.metric.startswith("time to"):  # lower is better: how many times sooner
+        return f"{theirs / ours:.2f}x sooner"
     return f"{ours / theirs:.2f}x"
 
 

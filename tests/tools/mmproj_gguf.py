@@ -61,3 +61,75 @@ def write_gemma3_mmproj(path: Path, hf: Any, tokens_per_image: int,
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def write_synthetic_gemma3_mmproj(path: Path, text_hidden: int, hidden: int = 1152,
+                                  ff: int = 4304, layers: int = 27, heads: int = 16,
+                                  image_size: int = 896, patch: int = 14,
+                                  seed: int = 0) -> int:
+    """A Gemma 3 projector file of random weights (SigLIP so400m's shape by default: Gemma 3
+    4B-27B's tower), F16 matrices as llama.cpp's converter writes them (F32 embeddings and
+    vectors), for speed and memory figures beside a synthetic text GGUF. Returns the
+    parameter count."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_bool(gguf.Keys.Clip.HAS_VISION_ENCODER, True)
+    w.add_string(gguf.Keys.Clip.PROJECTOR_TYPE, "gemma3")
+    v = gguf.Keys.ClipVision
+    for key, value in ((v.PROJECTION_DIM, text_hidden), (v.IMAGE_SIZE, image_size),
+                       (v.PATCH_SIZE, patch), (v.EMBEDDING_LENGTH, hidden),
+                       (v.FEED_FORWARD_LENGTH, ff), (v.BLOCK_COUNT, layers),
+                       (v.Attention.HEAD_COUNT, heads)):
+        w.add_uint32(key, value)
+    w.add_float32(v.Attention.LAYERNORM_EPS, 1e-6)
+    w.add_array(v.IMAGE_MEAN, [0.5, 0.5, 0.5])
+    w.add_array(v.IMAGE_STD, [0.5, 0.5, 0.5])
+    w.add_bool(v.USE_GELU, True)
+    total = 0
+
+    def add(name: str, shape: tuple[int, ...], half: bool, ones: bool = False) -> None:
+        nonlocal total
+        data = np.ones(shape, np.float32) if ones else \
+            rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+        w.add_tensor(name, data.astype(np.float16) if half else data)
+        total += data.size
+
+    patches = (image_size // patch) ** 2
+    add("v.patch_embd.weight", (hidden, 3, patch, patch), False)
+    add("v.patch_embd.bias", (hidden,), False)
+    add("v.position_embd.weight", (patches, hidden), False)
+    for i in range(layers):
+        for name, shape in (("attn_q", (hidden, hidden)), ("attn_k", (hidden, hidden)),
+                            ("attn_v", (hidden, hidden)), ("attn_out", (hidden, hidden)),
+                            ("ffn_up", (ff, hidden)), ("ffn_down", (hidden, ff))):
+            add(f"v.blk.{i}.{name}.weight", shape, True)
+            add(f"v.blk.{i}.{name}.bias", (shape[0],), False)
+        for norm in ("ln1", "ln2"):
+            add(f"v.blk.{i}.{norm}.weight", (hidden,), False, ones=True)
+            add(f"v.blk.{i}.{norm}.bias", (hidden,), False)
+    add("v.post_ln.weight", (hidden,), False, ones=True)
+    add("v.post_ln.bias", (hidden,), False)
+    add("mm.input_projection.weight", (hidden, text_hidden), True)
+    add("mm.soft_emb_norm.weight", (hidden,), False, ones=True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return total
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write a synthetic Gemma 3 projector file "
+                                                 "(SigLIP so400m's shape) of random weights.")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--text-hidden", type=int, required=True,
+                        help="the text model's width (2560 for Gemma 3 4B)")
+    args = parser.parse_args()
+    total = write_synthetic_gemma3_mmproj(args.out, args.text_hidden)
+    print(f"{args.out}: gemma3 projector, {total / 1e6:.1f}M parameters")
+
+
+if __name__ == "__main__":
+    main()

@@ -13,7 +13,8 @@ F16 file into Q4_K_M and friends.
 
   python tests/tools/synthetic_gguf.py OUT.gguf [--arch llama|gemma3|qwen3|qwen3moe
       --hidden 2048 --layers 16 --ff 5632 --heads 32 --kv-heads 8 --head-dim D
-      --experts E --top-k K --window W --embed-std S --type F16 --untied --vocab V]
+      --experts E --top-k K --window W --embed-std S --type F16 --untied --vocab V
+      --images]
 """
 from __future__ import annotations
 
@@ -30,6 +31,20 @@ ROUTER_STD = 0.1  # decisive routing: near-tied experts would flip on two engine
 # the tokenizer's per-token arrays and what a padding token gets in each
 PADDED: dict[str, object] = {"tokenizer.ggml.tokens": "", "tokenizer.ggml.token_type": 1,
                              "tokenizer.ggml.scores": 0.0}
+CONTROL = 3  # llama.cpp's token type of a special token
+# Gemma 3's image tags where its vocabulary has them, and a chat template that writes
+# <start_of_image> for an image part (as Gemma 3's own does)
+GEMMA3_IMAGE_TOKENS = {255999: "<start_of_image>", 256000: "<end_of_image>",
+                       262144: "<image_soft_token>"}
+GEMMA3_TEMPLATE = (
+    "{% for message in messages %}<start_of_turn>"
+    "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] | trim }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}{{ '<start_of_image>' }}"
+    "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}"
+    "{% endfor %}{% endif %}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 
 
 @dataclass(frozen=True)
@@ -58,16 +73,23 @@ def default_gguf() -> Path:
 
 
 def copy_tokenizer(writer: GGUFWriter, source: Path, chat_template: bool = True,
-                   vocab_size: int = 0) -> int:
+                   vocab_size: int = 0, named: dict[int, str] | None = None,
+                   template: str | None = None) -> int:
     """Copy every tokenizer.* field of `source` (but the chat template unless
     `chat_template`: a base model's file has none); returns its vocabulary size.
     `vocab_size` above the source's pads the vocabulary with unused tokens (normal tokens
-    no merge reaches), for the memory of a model with a wide vocabulary (Gemma 3's 262k)."""
+    no merge reaches), for the memory of a model with a wide vocabulary (Gemma 3's 262k);
+    `named`: padding tokens (by id) that are control tokens of that spelling instead (Gemma
+    3's image tags); `template`: another chat template."""
     reader = GGUFReader(source)
     vocab = 0
+    named = named or {}
+    if template is not None:
+        writer.add_string("tokenizer.chat_template", template)
     for name, field in reader.fields.items():
         if not name.startswith("tokenizer.") or \
-                (name == "tokenizer.chat_template" and not chat_template):
+                (name == "tokenizer.chat_template" and (not chat_template
+                                                         or template is not None)):
             continue
         kind = field.types[0]
         if kind == GGUFValueType.ARRAY:
@@ -78,8 +100,14 @@ def copy_tokenizer(writer: GGUFWriter, source: Path, chat_template: bool = True,
                 values = [field.parts[i].tolist()[0] for i in field.data]
             pad = max(0, vocab_size - len(values)) if name in PADDED else 0
             if pad:
+                first = len(values)
                 values += ([f"<unused{i}>" for i in range(pad)] if name.endswith(".tokens")
                            else [PADDED[name]] * pad)
+                for i, text in named.items():
+                    if i >= first and name.endswith(".tokens"):
+                        values[i] = text
+                    elif i >= first and name.endswith(".token_type"):
+                        values[i] = CONTROL
             writer.add_array(name, values)
             if name == "tokenizer.ggml.tokens":
                 vocab = len(values)
@@ -117,7 +145,7 @@ def write(out: Path, hidden: int, layers: int, ff: int, heads: int, kv_heads: in
           qtype: GGMLQuantizationType, untied: bool, seed: int = 0,
           chat_template: bool = True, window: int = 0, arch: str = "llama",
           head_dim: int = 0, experts: int = 0, top_k: int = 0,
-          embed_std: float = 0.02, vocab_size: int = 0) -> int:
+          embed_std: float = 0.02, vocab_size: int = 0, images: bool = False) -> int:
     """`window`: a sliding window (Gemma 3's local layers; for llama every layer, Mistral's,
     as its GGUFs say it). `head_dim` 0: hidden // heads. `experts`, `top_k`: qwen3moe's
     (`ff` is then each expert's). Returns the parameter count."""
@@ -126,7 +154,11 @@ def write(out: Path, hidden: int, layers: int, ff: int, heads: int, kv_heads: in
     head_dim = head_dim or hidden // heads
     rng = np.random.default_rng(seed)
     writer = GGUFWriter(str(out), arch)
-    vocab = copy_tokenizer(writer, default_gguf(), chat_template, vocab_size)
+    # images (gemma3): its image tags in the vocabulary and a template that writes them
+    assert not images or (arch == "gemma3" and vocab_size > max(GEMMA3_IMAGE_TOKENS))
+    vocab = copy_tokenizer(writer, default_gguf(), chat_template, vocab_size,
+                           GEMMA3_IMAGE_TOKENS if images else None,
+                           GEMMA3_TEMPLATE if images else None)
     writer.add_name(f"synthetic-{arch}-{hidden}x{layers}")
     writer.add_block_count(layers)
     writer.add_context_length(spec.context)
@@ -212,6 +244,9 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=0,
                         help="pad the vocabulary to this many tokens (e.g. 262144, Gemma 3's)")
     parser.add_argument("--untied", action="store_true", help="write a separate output.weight")
+    parser.add_argument("--images", action="store_true",
+                        help="gemma3: Gemma 3's image tags and a template that writes them "
+                             "(--vocab 262208), for a projector file beside it")
     parser.add_argument("--no-chat-template", action="store_true",
                         help="leave tokenizer.chat_template out (as a base model's file)")
     args = parser.parse_args()
@@ -219,7 +254,7 @@ def main() -> None:
                   GGMLQuantizationType[args.type], args.untied,
                   chat_template=not args.no_chat_template, window=args.window, arch=args.arch,
                   head_dim=args.head_dim, experts=args.experts, top_k=args.top_k,
-                  embed_std=args.embed_std, vocab_size=args.vocab)
+                  embed_std=args.embed_std, vocab_size=args.vocab, images=args.images)
     print(f"{args.out}: {args.arch}, {total / 1e6:.1f}M parameters")
 
 

@@ -1,0 +1,185 @@
+"""vision: one picture and a short question, Ferry against llama.cpp's server with `--mmproj`
+on the same text GGUF and projector file.
+
+  python -m benchmarks.vision --gguf TEXT.gguf --mmproj MMPROJ.gguf --llama-server PATH
+      [--threads T] [--reps R] [--tokens N] [--model-name TEXT] [--peer-build TEXT]
+      [--notes TEXT] [--record]
+
+Starts both servers on loopback, each pinned to the same T CPUs with T threads and one slot
+(Ferry: `ferry serve --model TEXT.gguf --mmproj MMPROJ.gguf`; llama.cpp: `llama-server -m
+TEXT.gguf --mmproj MMPROJ.gguf`), warms each up with one picture, then alternates one request
+on Ferry and one on llama.cpp, R times each, so that a machine's drift touches both alike.
+Each request is a new picture (a 640 x 480 PNG of its own; nothing cached from an earlier
+one) and a short question, streamed, greedy, N tokens (ignore_eos). Ferry's requests run with
+speculative decoding off: the figures are plain decoding's, as llama.cpp's.
+
+Figures: time to first token (the picture encoded and the prompt read), decode tokens/s
+after it (N - 1 tokens over the time from the first to the last), and each server's peak
+resident memory (VmHWM) at the end.
+
+--record appends three records (benchmarks/records.py); `python -m benchmarks.render` then
+updates docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as _dt
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks.embed import peer_version, server
+from benchmarks.processes import free_port
+from benchmarks.records import Record, append, this_commit, this_cpu
+
+PEER = "llama.cpp llama-server --mmproj"
+QUESTION = "What is in this picture? Describe it in one sentence."
+CONTEXT = 4096
+
+
+def picture(seed: int) -> str:
+    """A 640 x 480 PNG of smooth random colour (a photo's size class), as a data URL."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)
+    image = Image.fromarray(small).resize((640, 480), Image.Resampling.BICUBIC)
+    out = io.BytesIO()
+    image.save(out, "PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+def ask(base: str, seed: int, tokens: int, ferry: bool) -> tuple[float, float]:
+    """(seconds to the first token, decode tokens/s after it) of one streamed request."""
+    import httpx
+
+    body: dict[str, object] = {
+        "model": "", "stream": True, "max_tokens": tokens, "temperature": 0,
+        "ignore_eos": True, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": picture(seed)}},
+            {"type": "text", "text": QUESTION}]}]}
+    if ferry:
+        body["speculative"] = False
+    start = time.perf_counter()
+    first = last = None
+    pieces = 0
+    with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=1800) as r:
+        if r.status_code != 200:
+            raise SystemExit(f"{base}: {r.status_code} {r.read()[:300]!r}")
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            choices = chunk.get("choices") or []
+            if choices and (choices[0].get("delta") or {}).get("content"):
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                pieces += 1
+    if first is None or last is None or pieces < 2:
+        raise SystemExit(f"{base}: the reply streamed {pieces} pieces")
+    return first - start, (tokens - 1) / (last - first)
+
+
+def peak_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1e3
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.vision", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gguf", type=Path, required=True, help="the text model's GGUF file")
+    p.add_argument("--mmproj", type=Path, required=True, help="its projector file")
+    p.add_argument("--llama-server", type=Path, required=True, help="llama.cpp's llama-server")
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--reps", type=int, default=3, help="requests on each server")
+    p.add_argument("--tokens", type=int, default=32, help="tokens each reply decodes")
+    p.add_argument("--model-name", default=None, help="the model, as the records name it")
+    p.add_argument("--peer-build", default=None, help="default: llama-server --version")
+    p.add_argument("--notes", default="")
+    p.add_argument("--record", action="store_true", help="append to benchmarks/records.jsonl")
+    return p.parse_args(argv)
+
+
+Figures = dict[str, list[float]]
+
+
+def run(args: argparse.Namespace) -> tuple[Figures, Figures]:
+    root = Path(__file__).resolve().parents[1]
+    home = Path(tempfile.mkdtemp(prefix="ferry-vision-bench-"))
+    ferry_port, peer_port = free_port(), free_port()
+    env = {**os.environ, "FERRY_HOME": str(home), "PYTHONPATH": str(root)}
+    ferry_cmd = [sys.executable, "-c", "import sys; from app.cli import main; "
+                 "sys.exit(main(sys.argv[1:]))", "serve", "--model", str(args.gguf),
+                 "--mmproj", str(args.mmproj), "--port", str(ferry_port), "--no-open",
+                 "--no-discover", "--max-running", "1", "--kv-tokens", str(CONTEXT)]
+    peer_cmd = [str(args.llama_server), "-m", str(args.gguf), "--mmproj", str(args.mmproj),
+                "--host", "127.0.0.1", "--port", str(peer_port), "-t", str(args.threads),
+                "-tb", str(args.threads), "-c", str(CONTEXT), "-np", "1"]
+    ferry_base, peer_base = f"http://127.0.0.1:{ferry_port}", f"http://127.0.0.1:{peer_port}"
+    figures: tuple[Figures, Figures] = ({"ttft": [], "decode": []}, {"ttft": [], "decode": []})
+    with server(ferry_cmd, ferry_base + "/healthz", args.threads, env, home / "ferry.log",
+                timeout=900) as ferry_pid, \
+            server(peer_cmd, peer_base + "/health", args.threads, env, home / "peer.log",
+                   timeout=900) as peer_pid:
+        for base, is_ferry in ((ferry_base, True), (peer_base, False)):  # warm-up
+            ask(base, 10_000 + is_ferry, 4, is_ferry)
+        for rep in range(args.reps):
+            for (base, is_ferry), into in zip(((ferry_base, True), (peer_base, False)),
+                                              figures):
+                ttft, rate = ask(base, rep, args.tokens, is_ferry)
+                into["ttft"].append(ttft)
+                into["decode"].append(rate)
+                print(f"{'ferry' if is_ferry else 'llama'} rep {rep}: first token "
+                      f"{ttft:.2f} s, decode {rate:.2f} tok/s", flush=True)
+        for pid, into in ((ferry_pid, figures[0]), (peer_pid, figures[1])):
+            into["peak"] = [peak_mb(pid)]
+    return figures
+
+
+def make_records(ferry: Figures, peer: Figures, *, model: str, threads: int, tokens: int,
+                 peer_build: str, notes: str) -> list[Record]:
+    name, flags = this_cpu(threads)
+    method = (f"benchmarks/vision.py: one new 640x480 PNG and a short question a request, "
+              f"streamed, greedy, {tokens} tokens (ignore_eos), Ferry with speculative "
+              f"decoding off; one slot, context {CONTEXT}; both pinned to the same {threads} "
+              f"CPUs with {threads} threads, one working at a time, alternating")
+    date = _dt.datetime.now(_dt.UTC).date().isoformat()
+    rows = (("time to first token (s)", "ttft", "one picture + a short question", 3),
+            ("decode tok/s", "decode", "after one picture", 2),
+            ("peak resident MB", "peak", "one picture + a short question, VmHWM at the end",
+             0))
+    return [Record(date=date, commit=this_commit(), cpu=name, cpu_flags=flags,
+                   ferry_cpu=os.environ.get("FERRY_CPU", "native"), model=model,
+                   workload=workload, metric=metric, method=method,
+                   ferry=tuple(round(x, digits) for x in ferry[key]), peer=PEER,
+                   peer_build=peer_build,
+                   peer_figures=tuple(round(x, digits) for x in peer[key]), notes=notes)
+            for metric, key, workload, digits in rows]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    ferry, peer = run(args)
+    for key in ("ttft", "decode", "peak"):
+        print(key, "ferry", [round(x, 2) for x in ferry[key]], "llama.cpp",
+              [round(x, 2) for x in peer[key]])
+    if args.record:
+        for record in make_records(ferry, peer, model=args.model_name or args.gguf.stem,
+                                   threads=args.threads, tokens=args.tokens,
+                                   peer_build=args.peer_build or peer_version(
+                                       args.llama_server), notes=args.notes):
+            append(record)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
