@@ -15,21 +15,14 @@ from typing import Any
 import torch
 from PIL import Image
 
+from tests.tools.synthetic_gguf import GEMMA3_TEMPLATE
+
 # added after SmolLM2's 49152 tokens, in this order
 SPECIAL = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
 BOI, EOI, IMAGE_TOKEN = 49152, 49153, 49154
 TOKENS_PER_IMAGE = 16  # 64-pixel images, patch 8: 8 x 8 patches pooled to 4 x 4
 WINDOW = 24  # the sliding layer's: shorter than the prompts, longer than an image
-# Gemma 3's template where it matters: image parts as <start_of_image>, text parts trimmed
-TEMPLATE = (
-    "{% for message in messages %}<start_of_turn>"
-    "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] | trim }}"
-    "{% else %}{% for item in message['content'] %}"
-    "{% if item['type'] == 'image' %}{{ '<start_of_image>' }}"
-    "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}"
-    "{% endfor %}{% endif %}<end_of_turn>\n{% endfor %}"
-    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+TEMPLATE = GEMMA3_TEMPLATE  # image parts as <start_of_image>, text parts trimmed
 
 
 def build(folder: Path, tokenizer: Any) -> Any:

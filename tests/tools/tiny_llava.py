@@ -43,6 +43,15 @@ def ask(server: Any, content: Any, max_tokens: int = 6) -> httpx.Response:
         "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
 
 
+def assert_idle(server: Any) -> None:
+    """The served engine idle with every slot and KV page back (none used or reserved)."""
+    assert server.engine.wait_idle(30)
+    snap = server.engine.snapshot()
+    assert snap.kv.used == 0 and snap.kv.reserved == 0
+    assert snap.kv.free + snap.kv.cached == snap.kv.total
+    assert all(s is None for s in snap.slots)
+
+
 def build(folder: Path, tokenizer: Any) -> Any:
     """Write the tiny LLaVA into `folder` (SmolLM2's tokenizer, a copy: `tokenizer` is the
     session's); return transformers' model."""

@@ -10,6 +10,7 @@ projector's tensors. The tower's tensors are named alike for every family (TOWER
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,14 @@ class ProjectorFile:
             layer_norm_eps=float(str(np.float32(self.get("attention.layer_norm_epsilon",
                                                          eps)))),
             hidden_act=hidden_act, class_token=class_token)
+
+    def image_token(self, token_id: Callable[[str], int | None], text: str) -> int:
+        """The id of the image token `text` in the text model's vocabulary (`token_id`)."""
+        found = token_id(text)
+        if found is None:
+            raise ModelFileError(f"{self.path}: the text model's vocabulary has no {text}, "
+                                 "the token an image's positions hold")
+        return found
 
     def mean_std(self) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
         mean, std = self.get("image_mean"), self.get("image_std")

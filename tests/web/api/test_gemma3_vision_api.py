@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.tools.tiny_gemma3 import build, reference
-from tests.tools.tiny_llava import ask, chat_server, content, png
+from tests.tools.tiny_llava import ask, assert_idle, chat_server, content, png
 
 NAME = "tiny-gemma3"
 TEXT = "What is in the picture? Say it in a few words, please, and then some more."
@@ -51,13 +51,6 @@ def first_logprobs(body: dict[str, Any]) -> list[float]:
     return sorted((t["logprob"] for t in top), reverse=True)
 
 
-def _idle(server: Any) -> None:
-    assert server.engine.wait_idle(30)
-    snap = server.engine.snapshot()
-    assert snap.kv.used == 0 and snap.kv.reserved == 0
-    assert snap.kv.free + snap.kv.cached == snap.kv.total
-    assert all(s is None for s in snap.slots)
-
 
 @pytest.mark.parametrize("count", [1, 2])
 @pytest.mark.parametrize("which", ["server", "small_chunks"])
@@ -75,7 +68,7 @@ def test_replies_equal_transformers(which: str, count: int, gemma3: tuple[Path, 
     assert body["choices"][0]["message"]["content"] == reply
     # the image's tokens attending causally instead moves these by ~0.01-0.1
     assert first_logprobs(body) == pytest.approx(first, abs=2e-4)
-    _idle(served)
+    assert_idle(served)
 
 
 def test_models_say_vision(server: Any) -> None:
@@ -88,7 +81,7 @@ def test_models_say_vision(server: Any) -> None:
 def test_a_typed_image_tag_is_refused(server: Any) -> None:
     r = ask(server, content("<start_of_image> and this?", [png(1)]))
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_image_placement"
-    _idle(server)
+    assert_idle(server)
 
 
 def test_the_image_matters(server: Any) -> None:
@@ -99,4 +92,4 @@ def test_the_image_matters(server: Any) -> None:
     other = first_logprobs(ask_logprobs(server, content(text, [png(11)])).json())
     assert again == pytest.approx(first, abs=1e-5)
     assert max(abs(a - b) for a, b in zip(other, first)) > 1e-2
-    _idle(server)
+    assert_idle(server)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.tools.tiny_idefics3 import IMAGE_TOKEN, build, reference
-from tests.tools.tiny_llava import ask, chat_server, content, png
+from tests.tools.tiny_llava import ask, assert_idle, chat_server, content, png
 
 NAME = "tiny-smolvlm"
 
@@ -30,13 +30,6 @@ def server(smolvlm: tuple[Path, Any], make_server: Any) -> Any:
                        max_images=2)
 
 
-def _idle(server: Any) -> None:
-    assert server.engine.wait_idle(30)
-    snap = server.engine.snapshot()
-    assert snap.kv.used == 0 and snap.kv.reserved == 0
-    assert snap.kv.free + snap.kv.cached == snap.kv.total
-    assert all(s is None for s in snap.slots)
-
 
 @pytest.mark.parametrize("sizes", [[(50, 40)], [(50, 40), (30, 90)]])
 def test_replies_equal_transformers(server: Any, smolvlm: tuple[Path, Any],
@@ -51,7 +44,7 @@ def test_replies_equal_transformers(server: Any, smolvlm: tuple[Path, Any],
     # each image is split (3 x 3 and 3 x 1 tiles plus the global one): far more than a tile
     assert body["usage"]["prompt_tokens"] == prompt_tokens > 40 * len(images)
     assert body["choices"][0]["message"]["content"] == reply
-    _idle(server)
+    assert_idle(server)
 
 
 def test_models_say_vision(server: Any) -> None:
@@ -63,7 +56,7 @@ def test_models_say_vision(server: Any) -> None:
 def test_a_typed_image_token_is_refused(server: Any) -> None:
     r = ask(server, content("<image> and this?", [png(1)]))
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_image_placement"
-    _idle(server)
+    assert_idle(server)
 
 
 def test_the_image_matters_and_repeats_hit_the_cache(server: Any) -> None:
@@ -80,7 +73,7 @@ def test_the_image_matters_and_repeats_hit_the_cache(server: Any) -> None:
                                                         "content": "<image>" + text}])
     assert other_cached <= list(ids).index(IMAGE_TOKEN)  # at most the text before the image
     assert other["choices"][0]["message"]["content"] != first["choices"][0]["message"]["content"]
-    _idle(server)
+    assert_idle(server)
 
 
 def test_tiles_unlike_the_tower_are_refused_at_load(smolvlm: tuple[Path, Any],

@@ -14,6 +14,7 @@ import pytest
 from tests.tools.tiny_llava import (
     IMAGE_TOKEN,
     ask,
+    assert_idle,
     build,
     chat_server,
     content,
@@ -38,14 +39,6 @@ def server(llava: tuple[Path, Any], make_server: Any) -> Any:
                        max_image_pixels=50 * 50)
 
 
-def _idle(server: Any) -> None:
-    assert server.engine.wait_idle(30)
-    snap = server.engine.snapshot()
-    # every page back: free, or kept by the prefix cache and evictable
-    assert snap.kv.used == 0 and snap.kv.reserved == 0
-    assert snap.kv.free + snap.kv.cached == snap.kv.total
-    assert all(s is None for s in snap.slots)
-
 
 @pytest.mark.parametrize("count", [1, 2])
 def test_replies_equal_transformers(server: Any, llava: tuple[Path, Any], count: int) -> None:
@@ -59,7 +52,7 @@ def test_replies_equal_transformers(server: Any, llava: tuple[Path, Any], count:
     assert body["usage"]["prompt_tokens"] == prompt_tokens
     assert body["usage"]["completion_tokens"] == 6
     assert body["choices"][0]["message"]["content"] == reply
-    _idle(server)
+    assert_idle(server)
 
 
 def test_models_say_vision(server: Any) -> None:
@@ -83,7 +76,7 @@ def test_different_images_never_share_kv(server: Any) -> None:
     other_cached = (other["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     assert other_cached <= offset
     assert other["choices"][0]["message"]["content"] != first["choices"][0]["message"]["content"]
-    _idle(server)
+    assert_idle(server)
 
 
 def _image_offset(server: Any, text: str) -> int:
@@ -107,7 +100,7 @@ def test_bad_images_get_400(server: Any, content: Any, code: str) -> None:
     assert r.json()["error"]["code"] == code
     if code == "image_fetch_disabled":
         assert "not fetched" in r.json()["error"]["message"]
-    _idle(server)
+    assert_idle(server)
 
 
 def test_a_placeholder_without_its_image_is_refused(server: Any) -> None:
@@ -116,7 +109,7 @@ def test_a_placeholder_without_its_image_is_refused(server: Any) -> None:
     assert r.status_code == 400 and "without an image" in r.json()["error"]["message"]
     r = ask(server, content("<image> and this?", [png(1)]))
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_image_placement"
-    _idle(server)
+    assert_idle(server)
 
 
 def test_detail_is_accepted(server: Any) -> None:
@@ -124,7 +117,7 @@ def test_detail_is_accepted(server: Any) -> None:
                                                           "detail": "low"}},
                       {"type": "text", "text": "hi"}], max_tokens=2)
     assert r.status_code == 200, r.text
-    _idle(server)
+    assert_idle(server)
 
 
 def test_ollama_images_are_image_parts(server: Any) -> None:
@@ -142,7 +135,7 @@ def test_ollama_images_are_image_parts(server: Any) -> None:
     bad = httpx.post(server.url + "/api/generate", timeout=60, json={
         "model": NAME, "stream": False, "prompt": "hi", "images": ["aGVsbG8="]})
     assert bad.status_code == 400 and "could not be read" in bad.json()["error"]
-    _idle(server)
+    assert_idle(server)
 
 
 def test_the_blocking_form_keeps_pixels_across_attempts(server: Any) -> None:

@@ -99,12 +99,10 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
         tower = projector.tower(SIGLIP_896.hidden_act, False, SIGLIP_896.layer_norm_eps)
         side = tower.image_size // tower.patch_size
         scale = int(projector.get("projector.scale_factor", 4))  # written where not 4
-        image = token_id(SOFT)
-        if image is None:
-            raise UnsupportedModel(f"the text model's vocabulary has no {SOFT}")
         mean, std = projector.mean_std()
         processor = replace(processor_for(tower.image_size), mean=mean, std=std)
-        spec = _vision(text, tower, (side // max(scale, 1)) ** 2, image, processor)
+        spec = _vision(text, tower, (side // max(scale, 1)) ** 2,
+                       projector.image_token(token_id, SOFT), processor)
         return with_vision(text, "gemma3", spec, {})
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,

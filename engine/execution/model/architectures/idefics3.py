@@ -75,12 +75,10 @@ class Idefics3ForConditionalGeneration(CausalLM):
     def config_from_projector(cls, text: ModelConfig, projector: ProjectorFile,
                               token_id: Callable[[str], int | None]) -> ModelConfig:
         tower = projector.tower(SIGLIP.hidden_act, False, SIGLIP.layer_norm_eps)
-        image = token_id(IMAGE)
-        if image is None:
-            raise UnsupportedModel(f"the text model's vocabulary has no {IMAGE}")
         mean, std = projector.mean_std()
         longest = int(projector.get("preproc_image_size", 4 * tower.image_size))
-        spec = _vision(tower, int(projector.get("projector.scale_factor", 2)), image,
+        spec = _vision(tower, int(projector.get("projector.scale_factor", 2)),
+                       projector.image_token(token_id, IMAGE),
                        TilingConfig(longest_edge=longest, tile=tower.image_size, mean=mean,
                                     std=std))
         return with_vision(text, "idefics3", spec, {})
