@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,6 +32,8 @@ from engine.text.chat_template import (
 from engine.text.reasoning import CLOSE, OPEN, Reasoning
 
 GGUF_TOKENIZERS = "tokenizers"  # folder under the model cache: one per GGUF file version
+# folders (gguf_tokenizer_dir's keys) whose GGUF's tokenizer a child could not read -> why
+_UNREADABLE: dict[str, str] = {}
 GENERIC_TOKENIZER = "TokenizersBackend"  # transformers' class for a plain tokenizer.json
 # classes that rebuild a SentencePiece (Metaspace) pipeline whatever tokenizer.json says
 SENTENCEPIECE_CLASSES = ("GemmaTokenizer", "GemmaTokenizerFast", "LlamaTokenizer",
@@ -56,21 +60,23 @@ def gguf_tokenizer_dir(gguf: Path, cache_dir: str | Path) -> Path:
     built once from the file by transformers (seconds) and kept under `cache_dir`, keyed by
     the file's name, size and mtime (a changed file gets a fresh folder). Only tokenizer
     files and the EOS ids go there, never weights. Written to a temp folder and renamed into
-    place, so a crash or a parallel start never leaves a half-written one."""
+    place, so a crash or a parallel start never leaves a half-written one. Built in a child
+    process (tokenizer_build): transformers' GGUF reading imports modules serving never uses
+    (sympy among them, ~65 MB that would stay); a frozen bundle builds it in process."""
     gguf = Path(gguf)
     st = gguf.stat()
     out = Path(cache_dir) / GGUF_TOKENIZERS / f"{gguf.stem}-{st.st_size}-{st.st_mtime_ns}"
     if (out / "tokenizer_config.json").is_file():
         return out
+    if str(out) in _UNREADABLE:  # a child said so already: not seconds again per request
+        raise ValueError(_UNREADABLE[str(out)])
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        tok = _from_gguf(gguf)
-        tok.save_pretrained(str(tmp))
-        _generic_for_bpe(gguf, tmp)
-        if tok.eos_token_id is not None:
-            (tmp / "generation_config.json").write_text(
-                json.dumps({"eos_token_id": int(tok.eos_token_id)}))
+        if getattr(sys, "frozen", False):
+            write_tokenizer_dir(gguf, tmp)
+        else:
+            _build_in_child(gguf, tmp)
         try:
             os.rename(tmp, out)
         except OSError:  # another process finished first
@@ -81,6 +87,31 @@ def gguf_tokenizer_dir(gguf: Path, cache_dir: str | Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def write_tokenizer_dir(gguf: Path, folder: Path) -> None:
+    """The GGUF's tokenizer files and EOS ids written into `folder` (gguf_tokenizer_dir's)."""
+    tok = _from_gguf(gguf)
+    tok.save_pretrained(str(folder))
+    _generic_for_bpe(gguf, folder)
+    if tok.eos_token_id is not None:
+        (folder / "generation_config.json").write_text(
+            json.dumps({"eos_token_id": int(tok.eos_token_id)}))
+
+
+def _build_in_child(gguf: Path, folder: Path) -> None:
+    root = str(Path(__file__).resolve().parents[3])  # the folder holding `engine`
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+    done = subprocess.run([sys.executable, "-m", "engine.execution.text.tokenizer_build",
+                           str(gguf), str(folder)], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        message = (f"{gguf}: its tokenizer could not be read: "
+                   f"{lines[-1] if lines else f'exit status {done.returncode}'}")
+        st = gguf.stat()
+        _UNREADABLE[str(folder.parent / f"{gguf.stem}-{st.st_size}-{st.st_mtime_ns}")] = message
+        raise ValueError(message)
 
 
 def _from_gguf(gguf: Path) -> Any:

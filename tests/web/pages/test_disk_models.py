@@ -150,7 +150,8 @@ def test_thinking_switch_follows_the_conversations_model(server: Any) -> None:
 def test_a_model_whose_tokenizer_fails_is_refused_with_a_notice(server: Any) -> None:
     store = server.services.store
     before = store.conversations("local")
-    r = httpx.post(server.url + "/c", data={"content": "Hello", "model": "broken"})
+    # the tokenizer is read in a child process (seconds on a busy machine), then remembered
+    r = httpx.post(server.url + "/c", data={"content": "Hello", "model": "broken"}, timeout=120)
     assert r.status_code == 503 and "the model broken cannot be used" in r.text
     assert store.conversations("local") == before  # nothing left behind
     page = import_file(server, "broken")  # its page still opens
