@@ -136,14 +136,14 @@ def assemble(executor: ModelExecutor | EncoderExecutor, config: EngineConfig,
              how: LoadOptions, *,
              tokenizer: bool = True, tokenizer_cache: Path | None = None,
              draft: str | Path | None = None,
-             draft_quantize: str | None = None) -> Assembly:
-    """The one way a loaded model (load_model) becomes an Engine: its tokenizer (unless
-    `tokenizer` is False: raw ids in, raw ids out), the draft model at `draft` (checked
-    against the tokenizer's vocabulary: DraftModelError), then the Engine over them."""
+             draft_quantize: str | None = None, opened: Tokenizer | None = None) -> Assembly:
+    """The one way a loaded model (load_model) becomes an Engine: its tokenizer (`opened`,
+    or opened here unless `tokenizer` is False: raw ids in, raw ids out), the draft model at
+    `draft` (checked against the tokenizer's vocabulary: DraftModelError), then the Engine
+    over them."""
     from engine import DraftRunner, Engine, ModelExecutor, Tokenizer
 
-    opened = None
-    if tokenizer or draft is not None:
+    if opened is None and (tokenizer or draft is not None):
         assert executor.tokenizer_path is not None, "a loaded model has its tokenizer's path"
         opened = Tokenizer(executor.tokenizer_path, tokenizer_cache)
     runner = None
@@ -154,6 +154,24 @@ def assemble(executor: ModelExecutor | EncoderExecutor, config: EngineConfig,
                                   quantize=draft_quantize)
     return Assembly(executor, opened, runner,
                     Engine(config, executor, opened, draft_model=runner))
+
+
+def tokenizer_first(model: ModelRef, paths: Paths) -> Tokenizer | None:
+    """The model's tokenizer, opened before its weights load: opening one briefly takes 3-4
+    times what it keeps (parsing tokenizer.json; ~450 MB for Gemma 3's 262k tokens), and
+    before the weights that passing peak is not on top of them. None for a model not on
+    disk yet (a hub id: opened after its download, by assemble)."""
+    from engine import Tokenizer, gguf_tokenizer_dir, is_embedding_model
+    from engine.execution.residency import trim
+
+    if model.path is None or is_embedding_model(model.path):
+        return None
+    path = model.path
+    if path.is_file():  # a GGUF: its tokenizer folder, built once and cached
+        path = gguf_tokenizer_dir(path, paths.tokenizer_cache)
+    opened = Tokenizer(path)
+    trim()  # the parse's freed heap back before the weights come
+    return opened
 
 
 def build(settings: Settings, paths: Paths, model: ModelRef,
@@ -168,6 +186,7 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
     set_kernel_build_dir(paths.kernels_cache)
     how = LoadOptions(settings.dtype, device, paths.models_cache, progress, settings.quantize,
                       paths.tokenizer_cache)
+    opened = tokenizer_first(model, paths)
     executor, config = load_model(spec, engine_config(settings), how, model.projector)
     draft_ref = None
     # refused (DraftModelError) when it cannot draft; an encoder has nothing to draft for
@@ -177,7 +196,8 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
         draft_ref = draft_model(settings)
         assert draft_ref.path is not None
     built = assemble(executor, config, how, draft=draft_ref.path if draft_ref else None,
-                     draft_quantize=None if settings.quantize == "none" else settings.quantize)
+                     draft_quantize=None if settings.quantize == "none" else settings.quantize,
+                     opened=opened)
     engine, tokenizer, draft = built.engine, built.tokenizer, built.draft
     assert tokenizer is not None
     # the grammar compiler (llguidance's view of the vocabulary: 38 MB for SmolLM2's 49k
