@@ -22,6 +22,7 @@ from engine.execution.model.vision import (
     SiglipVisionTower,
     TowerConfig,
     VisionConfig,
+    renamed,
     with_vision,
 )
 from engine.vision import ProcessorConfig
@@ -122,10 +123,7 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
 
     @classmethod
     def hf_key(cls, key: str) -> str:
-        for old, new in RENAMES:
-            if key.startswith(old):
-                return new + key[len(old):]
-        return key
+        return renamed(key, RENAMES)
 
     def skip_key(self, key: str) -> bool:
         """The tower's pooling head (a SigLIP checkpoint may carry one): never run, as the

@@ -20,6 +20,7 @@ from engine.execution.model.vision import (
     SiglipVisionTower,
     TowerConfig,
     VisionConfig,
+    renamed,
     with_vision,
 )
 from engine.vision.tiling import TilingConfig
@@ -100,10 +101,7 @@ class Idefics3ForConditionalGeneration(CausalLM):
 
     @classmethod
     def hf_key(cls, key: str) -> str:
-        for old, new in RENAMES:
-            if key.startswith(old):
-                return new + key[len(old):]
-        return key
+        return renamed(key, RENAMES)
 
     def skip_key(self, key: str) -> bool:
         return key == "vision_model.embeddings.position_ids" or super().skip_key(key)

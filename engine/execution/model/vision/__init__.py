@@ -1,6 +1,11 @@
 """Vision layers the image families share: the ViT towers, the projectors, their configs."""
 from engine.execution.model.vision.clip import ClipVisionTower
-from engine.execution.model.vision.config import TowerConfig, VisionConfig, with_vision
+from engine.execution.model.vision.config import (
+    TowerConfig,
+    VisionConfig,
+    renamed,
+    with_vision,
+)
 from engine.execution.model.vision.pixel_shuffle import PixelShuffleConnector
 from engine.execution.model.vision.pooled import PooledProjector
 from engine.execution.model.vision.projector import MLPProjector
@@ -8,4 +13,4 @@ from engine.execution.model.vision.siglip import SiglipVisionTower
 
 __all__ = ["ClipVisionTower", "MLPProjector", "PixelShuffleConnector", "PooledProjector",
            "SiglipVisionTower",
-           "TowerConfig", "VisionConfig", "with_vision"]
+           "TowerConfig", "VisionConfig", "renamed", "with_vision"]

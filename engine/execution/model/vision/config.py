@@ -76,3 +76,12 @@ def with_vision(text: ModelConfig, model_type: str, vision: VisionConfig,
     return replace(text, model_type=model_type, vision=vision,
                    tie_word_embeddings=bool(cfg.get("tie_word_embeddings",
                                                     text.tie_word_embeddings)))
+
+
+def renamed(key: str, renames: tuple[tuple[str, str], ...]) -> str:
+    """A checkpoint key under this model's module names: the first of `renames` (old prefix,
+    new prefix) that it starts with, swapped; else the key as it is."""
+    for old, new in renames:
+        if key.startswith(old):
+            return new + key[len(old):]
+    return key
