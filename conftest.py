@@ -294,8 +294,12 @@ def serve_in_thread(app: Any, engine: Any, name: str, timeout: float) -> Server:
     import uvicorn
 
     port = free_port()
+    # keep-alive longer than the clients' own (httpx retires an idle connection after 5 s):
+    # at uvicorn's 5 s a client could reuse a connection the server was just closing, and a
+    # test client that does not retry (max_retries=0) saw "connection reset by peer"
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            log_level="warning", lifespan="on",
+                                           timeout_keep_alive=30,
                                            timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, name=name, daemon=True)
     thread.start()
