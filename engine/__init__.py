@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from engine.execution.loading.loader import ModelNotFound
     from engine.execution.loading.loader import resolve_model as resolve_model_files
     from engine.execution.loading.loader import vision_of as model_vision
-    from engine.execution.loading.projector_gguf import projector_beside
+    from engine.execution.loading.projector_gguf import projector_for
     from engine.execution.model.describe import describe_file as describe_model_file
     from engine.execution.model.describe import model_architecture
     from engine.execution.model.registry import (
@@ -96,7 +96,7 @@ _LAZY: dict[str, str] = {
     "describe_model_file": "engine.execution.model.describe:describe_file",
     "model_architecture": "engine.execution.model.describe:model_architecture",
     "model_vision": "engine.execution.loading.loader:vision_of",
-    "projector_beside": "engine.execution.loading.projector_gguf:projector_beside",
+    "projector_for": "engine.execution.loading.projector_gguf:projector_for",
     "ImageError": "engine.vision.decode:ImageError",
     "data_url_bytes": "engine.vision.decode:data_url_bytes",
     "decode_image": "engine.vision.decode:decode",
@@ -186,7 +186,7 @@ __all__ = [
     "model_vision",
     "parse_keep_alive",
     "preprocess_image",
-    "projector_beside",
+    "projector_for",
     "resolve_model_files",
     "split_image",
     "structured",

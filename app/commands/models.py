@@ -78,13 +78,13 @@ def describe(settings: Settings, paths: Paths) -> list[str]:
 def runs(path: Path, projector: Path | None = None) -> str:
     """Whether Ferry runs this file or folder: its architecture (and, for a vision model,
     that it takes images, with a GGUF's projector file), or why not."""
-    from engine import ModelNotFound, model_architecture, model_vision, projector_beside
+    from engine import ModelNotFound, model_architecture, model_vision, projector_for
 
     try:
         line = f"runs: {model_architecture(path)}"
     except (ModelNotFound, ValueError, KeyError, OSError) as exc:
         return f"cannot run: {exc}"
-    paired = projector or (projector_beside(path) if path.is_file() else None)
+    paired = projector_for(path, projector)
     if model_vision(path, paired) is not None:
         line += ", text + images" + (f" (projector {paired})" if paired else "")
     return line

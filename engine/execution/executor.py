@@ -25,7 +25,7 @@ from engine.execution.image_encoder import ImageEncoder
 from engine.execution.kv_pool import KVPool, LocalTables, slot_of
 from engine.execution.loading.loader import load_model, pool_dtype, resolve_model, weight_mode
 from engine.execution.loading.model_files import is_gguf
-from engine.execution.loading.projector_gguf import projector_beside
+from engine.execution.loading.projector_gguf import projector_for
 from engine.execution.model.decoder import CausalLM
 from engine.execution.model.fused_decode import FusedDecode, per_row_rows
 from engine.execution.model.layers.linear import Linear
@@ -121,7 +121,7 @@ class ModelExecutor:
         quantization; `quantize` ("q8_0" / "q4_0") quantizes a float folder once, at load.
         A GGUF's tokenizer is kept under `tokenizer_cache` (tokenizer files only; default
         `cache_dir`). A GGUF vision model's `projector` file (llama.cpp's mmproj) is the one
-        given, else the one beside the file (projector_gguf.projector_beside), if any.
+        given, else the one beside the file (projector_gguf.projector_for), if any.
 
         Runs on a short-lived thread so that the engine thread's OpenMP team is the only one
         afterwards (engine.execution.cpu explains why that halves small-batch step times)."""
@@ -131,8 +131,7 @@ class ModelExecutor:
                 reuse_freed_memory()
             path = resolve_model(model, cache_dir, progress)
             torch_dtype, quant = weight_mode(path, dtype, device, quantize)
-            paired = projector if projector is not None or not is_gguf(path) \
-                else projector_beside(path)
+            paired = projector_for(path, projector)
             net = load_model(path, torch_dtype, device, quant, paired)
             net.pack_weights()
             log.info("loaded %s as %s on %s", path, quant or torch_dtype, device)
@@ -145,7 +144,7 @@ class ModelExecutor:
             if gguf and tokenizers is not None:
                 ex.tokenizer_path = gguf_tokenizer_dir(path, tokenizers)
             ex.source = "GGUF" if gguf else "safetensors"
-            ex.projector = Path(paired) if paired is not None and net.takes_images else None
+            ex.projector = paired if net.takes_images else None
             return ex
         with Measured() as grew:  # and gives the allocator's slack of loading back
             ex = on_fresh_thread(load)

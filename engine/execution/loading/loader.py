@@ -184,9 +184,9 @@ def vision_of(path: str | Path, projector: str | Path | None = None) -> Any:
     path = Path(path)
     if is_gguf(path):
         from engine.execution.loading.gguf_file import GGUFFile
-        from engine.execution.loading.projector_gguf import projector_beside
+        from engine.execution.loading.projector_gguf import projector_for
 
-        paired = projector if projector is not None else projector_beside(path)
+        paired = projector_for(path, projector)
         if paired is None:
             return None
         try:

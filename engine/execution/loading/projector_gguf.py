@@ -171,3 +171,14 @@ def projector_beside(model: str | Path) -> Path | None:
         if family is not None and arch in family.projector_text_archs:
             return path
     return None
+
+
+def projector_for(model: str | Path, given: str | Path | None = None) -> Path | None:
+    """The projector file a model takes its image side from: `given` (--mmproj, Ollama's
+    projector layer), else, for a GGUF, the one beside it (projector_beside); None for a
+    folder or a text model."""
+    from engine.execution.loading.model_files import is_gguf
+
+    if given is not None:
+        return Path(given)
+    return projector_beside(model) if is_gguf(Path(model)) else None

@@ -54,23 +54,26 @@ def describe_file(path: str | Path, dtype: str = "auto", device: str = "cpu",
     """The same line for a model not loaded yet (`ferry doctor`): a GGUF's tensor table is
     read (memory-mapped, no weights touched); a folder is described by its settings. A
     GGUF's projector file is `projector`, or the one beside it."""
+    from engine.execution.errors import ModelFileError
+    from engine.execution.loading.gguf_file import GGUFFile
     from engine.execution.loading.loader import vision_of
-    from engine.execution.loading.projector_gguf import projector_beside
+    from engine.execution.loading.projector_gguf import projector_for
     from engine.execution.model import registry
+    from engine.execution.model.config import UnsupportedModel
 
     path = Path(path)
     arch = model_architecture(path)
     if registry.is_embedding_model(path):  # the encoder executor's, in floats
         return f"{arch}: embedding model, {'GGUF' if is_gguf(path) else 'safetensors'}"
-    paired = projector if projector is not None or not is_gguf(path) \
-        else projector_beside(path)
-    if vision_of(path, paired) is None:
-        return f"{arch}: {_file(path, dtype, device, quantize)}"
-    if paired is not None:  # the vision family over the file's text model
-        from engine.execution.loading.gguf_file import GGUFFile
-
-        arch = GGUFFile(path, paired).config.model_type
-    return f"{arch}: {_file(path, dtype, device, quantize)}{images_said(paired)}"
+    weights = _file(path, dtype, device, quantize)
+    paired = projector_for(path, projector)
+    if paired is not None:  # the vision family over the file's text model (it says why not
+        try:  # when it loads; listed as text until then)
+            family = GGUFFile(path, paired).config.model_type
+        except (UnsupportedModel, ModelFileError, ValueError, OSError):
+            return f"{arch}: {weights}"
+        return f"{family}: {weights}{images_said(paired)}"
+    return f"{arch}: {weights}" + (IMAGES if vision_of(path) is not None else "")
 
 
 def model_architecture(path: str | Path) -> str:
