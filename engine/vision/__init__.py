@@ -22,6 +22,7 @@ from engine.vision.placement import (
 if TYPE_CHECKING:
     from engine.vision.decode import DecodedImage, ImageError, data_url_bytes
     from engine.vision.decode import decode as decode_image
+    from engine.vision.patches import PatchConfig, Patches, patchify, smart_resize
     from engine.vision.processor import ProcessorConfig, preprocess
     from engine.vision.tiling import Tiles, TilingConfig, tile_text
     from engine.vision.tiling import split as split_image
@@ -32,6 +33,10 @@ _LAZY: dict[str, str] = {
     "data_url_bytes": "engine.vision.decode:data_url_bytes",
     # not `decode`: that name is the submodule's once it is imported
     "decode_image": "engine.vision.decode:decode",
+    "PatchConfig": "engine.vision.patches:PatchConfig",
+    "Patches": "engine.vision.patches:Patches",
+    "patchify": "engine.vision.patches:patchify",
+    "smart_resize": "engine.vision.patches:smart_resize",
     "ProcessorConfig": "engine.vision.processor:ProcessorConfig",
     "preprocess": "engine.vision.processor:preprocess",
     "TilingConfig": "engine.vision.tiling:TilingConfig",
@@ -47,6 +52,8 @@ __all__ = [
     "DecodedImage",
     "ImageError",
     "ImageInput",
+    "PatchConfig",
+    "Patches",
     "ProcessorConfig",
     "Tiles",
     "TilingConfig",
@@ -55,8 +62,10 @@ __all__ = [
     "data_url_bytes",
     "decode_image",
     "expand",
+    "patchify",
     "preprocess",
     "runs",
+    "smart_resize",
     "split_image",
     "tile_digest",
     "tile_text",
