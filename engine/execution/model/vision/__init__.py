@@ -9,8 +9,9 @@ from engine.execution.model.vision.config import (
 from engine.execution.model.vision.pixel_shuffle import PixelShuffleConnector
 from engine.execution.model.vision.pooled import PooledProjector
 from engine.execution.model.vision.projector import MLPProjector
+from engine.execution.model.vision.qwen_vit import QwenVisionTower, QwenViTConfig
 from engine.execution.model.vision.siglip import SiglipVisionTower
 
 __all__ = ["ClipVisionTower", "MLPProjector", "PixelShuffleConnector", "PooledProjector",
-           "SiglipVisionTower",
+           "QwenViTConfig", "QwenVisionTower", "SiglipVisionTower",
            "TowerConfig", "VisionConfig", "renamed", "with_vision"]
