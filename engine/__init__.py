@@ -75,6 +75,8 @@ if TYPE_CHECKING:
     from engine.execution.text.tokenizer import Tokenizer, gguf_tokenizer_dir
     from engine.vision.decode import ImageError, data_url_bytes
     from engine.vision.decode import decode as decode_image
+    from engine.vision.patches import PatchConfig
+    from engine.vision.patches import patchify as patchify_image
     from engine.vision.processor import ProcessorConfig
     from engine.vision.processor import preprocess as preprocess_image
     from engine.vision.tiling import TilingConfig, tile_text
@@ -103,6 +105,8 @@ _LAZY: dict[str, str] = {
     "ProcessorConfig": "engine.vision.processor:ProcessorConfig",
     "preprocess_image": "engine.vision.processor:preprocess",
     "TilingConfig": "engine.vision.tiling:TilingConfig",
+    "PatchConfig": "engine.vision.patches:PatchConfig",
+    "patchify_image": "engine.vision.patches:patchify",
     "split_image": "engine.vision.tiling:split",
     "tile_text": "engine.vision.tiling:tile_text",
 }
@@ -150,6 +154,7 @@ __all__ = [
     "ModelSet",
     "ModelSource",
     "ModelView",
+    "PatchConfig",
     "Policy",
     "ProcessorConfig",
     "QueueFull",
@@ -185,6 +190,7 @@ __all__ = [
     "model_architecture",
     "model_vision",
     "parse_keep_alive",
+    "patchify_image",
     "preprocess_image",
     "projector_for",
     "resolve_model_files",

@@ -45,7 +45,7 @@ from engine.execution.sampling.verify import verify_items
 from engine.execution.text.tokenizer import gguf_tokenizer_dir, read_eos_ids
 from engine.scheduling.batch import Batch, Sampled
 from engine.scheduling.request import Request, TokenLogprob
-from engine.vision import ImageInput
+from engine.vision import ImageInput, mrope_positions
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +232,8 @@ class ModelExecutor:
         ps = self.page_size
         ids: list[int] = []
         positions: list[int] = []
+        # M-RoPE's three position components, once a row of the round needs them
+        planes: tuple[list[int], list[int], list[int]] | None = None
         slots: list[int] = []
         query_lens: list[int] = []
         kv_lens: list[int] = []
@@ -270,7 +272,16 @@ class ModelExecutor:
                 ids.extend(req.prompt_ids[start:end])
             else:
                 ids.extend(req.token_at(p) for p in range(start, end))
-            positions.extend(range(start, end))
+            if any(image.grid for image in req.images):  # M-RoPE: (time, row, column)
+                if planes is None:  # the rows before: text, the same in all three
+                    planes = (list(positions), list(positions), list(positions))
+                for plane, part in zip(planes, mrope_positions(req.images, start, end),
+                                       strict=True):
+                    plane.extend(part)
+            else:
+                positions.extend(range(start, end))
+                for plane in planes or ():
+                    plane.extend(range(start, end))
             slots.extend(slot_of(pages, p, ps) for p in range(start, end))
             if it.drafts:
                 # each position its own single-token sequence over the same pages: every
@@ -301,6 +312,11 @@ class ModelExecutor:
         def as_tensor(xs: list[int]) -> torch.Tensor:
             return to_device(xs, torch.int64, dev)
 
+        if planes is not None and not planes[0] == planes[1] == planes[2]:
+            where = to_device(planes[0] + planes[1] + planes[2], torch.int64, dev).view(3, -1)
+        else:  # text only: one component says it (decode rounds after an image too)
+            where = as_tensor(planes[0] if planes is not None else positions)
+
         with torch.inference_mode():
             self.attn.prepare(AttentionInputs(
                 query_lens, kv_lens, tables, as_tensor(slots),
@@ -308,7 +324,7 @@ class ModelExecutor:
                                                        as_tensor(local.slots)),
                 tuple(spans)))
             rows, embeds = self._image_rows(pieces) if pieces else (None, None)
-            logits = self.model(as_tensor(ids), as_tensor(positions), self.attn,
+            logits = self.model(as_tensor(ids), where, self.attn,
                                 as_tensor(score_rows + sample_rows), self.fused, rows, embeds)
             if score_rows:
                 self._score_prompts(logits[:len(score_rows)], scored)

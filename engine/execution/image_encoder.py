@@ -38,17 +38,20 @@ class ImageEncoder:
         """Each image's encoder output [length, hidden], by digest: cached ones as they are,
         the others encoded now, one batch per pixel shape."""
         out: dict[str, torch.Tensor] = {}
-        todo: dict[tuple[int, ...], dict[str, ImageInput]] = {}
+        # one encoder batch per pixel shape and grid of positions
+        todo: dict[tuple[tuple[int, ...], tuple[int, int] | None], dict[str, ImageInput]] = {}
         for image in images:
             hit = self._cache.get(image.digest)
             if hit is not None:
                 self._cache.move_to_end(image.digest)
                 out[image.digest] = hit
             else:
-                todo.setdefault(tuple(_pixels(image).shape), {})[image.digest] = image
-        for group in todo.values():
+                key = (tuple(_pixels(image).shape), image.grid)
+                todo.setdefault(key, {})[image.digest] = image
+        for (_, grid), group in todo.items():
             pixels = torch.stack([_pixels(i) for i in group.values()]).to(self.device)
-            encoded = self.model.encode_images(pixels)
+            encoded = (self.model.encode_images(pixels) if grid is None
+                       else self.model.encode_images(pixels, grid))
             for (digest, image), rows in zip(group.items(), encoded):
                 if rows.shape[0] != image.length:
                     raise ValueError(f"an image encodes to {rows.shape[0]} rows, its prompt "

@@ -189,18 +189,22 @@ class Engine:
         vision = self.vision
         if vision is None:
             raise RequestError("this model takes no images")
+        per_image = vision.tokens_per_image  # 0: each image its own (dynamic resolution)
         if sum(1 for t in req.prompt_ids if t == vision.image_token_id) != \
-                len(images) * vision.tokens_per_image:
+                sum(image.length for image in images):
             raise RequestError("the prompt holds the model's image token without an image "
                                "for it (send images as image_url content parts)")
         if not images:
             return
         for image in images:
-            if image.offset < 0 or image.end > req.prompt_len or image.length != \
-                    vision.tokens_per_image or any(
+            if image.offset < 0 or image.end > req.prompt_len or (
+                    per_image and image.length != per_image) or any(
                         t != vision.image_token_id for t in req.prompt_ids[image.offset:image.end]):
-                raise RequestError("an image's positions must hold the model's image token, "
-                                   f"{vision.tokens_per_image} of them")
+                raise RequestError("an image's positions must hold the model's image token"
+                                   + (f", {per_image} of them" if per_image else ""))
+            if image.grid is not None and image.grid[0] * image.grid[1] != image.length:
+                raise RequestError(f"an image's grid {image.grid} does not lay out its "
+                                   f"{image.length} positions")
         req.images = tuple(images)
         req.cache_key = cache_ids(req.prompt_ids, images)
 

@@ -15,6 +15,7 @@ from engine.vision.placement import (
     cache_ids,
     chunk_end,
     expand,
+    mrope_positions,
     runs,
     tile_digest,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "data_url_bytes",
     "decode_image",
     "expand",
+    "mrope_positions",
     "patchify",
     "preprocess",
     "runs",

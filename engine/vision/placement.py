@@ -25,6 +25,9 @@ class ImageInput:
     # its positions attend to one another both ways (Gemma 3's): each sees the whole image,
     # so the image's positions are computed in one prefill chunk (chunk_end)
     whole: bool = False
+    # (rows, cols) its positions lay out as, row by row, where the model's rotary
+    # embedding places an image in two dimensions (Qwen2-VL's M-RoPE: mrope_positions)
+    grid: tuple[int, int] | None = None
 
     @property
     def end(self) -> int:
@@ -98,3 +101,40 @@ def chunk_end(images: Sequence[ImageInput], start: int, end: int) -> int:
         if image.whole and image.offset < end < image.end:
             return image.offset if image.offset > start else image.end
     return end
+
+
+def mrope_positions(images: Sequence[ImageInput], start: int,
+                    end: int) -> tuple[list[int], list[int], list[int]]:
+    """The (time, row, column) rotary positions of prompt positions [start, end), as
+    Qwen2-VL's M-RoPE numbers them: text counts on by one in all three; an image with a
+    `grid` of rows x cols all takes the time of its first position, its rows and columns
+    counting from there; the text after it goes on from the image's largest position + 1,
+    so each image shifts what follows by max(rows, cols) - rows * cols."""
+    time: list[int] = []
+    row: list[int] = []
+    col: list[int] = []
+
+    def text(lo: int, hi: int, shift: int) -> None:
+        span = range(lo + shift, hi + shift)
+        time.extend(span)
+        row.extend(span)
+        col.extend(span)
+
+    shift, p = 0, start
+    for image in sorted(images, key=lambda i: i.offset):
+        if image.grid is None or image.offset >= end:
+            continue
+        rows, cols = image.grid
+        if image.end > p:
+            text(p, min(image.offset, end), shift)
+            p = max(p, image.offset)
+            base = image.offset + shift
+            for k in range(p - image.offset, min(image.end, end) - image.offset):
+                r, c = divmod(k, cols)
+                time.append(base)
+                row.append(base + r)
+                col.append(base + c)
+            p = min(image.end, end)
+        shift += max(rows, cols) - rows * cols
+    text(p, end, shift)
+    return time, row, col

@@ -167,9 +167,11 @@ class CausalLM(nn.Module):
     def takes_images(self) -> bool:
         return self.config.vision is not None
 
-    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
+    def encode_images(self, pixels: torch.Tensor,
+                      grid: tuple[int, int] | None = None) -> torch.Tensor:
         """Pixel values [B, 3, H, W] -> the rows each image's positions hold
-        [B, tokens_per_image, hidden] (vision families only)."""
+        [B, tokens_per_image, hidden] (vision families only); `grid`: the images' (rows,
+        cols) of positions, where the family lays them out in two dimensions (M-RoPE)."""
         raise NotImplementedError(f"{self.config.model_type} takes no images")
 
     def adapt_hf_tensor(self, key: str, tensor: torch.Tensor) -> torch.Tensor:

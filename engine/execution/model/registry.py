@@ -20,6 +20,7 @@ from engine.execution.model.architectures.llama import LlamaForCausalLM
 from engine.execution.model.architectures.llava import LlavaForConditionalGeneration
 from engine.execution.model.architectures.phi3 import Phi3ForCausalLM
 from engine.execution.model.architectures.qwen2 import Qwen2ForCausalLM
+from engine.execution.model.architectures.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from engine.execution.model.architectures.qwen3 import Qwen3ForCausalLM
 from engine.execution.model.architectures.qwen3_moe import Qwen3MoeForCausalLM
 from engine.execution.model.config import ModelConfig, UnsupportedModel
@@ -29,7 +30,7 @@ from engine.execution.model.pooling import has_pooling_module
 ARCHITECTURES: tuple[type[CausalLM], ...] = (
     LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM,
     Qwen3MoeForCausalLM, LlavaForConditionalGeneration, Idefics3ForConditionalGeneration,
-    Gemma3ForConditionalGeneration,
+    Gemma3ForConditionalGeneration, Qwen2_5_VLForConditionalGeneration,
 )
 
 HF_TYPES: dict[str, type[CausalLM]] = {t: a for a in ARCHITECTURES for t in a.hf_model_types}

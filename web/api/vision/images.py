@@ -16,12 +16,14 @@ from typing import Any
 from engine import (
     ImageError,
     ImageInput,
+    PatchConfig,
     ProcessorConfig,
     TilingConfig,
     data_url_bytes,
     decode_image,
     expand_image_tokens,
     image_tile_runs,
+    patchify_image,
     preprocess_image,
     split_image,
     tile_digest,
@@ -49,6 +51,8 @@ class _Prepared:
     digest: str
     pixels: Any  # torch.Tensor [3, H, W]; a tiled image's: [tiles, 3, S, S]
     grid: tuple[int, int] | None = None  # a tiled image's rows and columns of tiles
+    # an image at its own size (Qwen2.5-VL's patches): its positions' rows and columns
+    positions: tuple[int, int] | None = None
 
 
 def vision_of(engine: Any) -> Any:
@@ -95,7 +99,7 @@ def _refused(exc: ImageError, where: str) -> APIError:
     return APIError(str(exc), param=f"{where}.image_url.url", code=exc.code)
 
 
-def _prepare(where: str, url: str, processor: ProcessorConfig | TilingConfig,
+def _prepare(where: str, url: str, processor: ProcessorConfig | TilingConfig | PatchConfig,
              config: WebConfig) -> _Prepared:
     """Fetch (a remote URL check_images let through), decode and preprocess one image (never
     on the event loop). A small file may decode to `max_image_pixels` x 4 bytes, so only
@@ -114,6 +118,13 @@ def _prepare(where: str, url: str, processor: ProcessorConfig | TilingConfig,
         if isinstance(processor, TilingConfig):
             tiles = split_image(decoded.image, processor)
             return _Prepared(decoded.digest, tiles.pixels, (tiles.rows, tiles.cols))
+        if isinstance(processor, PatchConfig):
+            try:
+                patches = patchify_image(decoded.image, processor)
+            except ValueError as exc:  # e.g. an aspect ratio past 200:1
+                raise APIError(f"{where}: {exc}", param=f"{where}.image_url.url",
+                               code="invalid_image") from None
+            return _Prepared(decoded.digest, patches.pixels, positions=patches.merged)
         return _Prepared(decoded.digest, preprocess_image(decoded.image, processor))
 
 
@@ -175,16 +186,23 @@ def build_image_prompt(messages: Sequence[dict[str, Any]], engine: Any, config: 
                      image_text=(vision.placeholder, vision.image_text))
     else:
         ids = render(with_placeholders(messages, vision.placeholder))
+    lengths = [_length(p, vision.tokens_per_image) for p in prepared]
     try:
-        expanded, offsets = expand_image_tokens(ids, vision.image_token_id,
-                                                [vision.tokens_per_image] * len(prepared))
+        expanded, offsets = expand_image_tokens(ids, vision.image_token_id, lengths)
     except ValueError as exc:  # the text itself held the placeholder
         raise APIError(f"the messages hold {vision.placeholder!r} besides their image parts: "
                        f"{exc}", param="messages", code="invalid_image_placement") from None
-    placed = tuple(ImageInput(p.digest, p.pixels, offset, vision.tokens_per_image,
-                              vision.whole_images)
-                   for p, offset in zip(prepared, offsets))
+    placed = tuple(ImageInput(p.digest, p.pixels, offset, length, vision.whole_images,
+                              p.positions)
+                   for p, offset, length in zip(prepared, offsets, lengths, strict=True))
     return ImagePrompt(expanded, placed)
+
+
+def _length(prepared: _Prepared, per_image: int) -> int:
+    """The positions an image takes: the model's per image, or its own grid's."""
+    if prepared.positions is None:
+        return per_image
+    return prepared.positions[0] * prepared.positions[1]
 
 
 def _place_tiles(messages: Sequence[dict[str, Any]], vision: Any, prepared: list[_Prepared],

@@ -111,12 +111,12 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
         super().__init__(cfg, dtype, device)
         spec: VisionConfig = cfg.vision
         size = getattr(spec.processor, "output_size", None)
-        if size != (spec.tower.image_size, spec.tower.image_size):
+        if size != (spec.vit.image_size, spec.vit.image_size):
             raise UnsupportedModel(f"the image processor's {size} pixels differ from the "
-                                   f"vision tower's {spec.tower.image_size}")
+                                   f"vision tower's {spec.vit.image_size}")
         where = device if device is not None else "cpu"
-        self.vision_tower = SiglipVisionTower(spec.tower, dtype, where)
-        tower = spec.tower
+        self.vision_tower = SiglipVisionTower(spec.vit, dtype, where)
+        tower = spec.vit
         self.multi_modal_projector = PooledProjector(
             tower.hidden_size, cfg.hidden_size, tower.image_size // tower.patch_size,
             round(spec.tokens_per_image ** 0.5), tower.layer_norm_eps, dtype, where)
@@ -137,7 +137,8 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
         return tensor if key.startswith("vision_tower.") else super().adapt_hf_tensor(key,
                                                                                      tensor)
 
-    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
+    def encode_images(self, pixels: torch.Tensor,
+                      grid: tuple[int, int] | None = None) -> torch.Tensor:
         """Images [B, 3, S, S] -> [B, tokens per image, hidden]."""
         rows: torch.Tensor = self.multi_modal_projector(self.vision_tower(pixels.to(self.dtype)))
         return rows

@@ -89,14 +89,14 @@ class Idefics3ForConditionalGeneration(CausalLM):
         super().__init__(cfg, dtype, device)
         spec: VisionConfig = cfg.vision
         tile = getattr(spec.processor, "tile", None)
-        if tile != spec.tower.image_size:  # else a tile encodes to more rows than its tokens
+        if tile != spec.vit.image_size:  # else a tile encodes to more rows than its tokens
             raise UnsupportedModel(f"the image processor's tiles ({tile} pixels) differ from "
-                                   f"the vision tower's image_size ({spec.tower.image_size})")
+                                   f"the vision tower's image_size ({spec.vit.image_size})")
         where = device if device is not None else "cpu"
-        self.vision_model = SiglipVisionTower(spec.tower, dtype, where)
-        side = spec.tower.image_size // spec.tower.patch_size
+        self.vision_model = SiglipVisionTower(spec.vit, dtype, where)
+        side = spec.vit.image_size // spec.vit.patch_size
         scale = round((side * side / spec.tokens_per_image) ** 0.5)
-        self.connector = PixelShuffleConnector(spec.tower.hidden_size, cfg.hidden_size, scale,
+        self.connector = PixelShuffleConnector(spec.vit.hidden_size, cfg.hidden_size, scale,
                                                dtype, where)
 
     @classmethod
@@ -106,7 +106,8 @@ class Idefics3ForConditionalGeneration(CausalLM):
     def skip_key(self, key: str) -> bool:
         return key == "vision_model.embeddings.position_ids" or super().skip_key(key)
 
-    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
+    def encode_images(self, pixels: torch.Tensor,
+                      grid: tuple[int, int] | None = None) -> torch.Tensor:
         """Tiles [B, 3, S, S] -> [B, tokens per tile, hidden]."""
         rows: torch.Tensor = self.connector(self.vision_model(pixels.to(self.dtype)))
         return rows

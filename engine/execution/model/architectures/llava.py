@@ -79,10 +79,10 @@ class LlavaForConditionalGeneration(CausalLM):
         super().__init__(cfg, dtype, device)
         spec: VisionConfig = cfg.vision
         where = device if device is not None else "cpu"
-        self.vision_tower = ClipVisionTower(spec.tower, dtype, where)
-        self.multi_modal_projector = MLPProjector(spec.tower.hidden_size, cfg.hidden_size,
+        self.vision_tower = ClipVisionTower(spec.vit, dtype, where)
+        self.multi_modal_projector = MLPProjector(spec.vit.hidden_size, cfg.hidden_size,
                                                   "gelu", True, dtype, where)
-        self.keep_class_token = spec.tokens_per_image > spec.tower.num_patches
+        self.keep_class_token = spec.tokens_per_image > spec.vit.num_patches
 
     @classmethod
     def hf_key(cls, key: str) -> str:
@@ -97,10 +97,11 @@ class LlavaForConditionalGeneration(CausalLM):
                 or key == "vision_tower.embeddings.position_ids":
             return True
         if key.startswith("vision_tower.encoder.layers."):
-            return int(key.split(".")[3]) >= int(self.config.vision.tower.layers)
+            return int(key.split(".")[3]) >= int(self.config.vision.vit.layers)
         return super().skip_key(key)
 
-    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
+    def encode_images(self, pixels: torch.Tensor,
+                      grid: tuple[int, int] | None = None) -> torch.Tensor:
         features = self.vision_tower(pixels.to(self.dtype))
         if not self.keep_class_token:
             features = features[:, 1:]

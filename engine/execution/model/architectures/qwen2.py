@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from engine.execution.model.config import (
     GGUFMeta,
@@ -33,7 +33,7 @@ def qwen_windows(cfg: Mapping[str, Any]) -> list[int | None]:
 
 class Qwen2ForCausalLM(CausalLM):
     hf_model_types = ("qwen2",)
-    gguf_archs = ("qwen2",)
+    gguf_archs: ClassVar[tuple[str, ...]] = ("qwen2",)
 
     @classmethod
     def config_from_hf(cls, cfg: Mapping[str, Any]) -> ModelConfig:

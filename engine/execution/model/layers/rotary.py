@@ -66,6 +66,18 @@ class RotaryEmbedding(nn.Module):
         # are scaled by `attention_factor`
         self.switch: int | None = None
         self.attention_factor = 1.0
+        # M-RoPE (Qwen2-VL): frequency j rotates by position component sections[j] of
+        # (time, row, column); positions come as [3, T]
+        self.sections: torch.Tensor | None
+        self.register_buffer("sections", None, persistent=False)
+        if spec.params.get("mrope_section"):
+            parts = [int(n) for n in spec.params["mrope_section"]]
+            if sum(parts) != head_dim // 2:
+                raise ValueError(f"mrope_section {parts} does not cover {head_dim // 2} "
+                                 "frequencies")
+            which = [i % 3 for i, n in enumerate(parts) for _ in range(n)]
+            self.register_buffer("sections", torch.tensor(which, dtype=torch.int64,
+                                                          device=device), persistent=False)
         if spec.kind == "longrope":
             params = spec.params
             base = rope_inv_freq(head_dim, RopeSpec(spec.theta))
@@ -79,7 +91,8 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """[T] positions -> (cos, sin_signed), each [T, 1, head_dim] in `dtype`.
+        """[T] positions ([3, T] for M-RoPE) -> (cos, sin_signed), each [T, 1, head_dim]
+        in `dtype`.
 
         Reading a device tensor's values waits for the device, so positions are checked
         against the model's range here only on the CPU (free there); the executor checks the
@@ -91,7 +104,13 @@ class RotaryEmbedding(nn.Module):
         inv = self.inv_freq[None, :]
         if self.switch is not None and (not host or top >= self.switch):
             inv = torch.where(positions[:, None] >= self.switch, self.long_inv_freq[None, :], inv)
-        freqs = positions.float()[:, None] * inv
+        if positions.dim() == 2:  # M-RoPE: [3, T] -> each frequency's own component
+            if self.sections is None:
+                raise ValueError("positions in three components for a one-dimensional rope")
+            freqs = (positions.float()[:, :, None] * inv).gather(
+                0, self.sections.expand(1, positions.shape[1], -1)).squeeze(0)
+        else:
+            freqs = positions.float()[:, None] * inv
         cos, sin = freqs.cos(), freqs.sin()
         if self.attention_factor != 1.0:
             cos, sin = cos * self.attention_factor, sin * self.attention_factor

@@ -6,10 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from engine.vision import ProcessorConfig, TilingConfig
+from engine.vision import PatchConfig, ProcessorConfig, TilingConfig
 
 if TYPE_CHECKING:
     from engine.execution.model.config import ModelConfig
+    from engine.execution.model.vision.qwen_vit import QwenViTConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,14 +53,16 @@ class TowerConfig:
 class VisionConfig:
     """A vision model's image side: its tower, and the prompt's image placeholder."""
 
-    tower: TowerConfig
+    tower: TowerConfig | QwenViTConfig
     image_token_id: int  # the placeholder token each image's positions hold
     # positions one image takes in the prompt; a tiled image: one tile's (each tile is one
-    # encoder input, placed by the prompt text the family writes for it)
+    # encoder input, placed by the prompt text the family writes for it); 0: each image
+    # its own, from its size (Qwen2.5-VL's patches)
     tokens_per_image: int
     placeholder: str  # the text a chat message holds where an image goes
-    # how an image becomes pixel values: one resized image, or tiles (SmolVLM's splitting)
-    processor: ProcessorConfig | TilingConfig
+    # how an image becomes pixel values: one resized image, tiles (SmolVLM's splitting), or
+    # patches at about the image's own size (Qwen2.5-VL's)
+    processor: ProcessorConfig | TilingConfig | PatchConfig
     # the processor's text for one image, put where the chat template wrote `placeholder`
     # (Gemma 3's: its image tokens between its own tags), the image token once (repeated to
     # tokens_per_image after encoding); the template then gets image parts as they are
@@ -67,6 +70,13 @@ class VisionConfig:
     image_text: str | None = None
     # an image's positions attend to one another both ways (Gemma 3), not causally
     whole_images: bool = False
+
+    @property
+    def vit(self) -> TowerConfig:
+        """The tower, for the families built on a CLIP or SigLIP ViT."""
+        if not isinstance(self.tower, TowerConfig):
+            raise TypeError(f"{type(self.tower).__name__} is not a CLIP or SigLIP tower")
+        return self.tower
 
 
 def with_vision(text: ModelConfig, model_type: str, vision: VisionConfig,

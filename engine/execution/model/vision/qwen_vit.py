@@ -237,8 +237,6 @@ class QwenVisionTower(nn.Module):
     """One image's patches [rows * cols, C * T * P * P] -> its merged rows
     [rows * cols / merge^2, out_hidden_size], in the image's order of merge groups."""
 
-    inv_freq: torch.Tensor  # a non-persistent buffer: not in the checkpoint
-
     def __init__(self, cfg: QwenViTConfig, dtype: torch.dtype,
                  device: torch.device | str) -> None:
         super().__init__()
@@ -246,11 +244,6 @@ class QwenVisionTower(nn.Module):
         self.patch_embed = PatchEmbed(cfg, dtype, device)
         self.blocks = nn.ModuleList(VisionBlock(cfg, dtype, device) for _ in range(cfg.depth))
         self.merger = PatchMerger(cfg, dtype, device)
-        # rows and columns rotate a quarter of each head's dims each (half the pairs)
-        quarter = cfg.head_dim // 2
-        even = torch.arange(0, quarter, 2, dtype=torch.float32, device="cpu")
-        inv = 1.0 / (cfg.rope_theta ** (even / quarter))
-        self.register_buffer("inv_freq", inv.to(device), persistent=False)
 
     def rotary(self, rows: int, cols: int,
                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -263,7 +256,11 @@ class QwenVisionTower(nn.Module):
         def grouped(pos: torch.Tensor) -> torch.Tensor:
             return pos.reshape(rows // m, m, cols // m, m).transpose(1, 2).reshape(-1)
 
-        inv = self.inv_freq.to(device)
+        # rows and columns rotate a quarter of each head's dims each (half the pairs); made
+        # here, not kept as a buffer: a model built on the meta device loads no such tensor
+        quarter = self.cfg.head_dim // 2
+        even = torch.arange(0, quarter, 2, dtype=torch.float32, device=device)
+        inv = 1.0 / (self.cfg.rope_theta ** (even / quarter))
         freqs = torch.cat((grouped(r).float()[:, None] * inv,
                            grouped(c).float()[:, None] * inv), dim=-1)  # [N, head_dim / 2]
         cos, sin = freqs.cos(), freqs.sin()
