@@ -29,9 +29,11 @@ TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def build(folder: Path, tokenizer: Any) -> Any:
+def build(folder: Path, tokenizer: Any, window: int = 56) -> Any:
     """Write the tiny Qwen2.5-VL into `folder` (SmolLM2's tokenizer, a copy: `tokenizer` is
-    the session's); return transformers' model."""
+    the session's); return transformers' model. `window`: its attention windows' side in
+    pixels (56: 2 x 2 merged positions; llama.cpp's projector files leave it out, taking
+    Qwen2.5-VL's 112)."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     from tests.tools.random_hf import random_hf
@@ -42,9 +44,9 @@ def build(folder: Path, tokenizer: Any) -> Any:
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                  "mrope_section": [2, 3, 3]},
                 initializer_range=0.2, bos_token_id=1, eos_token_id=2)
-    # windows of 56 pixels: 2 x 2 merged positions, so an image spans several windows
+    # small windows, so an image spans several
     vision = dict(depth=4, hidden_size=32, intermediate_size=64, num_heads=4,
-                  out_hidden_size=64, window_size=56, fullatt_block_indexes=[1, 3],
+                  out_hidden_size=64, window_size=window, fullatt_block_indexes=[1, 3],
                   spatial_merge_size=MERGE, initializer_range=0.2)
     config = Qwen2_5_VLConfig(text_config=text, vision_config=vision,
                               image_token_id=IMAGE_TOKEN, video_token_id=49155,

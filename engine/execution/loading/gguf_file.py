@@ -252,10 +252,7 @@ class GGUFFile:
                        expected: dict[str, tuple[int, ...]]) -> None:
         """The projector file's tensors under the vision family's keys (read as floats:
         the tower runs float, whatever the file stores)."""
-        family = self.architecture
-        assert self.config.vision is not None
-        keyed = projector.keyed(family.projector_tower, dict(family.projector_names),
-                                self.config.vision.tower.hidden_size)
+        keyed = self.architecture.projector_tensors(projector, self.config)
         for key, t in keyed.items():
             want = expected.get(key)
             if want is None or t.shape != want:

@@ -103,6 +103,25 @@ class ProjectorFile:
         return (float(mean[0]), float(mean[1]), float(mean[2])), \
             (float(std[0]), float(std[1]), float(std[2]))
 
+    def floats(self, name: str) -> np.ndarray:
+        """A tensor's values as float32 in torch's shape, dequantised where it is stored
+        in blocks."""
+        from gguf import GGMLQuantizationType, quants
+
+        t = self.tensors.get(name)
+        if t is None:
+            raise ModelFileError(f"{self.path}: tensor {name} is missing")
+        values = quants.dequantize(np.asarray(t.data), GGMLQuantizationType(t.qtype))
+        return np.ascontiguousarray(values, dtype=np.float32).reshape(t.shape)
+
+    def joined(self, names: list[str], axis: int, stack: bool = False) -> ProjectorTensor:
+        """Tensors the file keeps apart and the model keeps as one (Qwen2.5-VL's q, k and v
+        as qkv; its patch embedding's two frames as one Conv3d kernel): float32, joined
+        along `axis` (stacked along a new one where `stack`)."""
+        parts = [self.floats(name) for name in names]
+        data = np.stack(parts, axis) if stack else np.concatenate(parts, axis)
+        return ProjectorTensor("+".join(names), 0, tuple(data.shape), data)  # 0: F32
+
     def keyed(self, tower: str, projector: dict[str, str],
               hidden: int) -> dict[str, ProjectorTensor]:
         """Every tensor under the model's key: the tower's under `tower` (its module

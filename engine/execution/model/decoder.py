@@ -33,7 +33,7 @@ from engine.execution.model.layers import (
 )
 
 if TYPE_CHECKING:
-    from engine.execution.loading.projector_gguf import ProjectorFile
+    from engine.execution.loading.projector_gguf import ProjectorFile, ProjectorTensor
     from engine.execution.model.config import GGUFMeta
     from engine.execution.model.fused_decode import DecodeLayerSpec, FusedDecode
 
@@ -145,6 +145,15 @@ class CausalLM(nn.Module):
     @classmethod
     def config_from_gguf(cls, meta: GGUFMeta) -> ModelConfig:
         raise NotImplementedError
+
+    @classmethod
+    def projector_tensors(cls, projector: ProjectorFile,
+                          config: ModelConfig) -> dict[str, ProjectorTensor]:
+        """The projector file's tensors under this model's keys: the tower's by llama.cpp's
+        common names, the projector's by `projector_names`."""
+        assert config.vision is not None
+        return projector.keyed(cls.projector_tower, dict(cls.projector_names),
+                               config.vision.tower.hidden_size)
 
     @classmethod
     def config_from_projector(cls, text: ModelConfig, projector: ProjectorFile,

@@ -13,13 +13,14 @@ engine.text.chat_template.FALLBACK_TEMPLATE.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,52 @@ def _from_gguf(gguf: Path) -> Any:
         from engine.execution.text.wordpiece_gguf import wordpiece_tokenizer
 
         return wordpiece_tokenizer(gguf)
-    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    with _text_architecture_alias():
+        return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+# GGUF architectures transformers does not read, whose tokenizer is another's: a vision
+# model's text GGUF (llama.cpp writes Qwen2.5-VL's as "qwen2vl")
+TEXT_ARCHITECTURE_ALIASES = {"qwen2vl": "qwen2"}
+
+
+@contextlib.contextmanager
+def _text_architecture_alias() -> Iterator[None]:
+    """While reading a tokenizer, transformers' GGUF reader sees a file of an aliased
+    architecture as one of the architecture it knows: `general.architecture` and the
+    `<arch>.*` keys renamed (the tokenizer's own fields carry no architecture)."""
+    import gguf
+    import numpy as np
+
+    module: Any = gguf  # its reader class is swapped for the duration
+    base = module.GGUFReader
+
+    class Aliased(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            fields: Any = getattr(self, "fields")  # noqa: B009 (mypy cannot type it)
+            field = fields.get("general.architecture")
+            arch = bytes(field.parts[field.data[0]]).decode() if field is not None else ""
+            alias = TEXT_ARCHITECTURE_ALIASES.get(arch)
+            if field is None or alias is None:
+                return
+            renamed = {}
+            for key, f in fields.items():
+                if key == "general.architecture":
+                    f = module.ReaderField(f.offset, key,
+                                           [np.frombuffer(alias.encode(), np.uint8)], [0],
+                                           [module.GGUFValueType.STRING])
+                elif key.startswith(arch + "."):
+                    key = alias + key[len(arch):]
+                    f = module.ReaderField(f.offset, key, f.parts, f.data, f.types)
+                renamed[key] = f
+            self.fields = type(fields)(renamed)
+
+    module.GGUFReader = Aliased
+    try:
+        yield
+    finally:
+        module.GGUFReader = base
 
 
 def _generic_for_bpe(gguf: Path, folder: Path) -> None:

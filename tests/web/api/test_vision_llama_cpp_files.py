@@ -1,10 +1,10 @@
 """Opt-in (`-m slow`, FERRY_LLAMA_CPP=<a llama.cpp source checkout>): vision models as people
 get them for llama.cpp and LM Studio, a text GGUF with its projector file (`mmproj`) beside
 it, both written by the checkout's own `convert_hf_to_gguf.py` (`--mmproj` for the
-projector) from the seeded tiny Gemma 3 and SmolVLM the HF-folder tests use. Ferry pairs the
-projector by itself (the one `mmproj*.gguf` beside the model) and its greedy replies, prompt
-counts and first-token log-probabilities through the API equal transformers' float32 for
-text + one image and text + two images."""
+projector) from the seeded tiny Gemma 3, SmolVLM and Qwen2.5-VL the HF-folder tests use.
+Ferry pairs the projector by itself (the one `mmproj*.gguf` beside the model) and its
+greedy replies and prompt counts through the API equal transformers' float32 for text + one
+image and text + two images."""
 from __future__ import annotations
 
 import json
@@ -20,7 +20,7 @@ from tests.engine.execution.loading.test_llama_cpp_files import (  # noqa: F401 
     converter_python,
     llama_cpp,
 )
-from tests.tools import tiny_gemma3, tiny_idefics3
+from tests.tools import tiny_gemma3, tiny_idefics3, tiny_qwen2_5_vl
 from tests.tools.tiny_llava import ask, content, png
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -45,14 +45,38 @@ def hub_layout(file: Path) -> None:
               file, metadata={"format": "pt"})
 
 
-@pytest.fixture(scope="module", params=["gemma3", "smolvlm"])
+TOOLS: dict[str, Any] = {"gemma3": tiny_gemma3, "smolvlm": tiny_idefics3,
+                         "qwen2_5_vl": tiny_qwen2_5_vl}
+# (width, height) of the test's images; Qwen2.5-VL's of two shapes, several windows each
+SIZES = {"qwen2_5_vl": [(150, 100), (90, 200)]}
+
+
+def qwen_hub_layout(file: Path) -> None:
+    """transformers 5 saves Qwen2.5-VL as `model.language_model.*`, `model.visual.*`; its
+    published files (and llama.cpp's converter) have `model.*` and `visual.*`."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(file)
+    renames = (("model.language_model.", "model."), ("model.visual.", "visual."))
+    out = {}
+    for k, v in tensors.items():
+        for old, new in renames:
+            if k.startswith(old):
+                k = new + k[len(old):]
+                break
+        out[k] = v
+    save_file(out, file, metadata={"format": "pt"})
+
+
+@pytest.fixture(scope="module", params=["gemma3", "smolvlm", "qwen2_5_vl"])
 def converted(request: pytest.FixtureRequest, tokenizer: Any, llama_cpp: Path,  # noqa: F811
               converter_python: Path,  # noqa: F811
               tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Any, Path]:
     """(family, HF folder, transformers' model, the GGUF with its mmproj beside it)."""
-    tool = tiny_gemma3 if request.param == "gemma3" else tiny_idefics3
+    tool = TOOLS[request.param]
     folder = tmp_path_factory.mktemp(request.param)
-    model = tool.build(folder, tokenizer)
+    model = tool.build(folder, tokenizer, window=112) if request.param == "qwen2_5_vl" \
+        else tool.build(folder, tokenizer)
     # the converter's transformers 4 knows neither transformers 5's tokenizer class name nor
     # its list of extra special tokens (a dict of named ones there)
     convertible = tmp_path_factory.mktemp(f"{request.param}-convertible")
@@ -65,6 +89,8 @@ def converted(request: pytest.FixtureRequest, tokenizer: Any, llama_cpp: Path,  
     config.write_text(json.dumps(fields))
     if request.param == "gemma3":  # the tower's keys as Gemma 3's published files hold them
         hub_layout(convertible / "model.safetensors")
+    elif request.param == "qwen2_5_vl":
+        qwen_hub_layout(convertible / "model.safetensors")
     else:  # SmolVLM's config names its text model's class, which the converter goes by
         file = convertible / "config.json"
         cfg = json.loads(file.read_text())
@@ -91,9 +117,10 @@ def test_gguf_with_its_projector_equals_transformers(
     server = make_server(web={"model_name": f"tiny-{family}", "max_images": 2},
                          executor=executor, tokenizer_override=Tokenizer(gguf),
                          page_size=4, kv_tokens=4096, max_context=1024, kv_dtype="float32")
-    tool = tiny_gemma3 if family == "gemma3" else tiny_idefics3
+    tool = TOOLS[family]
+    sizes = SIZES.get(family, [(50, 40), (30, 90)])
     for count in (1, 2):
-        images = [png(seed, size) for seed, size in enumerate([(50, 40), (30, 90)])][:count]
+        images = [png(seed, size) for seed, size in enumerate(sizes)][:count]
         r = ask(server, content(TEXT, images))
         assert r.status_code == 200, r.text
         want = tool.reference(folder, model, TEXT, images, 6)

@@ -8,6 +8,7 @@ from engine.execution.model.config import (
     GGUFMeta,
     LayerSpec,
     ModelConfig,
+    RopeSpec,
     check_act,
     gguf_common,
     gguf_rope,
@@ -33,7 +34,9 @@ def qwen_windows(cfg: Mapping[str, Any]) -> list[int | None]:
 
 class Qwen2ForCausalLM(CausalLM):
     hf_model_types = ("qwen2",)
-    gguf_archs: ClassVar[tuple[str, ...]] = ("qwen2",)
+    # "qwen2vl": Qwen2.5-VL's text model, whose M-RoPE is plain rope for text (its three
+    # components are equal); with its projector file it is Qwen2_5_VLForConditionalGeneration
+    gguf_archs: ClassVar[tuple[str, ...]] = ("qwen2", "qwen2vl")
 
     @classmethod
     def config_from_hf(cls, cfg: Mapping[str, Any]) -> ModelConfig:
@@ -46,4 +49,11 @@ class Qwen2ForCausalLM(CausalLM):
     @classmethod
     def config_from_gguf(cls, meta: GGUFMeta) -> ModelConfig:
         common = gguf_common(meta)
-        return ModelConfig(**common, layers=(LayerSpec(gguf_rope(meta)),) * common["num_layers"])
+        rope = gguf_rope(meta)
+        sections = meta.values.get(f"{meta.arch}.rope.dimension_sections")
+        if sections:  # llama.cpp's M-RoPE sections: (time, row, column, unused)
+            if any(int(n) for n in sections[3:]):
+                raise meta.error(f"rope sections {list(sections)} are not Qwen2.5-VL's")
+            rope = RopeSpec(rope.theta, {**rope.params,
+                                         "mrope_section": [int(n) for n in sections[:3]]})
+        return ModelConfig(**common, layers=(LayerSpec(rope),) * common["num_layers"])
