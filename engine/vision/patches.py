@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from engine.vision.processor import CLIP_MEAN, CLIP_STD, to_rgb
+from engine.vision.processor import CLIP_MEAN, CLIP_STD, normalized, to_rgb
 
 MIN_PIXELS = 56 * 56  # the processor's default bounds on the resized image's pixel count
 MAX_PIXELS = 28 * 28 * 1280
@@ -160,16 +160,9 @@ def patchify(image: Image.Image, cfg: PatchConfig) -> Patches:
     height, width = smart_resize(image.height, image.width, cfg)
     image = image.resize((width, height), resample=cfg.resample)
     pixels = np.moveaxis(np.asarray(image), -1, 0)  # [3, H, W] uint8
-    values = pixels.astype(np.float64) * cfg.rescale if cfg.rescale is not None \
-        else pixels.astype(np.float64)
-    out = values.astype(np.float32)
-    if cfg.mean is not None and cfg.std is not None:
-        mean = np.array(cfg.mean, dtype=np.float32)[:, None, None]
-        std = np.array(cfg.std, dtype=np.float32)[:, None, None]
-        out = (out - mean) / std
     p, m, t = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
     rows, cols = height // p, width // p
-    x = torch.from_numpy(np.ascontiguousarray(out))
+    x = torch.from_numpy(normalized(pixels, cfg.rescale, cfg.mean, cfg.std))
     x = x.reshape(3, rows // m, m, p, cols // m, m, p)
     x = x.permute(1, 4, 2, 5, 0, 3, 6)  # [rows/m, cols/m, m, m, 3, p, p]
     # the frame repeated to the temporal patch, inside each patch: [..., 3, t, p, p]

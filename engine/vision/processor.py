@@ -90,14 +90,21 @@ def preprocess(image: Image.Image, cfg: ProcessorConfig) -> torch.Tensor:
     pixels = np.moveaxis(np.asarray(image), -1, 0)  # [3, H, W] uint8
     if cfg.crop is not None:
         pixels = _center_crop(pixels, cfg.crop)
-    values = pixels.astype(np.float64) * cfg.rescale if cfg.rescale is not None \
+    return torch.from_numpy(normalized(pixels, cfg.rescale, cfg.mean, cfg.std))
+
+
+def normalized(pixels: np.ndarray, rescale: float | None,
+               mean: tuple[float, float, float] | None,
+               std: tuple[float, float, float] | None) -> np.ndarray:
+    """uint8 pixels [..., 3, H, W] -> float32, as the Hugging Face processors compute it:
+    rescaled in float64, then normalized per channel in float32."""
+    values = pixels.astype(np.float64) * rescale if rescale is not None \
         else pixels.astype(np.float64)
     out = values.astype(np.float32)
-    if cfg.mean is not None and cfg.std is not None:
-        mean = np.array(cfg.mean, dtype=np.float32)[:, None, None]
-        std = np.array(cfg.std, dtype=np.float32)[:, None, None]
-        out = (out - mean) / std
-    return torch.from_numpy(np.ascontiguousarray(out))
+    if mean is not None and std is not None:
+        out = (out - np.array(mean, dtype=np.float32)[:, None, None]) \
+            / np.array(std, dtype=np.float32)[:, None, None]
+    return np.ascontiguousarray(out)
 
 
 def _center_crop(pixels: np.ndarray, crop: tuple[int, int]) -> np.ndarray:

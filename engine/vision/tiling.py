@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from engine.vision.processor import to_rgb
+from engine.vision.processor import normalized, to_rgb
 
 MAX_IMAGE_SIZE = 4096  # the processor's absolute bound on either side after the resize
 HALF = (0.5, 0.5, 0.5)
@@ -113,14 +113,8 @@ def split(image: Image.Image, cfg: TilingConfig) -> Tiles:
                                   (r + 1) * cfg.tile)) for r in range(rows) for c in range(cols)]
             frames.append(image.resize((cfg.tile, cfg.tile), resample=cfg.resample))
     pixels = np.stack([np.moveaxis(np.asarray(f), -1, 0) for f in frames])  # [T, 3, S, S]
-    values = pixels.astype(np.float64) * cfg.rescale if cfg.rescale is not None \
-        else pixels.astype(np.float64)
-    out = values.astype(np.float32)
-    if cfg.mean is not None and cfg.std is not None:
-        mean = np.array(cfg.mean, dtype=np.float32)[:, None, None]
-        std = np.array(cfg.std, dtype=np.float32)[:, None, None]
-        out = (out - mean) / std
-    return Tiles(torch.from_numpy(np.ascontiguousarray(out)), rows, cols)
+    return Tiles(torch.from_numpy(normalized(pixels, cfg.rescale, cfg.mean, cfg.std)),
+                 rows, cols)
 
 
 def tile_text(rows: int, cols: int, tokens_per_tile: int, image: str = "<image>",

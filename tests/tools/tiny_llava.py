@@ -43,6 +43,19 @@ def ask(server: Any, content: Any, max_tokens: int = 6) -> httpx.Response:
         "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
 
 
+def ask_logprobs(server: Any, content: Any) -> httpx.Response:
+    """`ask` for 6 tokens with each one's 5 best log-probabilities."""
+    return httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
+        "model": "", "messages": [{"role": "user", "content": content}], "max_tokens": 6,
+        "temperature": 0, "ignore_eos": True, "logprobs": True, "top_logprobs": 5})
+
+
+def first_logprobs(body: dict[str, Any]) -> list[float]:
+    """The first reply token's 5 best log-probabilities, best first."""
+    top = body["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+    return sorted((t["logprob"] for t in top), reverse=True)
+
+
 def assert_idle(server: Any) -> None:
     """The served engine idle with every slot and KV page back (none used or reserved)."""
     assert server.engine.wait_idle(30)

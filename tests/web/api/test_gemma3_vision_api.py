@@ -13,7 +13,15 @@ import httpx
 import pytest
 
 from tests.tools.tiny_gemma3 import build, reference
-from tests.tools.tiny_llava import ask, assert_idle, chat_server, content, png
+from tests.tools.tiny_llava import (
+    ask,
+    ask_logprobs,
+    assert_idle,
+    chat_server,
+    content,
+    first_logprobs,
+    png,
+)
 
 NAME = "tiny-gemma3"
 TEXT = "What is in the picture? Say it in a few words, please, and then some more."
@@ -40,15 +48,6 @@ def small_chunks(gemma3: tuple[Path, Any], make_server: Any) -> Any:
                        model_name=NAME, max_images=2)
 
 
-def ask_logprobs(server: Any, content: Any) -> httpx.Response:
-    return httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
-        "model": "", "messages": [{"role": "user", "content": content}], "max_tokens": 6,
-        "temperature": 0, "ignore_eos": True, "logprobs": True, "top_logprobs": 5})
-
-
-def first_logprobs(body: dict[str, Any]) -> list[float]:
-    top = body["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
-    return sorted((t["logprob"] for t in top), reverse=True)
 
 
 

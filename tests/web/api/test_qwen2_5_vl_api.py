@@ -12,7 +12,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.tools.tiny_llava import assert_idle, chat_server, content, png
+from tests.tools.tiny_llava import (
+    ask_logprobs,
+    assert_idle,
+    chat_server,
+    content,
+    first_logprobs,
+    png,
+)
 from tests.tools.tiny_qwen2_5_vl import build, reference
 
 NAME = "tiny-qwen2.5-vl"
@@ -42,15 +49,6 @@ def small_chunks(qwen: tuple[Path, Any], make_server: Any) -> Any:
                        model_name=NAME, max_images=2)
 
 
-def ask_logprobs(server: Any, content: Any) -> httpx.Response:
-    return httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
-        "model": "", "messages": [{"role": "user", "content": content}], "max_tokens": 6,
-        "temperature": 0, "ignore_eos": True, "logprobs": True, "top_logprobs": 5})
-
-
-def first_logprobs(body: dict[str, Any]) -> list[float]:
-    top = body["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
-    return sorted((t["logprob"] for t in top), reverse=True)
 
 
 @pytest.mark.parametrize("count", [1, 2])
