@@ -48,15 +48,29 @@ class CpuLevelError(ValueError):
     """FERRY_CPU names no level."""
 
 
-def _flags() -> set[str] | None:
+def _cpuinfo(field: str) -> str | None:
+    """The first `field` of /proc/cpuinfo (None: no such file or field)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return None
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
+        if line.startswith(field):
+            return line.split(":", 1)[1].strip()
     return None
+
+
+def _flags() -> set[str] | None:
+    flags = _cpuinfo("flags")
+    return None if flags is None else set(flags.split())
+
+
+def tuning() -> tuple[str, ...]:
+    """Kernel constants measured per CPU maker, as the C kernels read them: on AMD's cores
+    the weight prefetches go to L2 (Q_PREFETCH_LOCALITY 2), where L1 prefetches held a
+    one-token product of short rows (Gemma 3 270M's LM head, 640 columns) to half the
+    memory's speed; Intel's keep L1 (docs/kernels.md, Thresholds)."""
+    return ("-DQ_PREFETCH_LOCALITY=2",) if _cpuinfo("vendor_id") == "AuthenticAMD" else ()
 
 
 @cache

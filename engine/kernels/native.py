@@ -80,8 +80,8 @@ def _compiler() -> str | None:
 
 def _flags(libdir: Path) -> tuple[list[str], list[str]]:
     # FERRY_CPU: a capped build targets the smaller CPU (and is cached under its own key)
-    compile_flags = ["-O3", *cpu_level.march(), *cpu_level.c_defines(), "-fPIC", "-fopenmp",
-                     "-std=c11"]
+    compile_flags = ["-O3", *cpu_level.march(), *cpu_level.c_defines(), *cpu_level.tuning(),
+                     "-fPIC", "-fopenmp", "-std=c11"]
     gomp = libdir / "libgomp.so.1"
     # torch's own libgomp when it ships one (Linux wheels), else the compiler's
     link = ([str(gomp), f"-Wl,-rpath,{libdir}"] if gomp.exists() else ["-fopenmp"]) + ["-lm"]

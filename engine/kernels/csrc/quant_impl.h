@@ -103,9 +103,15 @@ int q_valid(const ferry_weight *w, const qtype_info **info);
 #ifndef Q_AHEAD
 #define Q_AHEAD 8192
 #endif
+/* Into which cache: 3 (L1 and below) where nothing says otherwise; the build passes 2 (L2)
+ * for AMD's cores, where L1 prefetches of a one-token product's short rows (an LM head of
+ * 640 columns) left the weight streaming at half the memory's speed (cpu_level.tuning) */
+#ifndef Q_PREFETCH_LOCALITY
+#define Q_PREFETCH_LOCALITY 3
+#endif
 #define Q_PREFETCH(blk, bytes)                                                               \
     for (int pf_ = 0; pf_ < (bytes); pf_ += 64)                                              \
-    __builtin_prefetch((const char *)(blk) + Q_AHEAD + pf_, 0, 3)
+    __builtin_prefetch((const char *)(blk) + Q_AHEAD + pf_, 0, Q_PREFETCH_LOCALITY)
 
 /* a qdot_fn `name` with attributes `attr` calling body(R) with R a compile-time constant in
  * each case, so the row loops unroll */

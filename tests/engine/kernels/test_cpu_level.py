@@ -170,3 +170,14 @@ def test_cli_refuses_a_bad_level() -> None:
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert "FERRY_CPU='avx9' is not a CPU level" in done.stderr
+
+
+def test_amd_cores_prefetch_weights_into_l2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prefetch locality measured per maker reaches the kernels' build flags."""
+    vendors = {"vendor_id": "AuthenticAMD"}
+    monkeypatch.setattr(cpu_level, "_cpuinfo", lambda field: vendors.get(field))
+    assert cpu_level.tuning() == ("-DQ_PREFETCH_LOCALITY=2",)
+    vendors["vendor_id"] = "GenuineIntel"
+    assert cpu_level.tuning() == ()
+    vendors.clear()  # no /proc/cpuinfo (not Linux, not x86)
+    assert cpu_level.tuning() == ()
