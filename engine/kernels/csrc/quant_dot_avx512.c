@@ -48,17 +48,89 @@ INL __m128 rows_d(const void *act, int64_t astride, const int R, int64_t b) {
                        R > 3 ? ROW(act, astride, 3)[b].d : 0.f);
 }
 
-/* Q4_K / Q5_K scales and mins of one block: 16 words, the 8 scales then the 8 mins */
-INL __m256i k4_scales_mins(const uint8_t *s) {
-    uint32_t u[3];
-    memcpy(u, s, 12);
-    /* scale j < 4: s[j] & 63, min j < 4: s[j + 4] & 63; scale and min j + 4: the low and the
-     * high nibble of s[j + 8], with the top two bits of s[j] and s[j + 4] above them */
-    uint64_t sc = (uint64_t)(u[0] & 0x3f3f3f3f) |
-                  (uint64_t)((u[2] & 0x0f0f0f0f) | ((u[0] >> 2) & 0x30303030)) << 32;
-    uint64_t mn = (uint64_t)(u[1] & 0x3f3f3f3f) |
-                  (uint64_t)(((u[2] >> 4) & 0x0f0f0f0f) | ((u[1] >> 2) & 0x30303030)) << 32;
-    return _mm256_cvtepu8_epi16(_mm_set_epi64x((long long)mn, (long long)sc));
+/* the 64 values of chunk c (32 bytes at qs): the low nibbles, then the high ones; a
+ * broadcast load and a masked shift, no cross-lane insert */
+INL __m512i k4_chunk(const uint8_t *qs, const int c, __m512i m4) {
+    __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * c)));
+    return _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xffff0000u, v, 4), m4);
+}
+
+/* vpshufb controls: for chunk c, words of scale 2c (first 256 bits) and 2c + 1 (the rest),
+ * each the scale byte and a zero; for the mins, words m0 m0 m1 m1 ... m7 m7 */
+INL void k4_controls(__m512i ctl[4], __m256i *mctl) {
+    int8_t v[64], m[32];
+    for (int c = 0; c < 4; c++) {
+        for (int i = 0; i < 64; i += 2) {
+            v[i] = (int8_t)(2 * c + (i >= 32));
+            v[i + 1] = (int8_t)0x80;
+        }
+        ctl[c] = _mm512_loadu_si512(v);
+    }
+    for (int i = 0; i < 32; i += 2) {
+        m[i] = (int8_t)(8 + i / 4);
+        m[i + 1] = (int8_t)0x80;
+    }
+    *mctl = _mm256_loadu_si256((const __m256i *)m);
+}
+
+/* one Q4_K / Q5_K block against one activation block: the scaled sum (t) and the mins'
+ * sum (m), 8 int32 lanes each, their lane sums exact */
+INL void k45_block(const uint8_t *blk, const qa256 *a, const int five, const __m512i pair[4],
+                   const __m512i ctl[4], __m256i mctl, __m256i *t, __m256i *m) {
+    const __m512i m4 = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
+    const uint8_t *qs = blk + (five ? 48 : 16);
+    __m128i sb = k4_scale_bytes(blk + 4);
+    __m512i sb512 = _mm512_broadcast_i32x4(sb);
+    __m512i hb = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
+                      : _mm512_setzero_si512();
+    __m512i q[4], sc[4];
+    for (int c = 0; c < 4; c++) {
+        q[c] = k4_chunk(qs, c, m4);
+        if (five)
+            q[c] = _mm512_or_si512(q[c], _mm512_slli_epi16(_mm512_and_si512(
+                _mm512_srlv_epi16(hb, pair[c]), one), 4));
+        sc[c] = _mm512_shuffle_epi8(sb512, ctl[c]);
+    }
+    *t = fold512(block_sum(q, sc, a->qs));
+    *m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums),
+                           _mm256_shuffle_epi8(_mm512_castsi512_si256(sb512), mctl));
+}
+
+/* one activation row: two blocks a step, their four lane sums in one add tree; the float
+ * steps of every block are those of dot_q45k (lanes 0 and 1: the total and the mins) */
+INL void dot_q45k_one(const uint8_t *w, int64_t nb, const void *act, const int five,
+                      float *out) {
+    const int bytes = five ? 176 : 144;
+    __m512i pair[4];
+    for (int c = 0; c < 4; c++) pair[c] = words(2 * c, 2 * c + 1, 16);
+    __m512i ctl[4];
+    __m256i mctl;
+    k4_controls(ctl, &mctl);
+    const qa256 *a = (const qa256 *)act;
+    __m128 acc = _mm_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *blk = w + b * bytes;
+        Q_PREFETCH(blk, 2 * bytes);
+        __m256i t0, m0, t1, m1;
+        k45_block(blk, a + b, five, pair, ctl, mctl, &t0, &m0);
+        k45_block(blk + bytes, a + b + 1, five, pair, ctl, mctl, &t1, &m1);
+        __m128 u = _mm_cvtepi32_ps(hsum4_i32(t0, m0, t1, m1));
+        /* d and dmin of each block: two float16, loaded straight into a vector register */
+        __m128 dm0 = _mm_cvtph_ps(_mm_loadu_si32(blk));
+        __m128 dm1 = _mm_cvtph_ps(_mm_loadu_si32(blk + bytes));
+        acc = _mm_fmadd_ps(_mm_mul_ps(dm0, _mm_set1_ps(a[b].d)), u, acc);
+        acc = _mm_fmadd_ps(_mm_mul_ps(dm1, _mm_set1_ps(a[b + 1].d)), _mm_movehl_ps(u, u), acc);
+    }
+    if (b < nb) {
+        const uint8_t *blk = w + b * bytes;
+        __m256i t0, m0;
+        k45_block(blk, a + b, five, pair, ctl, mctl, &t0, &m0);
+        __m128 dm0 = _mm_cvtph_ps(_mm_loadu_si32(blk));
+        acc = _mm_fmadd_ps(_mm_mul_ps(dm0, _mm_set1_ps(a[b].d)),
+                           _mm_cvtepi32_ps(hsum4_i32(t0, m0, t0, m0)), acc);
+    }
+    out[0] = _mm_cvtss_f32(_mm_sub_ss(acc, _mm_movehdup_ps(acc)));
 }
 
 INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride, const int R,
@@ -78,7 +150,7 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * bytes, *qs = blk + (five ? 48 : 16);
         Q_PREFETCH(blk, bytes);
-        __m256i sm = k4_scales_mins(blk + 4);
+        __m256i sm = _mm256_cvtepu8_epi16(k4_scale_bytes(blk + 4));
         __m512i sm512 = _mm512_castsi256_si512(sm);
         __m256i mins = _mm256_permutexvar_epi16(midx, sm);
         __m512i hb = five ? _mm512_broadcast_i64x4(
@@ -171,8 +243,10 @@ INL void dot_q6k(const uint8_t *w, int64_t nb, const void *act, int64_t astride,
     for (int r = 0; r < R; r++) out[r] = y[r];
 }
 
-#define B_Q4_K(R) dot_q45k(w, nb, act, astride, R, out, 0)
-#define B_Q5_K(R) dot_q45k(w, nb, act, astride, R, out, 1)
+#define B_Q4_K(R) \
+    (R == 1 ? dot_q45k_one(w, nb, act, 0, out) : dot_q45k(w, nb, act, astride, R, out, 0))
+#define B_Q5_K(R) \
+    (R == 1 ? dot_q45k_one(w, nb, act, 1, out) : dot_q45k(w, nb, act, astride, R, out, 1))
 #define B_Q6_K(R) dot_q6k(w, nb, act, astride, R, out)
 Q_ENTRY(TGT, q_dot_q4_k_avx512, B_Q4_K)
 Q_ENTRY(TGT, q_dot_q5_k_avx512, B_Q5_K)

@@ -66,12 +66,9 @@ INL void qk_body(const uint8_t *w, int64_t wstride, const int W, int64_t nb, con
                 /* int16 pairs, little end first: (s[2p], s[2p + 1]) */
                 _mm256_storeu_si256((__m256i *)mul[i], _mm256_cvtepi8_epi16(s));
             } else {
-                uint64_t scs, mins;
-                q_scale_min_k4_words(blk + 4, &scs, &mins);
-                _mm256_storeu_si256((__m256i *)sc[i],
-                                    _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)scs)));
-                _mm_storeu_si128((__m128i *)mul[i],
-                                 _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mins)));
+                __m128i sm = k4_scale_bytes(blk + 4); /* the 8 scales, then the 8 mins */
+                _mm256_storeu_si256((__m256i *)sc[i], _mm256_cvtepu8_epi32(sm));
+                _mm_storeu_si128((__m128i *)mul[i], _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)));
             }
             d[i] = f16(blk + (six ? 208 : 0));
             dmin[i] = six ? 0.f : f16(blk + 2);

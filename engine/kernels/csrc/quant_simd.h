@@ -209,20 +209,31 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
                   float *out, int five) {
     const int bytes = five ? 176 : 144;
     const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    /* vpshufb controls on the block's 16 scale bytes (k4_scale_bytes) in both halves: scale
+     * j as 16 words (byte j, then a zero byte); the mins as m0 m0 m1 m1 ... m7 m7, to pair
+     * with the activation's sums of 16 */
+    __m256i pick[8];
+    for (int j = 0; j < 8; j++) pick[j] = _mm256_set1_epi16((short)(0x8000 | j));
+    const __m256i mpick = _mm256_setr_epi16(
+        (short)0x8008, (short)0x8008, (short)0x8009, (short)0x8009, (short)0x800a,
+        (short)0x800a, (short)0x800b, (short)0x800b, (short)0x800c, (short)0x800c,
+        (short)0x800d, (short)0x800d, (short)0x800e, (short)0x800e, (short)0x800f,
+        (short)0x800f);
     float acc[QMAX_R], macc[QMAX_R];
     for (int r = 0; r < R; r++) acc[r] = macc[r] = 0.f;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * bytes, *qs = blk + (five ? 48 : 16);
         Q_PREFETCH(blk, bytes);
-        uint8_t sc[8], m[8];
-        q_scale_min_k4(blk + 4, sc, m);
+        /* the scales and mins unpacked in vector registers, not byte by byte */
+        const __m256i sm = _mm256_broadcastsi128_si256(k4_scale_bytes(blk + 4));
         __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(blk + 16))
                           : _mm256_setzero_si256();
         __m256i sumi[QMAX_R], sumh[QMAX_R]; /* two chains: the low and the high nibbles */
         for (int r = 0; r < R; r++) sumi[r] = sumh[r] = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
             Q45K_CHUNK(lo, hi, qs, hb, c, five);
-            __m256i slo = _mm256_set1_epi16(sc[2 * c]), shi = _mm256_set1_epi16(sc[2 * c + 1]);
+            __m256i slo = _mm256_shuffle_epi8(sm, pick[2 * c]);
+            __m256i shi = _mm256_shuffle_epi8(sm, pick[2 * c + 1]);
             for (int r = 0; r < R; r++) {
                 const int8_t *y = ((const qa256 *)ROW(act, astride, r) + b)->qs + 64 * c;
                 __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)y));
@@ -232,14 +243,16 @@ INL void dot_q45k(const uint8_t *w, int64_t nb, const void *act, int64_t astride
                 sumh[r] = madd_acc(sumh[r], phi, shi);
             }
         }
-        for (int r = 0; r < R; r++) sumi[r] = _mm256_add_epi32(sumi[r], sumh[r]);
+        const __m256i mins = _mm256_shuffle_epi8(sm, mpick);
         float d = f16(blk), dmin = f16(blk + 2);
         for (int r = 0; r < R; r++) {
             const qa256 *a = (const qa256 *)ROW(act, astride, r) + b;
-            int32_t mins = 0;
-            for (int g = 0; g < 8; g++) mins += m[g] * (a->bsums[2 * g] + a->bsums[2 * g + 1]);
-            acc[r] = __builtin_fmaf(d * a->d, (float)hsum_i32(sumi[r]), acc[r]);
-            macc[r] = __builtin_fmaf(dmin * a->d, (float)mins, macc[r]);
+            /* the row's total and its mins (sum of min g x the sums of 16 of group g), exact */
+            __m128i u = hsum4_i32(_mm256_add_epi32(sumi[r], sumh[r]), _mm256_madd_epi16(
+                _mm256_loadu_si256((const __m256i *)a->bsums), mins), _mm256_setzero_si256(),
+                _mm256_setzero_si256());
+            acc[r] = __builtin_fmaf(d * a->d, (float)_mm_cvtsi128_si32(u), acc[r]);
+            macc[r] = __builtin_fmaf(dmin * a->d, (float)_mm_extract_epi32(u, 1), macc[r]);
         }
     }
     for (int r = 0; r < R; r++) out[r] = acc[r] - macc[r];

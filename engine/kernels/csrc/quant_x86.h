@@ -96,4 +96,26 @@ INL __m256i q6k_quarter(__m256i l0, __m256i l1, __m256i h, const int k, __m256i 
         _mm256_and_si256(_mm256_srli_epi16(h, 2 * k), m3), 4));
 }
 
+/* Q4_K / Q5_K scales and mins of one block as 16 bytes: the 8 scales, then the 8 mins, in
+ * vector registers only (a scalar unpacking and its move into a vector register cost a
+ * third of the block's time). `s`: the block's 12 scale bytes and 4 more (its first
+ * quants, unused). Scale and min j < 4: s[j] & 63 and s[j + 4] & 63; scale and min
+ * j + 4: the low and the high nibble of s[j + 8], with the top two bits of s[j] and
+ * s[j + 4] as bits 4 and 5. */
+INL __m128i k4_scale_bytes(const uint8_t *s) {
+    const __m128i x = _mm_loadu_si128((const __m128i *)s);
+    const __m128i a = _mm_shuffle_epi8(x, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7,
+                                                        8, 9, 10, 11));
+    const __m128i top = _mm_shuffle_epi8(x, _mm_setr_epi8(-128, -128, -128, -128, 0, 1, 2, 3,
+                                                          -128, -128, -128, -128, 4, 5, 6, 7));
+    const __m128i low = _mm_and_si128(a, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63,
+                                                       63, 63, 0, 0, 0, 0));
+    const __m128i high = _mm_and_si128(_mm_srli_epi16(a, 4), _mm_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
+    /* bits 6 and 7 of each byte to bits 4 and 5 (a 16-bit shift: the mask drops what the
+     * next byte shifts in) */
+    const __m128i two = _mm_and_si128(_mm_srli_epi16(top, 2), _mm_set1_epi8(0x30));
+    return _mm_or_si128(_mm_or_si128(low, high), two);
+}
+
 #endif /* FERRY_QUANT_X86_H */
