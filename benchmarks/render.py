@@ -81,21 +81,28 @@ def _notes(record: Record) -> str:
 
 
 def readme_table(records: list[Record]) -> str:
-    """The headline records: one line each, and where, against what and how."""
-    chosen = [r for r in records if r.headline]
-    lines = [
-        f"- Machine: {_joined(chosen, lambda r: r.cpu)}; measured "
-        f"{_joined(chosen, lambda r: r.date)}.",
-        f"- Peer: {_joined(chosen, lambda r: r.peer)}, build "
-        f"{_joined(chosen, lambda r: f'{r.peer_build} (against Ferry {r.ferry_cpu})')}.",
-        f"- Method: {_joined(chosen, lambda r: r.method)}.",
-        "",
-        "| model | workload | unit | Ferry | llama.cpp | Ferry / llama.cpp |",
-        "|---|---|---|---|---|---|",
-    ]
-    lines += [f"| {r.model}{_level(r)} | {r.workload} | {r.metric} | {_figures(r.ferry)} | "
-              f"{_figures(r.peer_figures)} | **{ratio(r)}** |" for r in chosen]
-    return "\n".join(lines)
+    """The headline records, a table a machine: one line each, and where, against what and
+    how."""
+    machines: dict[str, list[Record]] = {}
+    for record in records:
+        if record.headline:
+            machines.setdefault(record.cpu, []).append(record)
+    out: list[str] = []
+    for chosen in machines.values():
+        out += [
+            f"- Machine: {_joined(chosen, lambda r: r.cpu)}; measured "
+            f"{_joined(chosen, lambda r: r.date)}.",
+            f"- Peer: {_joined(chosen, lambda r: r.peer)}, build "
+            f"{_joined(chosen, lambda r: f'{r.peer_build} (against Ferry {r.ferry_cpu})')}.",
+            f"- Method: {_joined(chosen, lambda r: r.method)}.",
+            "",
+            "| model | workload | unit | Ferry | llama.cpp | Ferry / llama.cpp |",
+            "|---|---|---|---|---|---|",
+        ]
+        out += [f"| {r.model}{_level(r)} | {r.workload} | {r.metric} | {_figures(r.ferry)} | "
+                f"{_figures(r.peer_figures)} | **{ratio(r)}** |" for r in chosen]
+        out.append("")
+    return "\n".join(out).rstrip("\n")
 
 
 def all_tables(records: list[Record]) -> str:
