@@ -1,8 +1,9 @@
 """A vision model's tower and projector written as llama.cpp's projector file (`mmproj`,
 architecture `clip`), by the names and metadata keys of llama.cpp's converter (gguf-py's
 constants), for the tests that run without a llama.cpp checkout: Gemma 3's (`gemma3`
-projector). `swap_ffn` writes each FFN's up and down under each other's name, as older
-projector files have them."""
+projector); and synthetic ones of random weights at real sizes (Gemma 3's, Qwen2.5-VL's
+`qwen2.5vl_merger`) for benchmarks. `swap_ffn` writes each FFN's up and down under each
+other's name, as older projector files have them."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -118,17 +119,76 @@ def write_synthetic_gemma3_mmproj(path: Path, text_hidden: int, hidden: int = 11
     return total
 
 
+def write_synthetic_qwen25vl_mmproj(path: Path, text_hidden: int, hidden: int = 1280,
+                                    ff: int = 3420, layers: int = 32, heads: int = 16,
+                                    patch: int = 14, full_every: int = 8,
+                                    seed: int = 0) -> int:
+    """A Qwen2.5-VL projector file of random weights (its 3B-72B tower's shape by default),
+    as llama.cpp's converter writes it: q, k, v apart, the Conv3d patch embedding as one
+    kernel per frame, F16 matrices, F32 vectors. Returns the parameter count."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_bool(gguf.Keys.Clip.HAS_VISION_ENCODER, True)
+    w.add_string(gguf.Keys.Clip.PROJECTOR_TYPE, "qwen2.5vl_merger")
+    v = gguf.Keys.ClipVision
+    for key, value in ((v.PROJECTION_DIM, text_hidden), (v.IMAGE_SIZE, 560),
+                       (v.PATCH_SIZE, patch), (v.EMBEDDING_LENGTH, hidden),
+                       (v.FEED_FORWARD_LENGTH, ff), (v.BLOCK_COUNT, layers),
+                       (v.Attention.HEAD_COUNT, heads), ("clip.vision.n_wa_pattern", full_every)):
+        w.add_uint32(key, value)
+    w.add_float32(v.Attention.LAYERNORM_EPS, 1e-6)
+    w.add_array(v.IMAGE_MEAN, [0.48145466, 0.4578275, 0.40821073])
+    w.add_array(v.IMAGE_STD, [0.26862954, 0.26130258, 0.27577711])
+    w.add_bool("clip.use_silu", True)
+    total = 0
+
+    def add(name: str, shape: tuple[int, ...], half: bool, ones: bool = False) -> None:
+        nonlocal total
+        data = np.ones(shape, np.float32) if ones else \
+            rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+        w.add_tensor(name, data.astype(np.float16) if half else data)
+        total += data.size
+
+    add("v.patch_embd.weight", (hidden, 3, patch, patch), True)
+    add("v.patch_embd.weight.1", (hidden, 3, patch, patch), True)
+    for i in range(layers):
+        for name, shape in (("attn_q", (hidden, hidden)), ("attn_k", (hidden, hidden)),
+                            ("attn_v", (hidden, hidden)), ("attn_out", (hidden, hidden)),
+                            ("ffn_gate", (ff, hidden)), ("ffn_up", (ff, hidden)),
+                            ("ffn_down", (hidden, ff))):
+            add(f"v.blk.{i}.{name}.weight", shape, True)
+            add(f"v.blk.{i}.{name}.bias", (shape[0],), False)
+        for norm in ("ln1", "ln2"):
+            add(f"v.blk.{i}.{norm}.weight", (hidden,), False, ones=True)
+    add("v.post_ln.weight", (hidden,), False, ones=True)
+    add("mm.0.weight", (4 * hidden, 4 * hidden), True)
+    add("mm.0.bias", (4 * hidden,), False)
+    add("mm.2.weight", (text_hidden, 4 * hidden), True)
+    add("mm.2.bias", (text_hidden,), False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return total
+
+
+SYNTHETIC = {"gemma3": write_synthetic_gemma3_mmproj,
+             "qwen2.5vl_merger": write_synthetic_qwen25vl_mmproj}
+
+
 def main() -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(description="Write a synthetic Gemma 3 projector file "
-                                                 "(SigLIP so400m's shape) of random weights.")
+    parser = argparse.ArgumentParser(description="Write a synthetic projector file of random "
+                                                 "weights at a real tower's shape.")
     parser.add_argument("out", type=Path)
     parser.add_argument("--text-hidden", type=int, required=True,
-                        help="the text model's width (2560 for Gemma 3 4B)")
+                        help="the text model's width (2560 for Gemma 3 4B, 2048 for "
+                             "Qwen2.5-VL 3B)")
+    parser.add_argument("--type", default="gemma3", choices=list(SYNTHETIC))
     args = parser.parse_args()
-    total = write_synthetic_gemma3_mmproj(args.out, args.text_hidden)
-    print(f"{args.out}: gemma3 projector, {total / 1e6:.1f}M parameters")
+    total = SYNTHETIC[args.type](args.out, args.text_hidden)
+    print(f"{args.out}: {args.type} projector, {total / 1e6:.1f}M parameters")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Write a synthetic GGUF of any size (Llama, Gemma 3, Qwen3 or Qwen3-MoE), for benchmarks
-and memory tests.
+"""Write a synthetic GGUF of any size (Llama, Gemma 3, Qwen3, Qwen3-MoE or Qwen2.5-VL's text
+model), for benchmarks and memory tests.
 
 Random weights (normal, std 0.02; norms 1; the token embedding `--embed-std`, the router
 ROUTER_STD), the tokenizer and chat template copied from the default model's GGUF, so Ferry
@@ -11,7 +11,7 @@ writes for the architecture (checked against its output for tiny random HF model
 Tensors are written as F16 (or F32 / Q8_0 / Q4_0 via gguf-py); `llama-quantize` turns the
 F16 file into Q4_K_M and friends.
 
-  python tests/tools/synthetic_gguf.py OUT.gguf [--arch llama|gemma3|qwen3|qwen3moe
+  python tests/tools/synthetic_gguf.py OUT.gguf [--arch llama|gemma3|qwen3|qwen3moe|qwen2vl
       --hidden 2048 --layers 16 --ff 5632 --heads 32 --kv-heads 8 --head-dim D
       --experts E --top-k K --window W --embed-std S --type F16 --untied --vocab V
       --images]
@@ -46,6 +46,21 @@ GEMMA3_TEMPLATE = (
     "{% endfor %}{% endif %}<end_of_turn>\n{% endfor %}"
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 
+# Qwen2.5-VL's vision tags where its vocabulary has them, and a chat template that writes them
+# for an image part (as Qwen2.5-VL's own does)
+QWEN2VL_IMAGE_TOKENS = {151652: "<|vision_start|>", 151653: "<|vision_end|>",
+                        151655: "<|image_pad|>"}
+QWEN2VL_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+IMAGE_TAGS = {"gemma3": (GEMMA3_IMAGE_TOKENS, GEMMA3_TEMPLATE),
+              "qwen2vl": (QWEN2VL_IMAGE_TOKENS, QWEN2VL_TEMPLATE)}
+
 
 @dataclass(frozen=True)
 class ArchSpec:
@@ -57,13 +72,17 @@ class ArchSpec:
     post_norms: bool = False  # Gemma's post_attention_norm / post_ffw_norm
     moe: bool = False  # ffn_gate_inp + ffn_{gate,up,down}_exps
     local_rope_base: float = 0.0  # rope.freq_base_swa (Gemma 3's local layers)
+    qkv_bias: bool = False  # attn_{q,k,v}.bias (Qwen2's)
+    # M-RoPE's rope.dimension_sections (Qwen2.5-VL's, for a head of 128)
+    rope_sections: tuple[int, ...] = ()
 
 
 ARCHS = {"llama": ArchSpec(4096, 10000.0, 1e-5),
          "gemma3": ArchSpec(32768, 1e6, 1e-6, qk_norm=True, post_norms=True,
                             local_rope_base=10000.0),
          "qwen3": ArchSpec(40960, 1e6, 1e-6, qk_norm=True),
-         "qwen3moe": ArchSpec(40960, 1e6, 1e-6, qk_norm=True, moe=True)}
+         "qwen3moe": ArchSpec(40960, 1e6, 1e-6, qk_norm=True, moe=True),
+         "qwen2vl": ArchSpec(128000, 1e6, 1e-6, qkv_bias=True, rope_sections=(16, 24, 24, 0))}
 
 
 def default_gguf() -> Path:
@@ -134,7 +153,8 @@ def tensor(rng: np.random.Generator, shape: tuple[int, ...], qtype: GGMLQuantiza
 def parameter_count(arch: str, vocab: int, hidden: int, layers: int, ff: int, heads: int,
                     kv_heads: int, head_dim: int, experts: int, untied: bool) -> int:
     """Weights in the file (norms included)."""
-    attn = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    attn = hidden * head_dim * (2 * heads + 2 * kv_heads) + \
+        (head_dim * (heads + 2 * kv_heads) if ARCHS[arch].qkv_bias else 0)
     mlp = (experts * 3 * hidden * ff + experts * hidden) if ARCHS[arch].moe else 3 * hidden * ff
     norms = hidden * (4 if ARCHS[arch].post_norms else 2) + \
         (2 * head_dim if ARCHS[arch].qk_norm else 0)
@@ -154,11 +174,11 @@ def write(out: Path, hidden: int, layers: int, ff: int, heads: int, kv_heads: in
     head_dim = head_dim or hidden // heads
     rng = np.random.default_rng(seed)
     writer = GGUFWriter(str(out), arch)
-    # images (gemma3): its image tags in the vocabulary and a template that writes them
-    assert not images or (arch == "gemma3" and vocab_size > max(GEMMA3_IMAGE_TOKENS))
-    vocab = copy_tokenizer(writer, default_gguf(), chat_template, vocab_size,
-                           GEMMA3_IMAGE_TOKENS if images else None,
-                           GEMMA3_TEMPLATE if images else None)
+    # images (gemma3, qwen2vl): its image tags in the vocabulary and a template that writes
+    # them
+    tags, template = IMAGE_TAGS[arch] if images else (None, None)
+    assert not images or (tags is not None and vocab_size > max(tags))
+    vocab = copy_tokenizer(writer, default_gguf(), chat_template, vocab_size, tags, template)
     writer.add_name(f"synthetic-{arch}-{hidden}x{layers}")
     writer.add_block_count(layers)
     writer.add_context_length(spec.context)
@@ -174,6 +194,8 @@ def write(out: Path, hidden: int, layers: int, ff: int, heads: int, kv_heads: in
     else:
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
+    if spec.rope_sections:
+        writer.add_array(f"{arch}.rope.dimension_sections", list(spec.rope_sections))
     if spec.local_rope_base:
         writer.add_float32(f"{arch}.rope.freq_base_swa", spec.local_rope_base)
     if spec.moe:
@@ -195,6 +217,10 @@ def write(out: Path, hidden: int, layers: int, ff: int, heads: int, kv_heads: in
         add(p + "attn_q.weight", (heads * head_dim, hidden))
         add(p + "attn_k.weight", (kv_heads * head_dim, hidden))
         add(p + "attn_v.weight", (kv_heads * head_dim, hidden))
+        if spec.qkv_bias:
+            add(p + "attn_q.bias", (heads * head_dim,))
+            add(p + "attn_k.bias", (kv_heads * head_dim,))
+            add(p + "attn_v.bias", (kv_heads * head_dim,))
         if spec.qk_norm:
             add(p + "attn_q_norm.weight", (head_dim,), ones=True)
             add(p + "attn_k_norm.weight", (head_dim,), ones=True)
@@ -245,8 +271,9 @@ def main() -> None:
                         help="pad the vocabulary to this many tokens (e.g. 262144, Gemma 3's)")
     parser.add_argument("--untied", action="store_true", help="write a separate output.weight")
     parser.add_argument("--images", action="store_true",
-                        help="gemma3: Gemma 3's image tags and a template that writes them "
-                             "(--vocab 262208), for a projector file beside it")
+                        help="gemma3, qwen2vl: the family's image tags and a template that "
+                             "writes them (--vocab 262208; 151936), for a projector file "
+                             "beside it")
     parser.add_argument("--no-chat-template", action="store_true",
                         help="leave tokenizer.chat_template out (as a base model's file)")
     args = parser.parse_args()
