@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
@@ -54,6 +55,20 @@ def first_logprobs(body: dict[str, Any]) -> list[float]:
     """The first reply token's 5 best log-probabilities, best first."""
     top = body["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
     return sorted((t["logprob"] for t in top), reverse=True)
+
+
+def assert_same_reply(server: Any, text: str, images: list[bytes],
+                      want: tuple[int, str, list[float]]) -> None:
+    """The served model's greedy 6-token reply to `text` after `images` is `want` (a tiny
+    model's transformers reference: prompt tokens, reply, the first token's 5 best
+    log-probabilities, these within 2e-4), and every slot and KV page is back after it."""
+    r = ask_logprobs(server, content(text, images))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["usage"]["prompt_tokens"] == want[0]
+    assert body["choices"][0]["message"]["content"] == want[1]
+    assert first_logprobs(body) == pytest.approx(want[2], abs=2e-4)
+    assert_idle(server)
 
 
 def assert_idle(server: Any) -> None:

@@ -17,6 +17,7 @@ from tests.tools.tiny_llava import (
     ask,
     ask_logprobs,
     assert_idle,
+    assert_same_reply,
     chat_server,
     content,
     first_logprobs,
@@ -49,25 +50,16 @@ def small_chunks(gemma3: tuple[Path, Any], make_server: Any) -> Any:
 
 
 
-
-
 @pytest.mark.parametrize("count", [1, 2])
 @pytest.mark.parametrize("which", ["server", "small_chunks"])
 def test_replies_equal_transformers(which: str, count: int, gemma3: tuple[Path, Any],
                                     request: pytest.FixtureRequest) -> None:
-    served = request.getfixturevalue(which)
     folder, model = gemma3
     images = [png(seed + 20 * count, size) for seed, size in enumerate([(50, 40), (30, 90)])]
     images = images[:count]
-    r = ask_logprobs(served, content(TEXT, images))
-    assert r.status_code == 200, r.text
-    prompt_tokens, reply, first = reference(folder, model, TEXT, images, 6)
-    body = r.json()
-    assert body["usage"]["prompt_tokens"] == prompt_tokens
-    assert body["choices"][0]["message"]["content"] == reply
-    # the image's tokens attending causally instead moves these by ~0.01-0.1
-    assert first_logprobs(body) == pytest.approx(first, abs=2e-4)
-    assert_idle(served)
+    # the image's tokens attending causally instead moves the log-probabilities by ~0.01-0.1
+    assert_same_reply(request.getfixturevalue(which), TEXT, images,
+                      reference(folder, model, TEXT, images, 6))
 
 
 def test_models_say_vision(server: Any) -> None:

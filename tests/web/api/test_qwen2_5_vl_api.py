@@ -15,6 +15,7 @@ import pytest
 from tests.tools.tiny_llava import (
     ask_logprobs,
     assert_idle,
+    assert_same_reply,
     chat_server,
     content,
     first_logprobs,
@@ -55,17 +56,10 @@ def small_chunks(qwen: tuple[Path, Any], make_server: Any) -> Any:
 @pytest.mark.parametrize("which", ["server", "small_chunks"])
 def test_replies_equal_transformers(which: str, count: int, qwen: tuple[Path, Any],
                                     request: pytest.FixtureRequest) -> None:
-    served = request.getfixturevalue(which)
     folder, model = qwen
     images = [png(seed + 20 * count, size) for seed, size in enumerate(SIZES)][:count]
-    r = ask_logprobs(served, content(TEXT, images))
-    assert r.status_code == 200, r.text
-    prompt_tokens, reply, first = reference(folder, model, TEXT, images, 6)
-    body = r.json()
-    assert body["usage"]["prompt_tokens"] == prompt_tokens
-    assert body["choices"][0]["message"]["content"] == reply
-    assert first_logprobs(body) == pytest.approx(first, abs=2e-4)
-    assert_idle(served)
+    assert_same_reply(request.getfixturevalue(which), TEXT, images,
+                      reference(folder, model, TEXT, images, 6))
 
 
 def test_models_say_vision(server: Any) -> None:
