@@ -64,6 +64,20 @@ def write_gemma3_mmproj(path: Path, hf: Any, tokens_per_image: int,
     w.close()
 
 
+class RandomTensors:
+    """Random tensors written into a projector file as llama.cpp's converter types them (F16
+    matrices where `half`, F32 vectors and embeddings), their parameters counted."""
+
+    def __init__(self, writer: gguf.GGUFWriter, rng: np.random.Generator) -> None:
+        self.writer, self.rng, self.total = writer, rng, 0
+
+    def add(self, name: str, shape: tuple[int, ...], half: bool, ones: bool = False) -> None:
+        data = np.ones(shape, np.float32) if ones else \
+            self.rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+        self.writer.add_tensor(name, data.astype(np.float16) if half else data)
+        self.total += data.size
+
+
 def write_synthetic_gemma3_mmproj(path: Path, text_hidden: int, hidden: int = 1152,
                                   ff: int = 4304, layers: int = 27, heads: int = 16,
                                   image_size: int = 896, patch: int = 14,
@@ -86,14 +100,8 @@ def write_synthetic_gemma3_mmproj(path: Path, text_hidden: int, hidden: int = 11
     w.add_array(v.IMAGE_MEAN, [0.5, 0.5, 0.5])
     w.add_array(v.IMAGE_STD, [0.5, 0.5, 0.5])
     w.add_bool(v.USE_GELU, True)
-    total = 0
-
-    def add(name: str, shape: tuple[int, ...], half: bool, ones: bool = False) -> None:
-        nonlocal total
-        data = np.ones(shape, np.float32) if ones else \
-            rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
-        w.add_tensor(name, data.astype(np.float16) if half else data)
-        total += data.size
+    tensors = RandomTensors(w, rng)
+    add = tensors.add
 
     patches = (image_size // patch) ** 2
     add("v.patch_embd.weight", (hidden, 3, patch, patch), False)
@@ -116,7 +124,7 @@ def write_synthetic_gemma3_mmproj(path: Path, text_hidden: int, hidden: int = 11
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return total
+    return tensors.total
 
 
 def write_synthetic_qwen25vl_mmproj(path: Path, text_hidden: int, hidden: int = 1280,
@@ -140,14 +148,8 @@ def write_synthetic_qwen25vl_mmproj(path: Path, text_hidden: int, hidden: int = 
     w.add_array(v.IMAGE_MEAN, [0.48145466, 0.4578275, 0.40821073])
     w.add_array(v.IMAGE_STD, [0.26862954, 0.26130258, 0.27577711])
     w.add_bool("clip.use_silu", True)
-    total = 0
-
-    def add(name: str, shape: tuple[int, ...], half: bool, ones: bool = False) -> None:
-        nonlocal total
-        data = np.ones(shape, np.float32) if ones else \
-            rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
-        w.add_tensor(name, data.astype(np.float16) if half else data)
-        total += data.size
+    tensors = RandomTensors(w, rng)
+    add = tensors.add
 
     add("v.patch_embd.weight", (hidden, 3, patch, patch), True)
     add("v.patch_embd.weight.1", (hidden, 3, patch, patch), True)
@@ -169,7 +171,7 @@ def write_synthetic_qwen25vl_mmproj(path: Path, text_hidden: int, hidden: int = 
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return total
+    return tensors.total
 
 
 SYNTHETIC = {"gemma3": write_synthetic_gemma3_mmproj,

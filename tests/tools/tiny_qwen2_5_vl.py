@@ -14,19 +14,14 @@ from typing import Any
 import torch
 from PIL import Image
 
+from tests.tools.synthetic_gguf import QWEN2VL_TEMPLATE
+
 # added after SmolLM2's 49152 tokens, in this order
 SPECIAL = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
 VISION_START, VISION_END, IMAGE_TOKEN = 49152, 49153, 49154
 MERGE = 2
 MIN_PIXELS, MAX_PIXELS = 56 * 56, 28 * 28 * 48  # at most 48 positions an image
-TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for item in message['content'] %}"
-    "{% if item['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TEMPLATE = QWEN2VL_TEMPLATE  # image parts as <|vision_start|><|image_pad|><|vision_end|>
 
 
 def build(folder: Path, tokenizer: Any, window: int = 56) -> Any:
