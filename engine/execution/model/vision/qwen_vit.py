@@ -12,77 +12,16 @@ image's order at the end. Module names are the checkpoint's (`visual.` stripped)
 weights load as they are."""
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
-
 import torch
 from torch import nn
 from torch.nn import functional
 
 from engine.execution.model.layers import Linear, RMSNorm, rotate_
 from engine.execution.model.vision.clip import TOWER_ACTS, Activation
+from engine.execution.model.vision.config import QwenViTConfig
 
 QWEN_ACTS: dict[str, Activation] = {**TOWER_ACTS, "silu": functional.silu}
 NORM_EPS = 1e-6  # transformers hard-codes it for every norm of the tower
-
-
-@dataclass(frozen=True, slots=True)
-class QwenViTConfig:
-    """The tower's shape; the patch, merge and window sizes are in pixels or patches as the
-    checkpoint gives them."""
-
-    depth: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    out_hidden_size: int  # the text model's width: the merger's output
-    patch_size: int = 14
-    temporal_patch_size: int = 2  # an image is its frame twice (the processor repeats it)
-    spatial_merge_size: int = 2
-    window_size: int = 112  # in pixels: 112 / 14 = windows of 8 x 8 patches
-    fullatt_block_indexes: tuple[int, ...] = (7, 15, 23, 31)
-    hidden_act: str = "silu"
-    in_channels: int = 3
-    rope_theta: float = 10000.0
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def patch_dim(self) -> int:
-        """The width of one flattened patch: channels x frames x pixels x pixels."""
-        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
-
-    @property
-    def window_groups(self) -> int:
-        """A window's side in merge groups."""
-        return self.window_size // self.spatial_merge_size // self.patch_size
-
-    @classmethod
-    def from_hf(cls, cfg: Mapping[str, Any]) -> QwenViTConfig:
-        """The tower a Qwen2.5-VL `vision_config` describes (transformers 4's names or 5's);
-        what it leaves out is Qwen2.5-VL 3B's."""
-        def key(*names: str, default: Any) -> Any:
-            return next((cfg[n] for n in names if cfg.get(n) is not None), default)
-
-        rope = cfg.get("rope_parameters") or {}
-        return cls(
-            depth=int(key("depth", "num_hidden_layers", default=32)),
-            hidden_size=int(key("hidden_size", default=1280)),
-            intermediate_size=int(key("intermediate_size", default=3420)),
-            num_heads=int(key("num_heads", "num_attention_heads", default=16)),
-            out_hidden_size=int(key("out_hidden_size", default=2048)),
-            patch_size=int(key("patch_size", "spatial_patch_size", default=14)),
-            temporal_patch_size=int(key("temporal_patch_size", default=2)),
-            spatial_merge_size=int(key("spatial_merge_size", default=2)),
-            window_size=int(key("window_size", default=112)),
-            fullatt_block_indexes=tuple(int(i) for i in key("fullatt_block_indexes",
-                                                            default=(7, 15, 23, 31))),
-            hidden_act=str(key("hidden_act", default="silu")),
-            in_channels=int(key("in_channels", "in_chans", default=3)),
-            rope_theta=float(rope.get("rope_theta") or key("rope_theta", default=10000.0)))
 
 
 def window_order(rows: int, cols: int, merge: int, window: int,
