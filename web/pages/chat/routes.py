@@ -105,8 +105,10 @@ class ChatController(Controller):
         if unknown_model and not conv.model:  # after an import (see import_json)
             notice = (f"This conversation was written with {unknown_model[:200]}, which this "
                       f"server does not serve: it goes on with {chat.s.config.model_name}.")
-        await ahead(shown(chat.s, conv)[0])
-        return page(request, current_user(request), conv, notice)
+        # read once, below the engine: a megabyte conversation is many rows to build
+        showing = await below_engine(shown, chat.s, conv)
+        await ahead(showing[0])
+        return page(request, current_user(request), conv, notice, showing=showing)
 
     @get("/c/{conversation_id:int}/earlier", name="chat:earlier")
     async def earlier(self, request: HTMXRequest, conversation_id: FromPath[int],

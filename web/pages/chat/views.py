@@ -111,9 +111,12 @@ def thinking_switch(s: Services, conv: Conversation | None) -> bool:
 
 def page(request: HTMXRequest, user: User, conv: Conversation | None,
          notice: str | None = None, status_code: int = 200, draft: str = "",
-         search: str | None = None) -> Template:
+         search: str | None = None,
+         showing: tuple[list[Message], Earlier | None] | None = None) -> Template:
+    """The chat page; `showing`: the conversation's messages as `shown` read them already
+    (a long conversation is read once, off the event loop)."""
     s = services(request)
-    messages, earlier = shown(s, conv)
+    messages, earlier = showing if showing is not None else shown(s, conv)
     cfg = s.config
     models = [model_info(m, user) for m in s.catalog.models()] if s.catalog else []
     vision = vision_models(s)
