@@ -20,8 +20,10 @@ TOP = {"embeddings.patch_embedding": "v.patch_embd",
 
 
 def write_gemma3_mmproj(path: Path, hf: Any, tokens_per_image: int,
-                        swap_ffn: bool = False) -> None:
-    """`hf` (transformers' Gemma3ForConditionalGeneration) -> its projector file at `path`."""
+                        swap_ffn: bool = False, half: bool = False) -> None:
+    """`hf` (transformers' Gemma3ForConditionalGeneration) -> its projector file at `path`,
+    the tower layers' matrices in F16 where `half` (as llama.cpp's converter writes them
+    by default), else everything in F32."""
     cfg, vision = hf.config, hf.config.vision_config
     w = gguf.GGUFWriter(str(path), "clip")
     w.add_bool(gguf.Keys.Clip.HAS_VISION_ENCODER, True)
@@ -51,6 +53,8 @@ def write_gemma3_mmproj(path: Path, hf: Any, tokens_per_image: int,
                 _, _, i, module = base.split(".", 3)
                 short = LAYER[module]
                 name = f"v.blk.{i}.{swap.get(short, short)}.{kind}"
+                if half and data.ndim == 2:
+                    data = data.astype(np.float16)
             else:
                 name = f"{TOP[base]}.{kind}"
             w.add_tensor(name, data)

@@ -118,7 +118,7 @@ class GGUFTensor:
     offset: int  # absolute file offset of the data
     nbytes: int
     permute_heads: int = 0  # >0: rows are in llama.cpp's rotary order over this many heads
-    projector: bool = False  # from the projector file (offset -1): always read as floats
+    projector: bool = False  # from the projector file (offset -1): read as floats (F16 kept)
 
     def hf_rows(self) -> torch.Tensor | None:
         """Row order that turns this tensor's rows into Hugging Face's (None: as stored)."""
@@ -251,7 +251,8 @@ class GGUFFile:
     def _map_projector(self, projector: ProjectorFile,
                        expected: dict[str, tuple[int, ...]]) -> None:
         """The projector file's tensors under the vision family's keys (read as floats:
-        the tower runs float, whatever the file stores)."""
+        the tower runs float, whatever the file stores; F16 matrices stay float16 on the
+        CPU, see gguf_loader)."""
         keyed = self.architecture.projector_tensors(projector, self.config)
         for key, t in keyed.items():
             want = expected.get(key)

@@ -94,6 +94,13 @@ def _stacked(file: GGUFFile, parts: list[GGUFTensor]) -> QuantWeight:
     return quant.QuantWeight(qtype, torch.from_numpy(out), n_in, out.shape[0])
 
 
+def _half(parts: list[GGUFTensor]) -> torch.Tensor:
+    """A projector's F16 matrix as float16 (linear_kernels widens it product by product): a
+    view into the map for one part, joined parts in fresh memory."""
+    halves = [torch.from_numpy(np.asarray(p.data).reshape(p.shape)) for p in parts]
+    return halves[0] if len(halves) == 1 else torch.cat(halves)
+
+
 def _dequantized(t: GGUFTensor) -> torch.Tensor:
     """float32 in HF layout; quantized blocks through quant.dequantize (exact)."""
     from engine.kernels import quant
@@ -128,6 +135,9 @@ class GGUFSource:
         parts = [file.tensors[k] for k in keys]
         kinds = {p.qtype for p in parts}
         if any(p.projector for p in parts):  # the image tower runs on floats
+            if {p.qtype for p in parts} == {F16} and dtype == torch.float32 \
+                    and torch.device(device).type == "cpu":
+                return _half(parts)
             return torch.cat([_dequantized(p) for p in parts]).to(device=device, dtype=dtype)
         if self.device_blocks:
             return self._device_matrix(parts, dtype, device)

@@ -20,6 +20,7 @@ import numpy as np
 from engine.execution.errors import ModelFileError
 from engine.execution.model.vision.config import TowerConfig
 
+F32, F16 = 0, 1  # GGML's type numbers
 PROJECTOR_TYPE = "clip.projector_type"
 VISION = "clip.vision."
 # the tower's tensors: GGUF name (after "v.") -> the tower module's (after its prefix)
@@ -116,11 +117,19 @@ class ProjectorFile:
 
     def joined(self, names: list[str], axis: int, stack: bool = False) -> ProjectorTensor:
         """Tensors the file keeps apart and the model keeps as one (Qwen2.5-VL's q, k and v
-        as qkv; its patch embedding's two frames as one Conv3d kernel): float32, joined
-        along `axis` (stacked along a new one where `stack`)."""
-        parts = [self.floats(name) for name in names]
+        as qkv; its patch embedding's two frames as one Conv3d kernel): joined along `axis`
+        (stacked along a new one where `stack`), float16 where all are F16, else float32."""
+        missing = [n for n in names if n not in self.tensors]
+        if missing:
+            raise ModelFileError(f"{self.path}: tensor {missing[0]} is missing")
+        if all(self.tensors[n].qtype == F16 for n in names):
+            parts = [np.asarray(self.tensors[n].data).reshape(self.tensors[n].shape)
+                     for n in names]
+            kind = F16
+        else:
+            parts, kind = [self.floats(name) for name in names], F32
         data = np.stack(parts, axis) if stack else np.concatenate(parts, axis)
-        return ProjectorTensor("+".join(names), 0, tuple(data.shape), data)  # 0: F32
+        return ProjectorTensor("+".join(names), kind, tuple(data.shape), data)
 
     def keyed(self, tower: str, projector: dict[str, str],
               hidden: int) -> dict[str, ProjectorTensor]:

@@ -78,6 +78,31 @@ def test_an_older_file_with_swapped_ffn_reads_the_same(tiny: tuple[Path, Path],
     torch.testing.assert_close(from_gguf.encode_images(pixels), from_hf.encode_images(pixels))
 
 
+def test_an_f16_projector_keeps_its_matrices_as_the_file_stores_them(
+        tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    """The tower's F16 matrices stay float16 (the file's bytes, not a float32 copy twice
+    their size) and give the rows that the same values in float32 give."""
+    from transformers import Gemma3ForConditionalGeneration
+
+    from engine.execution.model.layers.linear import Linear
+
+    hf = Gemma3ForConditionalGeneration.from_pretrained(tiny[0])
+    with torch.no_grad():  # values a float16 holds exactly, so both files hold the same
+        for name, p in hf.named_parameters():
+            if "vision_tower" in name and p.ndim == 2:
+                p.copy_(p.half().float())
+    wide, half = tmp_path / "mmproj-f32.gguf", tmp_path / "mmproj-f16.gguf"
+    write_gemma3_mmproj(wide, hf, tiny_gemma3.TOKENS_PER_IMAGE)
+    write_gemma3_mmproj(half, hf, tiny_gemma3.TOKENS_PER_IMAGE, half=True)
+    _, from_wide = _models(tiny, wide)
+    _, from_half = _models(tiny, half)
+    tower = [m for m in from_half.vision_tower.modules() if isinstance(m, Linear)]
+    assert tower and all(m.weight.dtype == torch.float16 for m in tower)
+    pixels = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(from_half.encode_images(pixels),
+                               from_wide.encode_images(pixels), rtol=1e-5, atol=1e-5)
+
+
 def test_which_projector_beside_a_model_pairs(tiny: tuple[Path, Path], tmp_path: Path) -> None:
     """An F16 one first among several; none of a kind Ferry does not run, nor for another
     architecture (the model then serves text, as before)."""
@@ -136,3 +161,23 @@ def test_mmproj_names_the_projector_for_the_one_model(tiny: tuple[Path, Path],
         served_models(settings("--model", str(folder), "--mmproj", str(mmproj)))
     with pytest.raises(SettingsError, match="one model"):
         settings("--model", str(gguf), "--model", "default", "--mmproj", str(mmproj))
+
+
+def test_joined_tensors_stay_float16_where_all_parts_are(tmp_path: Path) -> None:
+    """Qwen2.5-VL's q, k and v, kept apart by llama.cpp's converter, join into one qkv in
+    the file's F16; F32 parts (the biases) join as float32."""
+    import numpy as np
+
+    from tests.tools.mmproj_gguf import write_synthetic_qwen25vl_mmproj
+
+    path = tmp_path / "mmproj-qwen.gguf"
+    write_synthetic_qwen25vl_mmproj(path, 16, hidden=8, ff=12, layers=1, heads=2)
+    projector = ProjectorFile(path)
+    names = [f"v.blk.0.attn_{x}.weight" for x in "qkv"]
+    qkv = projector.joined(names, 0)
+    assert qkv.data.dtype == np.float16 and qkv.shape == (24, 8)
+    np.testing.assert_array_equal(qkv.data[8:16], projector.tensors[names[1]].data)
+    biases = projector.joined([f"v.blk.0.attn_{x}.bias" for x in "qkv"], 0)
+    assert biases.data.dtype == np.float32 and biases.shape == (24,)
+    with pytest.raises(ModelFileError, match=r"attn_z\.weight is missing"):
+        projector.joined(["v.blk.0.attn_q.weight", "v.blk.0.attn_z.weight"], 0)
