@@ -107,9 +107,10 @@ class VisionAttention(nn.Module):
         rotate_(qk, cos, sin)
         q, k = qk[:, :h].to(x.dtype), qk[:, h:].to(x.dtype)
         v = qkv[:, 2 * h * hd:].view(n, h, hd)
-        if windows is None:
+        if windows is None:  # [1, H, N, hd]: 3-D inputs take torch's slow math path on the CPU
             out = functional.scaled_dot_product_attention(
-                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)).transpose(0, 1)
+                q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                v.transpose(0, 1)[None])[0].transpose(0, 1)
         else:
             out = windows.unbatch(functional.scaled_dot_product_attention(
                 windows.batch(q), windows.batch(k), windows.batch(v), attn_mask=windows.mask))
