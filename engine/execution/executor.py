@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -171,6 +172,12 @@ class ModelExecutor:
     # --- Executor protocol ------------------------------------------------------------------
 
     def run(self, batch: Batch) -> list[Sampled]:
+        out = self._forward(batch)
+        if batch.encodes:  # after the forward: its chunks' image rows stay cached for it
+            self.encode_ahead(batch.encodes)
+        return out
+
+    def _forward(self, batch: Batch) -> list[Sampled]:
         items = batch.items
         out: list[Sampled] = [None] * len(items)
         if not items:
@@ -204,6 +211,28 @@ class ModelExecutor:
 
     def release(self, request: Request) -> None:
         self.sampler.release(request.id)
+        if self.images is not None and request.images:
+            self.images.drop(request.images)
+
+    @property
+    def image_ready(self) -> Callable[[str], bool] | None:
+        """Whether an image's encoder output is cached (the scheduler's Scheduler.image_ready:
+        a chunk waits for it), for a vision model; None for a text model."""
+        return None if self.images is None else self.images.has
+
+    def encode_ahead(self, requests: Sequence[Request]) -> None:
+        """A slice of encoder work on the next image of each of these requests whose rows
+        are not cached (the scheduler lists a request only when that image comes next once
+        this round's chunk is computed)."""
+        if self.images is None:
+            raise ValueError(f"{self.model.config.model_type} takes no images")
+        self._bind_threads()
+        ahead: list[ImageInput] = []
+        for req in requests:
+            ahead += [image for image in req.images if image.end > req.num_computed
+                      and not self.images.has(image.digest)][:1]
+        with torch.inference_mode():
+            self.images.advance(ahead)
 
     @property
     def decode_rows(self) -> int:
@@ -217,13 +246,17 @@ class ModelExecutor:
 
     # --- the forward pass -------------------------------------------------------------------
 
+    def _bind_threads(self) -> None:
+        """torch's thread count is per thread: set it on the thread that runs the rounds."""
+        if self._bound_thread != threading.get_ident() and self.device.type == "cpu":
+            torch.set_num_threads(self.threads)
+            self._bound_thread = threading.get_ident()
+
     def compute_logits(self, batch: Batch) -> tuple[torch.Tensor, list[int]]:
         """Run the round's forward pass (writing its K/V) -> (logits [S, vocab], for each row
         the index of its item: items with `sample` set, in order; a speculative item has
         1 + len(drafts) rows in a row, after its last token and after each draft)."""
-        if self._bound_thread != threading.get_ident() and self.device.type == "cpu":
-            torch.set_num_threads(self.threads)
-            self._bound_thread = threading.get_ident()
+        self._bind_threads()
         items = batch.items
         # single-token sequences first (stable), as AttentionInputs requires; a speculative
         # item is 1 + k of them (see below)

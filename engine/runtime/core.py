@@ -43,6 +43,8 @@ class EngineCore:
         self.scheduler = Scheduler(config, cache_outputs=cache_outputs, drafter=drafter)
         # the executor's few-row decode path, where it has one: drafts stay within it
         self.scheduler.decode_rows = getattr(executor, "decode_rows", None)
+        # a vision executor encodes images ahead of their chunks, a slice a round
+        self.scheduler.image_ready = getattr(executor, "image_ready", None)
         self.executor = executor
         self.clock = clock
 

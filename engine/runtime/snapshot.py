@@ -49,6 +49,7 @@ class RoundView:
     duration: float  # seconds the executor took
     schedule_time: float  # seconds the scheduler's own bookkeeping took
     decodes: tuple[str, ...] = ()  # ids that decoded this round (the rest prefilled)
+    encodes: tuple[str, ...] = ()  # ids whose next image's encoder ran a slice this round
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,8 @@ def round_view(index: int, r: RoundRecord) -> RoundView:
     return RoundView(index, r.batch.phase,
                      tuple((it.request.id, it.num_tokens) for it in r.batch.items),
                      tuple(q.id for q in r.finished), r.started, r.duration, r.schedule_time,
-                     tuple(it.request.id for it in r.batch.items if it.is_decode))
+                     tuple(it.request.id for it in r.batch.items if it.is_decode),
+                     tuple(q.id for q in r.batch.encodes))
 
 
 def build_snapshot(scheduler: Scheduler, metrics: MetricsRecorder,

@@ -3,7 +3,7 @@
 The rules are written out in docs/architecture.md, Scheduling."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
@@ -29,6 +29,33 @@ def image_reason(req: Request, start: int, count: int) -> WaitReason | None:
     return None
 
 
+ImageReady = Callable[[str], bool]  # has this image (by digest) its encoder output ready?
+
+
+def next_unready(req: Request, ready: ImageReady, at: int | None = None) -> int | None:
+    """The index of the request's next image (the first not wholly computed by position
+    `at`, by default what is computed now) when its encoder output is not ready, else None.
+    Only the next: encoding a later one ahead could push this one's rows out of a small
+    encoder cache while its chunks still need them."""
+    done = req.num_computed if at is None else at
+    for i, image in enumerate(req.images):
+        if image.end > done:
+            return None if ready(image.digest) else i
+    return None
+
+
+def encoded_end(req: Request, start: int, end: int, ready: ImageReady | None) -> int:
+    """`end` of a chunk from `start`, cut before the first image in it whose encoder output
+    is not ready (`start` itself when the chunk begins inside one); as it is without
+    `ready` (images encoded inline by the round that reaches them)."""
+    if ready is None:
+        return end
+    for image in req.images:
+        if image.offset < end and start < image.end and not ready(image.digest):
+            return max(start, image.offset)
+    return end
+
+
 def reservation(req: Request, page_size: int) -> int:
     """KV positions promised to an admitted request: what it may still write, page slack
     included."""
@@ -45,8 +72,10 @@ class Admission:
     """The checks of one round. `reserved` grows as requests are admitted in the round."""
 
     def __init__(self, config: EngineConfig, kv: KVAccounting, slots: SlotTable,
-                 admitted: list[Request], local: SlidingKV | None = None) -> None:
+                 admitted: list[Request], local: SlidingKV | None = None,
+                 image_ready: ImageReady | None = None) -> None:
         self.config = config
+        self.image_ready = image_ready
         self.kv = kv
         self.local = local
         self.free_slots = slots.num_free
@@ -97,6 +126,14 @@ class Admission:
                 start = req.num_computed
                 step = chunk_end(req.images, start,
                                  start + min(max(budget, 0), req.prefill_left)) - start
+                ahead = None if self.image_ready is None else next_unready(req,
+                                                                           self.image_ready)
+                if ahead is not None:
+                    step = encoded_end(req, start, start + step, self.image_ready) - start
+                    if step == 0:
+                        reasons[req.id] = WaitReason(
+                            "image", f"encoding image {ahead + 1} of {len(req.images)}")
+                        continue
                 reasons[req.id] = image_reason(req, req.num_computed, step) or WaitReason(
                     "chunk", f"prefill chunk {req.num_chunks + 1} of {chunks}: "
                              f"{req.num_computed} of {req.prompt_len} prompt tokens done")

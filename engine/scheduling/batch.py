@@ -7,7 +7,8 @@ from typing import Literal, Protocol
 
 from engine.scheduling.request import Request
 
-Phase = Literal["prefill", "decode", "mixed"]
+# "encode": a round of image encoder work only (Batch.encodes), no positions computed
+Phase = Literal["prefill", "decode", "mixed", "encode"]
 # What an executor returns per item: a token; a speculative item's emitted run (its kept
 # drafts and the target's next token: 1 to len(drafts) + 1 tokens); None (no sample).
 # An int for a speculative item means no draft was kept.
@@ -35,6 +36,9 @@ class BatchItem:
 class Batch:
     phase: Phase
     items: tuple[BatchItem, ...]
+    # admitted requests whose next chunk waits for an image's encoder output: the executor
+    # runs a slice of that encoder work in this round (see Scheduler.image_ready)
+    encodes: tuple[Request, ...] = ()
 
     @property
     def num_tokens(self) -> int:

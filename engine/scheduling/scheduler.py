@@ -6,9 +6,17 @@ Pure bookkeeping over ints (no torch): `select` forms a round's batch, the execu
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 from engine.config import EngineConfig
-from engine.scheduling.admission import Admission, WaitReason, reservation
+from engine.scheduling.admission import (
+    Admission,
+    ImageReady,
+    WaitReason,
+    encoded_end,
+    next_unready,
+    reservation,
+)
 from engine.scheduling.batch import Batch, BatchItem, Drafter, Phase, Sampled
 from engine.scheduling.kv_accounting import KVAccounting
 from engine.scheduling.request import (
@@ -34,6 +42,12 @@ class Scheduler:
         # local layers' KV of the window before it, which those layers do not keep.
         self.drafter = None if config.sliding_window else drafter  # None: never drafts
         self.decode_rows: int | None = None  # rows a decode round may take with drafts
+        # an executor that encodes images ahead of their chunk (a vision model's): a chunk
+        # stops before an image whose encoder output is not ready, and each round carries
+        # that encoder work (Batch.encodes), a slice at a time, so a picture's encoder never
+        # holds up other requests' rounds for long. None: the round that reaches an image
+        # encodes it whole.
+        self.image_ready: ImageReady | None = None
         self.kv = KVAccounting(config.num_pages, config.page_size,
                                config.prefix_cache and not config.sliding_window, cache_outputs,
                                config.prefix_cache_per_owner)
@@ -89,10 +103,30 @@ class Scheduler:
 
     # -- select ----------------------------------------------------------------------------
     def select(self, now: float) -> Batch | None:
+        batch = self._select(now)
+        encodes = self._encodes(() if batch is None else batch.items)
+        if batch is None and not encodes:
+            return None
+        batch = Batch("encode", (), encodes) if batch is None else replace(batch,
+                                                                           encodes=encodes)
+        return self._finalize(batch)
+
+    def _encodes(self, items: tuple[BatchItem, ...]) -> tuple[Request, ...]:
+        """Admitted requests whose next image after this round's `items` has no encoder
+        output ready: the round runs a slice of its encoder (after its forward, so that the
+        rows this round's chunks take stay cached)."""
+        ready = self.image_ready
+        if ready is None:
+            return ()
+        after = {it.request.id: it.start + it.num_tokens for it in items}
+        return tuple(r for r in self._by_arrival(self.chunked)
+                     if next_unready(r, ready, after.get(r.id)) is not None)
+
+    def _select(self, now: float) -> Batch | None:
         cfg = self.config
         running = self._by_arrival(self.running)
         if cfg.policy == "interleave" and self.last_phase == "prefill" and running:
-            return self._finalize(Batch("decode", self._decodes(running)))
+            return Batch("decode", self._decodes(running))
         if cfg.policy == "mixed":
             decodes = self._decodes(running)
             prefills = self._admit(cfg.max_prefill_tokens - sum(d.num_tokens for d in decodes),
@@ -101,12 +135,12 @@ class Scheduler:
                 return None
             phase: Phase = "mixed" if decodes and prefills else \
                 ("decode" if decodes else "prefill")
-            return self._finalize(Batch(phase, decodes + prefills))
+            return Batch(phase, decodes + prefills)
         prefills = self._admit(cfg.max_prefill_tokens, now)
         if prefills:
-            return self._finalize(Batch("prefill", prefills))
+            return Batch("prefill", prefills)
         if running:  # drafted only here: a round that runs them
-            return self._finalize(Batch("decode", self._decodes(running)))
+            return Batch("decode", self._decodes(running))
         return None
 
     def _decodes(self, running: list[Request]) -> tuple[BatchItem, ...]:
@@ -114,7 +148,8 @@ class Scheduler:
 
     def _admit(self, budget: int, now: float) -> tuple[BatchItem, ...]:
         """Walk the waiting queue from its head; stop at the first request that fails a check."""
-        check = Admission(self.config, self.kv, self.slots, self._admitted(), self.local)
+        check = Admission(self.config, self.kv, self.slots, self._admitted(), self.local,
+                          self.image_ready)
         items: list[BatchItem] = []
         for req in self._ordered_waiting():
             if budget <= 0:
@@ -133,7 +168,10 @@ class Scheduler:
                 self._last_owner = req.owner
                 check.admitted(req)
             start = req.num_computed
-            take = chunk_end(req.images, start, start + min(budget, req.prefill_left)) - start
+            end = chunk_end(req.images, start, start + min(budget, req.prefill_left))
+            take = encoded_end(req, start, end, self.image_ready) - start
+            if take == 0:
+                continue  # waits for its image's encoder output (Batch.encodes)
             budget -= take
             last = take == req.prefill_left
             # a prefill-only request (max_tokens 0) samples nothing, even on its last chunk
@@ -187,11 +225,11 @@ class Scheduler:
     def fail(self, batch: Batch, error: str, now: float) -> list[Request]:
         """A round raised: its requests end with reason `error`; nothing of it is cached."""
         failed = []
-        for item in batch.items:
-            if not item.request.is_finished:
-                item.request.error = error
-                self.finish(item.request, "error", now)
-                failed.append(item.request)
+        for req in [*(item.request for item in batch.items), *batch.encodes]:
+            if not req.is_finished:
+                req.error = error
+                self.finish(req, "error", now)
+                failed.append(req)
         self.last_phase = batch.phase
         return failed
 
@@ -259,7 +297,8 @@ class Scheduler:
     def wait_reasons(self) -> dict[str, WaitReason]:
         """Why each waiting request waits now: a dry run of the next round's admission."""
         cfg = self.config
-        check = Admission(cfg, self.kv, self.slots, self._admitted(), self.local)
+        check = Admission(cfg, self.kv, self.slots, self._admitted(), self.local,
+                          self.image_ready)
         decode_turn = (cfg.policy == "interleave" and self.last_phase == "prefill"
                        and bool(self.running))
         budget = cfg.max_prefill_tokens - (len(self.running) if cfg.policy == "mixed" else 0)

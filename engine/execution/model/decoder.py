@@ -22,6 +22,7 @@ from torch import nn
 from engine.execution.attention.base import AttentionBackend
 from engine.execution.model import linear_kernels
 from engine.execution.model.config import ModelConfig, RopeSpec
+from engine.execution.model.encoder_steps import EncoderSteps, run_through
 from engine.execution.model.layers import (
     Attention,
     Embedding,
@@ -181,6 +182,11 @@ class CausalLM(nn.Module):
         """Pixel values [B, 3, H, W] -> the rows each image's positions hold
         [B, tokens_per_image, hidden] (vision families only); `grid`: the images' (rows,
         cols) of positions, where the family lays them out in two dimensions (M-RoPE)."""
+        return run_through(self.encode_steps(pixels, grid))
+
+    def encode_steps(self, pixels: torch.Tensor,
+                     grid: tuple[int, int] | None = None) -> EncoderSteps:
+        """`encode_images` as steps, a yield after each of the tower's layers."""
         raise NotImplementedError(f"{self.config.model_type} takes no images")
 
     def adapt_hf_tensor(self, key: str, tensor: torch.Tensor) -> torch.Tensor:

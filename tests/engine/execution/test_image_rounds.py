@@ -1,10 +1,12 @@
 """A vision model's images in the engine's rounds: with a prefill budget smaller than an
 image, its positions span several chunks (the later ones take the encoder's cached rows), and
 the greedy tokens still equal transformers' float32 generate; each image is encoded once while
-its rows stay cached, again when the bounded cache let it go."""
+its rows stay cached, again when the bounded cache let it go. An image's encoder runs ahead of
+its chunk a slice a round, with another reply's decode rounds between."""
 from __future__ import annotations
 
 import hashlib
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +85,69 @@ def test_chunked_images_equal_transformers(llava: tuple[Path, Any], budget: int,
         assert len(encoder) == min(2, capacity)
         assert engine.wait_idle(30)
         snap = engine.snapshot()
+        assert snap.kv.free == snap.kv.total and all(s is None for s in snap.slots)
+    finally:
+        engine.stop()
+
+
+def test_an_image_is_encoded_a_layer_a_round_beside_another_reply(
+        llava: tuple[Path, Any]) -> None:
+    from engine import SamplingParams
+
+    folder, model = llava
+    engine = _engine(folder, max_prefill_tokens=64, prefix_cache=False)
+    try:
+        encoder = engine.executor.images
+        encoder.slice_s = 0.0  # one tower layer a round
+        ids, images = _prompt([png(40)], engine.vision.processor)
+        text = engine.submit(ids[:3], SamplingParams(max_tokens=30, ignore_eos=True))
+        picture = engine.submit(ids, SamplingParams(max_tokens=6, ignore_eos=True),
+                                images=images)
+        for _ in picture.events():
+            pass
+        assert list(picture.token_ids) == _hf(model, ids, images)
+        engine.cancel(text.id)
+        assert engine.wait_idle(30)
+        snap = engine.snapshot()
+        encoding = [r for r in snap.rounds if picture.id in r.encodes]
+        layers = len(engine.executor.model.vision_tower.encoder.layers)
+        assert len(encoding) == layers + 1  # a slice a layer, then the projector's
+        assert all(text.id in r.decodes for r in encoding[1:])  # the reply went on meanwhile
+        assert encoder.encoded == 1 and not encoder._started
+        assert snap.kv.free == snap.kv.total and all(s is None for s in snap.slots)
+    finally:
+        engine.stop()
+
+
+def test_a_request_cancelled_while_its_image_encodes_frees_everything(
+        llava: tuple[Path, Any]) -> None:
+    from engine import SamplingParams
+
+    folder, _ = llava
+    engine = _engine(folder, max_prefill_tokens=64, prefix_cache=False)
+    try:
+        encoder = engine.executor.images
+        encoder.slice_s = 0.0
+        ids, images = _prompt([png(41)], engine.vision.processor)
+        began, go_on = threading.Event(), threading.Event()
+        advance = encoder.advance
+
+        def first_slice_held(ahead: Any) -> None:  # the engine thread waits after a slice
+            advance(ahead)
+            began.set()
+            go_on.wait(10)
+
+        encoder.advance = first_slice_held
+        picture = engine.submit(ids, SamplingParams(max_tokens=6), images=images)
+        assert began.wait(10) and encoder._started  # a layer done, the tower not
+        engine.cancel(picture.id)  # applied before the next round
+        go_on.set()
+        for _ in picture.events():
+            pass
+        assert picture.final.finish_reason == "cancelled"
+        assert engine.wait_idle(30)
+        snap = engine.snapshot()
+        assert not encoder._started and encoder.encoded == 0
         assert snap.kv.free == snap.kv.total and all(s is None for s in snap.slots)
     finally:
         engine.stop()

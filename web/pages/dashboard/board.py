@@ -57,17 +57,19 @@ def _mark(rnd: RoundView, rid: str) -> str:
 
 def timeline(rounds: tuple[RoundView, ...]) -> dict[str, Any]:
     """The rounds timeline (as worked example 2 in docs/architecture.md): a row per request,
-    a column per round, P / D marks."""
+    a column per round, P / D marks, E where the request's next image was being encoded."""
     recent = rounds[-TIMELINE_ROUNDS:]
     order: list[str] = []
     cells: dict[str, dict[int, tuple[str, int, bool]]] = {}
     for col, rnd in enumerate(recent):
         finished = set(rnd.finished)
-        for rid, tokens in rnd.batch:
+        marks = [(rid, _mark(rnd, rid), tokens) for rid, tokens in rnd.batch]
+        marks += [(rid, "E", 0) for rid in rnd.encodes if rid not in dict(rnd.batch)]
+        for rid, mark, tokens in marks:
             if rid not in cells:
                 order.append(rid)
                 cells[rid] = {}
-            cells[rid][col] = (_mark(rnd, rid), tokens, rid in finished)
+            cells[rid][col] = (mark, tokens, rid in finished)
         for rid in finished:
             if rid in cells and col not in cells[rid]:
                 cells[rid][col] = ("×", 0, True)

@@ -17,6 +17,7 @@ import torch
 
 from engine.execution.model.architectures.gemma3 import Gemma3ForCausalLM
 from engine.execution.model.config import ModelConfig, UnsupportedModel
+from engine.execution.model.encoder_steps import EncoderSteps
 from engine.execution.model.vision import (
     PooledProjector,
     SiglipVisionTower,
@@ -137,8 +138,9 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
         return tensor if key.startswith("vision_tower.") else super().adapt_hf_tensor(key,
                                                                                      tensor)
 
-    def encode_images(self, pixels: torch.Tensor,
-                      grid: tuple[int, int] | None = None) -> torch.Tensor:
+    def encode_steps(self, pixels: torch.Tensor,
+                     grid: tuple[int, int] | None = None) -> EncoderSteps:
         """Images [B, 3, S, S] -> [B, tokens per image, hidden]."""
-        rows: torch.Tensor = self.multi_modal_projector(self.vision_tower(pixels.to(self.dtype)))
+        patches = yield from self.vision_tower.steps(pixels.to(self.dtype))
+        rows: torch.Tensor = self.multi_modal_projector(patches)
         return rows

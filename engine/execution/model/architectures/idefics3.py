@@ -15,6 +15,7 @@ import torch
 from engine.execution.model.architectures.llama import LlamaForCausalLM
 from engine.execution.model.config import ModelConfig, UnsupportedModel
 from engine.execution.model.decoder import CausalLM
+from engine.execution.model.encoder_steps import EncoderSteps
 from engine.execution.model.vision import (
     PixelShuffleConnector,
     SiglipVisionTower,
@@ -106,8 +107,9 @@ class Idefics3ForConditionalGeneration(CausalLM):
     def skip_key(self, key: str) -> bool:
         return key == "vision_model.embeddings.position_ids" or super().skip_key(key)
 
-    def encode_images(self, pixels: torch.Tensor,
-                      grid: tuple[int, int] | None = None) -> torch.Tensor:
+    def encode_steps(self, pixels: torch.Tensor,
+                     grid: tuple[int, int] | None = None) -> EncoderSteps:
         """Tiles [B, 3, S, S] -> [B, tokens per tile, hidden]."""
-        rows: torch.Tensor = self.connector(self.vision_model(pixels.to(self.dtype)))
+        patches = yield from self.vision_model.steps(pixels.to(self.dtype))
+        rows: torch.Tensor = self.connector(patches)
         return rows

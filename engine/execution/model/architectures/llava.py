@@ -14,6 +14,7 @@ import torch
 from engine.execution.model.architectures.llama import LlamaForCausalLM
 from engine.execution.model.config import ModelConfig, UnsupportedModel
 from engine.execution.model.decoder import CausalLM
+from engine.execution.model.encoder_steps import EncoderSteps
 from engine.execution.model.vision import (
     ClipVisionTower,
     MLPProjector,
@@ -100,9 +101,9 @@ class LlavaForConditionalGeneration(CausalLM):
             return int(key.split(".")[3]) >= int(self.config.vision.vit.layers)
         return super().skip_key(key)
 
-    def encode_images(self, pixels: torch.Tensor,
-                      grid: tuple[int, int] | None = None) -> torch.Tensor:
-        features = self.vision_tower(pixels.to(self.dtype))
+    def encode_steps(self, pixels: torch.Tensor,
+                     grid: tuple[int, int] | None = None) -> EncoderSteps:
+        features = yield from self.vision_tower.steps(pixels.to(self.dtype))
         if not self.keep_class_token:
             features = features[:, 1:]
         b, n, d = features.shape

@@ -19,6 +19,7 @@ import torch
 
 from engine.execution.model.architectures.qwen2 import Qwen2ForCausalLM
 from engine.execution.model.config import ModelConfig, UnsupportedModel
+from engine.execution.model.encoder_steps import EncoderSteps
 from engine.execution.model.vision import (
     QwenVisionTower,
     QwenViTConfig,
@@ -162,12 +163,15 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM):
     def hf_key(cls, key: str) -> str:
         return renamed(key, RENAMES)
 
-    def encode_images(self, pixels: torch.Tensor,
-                      grid: tuple[int, int] | None = None) -> torch.Tensor:
+    def encode_steps(self, pixels: torch.Tensor,
+                     grid: tuple[int, int] | None = None) -> EncoderSteps:
         """Images of the same grid of positions [B, patches, 3 * 2 * 14 * 14], `grid` their
         (rows, cols) of positions -> [B, rows * cols, hidden]."""
         if grid is None:
             raise ValueError("a Qwen2.5-VL image needs its grid of positions")
         merge = self.config.vision.tower.spatial_merge_size
         patch_grid = (grid[0] * merge, grid[1] * merge)
-        return torch.stack([self.visual(p.to(self.dtype), patch_grid) for p in pixels])
+        rows = []
+        for p in pixels:
+            rows.append((yield from self.visual.steps(p.to(self.dtype), patch_grid)))
+        return torch.stack(rows)

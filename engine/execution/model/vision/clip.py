@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from engine.execution.model.encoder_steps import EncoderSteps, run_through
 from engine.execution.model.layers import Linear
 from engine.execution.model.vision.config import TowerConfig
 
@@ -117,7 +118,11 @@ class ClipVisionTower(nn.Module):
         self.encoder = VisionEncoder(cfg, dtype, device)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return run_through(self.steps(pixels))
+
+    def steps(self, pixels: torch.Tensor) -> EncoderSteps:
         x: torch.Tensor = self.pre_layrnorm(self.embeddings(pixels))
         for layer in self.encoder.layers:
             x = layer(x)
+            yield
         return x

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from engine.execution.model.encoder_steps import EncoderSteps, run_through
 from engine.execution.model.layers import Linear, RMSNorm, rotate_
 from engine.execution.model.vision.clip import TOWER_ACTS, Activation
 from engine.execution.model.vision.config import QwenViTConfig
@@ -208,6 +209,9 @@ class QwenVisionTower(nn.Module):
         return torch.cat((cos, cos), -1)[:, None], torch.cat((-sin, sin), -1)[:, None]
 
     def forward(self, patches: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        return run_through(self.steps(patches, grid))
+
+    def steps(self, patches: torch.Tensor, grid: tuple[int, int]) -> EncoderSteps:
         rows, cols = grid
         cfg, device = self.cfg, patches.device
         n, unit = rows * cols, cfg.spatial_merge_size ** 2
@@ -226,5 +230,6 @@ class QwenVisionTower(nn.Module):
         full = set(cfg.fullatt_block_indexes)
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, None if i in full else windows)
+            yield
         merged: torch.Tensor = self.merger(x)  # [groups, out], in window order
         return merged[torch.argsort(order)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.execution.model.encoder_steps import EncoderSteps, run_through
 from engine.execution.model.vision.clip import VisionEncoder
 from engine.execution.model.vision.config import TowerConfig
 
@@ -56,8 +57,12 @@ class SiglipVisionTower(nn.Module):
                                            device=device)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return run_through(self.steps(pixels))
+
+    def steps(self, pixels: torch.Tensor) -> EncoderSteps:
         x: torch.Tensor = self.embeddings(pixels)
         for layer in self.encoder.layers:
             x = layer(x)
+            yield
         out: torch.Tensor = self.post_layernorm(x)
         return out
