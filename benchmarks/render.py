@@ -40,7 +40,7 @@ def _figures(values: tuple[float, ...]) -> str:
 
 def ratio(record: Record) -> str:
     """Ferry's mean over the peer's; for perplexity, the relative difference; for a time
-    (lower is better), the peer's over Ferry's, "sooner"."""
+    (lower is better), the peer's over Ferry's, "sooner" (a longest gap: "shorter")."""
     if not record.peer_figures:
         return ""
     ours, theirs = _mean(record.ferry), _mean(record.peer_figures)
@@ -48,6 +48,8 @@ def ratio(record: Record) -> str:
         return f"{(ours / theirs - 1) * 100:+.2f}%"
     if record.metric.startswith("time to"):  # lower is better: how many times sooner
         return f"{theirs / ours:.2f}x sooner"
+    if record.metric.startswith("longest gap"):  # lower is better too
+        return f"{theirs / ours:.2f}x shorter"
     return f"{ours / theirs:.2f}x"
 
 

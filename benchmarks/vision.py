@@ -2,8 +2,8 @@
 on the same text GGUF and projector file.
 
   python -m benchmarks.vision --gguf TEXT.gguf --mmproj MMPROJ.gguf --llama-server PATH
-      [--threads T] [--reps R] [--tokens N] [--model-name TEXT] [--peer-build TEXT]
-      [--notes TEXT] [--record]
+      [--threads T] [--reps R] [--tokens N] [--beside] [--model-name TEXT]
+      [--peer-build TEXT] [--notes TEXT] [--record]
 
 Starts both servers on loopback, each pinned to the same T CPUs with T threads and one slot
 (Ferry: `ferry serve --model TEXT.gguf --mmproj MMPROJ.gguf`; llama.cpp: `llama-server -m
@@ -17,8 +17,13 @@ Figures: time to first token (the picture encoded and the prompt read), decode t
 after it (N - 1 tokens over the time from the first to the last), and each server's peak
 resident memory (VmHWM) at the end.
 
---record appends three records (benchmarks/records.py); `python -m benchmarks.render` then
-updates docs/benchmarks.md.
+With --beside, each server has two slots and the figure is what a picture costs the other
+user: a text reply streams (long enough to outlast the picture), a picture request is sent
+once it does, and the figure is the longest gap between the text reply's tokens from then to
+the picture's first token. Each server runs its default scheduling.
+
+--record appends three records (one with --beside; benchmarks/records.py); `python -m
+benchmarks.render` then updates docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -30,8 +35,9 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from benchmarks.embed import peer_version, server
@@ -56,36 +62,69 @@ def picture(seed: int) -> str:
     return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
 
 
-def ask(base: str, seed: int, tokens: int, ferry: bool) -> tuple[float, float]:
-    """(seconds to the first token, decode tokens/s after it) of one streamed request."""
+def stream(base: str, content: object, tokens: int, ferry: bool,
+           stop: threading.Event | None = None) -> Iterator[float]:
+    """The arrival time of each piece of a streamed greedy chat reply (closed early, which
+    cancels it, once `stop` is set)."""
     import httpx
 
     body: dict[str, object] = {
         "model": "", "stream": True, "max_tokens": tokens, "temperature": 0,
-        "ignore_eos": True, "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": picture(seed)}},
-            {"type": "text", "text": QUESTION}]}]}
+        "ignore_eos": True, "messages": [{"role": "user", "content": content}]}
     if ferry:
         body["speculative"] = False
-    start = time.perf_counter()
-    first = last = None
-    pieces = 0
     with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=1800) as r:
         if r.status_code != 200:
             raise SystemExit(f"{base}: {r.status_code} {r.read()[:300]!r}")
         for line in r.iter_lines():
+            if stop is not None and stop.is_set():
+                return
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
             choices = chunk.get("choices") or []
             if choices and (choices[0].get("delta") or {}).get("content"):
-                now = time.perf_counter()
-                first = first or now
-                last = now
-                pieces += 1
-    if first is None or last is None or pieces < 2:
-        raise SystemExit(f"{base}: the reply streamed {pieces} pieces")
-    return first - start, (tokens - 1) / (last - first)
+                yield time.perf_counter()
+
+
+def with_picture(seed: int) -> list[dict[str, object]]:
+    return [{"type": "image_url", "image_url": {"url": picture(seed)}},
+            {"type": "text", "text": QUESTION}]
+
+
+def ask(base: str, seed: int, tokens: int, ferry: bool) -> tuple[float, float]:
+    """(seconds to the first token, decode tokens/s after it) of one streamed request."""
+    start = time.perf_counter()
+    times = list(stream(base, with_picture(seed), tokens, ferry))
+    if len(times) < 2:
+        raise SystemExit(f"{base}: the reply streamed {len(times)} pieces")
+    return times[0] - start, (tokens - 1) / (times[-1] - times[0])
+
+
+def beside(base: str, seed: int, ferry: bool) -> float:
+    """The longest gap (s) between a text reply's tokens while a picture request, sent once
+    that reply streams, waits for its first token."""
+    stop, times = threading.Event(), []
+
+    def text() -> None:
+        for t in stream(base, "Tell a long story about a ship and its crew.", 3000, ferry,
+                        stop):
+            times.append(t)
+
+    worker = threading.Thread(target=text)
+    worker.start()
+    while len(times) < 8:
+        if not worker.is_alive():
+            raise SystemExit(f"{base}: the text reply ended before the picture was sent")
+        time.sleep(0.05)
+    sent = time.perf_counter()
+    first = next(stream(base, with_picture(seed), 2, ferry))
+    stop.set()
+    worker.join()
+    seen = [sent] + [t for t in times if sent < t <= first]
+    if first > times[-1]:
+        raise SystemExit(f"{base}: the text reply ended before the picture's first token")
+    return max(b - a for a, b in zip(seen, seen[1:] + [first]))
 
 
 def peak_mb(pid: int) -> float:
@@ -102,6 +141,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--reps", type=int, default=3, help="requests on each server")
     p.add_argument("--tokens", type=int, default=32, help="tokens each reply decodes")
+    p.add_argument("--beside", action="store_true",
+                   help="measure the gap a picture makes in another reply's tokens instead")
     p.add_argument("--model-name", default=None, help="the model, as the records name it")
     p.add_argument("--peer-build", default=None, help="default: llama-server --version")
     p.add_argument("--notes", default="")
@@ -117,15 +158,18 @@ def run(args: argparse.Namespace) -> tuple[Figures, Figures]:
     home = Path(tempfile.mkdtemp(prefix="ferry-vision-bench-"))
     ferry_port, peer_port = free_port(), free_port()
     env = {**os.environ, "FERRY_HOME": str(home), "PYTHONPATH": str(root)}
+    slots = 2 if args.beside else 1
     ferry_cmd = [sys.executable, "-c", "import sys; from app.cli import main; "
                  "sys.exit(main(sys.argv[1:]))", "serve", "--model", str(args.gguf),
                  "--mmproj", str(args.mmproj), "--port", str(ferry_port), "--no-open",
-                 "--no-discover", "--max-running", "1", "--kv-tokens", str(CONTEXT)]
+                 "--no-discover", "--max-running", str(slots),
+                 "--kv-tokens", str(CONTEXT * slots)]
     peer_cmd = [str(args.llama_server), "-m", str(args.gguf), "--mmproj", str(args.mmproj),
                 "--host", "127.0.0.1", "--port", str(peer_port), "-t", str(args.threads),
-                "-tb", str(args.threads), "-c", str(CONTEXT), "-np", "1"]
+                "-tb", str(args.threads), "-c", str(CONTEXT * slots), "-np", str(slots)]
     ferry_base, peer_base = f"http://127.0.0.1:{ferry_port}", f"http://127.0.0.1:{peer_port}"
-    figures: tuple[Figures, Figures] = ({"ttft": [], "decode": []}, {"ttft": [], "decode": []})
+    figures: tuple[Figures, Figures] = ({"ttft": [], "decode": [], "gap": []},
+                                        {"ttft": [], "decode": [], "gap": []})
     with server(ferry_cmd, ferry_base + "/healthz", args.threads, env, home / "ferry.log",
                 timeout=900) as ferry_pid, \
             server(peer_cmd, peer_base + "/health", args.threads, env, home / "peer.log",
@@ -135,6 +179,11 @@ def run(args: argparse.Namespace) -> tuple[Figures, Figures]:
         for rep in range(args.reps):
             for (base, is_ferry), into in zip(((ferry_base, True), (peer_base, False)),
                                               figures):
+                if args.beside:
+                    into["gap"].append(beside(base, rep, is_ferry))
+                    print(f"{'ferry' if is_ferry else 'llama'} rep {rep}: longest gap "
+                          f"{into['gap'][-1]:.2f} s", flush=True)
+                    continue
                 ttft, rate = ask(base, rep, args.tokens, is_ferry)
                 into["ttft"].append(ttft)
                 into["decode"].append(rate)
@@ -146,17 +195,26 @@ def run(args: argparse.Namespace) -> tuple[Figures, Figures]:
 
 
 def make_records(ferry: Figures, peer: Figures, *, model: str, threads: int, tokens: int,
-                 peer_build: str, notes: str) -> list[Record]:
+                 peer_build: str, notes: str, beside: bool = False) -> list[Record]:
     name, flags = this_cpu(threads)
     method = (f"benchmarks/vision.py: one new 640x480 PNG and a short question a request, "
               f"streamed, greedy, {tokens} tokens (ignore_eos), Ferry with speculative "
               f"decoding off; one slot, context {CONTEXT}; both pinned to the same {threads} "
               f"CPUs with {threads} threads, one working at a time, alternating")
+    rows: tuple[tuple[str, str, str, int], ...] = (
+        ("time to first token (s)", "ttft", "one picture + a short question", 3),
+        ("decode tok/s", "decode", "after one picture", 2),
+        ("peak resident MB", "peak", "one picture + a short question, VmHWM at the end", 0))
+    if beside:
+        method = (f"benchmarks/vision.py --beside: a text reply streams (greedy, up to 3000 "
+                  f"tokens) and a new 640x480 PNG with a short question is sent once it does; "
+                  f"the longest gap between the text reply's tokens until the picture's first "
+                  f"token; two slots, context {CONTEXT} each, each server's default "
+                  f"scheduling; both pinned to the same {threads} CPUs with {threads} "
+                  f"threads, one working at a time, alternating")
+        rows = (("longest gap between tokens (s)", "gap",
+                 "another reply while a picture is read", 2),)
     date = _dt.datetime.now(_dt.UTC).date().isoformat()
-    rows = (("time to first token (s)", "ttft", "one picture + a short question", 3),
-            ("decode tok/s", "decode", "after one picture", 2),
-            ("peak resident MB", "peak", "one picture + a short question, VmHWM at the end",
-             0))
     return [Record(date=date, commit=this_commit(), cpu=name, cpu_flags=flags,
                    ferry_cpu=os.environ.get("FERRY_CPU", "native"), model=model,
                    workload=workload, metric=metric, method=method,
@@ -169,14 +227,15 @@ def make_records(ferry: Figures, peer: Figures, *, model: str, threads: int, tok
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     ferry, peer = run(args)
-    for key in ("ttft", "decode", "peak"):
+    for key in ("gap",) if args.beside else ("ttft", "decode", "peak"):
         print(key, "ferry", [round(x, 2) for x in ferry[key]], "llama.cpp",
               [round(x, 2) for x in peer[key]])
     if args.record:
         for record in make_records(ferry, peer, model=args.model_name or args.gguf.stem,
                                    threads=args.threads, tokens=args.tokens,
                                    peer_build=args.peer_build or peer_version(
-                                       args.llama_server), notes=args.notes):
+                                       args.llama_server), notes=args.notes,
+                                   beside=args.beside):
             append(record)
     return 0
 

@@ -34,3 +34,13 @@ def test_records_round_trip_and_render(tmp_path: Path) -> None:
     for record in records:
         append(record, path)
     assert load(path) == records
+
+
+def test_the_gap_beside_a_picture_records_as_how_many_times_shorter() -> None:
+    records = vision.make_records({"gap": [1.5, 2.5]}, {"gap": [30.0, 34.0]},
+                                  model="synthetic Qwen2.5-VL 3B", threads=2, tokens=32,
+                                  peer_build="b10470", notes="", beside=True)
+    assert [r.metric for r in records] == ["longest gap between tokens (s)"]
+    assert records[0].workload == "another reply while a picture is read"
+    assert "--beside" in records[0].method and "two slots" in records[0].method
+    assert render.ratio(records[0]) == "16.00x shorter"  # 32 / 2
