@@ -31,6 +31,7 @@ import argparse
 import base64
 import datetime as _dt
 import io
+import itertools
 import json
 import os
 import sys
@@ -102,29 +103,32 @@ def ask(base: str, seed: int, tokens: int, ferry: bool) -> tuple[float, float]:
 
 
 def beside(base: str, seed: int, ferry: bool) -> float:
-    """The longest gap (s) between a text reply's tokens while a picture request, sent once
-    that reply streams, waits for its first token."""
-    stop, times = threading.Event(), []
+    """The longest gap (s) between a text reply's tokens from sending a picture request,
+    once that reply streams, to the reply's first token after the picture's first token."""
+    stop, times, ended = threading.Event(), [], threading.Event()
 
     def text() -> None:
         for t in stream(base, "Tell a long story about a ship and its crew.", 3000, ferry,
                         stop):
             times.append(t)
+        if not stop.is_set():
+            ended.set()
 
     worker = threading.Thread(target=text)
     worker.start()
-    while len(times) < 8:
-        if not worker.is_alive():
-            raise SystemExit(f"{base}: the text reply ended before the picture was sent")
+    while len(times) < 8 and worker.is_alive():
         time.sleep(0.05)
     sent = time.perf_counter()
     first = next(stream(base, with_picture(seed), 2, ferry))
+    while (not times or times[-1] <= first) and worker.is_alive():  # the reply's next token
+        time.sleep(0.01)
     stop.set()
     worker.join()
-    seen = [sent] + [t for t in times if sent < t <= first]
-    if first > times[-1]:
+    if ended.is_set():
         raise SystemExit(f"{base}: the text reply ended before the picture's first token")
-    return max(b - a for a, b in zip(seen, seen[1:] + [first]))
+    seen = [sent] + [t for t in times if t > sent]
+    upto = next((i for i, t in enumerate(seen) if t > first), len(seen) - 1)
+    return max(b - a for a, b in itertools.pairwise(seen[:upto + 1]))
 
 
 def peak_mb(pid: int) -> float:
