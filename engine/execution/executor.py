@@ -220,6 +220,19 @@ class ModelExecutor:
         a chunk waits for it), for a vision model; None for a text model."""
         return None if self.images is None else self.images.has
 
+    @property
+    def image_progress(self) -> Callable[[str], str | None] | None:
+        """How far an image's encoder has got ("layer 3 of 27"; None: not begun), for the
+        wait reason; None for a text model."""
+        if self.images is None or self.model.config.vision is None:
+            return None
+        images, layers = self.images, self.model.config.vision.layers
+
+        def progress(digest: str) -> str | None:
+            done = images.layers_done(digest)
+            return None if done is None else f"layer {min(done + 1, layers)} of {layers}"
+        return progress
+
     def encode_ahead(self, requests: Sequence[Request]) -> None:
         """A slice of encoder work on the next image of each of these requests whose rows
         are not cached (the scheduler lists a request only when that image comes next once

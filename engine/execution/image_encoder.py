@@ -37,6 +37,7 @@ class ImageEncoder:
         self.capacity = capacity
         self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._started: dict[str, EncoderSteps] = {}  # by digest: encoder runs part way done
+        self._layers_done: dict[str, int] = {}  # by digest, for those in `_started`
         self.slice_s = ENCODE_SLICE_S  # `advance`'s slice (0: one layer a round)
         self.encoded = 0  # images run through the encoder (the rest came from the cache)
 
@@ -57,13 +58,15 @@ class ImageEncoder:
                     pixels = _pixels(image)[None].to(self.device)
                     steps = self._started[image.digest] = self.model.encode_steps(
                         pixels, image.grid)
+                    self._layers_done[image.digest] = 0
                 try:
                     next(steps)
+                    self._layers_done[image.digest] += 1
                 except StopIteration as done:
-                    del self._started[image.digest]
+                    self._forget(image.digest)
                     self._finished(image, done.value[0])
                 except Exception:
-                    del self._started[image.digest]  # a failed run starts over, if asked
+                    self._forget(image.digest)  # a failed run starts over, if asked
                     raise
                 if time.perf_counter() >= deadline:
                     return
@@ -71,13 +74,22 @@ class ImageEncoder:
     def drop(self, images: Sequence[ImageInput]) -> None:
         """Forget encoder runs begun for these images (their request ended)."""
         for image in images:
-            self._started.pop(image.digest, None)
+            self._forget(image.digest)
+
+    def layers_done(self, digest: str) -> int | None:
+        """How many of the tower's layers an image begun ahead has run (None: not begun)."""
+        return self._layers_done.get(digest)
+
+    def _forget(self, digest: str) -> None:
+        self._started.pop(digest, None)
+        self._layers_done.pop(digest, None)
 
     def rows(self, images: Sequence[ImageInput]) -> dict[str, torch.Tensor]:
         """Each image's encoder output [length, hidden], by digest: cached ones as they are,
         the others encoded now (one batch per pixel shape; those begun, run to the end)."""
         for image in images:
-            steps = self._started.pop(image.digest, None)
+            steps = self._started.get(image.digest)
+            self._forget(image.digest)
             if steps is not None and image.digest not in self._cache:
                 self._finished(image, run_through(steps)[0])
         out: dict[str, torch.Tensor] = {}

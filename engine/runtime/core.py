@@ -45,6 +45,7 @@ class EngineCore:
         self.scheduler.decode_rows = getattr(executor, "decode_rows", None)
         # a vision executor encodes images ahead of their chunks, a slice a round
         self.scheduler.image_ready = getattr(executor, "image_ready", None)
+        self.scheduler.image_progress = getattr(executor, "image_progress", None)
         self.executor = executor
         self.clock = clock
 

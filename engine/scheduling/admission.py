@@ -30,6 +30,7 @@ def image_reason(req: Request, start: int, count: int) -> WaitReason | None:
 
 
 ImageReady = Callable[[str], bool]  # has this image (by digest) its encoder output ready?
+ImageProgress = Callable[[str], "str | None"]  # how far its encoder has got, for the reason
 
 
 def next_unready(req: Request, ready: ImageReady, at: int | None = None) -> int | None:
@@ -73,9 +74,11 @@ class Admission:
 
     def __init__(self, config: EngineConfig, kv: KVAccounting, slots: SlotTable,
                  admitted: list[Request], local: SlidingKV | None = None,
-                 image_ready: ImageReady | None = None) -> None:
+                 image_ready: ImageReady | None = None,
+                 image_progress: ImageProgress | None = None) -> None:
         self.config = config
         self.image_ready = image_ready
+        self.image_progress = image_progress
         self.kv = kv
         self.local = local
         self.free_slots = slots.num_free
@@ -115,6 +118,11 @@ class Admission:
         if self.local is not None:
             self.local_reserved += self.local.reservation(req)
 
+    def _encoding(self, req: Request, index: int) -> WaitReason:
+        text = f"encoding image {index + 1} of {len(req.images)}"
+        where = self.image_progress(req.images[index].digest) if self.image_progress else None
+        return WaitReason("image", text if where is None else f"{text}, {where}")
+
     def explain(self, order: Iterable[Request], budget: int,
                 decode_turn: bool) -> dict[str, WaitReason]:
         """Dry run of the next round's admission (no state changes) for the dashboard."""
@@ -131,8 +139,7 @@ class Admission:
                 if ahead is not None:
                     step = encoded_end(req, start, start + step, self.image_ready) - start
                     if step == 0:
-                        reasons[req.id] = WaitReason(
-                            "image", f"encoding image {ahead + 1} of {len(req.images)}")
+                        reasons[req.id] = self._encoding(req, ahead)
                         continue
                 reasons[req.id] = image_reason(req, req.num_computed, step) or WaitReason(
                     "chunk", f"prefill chunk {req.num_chunks + 1} of {chunks}: "

@@ -11,6 +11,7 @@ from dataclasses import replace
 from engine.config import EngineConfig
 from engine.scheduling.admission import (
     Admission,
+    ImageProgress,
     ImageReady,
     WaitReason,
     encoded_end,
@@ -48,6 +49,7 @@ class Scheduler:
         # holds up other requests' rounds for long. None: the round that reaches an image
         # encodes it whole.
         self.image_ready: ImageReady | None = None
+        self.image_progress: ImageProgress | None = None  # "layer 3 of 27", for the reason
         self.kv = KVAccounting(config.num_pages, config.page_size,
                                config.prefix_cache and not config.sliding_window, cache_outputs,
                                config.prefix_cache_per_owner)
@@ -298,7 +300,7 @@ class Scheduler:
         """Why each waiting request waits now: a dry run of the next round's admission."""
         cfg = self.config
         check = Admission(cfg, self.kv, self.slots, self._admitted(), self.local,
-                          self.image_ready)
+                          self.image_ready, self.image_progress)
         decode_turn = (cfg.policy == "interleave" and self.last_phase == "prefill"
                        and bool(self.running))
         budget = cfg.max_prefill_tokens - (len(self.running) if cfg.policy == "mixed" else 0)

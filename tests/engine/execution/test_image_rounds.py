@@ -140,6 +140,8 @@ def test_a_request_cancelled_while_its_image_encodes_frees_everything(
         encoder.advance = first_slice_held
         picture = engine.submit(ids, SamplingParams(max_tokens=6), images=images)
         assert began.wait(10) and encoder._started  # a layer done, the tower not
+        layers = engine.vision.layers
+        assert engine.executor.image_progress(images[0].digest) == f"layer 2 of {layers}"
         engine.cancel(picture.id)  # applied before the next round
         go_on.set()
         for _ in picture.events():

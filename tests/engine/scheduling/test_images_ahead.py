@@ -55,6 +55,9 @@ def test_alone_the_round_is_encoder_work_only() -> None:
     batch, _ = step(sched)
     assert batch is not None and batch.phase == "encode" and batch.items == ()
     assert batch.encodes == (req,) and req.slot is not None  # admitted: slot and KV held
+    sched.image_progress = lambda digest: "layer 2 of 27"  # the executor's, which it asks
+    assert sched.wait_reasons()["pic"].text == "encoding image 1 of 2, layer 2 of 27"
+    sched.image_progress = None
     ready.add("pic-0")
     batch, _ = step(sched)
     assert ids(batch) == [("pic", 20)]  # image 1 and the text up to image 2

@@ -135,6 +135,11 @@ class VisionConfig:
             raise TypeError(f"{type(self.tower).__name__} is not a CLIP or SigLIP tower")
         return self.tower
 
+    @property
+    def layers(self) -> int:
+        """The tower's layers an image runs through (its encoder steps, see encoder_steps)."""
+        return self.tower.depth if isinstance(self.tower, QwenViTConfig) else self.tower.layers
+
 
 def with_vision(text: ModelConfig, model_type: str, vision: VisionConfig,
                 cfg: Mapping[str, Any]) -> ModelConfig:
