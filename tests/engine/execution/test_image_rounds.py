@@ -83,11 +83,24 @@ def test_chunked_images_equal_transformers(llava: tuple[Path, Any], budget: int,
         assert _run(engine, ids, images) == want  # the same images again
         assert encoder.encoded == (2 if capacity > 1 else 4)
         assert len(encoder) == min(2, capacity)
-        assert engine.wait_idle(30)
-        snap = engine.snapshot()
-        assert snap.kv.free == snap.kv.total and all(s is None for s in snap.slots)
+        _all_given_back(engine)
     finally:
         engine.stop()
+
+
+def _a_layer_a_round(folder: Path, seed: int) -> tuple[Any, Any, list[int], tuple[Any, ...]]:
+    """(an engine whose encoder runs one tower layer a round, its encoder, a prompt with one
+    picture, the picture)."""
+    engine = _engine(folder, max_prefill_tokens=64, prefix_cache=False)
+    engine.executor.images.slice_s = 0.0
+    ids, images = _prompt([png(seed)], engine.vision.processor)
+    return engine, engine.executor.images, ids, images
+
+
+def _all_given_back(engine: Any) -> None:
+    assert engine.wait_idle(30)
+    snap = engine.snapshot()
+    assert snap.kv.free == snap.kv.total and all(s is None for s in snap.slots)
 
 
 def test_an_image_is_encoded_a_layer_a_round_beside_another_reply(
@@ -95,11 +108,8 @@ def test_an_image_is_encoded_a_layer_a_round_beside_another_reply(
     from engine import SamplingParams
 
     folder, model = llava
-    engine = _engine(folder, max_prefill_tokens=64, prefix_cache=False)
+    engine, encoder, ids, images = _a_layer_a_round(folder, 40)
     try:
-        encoder = engine.executor.images
-        encoder.slice_s = 0.0  # one tower layer a round
-        ids, images = _prompt([png(40)], engine.vision.processor)
         text = engine.submit(ids[:3], SamplingParams(max_tokens=30, ignore_eos=True))
         picture = engine.submit(ids, SamplingParams(max_tokens=6, ignore_eos=True),
                                 images=images)
@@ -107,14 +117,12 @@ def test_an_image_is_encoded_a_layer_a_round_beside_another_reply(
             pass
         assert list(picture.token_ids) == _hf(model, ids, images)
         engine.cancel(text.id)
-        assert engine.wait_idle(30)
-        snap = engine.snapshot()
-        encoding = [r for r in snap.rounds if picture.id in r.encodes]
+        _all_given_back(engine)
+        encoding = [r for r in engine.snapshot().rounds if picture.id in r.encodes]
         layers = len(engine.executor.model.vision_tower.encoder.layers)
         assert len(encoding) == layers + 1  # a slice a layer, then the projector's
         assert all(text.id in r.decodes for r in encoding[1:])  # the reply went on meanwhile
         assert encoder.encoded == 1 and not encoder._started
-        assert snap.kv.free == snap.kv.total and all(s is None for s in snap.slots)
     finally:
         engine.stop()
 
@@ -123,12 +131,8 @@ def test_a_request_cancelled_while_its_image_encodes_frees_everything(
         llava: tuple[Path, Any]) -> None:
     from engine import SamplingParams
 
-    folder, _ = llava
-    engine = _engine(folder, max_prefill_tokens=64, prefix_cache=False)
+    engine, encoder, ids, images = _a_layer_a_round(llava[0], 41)
     try:
-        encoder = engine.executor.images
-        encoder.slice_s = 0.0
-        ids, images = _prompt([png(41)], engine.vision.processor)
         began, go_on = threading.Event(), threading.Event()
         advance = encoder.advance
 
@@ -147,10 +151,8 @@ def test_a_request_cancelled_while_its_image_encodes_frees_everything(
         for _ in picture.events():
             pass
         assert picture.final.finish_reason == "cancelled"
-        assert engine.wait_idle(30)
-        snap = engine.snapshot()
+        _all_given_back(engine)
         assert not encoder._started and encoder.encoded == 0
-        assert snap.kv.free == snap.kv.total and all(s is None for s in snap.slots)
     finally:
         engine.stop()
 
