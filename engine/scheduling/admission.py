@@ -134,11 +134,10 @@ class Admission:
                 start = req.num_computed
                 step = chunk_end(req.images, start,
                                  start + min(max(budget, 0), req.prefill_left)) - start
-                ahead = None if self.image_ready is None else next_unready(req,
-                                                                           self.image_ready)
-                if ahead is not None:
+                if self.image_ready is not None:  # as Scheduler._admit cuts it
                     step = encoded_end(req, start, start + step, self.image_ready) - start
-                    if step == 0:
+                    ahead = next_unready(req, self.image_ready)
+                    if step == 0 and ahead is not None:
                         reasons[req.id] = self._encoding(req, ahead)
                         continue
                 reasons[req.id] = image_reason(req, req.num_computed, step) or WaitReason(
