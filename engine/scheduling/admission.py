@@ -140,7 +140,11 @@ class Admission:
                     if step == 0 and ahead is not None:
                         reasons[req.id] = self._encoding(req, ahead)
                         continue
-                reasons[req.id] = image_reason(req, req.num_computed, step) or WaitReason(
+                # encoded inline, the chunk that reaches an image runs its encoder; ahead,
+                # the image is ready by the time its chunk runs
+                inline = None if self.image_ready is not None else image_reason(
+                    req, req.num_computed, step)
+                reasons[req.id] = inline or WaitReason(
                     "chunk", f"prefill chunk {req.num_chunks + 1} of {chunks}: "
                              f"{req.num_computed} of {req.prompt_len} prompt tokens done")
                 budget -= step

@@ -31,8 +31,9 @@ class SimRequest:
     # speculative rounds, in order: drafts the target keeps in each (then it stops drafting)
     accept: tuple[int, ...] = ()
     # a vision request's images: (first position, positions, image id, attended as a whole:
-    # never split between prefill chunks); one id, one image
-    images: tuple[tuple[int, int, str, bool], ...] = ()
+    # never split between prefill chunks, rounds its encoder runs ahead of its chunk: 0,
+    # inline in the round that reaches it); one id, one image
+    images: tuple[tuple[int, int, str, bool, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,26 +135,30 @@ def _request(item: Any, index: int, seen: set[str]) -> SimRequest:
 
 
 def _images(items: Any, prompt: int, where: str,
-            rid: str) -> tuple[tuple[int, int, str, bool], ...]:
+            rid: str) -> tuple[tuple[int, int, str, bool, int], ...]:
     """`images`: [{"at": first position, "tokens": positions, "id": optional, "whole":
-    optional}], in order, apart, inside the prompt; the same id is the same image (its KV
-    may be shared); `whole`: its positions attend to one another both ways (Gemma 3's), so
-    a prefill chunk never splits it."""
+    optional, "encode": optional}], in order, apart, inside the prompt; the same id is the
+    same image (its KV may be shared); `whole`: its positions attend to one another both
+    ways (Gemma 3's), so a prefill chunk never splits it; `encode`: rounds its encoder takes,
+    run ahead of its chunk a slice a round as a vision model's engine does (0, the default:
+    encoded inside the round that reaches it)."""
     if not isinstance(items, list):
         raise ScenarioError(f"{where}.images must be a list of {{at, tokens, id}} objects")
-    out: list[tuple[int, int, str, bool]] = []
+    out: list[tuple[int, int, str, bool, int]] = []
     end = 0
     for i, item in enumerate(items):
-        if not isinstance(item, dict) or set(item) - {"at", "tokens", "id", "whole"} \
+        if not isinstance(item, dict) or set(item) - {"at", "tokens", "id", "whole", "encode"} \
                 or not isinstance(item.get("whole", False), bool):
-            raise ScenarioError(f"{where}.images[{i}] must be an object with at, tokens, id "
-                                "and whole (true or false)")
+            raise ScenarioError(f"{where}.images[{i}] must be an object with at, tokens, id, "
+                                "whole (true or false) and encode")
         at = _count(item.get("at"), f"{where}.images[{i}].at", 0)
         tokens = _count(item.get("tokens"), f"{where}.images[{i}].tokens")
+        rounds = _count(item.get("encode", 0), f"{where}.images[{i}].encode", 0)
         if at < end or at + tokens > prompt:
             raise ScenarioError(f"{where}.images[{i}] must lie inside the prompt, after the "
                                 "image before it")
-        out.append((at, tokens, str(item.get("id", f"{rid}#{i}")), item.get("whole", False)))
+        out.append((at, tokens, str(item.get("id", f"{rid}#{i}")), item.get("whole", False),
+                    rounds))
         end = at + tokens
     return tuple(out)
 

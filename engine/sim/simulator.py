@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
@@ -30,11 +31,33 @@ class SimExecutor:
     item keeps the next number of drafts its request's `accept` script gives (at most those
     drafted) and emits them and one more token, each SIM_EOS where `eos_at` falls."""
 
-    def __init__(self, eos_at: dict[str, int], accept: dict[str, tuple[int, ...]] | None = None
-                 ) -> None:
+    def __init__(self, eos_at: dict[str, int], accept: dict[str, tuple[int, ...]] | None = None,
+                 encode_rounds: dict[str, int] | None = None) -> None:
         self.eos_at = eos_at
         self.accept = accept or {}
         self.used: dict[str, int] = {}  # speculative rounds run per request
+        # by image digest: rounds its encoder takes ahead of its chunk, and those run
+        self.encode_rounds = encode_rounds or {}
+        self.encoded: dict[str, int] = {}
+
+    @property
+    def image_ready(self) -> Callable[[str], bool] | None:
+        """As a vision executor's (Scheduler.image_ready), where some image's encoder runs
+        ahead; None keeps every image inline, as before."""
+        if not self.encode_rounds:
+            return None
+        return lambda digest: self.encoded.get(digest, 0) >= self.encode_rounds.get(digest, 0)
+
+    @property
+    def image_progress(self) -> Callable[[str], str | None] | None:
+        if not self.encode_rounds:
+            return None
+
+        def progress(digest: str) -> str | None:
+            rounds = self.encode_rounds.get(digest, 0)
+            done = self.encoded.get(digest, 0)
+            return f"round {done + 1} of {rounds}" if rounds > 0 and done < rounds else None
+        return progress
 
     def scripted(self, req: Request, k: int) -> list[int]:
         """The drafter's source: k drafts while the request's script lasts."""
@@ -59,10 +82,20 @@ class SimExecutor:
                                  for n in range(1, kept + 2)))
             else:
                 out.append(self._token(req, req.num_outputs + 1))
+        ready = self.image_ready
+        for req in batch.encodes:  # a round of encoder work on each one's next image
+            assert ready is not None
+            ahead = [i for i in req.images if i.end > req.num_computed and not ready(i.digest)]
+            if ahead:
+                self.encoded[ahead[0].digest] = self.encoded.get(ahead[0].digest, 0) + 1
         return out
 
     def release(self, request: Request) -> None:
         pass
+
+
+def _digest(image_id: str) -> str:
+    return hashlib.sha256(image_id.encode()).hexdigest()
 
 
 def cancel_time(req: SimRequest) -> float:
@@ -77,7 +110,9 @@ class Simulation:
         self.detail = detail
         self.boundary = 0
         executor = SimExecutor({r.id: r.eos_at for r in scenario.requests if r.eos_at},
-                               {r.id: r.accept for r in scenario.requests if r.accept})
+                               {r.id: r.accept for r in scenario.requests if r.accept},
+                               {_digest(key): rounds for r in scenario.requests
+                                for _, _, key, _, rounds in r.images if rounds})
         # the real drafter's policy (adaptive length, pauses) over the scripted drafts
         drafter = Speculator(DraftPolicy(max_len=scenario.engine.max_draft), executor.scripted)
         self.core = EngineCore(scenario.engine, executor, clock=lambda: float(self.boundary),
@@ -135,8 +170,8 @@ class Simulation:
         req = Request(list(sim.prompt_ids), params, id=sim.id, owner=sim.user,
                       arrival=sim.arrive, eos_ids=frozenset({SIM_EOS}))
         if sim.images:  # positions the encoder fills; the prefix cache keys them by image
-            req.images = tuple(ImageInput(hashlib.sha256(key.encode()).hexdigest(), None,
-                                          at, n, whole) for at, n, key, whole in sim.images)
+            req.images = tuple(ImageInput(_digest(key), None, at, n, whole)
+                               for at, n, key, whole, _ in sim.images)
             req.cache_key = cache_ids(req.prompt_ids, req.images)
         self.requests[sim.id] = req
         self.result[sim.id] = {}
@@ -157,10 +192,12 @@ class Simulation:
         reasons = {rid: {"code": w.code, "text": w.text} for rid, w in sched.wait_reasons().items()}
         for rid in waiting:
             reasons.setdefault(rid, {"code": "arriving", "text": f"arrived during round {k}"})
+        encodes = {"encodes": [r.id for r in batch.encodes]} if batch.encodes else {}
         return {
             "round": k, "phase": batch.phase,
             "batch": [_item_json(it, token, emitted) for it, token, emitted
                       in zip(batch.items, record.tokens, record.emitted)],
+            **encodes,
             "outputs": {r.id: (self.requests[r.id].num_outputs if r.id in self.requests else 0)
                         for r in self.scenario.requests},
             "finished": finished,
@@ -192,8 +229,9 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [head, "-" * len(head)]
     for r in result["rounds"]:
         # a speculative entry: id:1+drafts(kept)
-        batch = " ".join(f"{b['id']}:1+{b['drafts']}({b['accepted']})" if "drafts" in b
-                         else f"{b['id']}:{b['tokens']}" for b in r["batch"])
+        batch = " ".join([f"{b['id']}:1+{b['drafts']}({b['accepted']})" if "drafts" in b
+                          else f"{b['id']}:{b['tokens']}" for b in r["batch"]]
+                         + [f"{rid}:E" for rid in r.get("encodes", ())])
         waiting = " ".join(f"{w}({r['waiting_reasons'][w]['code']})" for w in r["waiting"])
         running = " ".join(r["running"]) or "-"
         lines.append(f"{r['round']:>5}  {r['phase']:<8} {batch:<24} {running:<14} "

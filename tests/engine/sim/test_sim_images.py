@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from engine.sim.scenario import ScenarioError, parse
-from engine.sim.simulator import simulate
+from engine.sim.simulator import format_table, simulate
 
 SYSTEM = list(range(100, 116))  # four pages of 4
 IMAGE = [900] * 8  # one placeholder id for every image, as a vision model's prompt has
@@ -63,9 +63,37 @@ def test_an_image_attended_whole_is_never_split_between_chunks() -> None:
     assert result["requests"]["A"]["finish_reason"] == "length"
 
 
+def test_an_image_encoded_ahead_takes_rounds_beside_another_reply() -> None:
+    """`encode`: the image's encoder runs ahead of its chunk, a round at a time, as a vision
+    model's engine runs it; the text reply decodes in each of those rounds."""
+    prompt = list(range(1, 5)) + IMAGE + [5, 6]
+    result = _run({"max_running": 2, "max_prefill_tokens": 64, "kv_tokens": 256,
+                   "page_size": 4, "prefix_cache": False},
+                  [{"id": "T", "prompt": 6, "output": 8},
+                   {"id": "P", "arrive": 1, "prompt_ids": prompt, "output": 2,
+                    "images": [{"at": 4, "tokens": 8, "encode": 3}]}])
+    rounds = result["rounds"]
+    encoding = [r for r in rounds if "P" in r.get("encodes", [])]
+    assert [r["round"] for r in encoding] == [1, 2, 3]
+    # the first beside P's text before the image (prefill-first), the others beside T's decode
+    assert all(any(b["id"] == "T" for b in r["batch"]) for r in encoding[1:])
+    assert [b["tokens"] for r in rounds for b in r["batch"] if b["id"] == "P"] == [4, 10, 1]
+    assert [r["waiting_reasons"]["P"]["text"] for r in encoding] == [
+        "encoding image 1 of 1, round 2 of 3", "encoding image 1 of 1, round 3 of 3",
+        "prefill chunk 2 of 2: 4 of 14 prompt tokens done"]  # encoded: its chunk is next
+    assert result["requests"]["P"]["finish_reason"] == "length"
+    alone = _run({"max_running": 2, "max_prefill_tokens": 64, "kv_tokens": 256,
+                  "page_size": 4, "prefix_cache": False},
+                 [{"id": "P", "prompt_ids": prompt, "output": 1,
+                   "images": [{"at": 4, "tokens": 8, "encode": 2}]}])
+    assert [r["phase"] for r in alone["rounds"]] == ["prefill", "encode", "prefill"]
+    assert "P:E" in format_table(alone)
+
+
 @pytest.mark.parametrize("images", [[{"at": 25, "tokens": 8}], [{"at": 0}],
                                     [{"at": 0, "tokens": 4}, {"at": 2, "tokens": 4}], "x",
-                                    [{"at": 0, "tokens": 4, "whole": "yes"}]])
+                                    [{"at": 0, "tokens": 4, "whole": "yes"}],
+                                    [{"at": 0, "tokens": 4, "encode": -1}]])
 def test_bad_images_are_scenario_errors(images: object) -> None:
     with pytest.raises(ScenarioError, match="images"):
         parse({"engine": {}, "requests": [{"id": "A", "prompt": 30, "output": 1,
