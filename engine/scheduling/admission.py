@@ -134,17 +134,14 @@ class Admission:
                 start = req.num_computed
                 step = chunk_end(req.images, start,
                                  start + min(max(budget, 0), req.prefill_left)) - start
-                if self.image_ready is not None:  # as Scheduler._admit cuts it
+                reason: WaitReason | None
+                if self.image_ready is not None:  # as Scheduler._admit and _encodes see it
                     step = encoded_end(req, start, start + step, self.image_ready) - start
-                    ahead = next_unready(req, self.image_ready)
-                    if step == 0 and ahead is not None:
-                        reasons[req.id] = self._encoding(req, ahead)
-                        continue
-                # encoded inline, the chunk that reaches an image runs its encoder; ahead,
-                # the image is ready by the time its chunk runs
-                inline = None if self.image_ready is not None else image_reason(
-                    req, req.num_computed, step)
-                reasons[req.id] = inline or WaitReason(
+                    ahead = next_unready(req, self.image_ready, start + step)
+                    reason = None if ahead is None else self._encoding(req, ahead)
+                else:  # encoded inline: by the round whose chunk reaches the image
+                    reason = image_reason(req, start, step)
+                reasons[req.id] = reason or WaitReason(
                     "chunk", f"prefill chunk {req.num_chunks + 1} of {chunks}: "
                              f"{req.num_computed} of {req.prompt_len} prompt tokens done")
                 budget -= step

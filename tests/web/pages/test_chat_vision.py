@@ -168,14 +168,16 @@ def test_the_turns_carry_each_picture_before_its_text(server: Any, waiter: Any) 
 def test_the_bubble_says_which_image_is_encoded(make_server: Any, llava: tuple[Path, Any],
                                                 waiter: Any, idle_check: Any) -> None:
     """A prompt read 8 tokens a round, each round slowed (the fault injected: this machine
-    is too fast to see a round): the reply's status names the image its next round encodes,
-    then the reply streams as usual."""
+    is too fast to see a round) and the tiny tower run a layer a round: while its encoder
+    runs, the reply's status names the image and its layer, then the reply streams as
+    usual."""
     import time
 
     slow = chat_server(make_server, llava[0], engine={"max_prefill_tokens": 8},
                        default_max_tokens=TOKENS, chat_temperature=0.0, chat_ignore_eos=True)
     executor = slow.engine.executor
     run = executor.run
+    executor.images.slice_s = 0.0
 
     def slowed(batch: Any) -> Any:
         time.sleep(0.3)
@@ -196,7 +198,9 @@ def test_the_bubble_says_which_image_is_encoded(make_server: Any, llava: tuple[P
                 elif kind == "done":
                     break
         done = finished(slow, waiter, cid)
-    assert any(s.startswith("Encoding image 1 of 1 · reading your message") for s in said), said
+    layers = slow.engine.vision.layers
+    assert any(s.startswith(f"Encoding image 1 of 1, layer {layers} of {layers} · reading "
+                            "your message") for s in said), said
     assert done.status == "complete" and done.completion_tokens == TOKENS
     executor.run = run
     idle_check(slow.engine)
