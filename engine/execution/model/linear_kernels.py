@@ -230,9 +230,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
 def _half_widened(x: torch.Tensor, weight: torch.Tensor,
                   bias: torch.Tensor | None) -> torch.Tensor:
     """A float16 weight kept as its file stores it (a vision tower's): widened and packed for
-    this product only. The widening is exact and costs well under 1% of a product over an
-    image's thousands of rows, and the float32 copy lives for one product, not the model's
-    lifetime."""
+    this product only. The widening is exact; widening and packing make a product over an
+    image's 1,564 rows 4-9% slower than one from a kept float32 copy (measured on an AMD
+    EPYC), and that copy lives for one product, not the model's lifetime."""
     wide = pack(weight.float())
     b = None if bias is None else bias.float()
     out = onednn_linear(x.float(), wide, b) if is_packed(wide) else F.linear(x.float(), wide, b)
