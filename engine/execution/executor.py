@@ -44,6 +44,7 @@ from engine.execution.sampling.grammar_masks import MaskWorker, consume
 from engine.execution.sampling.sampler import Sampler
 from engine.execution.sampling.verify import verify_items
 from engine.execution.text.tokenizer import gguf_tokenizer_dir, read_eos_ids
+from engine.scheduling.admission import image_ahead
 from engine.scheduling.batch import Batch, Sampled
 from engine.scheduling.request import Request, TokenLogprob
 from engine.vision import ImageInput, mrope_positions
@@ -240,10 +241,8 @@ class ModelExecutor:
         if self.images is None:
             raise ValueError(f"{self.model.config.model_type} takes no images")
         self._bind_threads()
-        ahead: list[ImageInput] = []
-        for req in requests:
-            ahead += [image for image in req.images if image.end > req.num_computed
-                      and not self.images.has(image.digest)][:1]
+        found = (image_ahead(req, self.images.has) for req in requests)
+        ahead = [image for image in found if image is not None]
         with torch.inference_mode():
             self.images.advance(ahead)
 

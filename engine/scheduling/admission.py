@@ -11,7 +11,7 @@ from engine.scheduling.kv_accounting import KVAccounting, PrefixMatch
 from engine.scheduling.request import Request, RequestState
 from engine.scheduling.sliding_kv import SlidingKV
 from engine.scheduling.slots import SlotTable
-from engine.vision.placement import chunk_end
+from engine.vision.placement import ImageInput, chunk_end
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,16 @@ def next_unready(req: Request, ready: ImageReady, at: int | None = None) -> int 
     for i, image in enumerate(req.images):
         if image.end > done:
             return None if ready(image.digest) else i
+    return None
+
+
+def image_ahead(req: Request, ready: ImageReady) -> ImageInput | None:
+    """The image a round's encoder work for `req` (Batch.encodes) is for: the first not
+    wholly computed whose output is not ready. Read by an executor before the round's
+    results are applied, so an image this round's chunk finishes is ready and passed over."""
+    for image in req.images:
+        if image.end > req.num_computed and not ready(image.digest):
+            return image
     return None
 
 

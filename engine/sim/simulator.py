@@ -16,6 +16,7 @@ from typing import Any
 
 from engine.config import POLICIES, EngineConfig
 from engine.runtime.core import EngineCore, RoundRecord
+from engine.scheduling.admission import image_ahead
 from engine.scheduling.batch import Batch, BatchItem, Sampled
 from engine.scheduling.request import Request, RequestError, SamplingParams
 from engine.sim.scenario import Scenario, ScenarioError, SimRequest, load
@@ -85,9 +86,9 @@ class SimExecutor:
         ready = self.image_ready
         for req in batch.encodes:  # a round of encoder work on each one's next image
             assert ready is not None
-            ahead = [i for i in req.images if i.end > req.num_computed and not ready(i.digest)]
-            if ahead:
-                self.encoded[ahead[0].digest] = self.encoded.get(ahead[0].digest, 0) + 1
+            image = image_ahead(req, ready)
+            if image is not None:
+                self.encoded[image.digest] = self.encoded.get(image.digest, 0) + 1
         return out
 
     def release(self, request: Request) -> None:
