@@ -8,6 +8,7 @@ HF model's own conventions), so that the reference model can run on exactly thos
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,22 @@ def _metadata(w: gguf.GGUFWriter, arch: str, cfg: Any) -> None:
                             (gguf.MODEL_TENSOR.ROPE_FACTORS_SHORT, "short_factor")):
             w.add_tensor(f"{gguf.TENSOR_NAMES[tensor]}.weight",
                          np.array(rope[key], dtype=np.float32))
-    w.add_eos_token_id(2)
+
+
+def copy_tokenizer(w: gguf.GGUFWriter, source: Path, added: Sequence[str] = ()) -> None:
+    """Every `tokenizer.*` field of the GGUF at `source` (its vocabulary, merges, special ids
+    and chat template), with `added` appended to the vocabulary as control tokens."""
+    reader = gguf.GGUFReader(source)
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        value = field.contents()
+        if key == "tokenizer.ggml.tokens":
+            value = [*value, *added]
+        elif key == "tokenizer.ggml.token_type":
+            value = [*value, *[int(gguf.TokenType.CONTROL)] * len(added)]
+        sub = field.types[1] if len(field.types) > 1 else None
+        w.add_key_value(key, value, field.types[0], sub)
 
 
 def _blocks(stored: torch.Tensor, qtype: T, rng: np.random.Generator) -> np.ndarray:
@@ -119,10 +135,12 @@ def _experts(w: gguf.GGUFWriter, key: str, value: torch.Tensor, qtype: T,
 
 def write_gguf(path: Path, hf: torch.nn.Module, qtype: T = T.F32,
                types: dict[str, T] | None = None,
-               tokens: list[str] | None = None) -> dict[str, torch.Tensor]:
+               tokens: list[str] | None = None, tokenizer_of: Path | None = None,
+               added: Sequence[str] = ()) -> dict[str, torch.Tensor]:
     """`hf`'s weights as a GGUF: each matrix in types[GGUF short name] or `qtype`, vectors
     F32; `tokens`: a vocabulary's spellings (tokenizer.ggml.tokens, named a byte-level BPE's;
-    no merges: enough to look tokens up). Returns what the file holds as an HF state dict
+    no merges: enough to look tokens up), or `tokenizer_of`: another GGUF's whole tokenizer,
+    with `added` tokens after its own. Returns what the file holds as an HF state dict
     (the reference's weights)."""
     cfg = hf.config
     arch, model_arch = ARCHS[cfg.model_type]
@@ -133,6 +151,10 @@ def write_gguf(path: Path, hf: torch.nn.Module, qtype: T = T.F32,
     gemma = arch == "gemma3"
     w = gguf.GGUFWriter(str(path), arch)
     _metadata(w, arch, cfg)
+    if tokenizer_of is not None:
+        copy_tokenizer(w, tokenizer_of, added)
+    else:
+        w.add_eos_token_id(2)
     if tokens is not None:
         w.add_tokenizer_model("gpt2")
         w.add_token_list(tokens)

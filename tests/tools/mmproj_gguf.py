@@ -68,6 +68,59 @@ def write_gemma3_mmproj(path: Path, hf: Any, tokens_per_image: int,
     w.close()
 
 
+# llama.cpp's legacy LLaVA script's names (tools/mtmd/legacy-models/
+# convert_image_encoder_to_gguf.py): CLIP's fc1 under ffn_down and fc2 under ffn_up
+LEGACY_LAYER = {**LAYER, "mlp.fc1": "ffn_down", "mlp.fc2": "ffn_up"}
+LEGACY_TOP = {"embeddings.patch_embedding": "v.patch_embd",
+              "embeddings.position_embedding": "v.position_embd", "pre_layrnorm": "v.pre_ln"}
+
+
+def write_llava_mmproj(path: Path, hf: Any, layers: int | None = None) -> None:
+    """`hf` (transformers' LlavaForConditionalGeneration) -> its projector file at `path`, as
+    llama.cpp's legacy script writes LLaVA 1.5's (`--llava-projector`, type `mlp`): the tower
+    cut to its first `layers` (default: all but the last), no post-layernorm, F16 matrices
+    and patch kernel, CLIP's default mean and std."""
+    vision = hf.config.vision_config
+    used = vision.num_hidden_layers - 1 if layers is None else layers
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_bool(gguf.Keys.Clip.HAS_VISION_ENCODER, True)
+    w.add_bool("clip.has_llava_projector", True)
+    w.add_string(gguf.Keys.Clip.PROJECTOR_TYPE, "mlp")
+    v = gguf.Keys.ClipVision
+    w.add_uint32(v.IMAGE_SIZE, vision.image_size)
+    w.add_uint32(v.PATCH_SIZE, vision.patch_size)
+    w.add_uint32(v.EMBEDDING_LENGTH, vision.hidden_size)
+    w.add_uint32(v.FEED_FORWARD_LENGTH, vision.intermediate_size)
+    w.add_uint32(v.PROJECTION_DIM, vision.projection_dim)
+    w.add_uint32(v.Attention.HEAD_COUNT, vision.num_attention_heads)
+    w.add_float32(v.Attention.LAYERNORM_EPS, vision.layer_norm_eps)
+    w.add_uint32(v.BLOCK_COUNT, used)
+    w.add_array(v.IMAGE_MEAN, [0.48145466, 0.4578275, 0.40821073])
+    w.add_array(v.IMAGE_STD, [0.26862954, 0.26130258, 0.27577711])
+    w.add_bool(v.USE_GELU, vision.hidden_act == "gelu")
+    for key, value in hf.state_dict().items():
+        data = value.detach().float().numpy()
+        half = data.astype(np.float16) if data.ndim in (2, 4) else data
+        if "multi_modal_projector." in key:
+            base, _, kind = key.split("multi_modal_projector.", 1)[1].rpartition(".")
+            w.add_tensor(f"mm.{'0' if base == 'linear_1' else '2'}.{kind}", half)
+        elif "vision_tower." in key:
+            rest = key.split("vision_tower.", 1)[1].removeprefix("vision_model.")
+            base, _, kind = rest.rpartition(".")
+            if base.startswith("encoder.layers."):
+                _, _, i, module = base.split(".", 3)
+                if int(i) < used:
+                    w.add_tensor(f"v.blk.{i}.{LEGACY_LAYER[module]}.{kind}", half)
+            elif base == "embeddings" and kind == "class_embedding":
+                w.add_tensor("v.class_embd", data)
+            elif base in LEGACY_TOP:
+                w.add_tensor(f"{LEGACY_TOP[base]}.{kind}", half)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 class RandomTensors:
     """Random tensors written into a projector file as llama.cpp's converter types them (F16
     matrices where `half`, F32 vectors and embeddings), their parameters counted."""

@@ -172,7 +172,7 @@ class GGUFFile:
             raise ModelFileError(f"{projector.path}: a {projector.kind!r} projector goes with "
                                  f"a {' or '.join(family.projector_text_archs)} model, not "
                                  f"{self.path.name} ({self.arch})")
-        width = int(projector.get("projection_dim", self.config.hidden_size))
+        width = family.projector_width(projector) or self.config.hidden_size
         if width != self.config.hidden_size:
             raise ModelFileError(f"{projector.path}: the projector gives {width}-wide rows, "
                                  f"{self.path.name} takes {self.config.hidden_size}")

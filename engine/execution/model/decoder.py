@@ -157,6 +157,12 @@ class CausalLM(nn.Module):
                                config.vision.tower.hidden_size)
 
     @classmethod
+    def projector_width(cls, projector: ProjectorFile) -> int | None:
+        """The width of the rows the projector file gives (None: it does not say)."""
+        width = projector.meta.get("clip.vision.projection_dim")
+        return None if width is None else int(width)
+
+    @classmethod
     def config_from_projector(cls, text: ModelConfig, projector: ProjectorFile,
                               token_id: Callable[[str], int | None]) -> ModelConfig:
         """A vision family's config: the text GGUF's `text`, with the image side the

@@ -364,16 +364,28 @@ class Tokenizer:
                             add_generation_prompt: bool = True,
                             tools: Sequence[dict[str, Any]] | None = None,
                             enable_thinking: bool | None = None,
-                            image_text: tuple[str, str] | None = None) -> list[int]:
+                            image_text: tuple[str, str] | None = None,
+                            image_ids: tuple[str, int] | None = None) -> list[int]:
         """[{role, content}, ...] -> prompt ids (the template supplies BOS and markers);
         `tools` (OpenAI's function specs) go to templates that render them; `enable_thinking`
         reaches the templates that take it (None: the template's default); `image_text`
         (placeholder, text): each placeholder the template wrote becomes the text, as a
-        vision family's processor rewrites the rendered prompt (Gemma 3's)."""
+        vision family's processor rewrites the rendered prompt (Gemma 3's); `image_ids`
+        (placeholder, id): the text between placeholders is encoded piece by piece, each
+        placeholder becoming the id (a vocabulary without the placeholder's token)."""
         text = self.render_chat(messages, add_generation_prompt, tools, enable_thinking)
         if image_text is not None:
             text = text.replace(*image_text)
-        return self.encode(text, add_special_tokens=False)
+        if image_ids is None:
+            return self.encode(text, add_special_tokens=False)
+        placeholder, image_id = image_ids
+        ids: list[int] = []
+        for i, piece in enumerate(text.split(placeholder)):
+            if i:
+                ids.append(image_id)
+            if piece:
+                ids += self.encode(piece, add_special_tokens=False)
+        return ids
 
     def render_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
                     tools: Sequence[dict[str, Any]] | None = None,

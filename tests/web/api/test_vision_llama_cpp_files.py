@@ -1,13 +1,16 @@
 """Opt-in (`-m slow`, FERRY_LLAMA_CPP=<a llama.cpp source checkout>): vision models as people
 get them for llama.cpp and LM Studio, a text GGUF with its projector file (`mmproj`) beside
 it, both written by the checkout's own `convert_hf_to_gguf.py` (`--mmproj` for the
-projector) from the seeded tiny Gemma 3, SmolVLM and Qwen2.5-VL the HF-folder tests use.
+projector) from the seeded tiny Gemma 3, SmolVLM and Qwen2.5-VL the HF-folder tests use, and
+the tiny LLaVA by llama.cpp's documented LLaVA 1.5 steps (`llava_surgery_v2.py` takes the
+projector out, `convert_image_encoder_to_gguf.py` writes it with the CLIP tower, F16).
 Ferry pairs the projector by itself (the one `mmproj*.gguf` beside the model) and its
 greedy replies and prompt counts through the API equal transformers' float32 for text + one
 image and text + two images."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,7 +23,7 @@ from tests.engine.execution.loading.test_llama_cpp_files import (  # noqa: F401 
     converter_python,
     llama_cpp,
 )
-from tests.tools import tiny_gemma3, tiny_idefics3, tiny_qwen2_5_vl
+from tests.tools import tiny_gemma3, tiny_idefics3, tiny_llava, tiny_qwen2_5_vl
 from tests.tools.tiny_llava import ask, content, png
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -46,20 +49,16 @@ def hub_layout(file: Path) -> None:
 
 
 TOOLS: dict[str, Any] = {"gemma3": tiny_gemma3, "smolvlm": tiny_idefics3,
-                         "qwen2_5_vl": tiny_qwen2_5_vl}
+                         "qwen2_5_vl": tiny_qwen2_5_vl, "llava": tiny_llava}
 # (width, height) of the test's images; Qwen2.5-VL's of two shapes, several windows each
 SIZES = {"qwen2_5_vl": [(150, 100), (90, 200)]}
 
 
-def qwen_hub_layout(file: Path) -> None:
-    """transformers 5 saves Qwen2.5-VL as `model.language_model.*`, `model.visual.*`; its
-    published files (and llama.cpp's converter) have `model.*` and `visual.*`."""
+def renamed_keys(file: Path, renames: tuple[tuple[str, str], ...]) -> None:
     from safetensors.torch import load_file, save_file
 
-    tensors = load_file(file)
-    renames = (("model.language_model.", "model."), ("model.visual.", "visual."))
     out = {}
-    for k, v in tensors.items():
+    for k, v in load_file(file).items():
         for old, new in renames:
             if k.startswith(old):
                 k = new + k[len(old):]
@@ -68,7 +67,45 @@ def qwen_hub_layout(file: Path) -> None:
     save_file(out, file, metadata={"format": "pt"})
 
 
-@pytest.fixture(scope="module", params=["gemma3", "smolvlm", "qwen2_5_vl"])
+def qwen_hub_layout(file: Path) -> None:
+    """transformers 5 saves Qwen2.5-VL as `model.language_model.*`, `model.visual.*`; its
+    published files (and llama.cpp's converter) have `model.*` and `visual.*`."""
+    renamed_keys(file, (("model.language_model.", "model."), ("model.visual.", "visual.")))
+
+
+# transformers 5's LLaVA keys -> the published llava-hf files' (which llama.cpp's scripts read)
+LLAVA_HUB = (("model.language_model.", "language_model.model."),
+             ("lm_head.", "language_model.lm_head."),
+             ("model.vision_tower.", "vision_tower."),
+             ("model.multi_modal_projector.", "multi_modal_projector."))
+
+# transformers 5's CLIPVisionModel keys -> the published CLIP files' (transformers 4 reads)
+CLIP_HUB = tuple((k, "vision_model." + k) for k in ("embeddings.", "encoder.", "pre_layrnorm.",
+                                                     "post_layernorm."))
+
+
+def legacy_llava_projector(python: Path, root: Path, folder: Path, model: Any,
+                           store: Path) -> None:
+    """llama.cpp's LLaVA 1.5 steps: llava_surgery_v2.py saves the projector's tensors as
+    `llava.projector`; convert_image_encoder_to_gguf.py writes them with the CLIP tower (its
+    last layer dropped) as mmproj-model-f16.gguf in `store`, with the checkout's gguf-py (as
+    its requirements file installs it)."""
+    legacy = root / "tools" / "mtmd" / "legacy-models"
+    done = subprocess.run([str(python), str(legacy / "llava_surgery_v2.py"), "-m", str(folder)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and (folder / "llava.projector").exists(), done.stdout[-3000:]
+    clip = folder.parent / f"{folder.name}-clip"
+    model.model.vision_tower.save_pretrained(clip)
+    renamed_keys(clip / "model.safetensors", CLIP_HUB)
+    done = subprocess.run([str(python), str(legacy / "convert_image_encoder_to_gguf.py"),
+                           "-m", str(clip), "--clip-model-is-vision",
+                           "--llava-projector", str(folder / "llava.projector"),
+                           "--output-dir", str(store)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(root / "gguf-py")})
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module", params=["gemma3", "smolvlm", "qwen2_5_vl", "llava"])
 def converted(request: pytest.FixtureRequest, tokenizer: Any, llama_cpp: Path,  # noqa: F811
               converter_python: Path,  # noqa: F811
               tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Any, Path]:
@@ -77,6 +114,11 @@ def converted(request: pytest.FixtureRequest, tokenizer: Any, llama_cpp: Path,  
     folder = tmp_path_factory.mktemp(request.param)
     model = tool.build(folder, tokenizer, window=112) if request.param == "qwen2_5_vl" \
         else tool.build(folder, tokenizer)
+    if request.param == "llava":  # its image side as the legacy script stores it: float16
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "language_model." not in name and "lm_head" not in name and p.dim() in (2, 4):
+                    p.copy_(p.half().float())
     # the converter's transformers 4 knows neither transformers 5's tokenizer class name nor
     # its list of extra special tokens (a dict of named ones there)
     convertible = tmp_path_factory.mktemp(f"{request.param}-convertible")
@@ -91,6 +133,8 @@ def converted(request: pytest.FixtureRequest, tokenizer: Any, llama_cpp: Path,  
         hub_layout(convertible / "model.safetensors")
     elif request.param == "qwen2_5_vl":
         qwen_hub_layout(convertible / "model.safetensors")
+    elif request.param == "llava":
+        renamed_keys(convertible / "model.safetensors", LLAVA_HUB)
     else:  # SmolVLM's config names its text model's class, which the converter goes by
         file = convertible / "config.json"
         cfg = json.loads(file.read_text())
@@ -99,8 +143,11 @@ def converted(request: pytest.FixtureRequest, tokenizer: Any, llama_cpp: Path,  
     store = tmp_path_factory.mktemp(f"{request.param}-lmstudio")  # LM Studio's layout
     gguf = store / f"tiny-{request.param}-F32.gguf"
     convert(converter_python, llama_cpp, convertible, gguf)
-    convert(converter_python, llama_cpp, convertible,
-            store / f"mmproj-tiny-{request.param}-F32.gguf", "--mmproj")
+    if request.param == "llava":
+        legacy_llava_projector(converter_python, llama_cpp, convertible, model, store)
+    else:
+        convert(converter_python, llama_cpp, convertible,
+                store / f"mmproj-tiny-{request.param}-F32.gguf", "--mmproj")
     return request.param, folder, model, gguf
 
 
@@ -112,7 +159,7 @@ def test_gguf_with_its_projector_equals_transformers(
     config = EngineConfig(page_size=4, kv_tokens=4096, max_context=1024, kv_dtype="float32")
     executor = ModelExecutor.from_pretrained(gguf, config, dtype=torch.float32, threads=1)
     assert executor.vision is not None
-    projector = f"mmproj-tiny-{family}-F32.gguf"
+    projector = "mmproj-model-f16.gguf" if family == "llava" else f"mmproj-tiny-{family}-F32.gguf"
     assert executor.describe().endswith(f", text + images (projector {projector})")
     server = make_server(web={"model_name": f"tiny-{family}", "max_images": 2},
                          executor=executor, tokenizer_override=Tokenizer(gguf),

@@ -184,6 +184,9 @@ def build_image_prompt(messages: Sequence[dict[str, Any]], engine: Any, config: 
     if vision.image_text is not None:  # the template writes the placeholder (Gemma 3)
         ids = render(with_image_parts(messages),
                      image_text=(vision.placeholder, vision.image_text))
+    elif vision.split_at_placeholder:  # no token spells the placeholder
+        ids = render(with_placeholders(messages, vision.placeholder),
+                     image_ids=(vision.placeholder, vision.image_token_id))
     else:
         ids = render(with_placeholders(messages, vision.placeholder))
     lengths = [_length(p, vision.tokens_per_image) for p in prepared]

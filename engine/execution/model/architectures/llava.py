@@ -3,11 +3,19 @@ and a Llama text model; each `<image>` in the prompt stands for one image's patc
 
 The tower runs up to `vision_feature_layer` (-2: all but its last layer) and, with the
 "default" strategy, drops the class token: 576 positions per 336-pixel image at patch 14.
+
+From GGUF: the text model's file (a `llama` one) and the projector file llama.cpp's legacy
+scripts write for LLaVA 1.5 (`convert_image_encoder_to_gguf.py --llava-projector`,
+projector type `mlp`): the tower there is already cut to its feature layer. A text file
+converted from the original checkpoint has no `<image>` in its vocabulary; its prompt is then
+encoded in pieces around each image, as llama.cpp does around its media markers
+(VisionConfig.split_at_placeholder).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -23,6 +31,9 @@ from engine.execution.model.vision import (
     with_vision,
 )
 from engine.vision import ProcessorConfig
+
+if TYPE_CHECKING:
+    from engine.execution.loading.projector_gguf import ProjectorFile, ProjectorTensor
 
 # checkpoint prefixes (transformers 4 and 5 layouts) -> this model's module names
 RENAMES = (("model.language_model.", "model."), ("language_model.model.", "model."),
@@ -46,8 +57,21 @@ def _tower(cfg: Mapping[str, Any], feature_layer: int) -> TowerConfig:
     return TowerConfig.from_hf(cfg, CLIP_L, layers=used)
 
 
+def _processor(size: int, mean: tuple[float, float, float] | None = None,
+               std: tuple[float, float, float] | None = None) -> ProcessorConfig:
+    """CLIP's: the shorter side resized to the tower's size, a center crop to its square."""
+    default = ProcessorConfig()
+    return ProcessorConfig(shortest_edge=size, crop=(size, size), mean=mean or default.mean,
+                           std=std or default.std)
+
+
 class LlavaForConditionalGeneration(CausalLM):
     hf_model_types = ("llava",)
+    projector_type = "mlp"
+    projector_text_archs = ("llama",)
+    projector_names: ClassVar[Mapping[str, str]] = {
+        f"mm.{i}.{part}": f"multi_modal_projector.linear_{n}.{part}"
+        for i, n in ((0, 1), (2, 2)) for part in ("weight", "bias")}
 
     @classmethod
     def config_from_hf(cls, cfg: Mapping[str, Any]) -> ModelConfig:
@@ -71,9 +95,39 @@ class LlavaForConditionalGeneration(CausalLM):
         token = cfg.get("image_token_index", cfg.get("image_token_id", 32000))
         spec = VisionConfig(tower, int(token),
                             tower.num_patches + (strategy == "full"), "<image>",
-                            ProcessorConfig(shortest_edge=tower.image_size,
-                                            crop=(tower.image_size, tower.image_size)))
+                            _processor(tower.image_size))
         return with_vision(LlamaForCausalLM.config_from_hf(text), "llava", spec, cfg)
+
+    @classmethod
+    def projector_width(cls, projector: ProjectorFile) -> int | None:
+        """The last linear layer's rows: the legacy script's projection_dim is the CLIP
+        model's own projection (768 for ViT-L), which LLaVA never runs."""
+        last = projector.tensors.get("mm.2.weight")
+        return None if last is None else last.shape[0]
+
+    @classmethod
+    def config_from_projector(cls, text: ModelConfig, projector: ProjectorFile,
+                              token_id: Callable[[str], int | None]) -> ModelConfig:
+        """The legacy scripts' file: its block_count is the layers the features come from
+        (the last one dropped, or cut at `feature_layer`); the class token is dropped, as
+        llama.cpp does for an `mlp` projector."""
+        act = "gelu" if projector.meta.get("clip.use_gelu", False) else "quick_gelu"
+        tower = projector.tower(act, True, CLIP_L.layer_norm_eps)
+        layers = [int(x) for x in projector.get("feature_layer", [tower.layers])]
+        if len(layers) != 1 or not 0 < layers[0] <= tower.layers:
+            raise UnsupportedModel(f"{projector.path.name}: features from layers {layers} of "
+                                   f"a {tower.layers}-layer tower are not supported (one "
+                                   "layer)")
+        if projector.tensors.get("mm.2.weight") is None or "mm.3.weight" in projector.tensors:
+            raise UnsupportedModel(f"{projector.path.name}: an `mlp` projector of two linear "
+                                   "layers (mm.0, mm.2) is supported, not this one")
+        tower = replace(tower, layers=layers[0])
+        mean, std = projector.mean_std()
+        token = token_id("<image>")
+        spec = VisionConfig(tower, 0 if token is None else token, tower.num_patches, "<image>",
+                            _processor(tower.image_size, mean, std),
+                            split_at_placeholder=token is None)
+        return with_vision(text, "llava", spec, {})
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:
@@ -91,6 +145,18 @@ class LlavaForConditionalGeneration(CausalLM):
             if key.startswith(old):
                 key = new + key[len(old):]
         return key
+
+    @classmethod
+    def projector_tensors(cls, projector: ProjectorFile,
+                          config: ModelConfig) -> dict[str, ProjectorTensor]:
+        """The file's tensors under this model's keys, less the tower layers it holds past
+        the feature layer (never run)."""
+        keyed = super().projector_tensors(projector, config)
+        assert config.vision is not None
+        used = config.vision.vit.layers
+        return {k: t for k, t in keyed.items()
+                if not k.startswith("vision_tower.encoder.layers.")
+                or int(k.split(".")[3]) < used}
 
     def skip_key(self, key: str) -> bool:
         """The tower's layers after the feature layer and its post-layernorm: never run."""

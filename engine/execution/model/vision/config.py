@@ -127,6 +127,11 @@ class VisionConfig:
     image_text: str | None = None
     # an image's positions attend to one another both ways (Gemma 3), not causally
     whole_images: bool = False
+    # the text model's vocabulary has no token for `placeholder` (a LLaVA GGUF converted from
+    # the original checkpoint): the prompt is encoded in pieces around each placeholder, each
+    # image's positions holding `image_token_id` (whatever it spells: those positions take
+    # the image's rows), as llama.cpp tokenizes the text around its media markers
+    split_at_placeholder: bool = False
 
     @property
     def vit(self) -> TowerConfig:
