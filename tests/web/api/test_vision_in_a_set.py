@@ -59,3 +59,13 @@ def test_a_vision_model_in_a_set(server: Any, llava: tuple[Path, Any]) -> None:
     assert refused.json()["error"]["code"] == "model_takes_no_images"
     assert "chat" in refused.json()["error"]["message"]
     assert server.engine.table.wait_idle(30)
+
+
+def test_the_timeline_names_encoder_rounds_for_a_vision_model_only(server: Any) -> None:
+    def legend(model: str) -> str:
+        page = httpx.get(server.url + "/dashboard", params={"model": model}, timeout=30).text
+        start = page.index("Recent rounds")
+        return page[start:page.index("</h2>", start)]
+
+    assert "image encoder" in legend(NAME) and "decode" in legend(NAME)
+    assert "image encoder" not in legend("chat") and "decode" in legend("chat")

@@ -164,6 +164,14 @@ def rounds_of(snap: EngineSnapshot, catalog: ModelCatalog | None,
     return name, dict(catalog.model_snapshots()).get(name)
 
 
+def reads_images(engine: Serving, catalog: ModelCatalog | None, name: str | None) -> bool:
+    """Whether the model whose rounds the timeline shows takes pictures (its legend then
+    names the encoder's rounds)."""
+    if catalog is None:
+        return bool(getattr(engine, "takes_images", False))
+    return any(m.name == name and m.takes_images for m in catalog.models())
+
+
 def board_context(snap: EngineSnapshot, engine: Serving, user: User,
                   tracker: RequestTracker, model: str | None = None) -> dict[str, Any]:
     """The board for `user`; `model` (several models): whose rounds and charts it shows."""
@@ -185,6 +193,7 @@ def board_context(snap: EngineSnapshot, engine: Serving, user: User,
         "models": model_rows(snap, catalog, user) if catalog else [], "model_events": events,
         "snap": snap, "running": running, "waiting": waiting, "slots": slots,
         "kv_bars": kv_bars(snap), "chart_model": chart_model,
+        "encodes": reads_images(engine, catalog, chart_model),
         "timeline": timeline(own.rounds if own else ()), "charts": charts(own) if own else [],
         "gateway": engine.gateway_view() if hasattr(engine, "gateway_view") else None,
         "metrics": snap.metrics, "alive": engine.alive, "user": user, "reason_tags": REASON_TAGS,
