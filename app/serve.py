@@ -403,6 +403,10 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
         except DraftModelError as exc:
             print(f"ferry serve: error: draft model: {exc}", file=sys.stderr)
             return 2
+        except ValueError as exc:  # a file Ferry reads but cannot run (UnsupportedModel),
+            # a tokenizer it cannot read: what is wrong with the file, in one line
+            print(f"ferry serve: error: {exc}", file=sys.stderr)
+            return 2
         print(banner(settings, model.name, device, dtype, template, device_info=where,
                      memory=served_memory(app, floor)), flush=True)
     if settings.open:

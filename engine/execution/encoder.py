@@ -16,7 +16,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.execution.cpu import default_threads, on_fresh_thread
-from engine.execution.loading.encoder_gguf import load_bert_gguf
+from engine.execution.loading.encoder_gguf import decoder_pooling_type, load_bert_gguf
 from engine.execution.loading.loader import choose_dtype
 from engine.execution.loading.model_files import is_gguf
 from engine.execution.model.architectures import bert
@@ -24,6 +24,7 @@ from engine.execution.model.embedding_decoder import (
     EmbeddingDecoder,
     EmbeddingDecoderConfig,
     load_embedding_decoder,
+    load_embedding_decoder_gguf,
 )
 from engine.execution.model.registry import is_bert_folder, is_encoder_folder
 from engine.execution.text.tokenizer import gguf_tokenizer_dir
@@ -74,9 +75,9 @@ class EncoderExecutor:
                         threads: int | None = None,
                         cache_dir: str | Path | None = None) -> EncoderExecutor:
         """Load a sentence-transformers folder (config.json, safetensors, tokenizer, pooling)
-        or a llama.cpp `bert` GGUF file (its tokenizer kept as a folder under `cache_dir`,
-        when given). dtype auto: float32 on CPU (small models, where bf16 saves little),
-        else bf16/fp16."""
+        or a GGUF file (llama.cpp's `bert`, or Qwen3-Embedding's `qwen3` with its pooling
+        type; its tokenizer kept as a folder under `cache_dir`, when given). dtype auto:
+        float32 on CPU (small models, where bf16 saves little), else bf16/fp16."""
         path = Path(folder)
 
         def load() -> EncoderExecutor:
@@ -85,8 +86,14 @@ class EncoderExecutor:
             torch_dtype = torch.float32 if dtype == "auto" and device == "cpu" \
                 else choose_dtype(dtype, device)
             if is_gguf(path):
-                cfg, weights = load_bert_gguf(path, torch_dtype, device)
-                executor = cls(weights, cfg, config or EngineConfig(), device, path, threads)
+                if decoder_pooling_type(path) is not None:  # Qwen3-Embedding's GGUF
+                    decoder = load_embedding_decoder_gguf(path, device)
+                    executor = cls(decoder, decoder.config, config or EngineConfig(), device,
+                                   path, threads)
+                else:
+                    cfg, weights = load_bert_gguf(path, torch_dtype, device)
+                    executor = cls(weights, cfg, config or EngineConfig(), device, path,
+                                   threads)
                 executor.source = "gguf"
                 if cache_dir is not None:
                     executor.tokenizer_path = gguf_tokenizer_dir(path, cache_dir)

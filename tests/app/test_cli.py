@@ -101,6 +101,18 @@ def test_missing_model_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path
     assert "not found" in err and str(missing) in err
 
 
+def test_a_file_ferry_cannot_run_is_one_line(capsys: pytest.CaptureFixture[str],
+                                             tmp_path: Path) -> None:
+    """Not a traceback: what is wrong with the file, and exit status 2."""
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF" + bytes(60))
+    code, _, err = run(capsys, "serve", "--model", str(junk), "--port", str(free_port()),
+                       "--no-open", "--no-discover")
+    assert code == 2
+    assert f"ferry serve: error: {junk}: its tokenizer could not be read" in err
+    assert "Traceback" not in err
+
+
 def test_port_in_use(capsys: pytest.CaptureFixture[str], busy_port: int) -> None:
     code, _, err = run(capsys, "serve", "--port", str(busy_port))
     assert code == 2

@@ -8,7 +8,7 @@ HF model's own conventions), so that the reference model can run on exactly thos
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,12 +136,13 @@ def _experts(w: gguf.GGUFWriter, key: str, value: torch.Tensor, qtype: T,
 def write_gguf(path: Path, hf: torch.nn.Module, qtype: T = T.F32,
                types: dict[str, T] | None = None,
                tokens: list[str] | None = None, tokenizer_of: Path | None = None,
-               added: Sequence[str] = ()) -> dict[str, torch.Tensor]:
+               added: Sequence[str] = (),
+               metadata: Mapping[str, int] | None = None) -> dict[str, torch.Tensor]:
     """`hf`'s weights as a GGUF: each matrix in types[GGUF short name] or `qtype`, vectors
     F32; `tokens`: a vocabulary's spellings (tokenizer.ggml.tokens, named a byte-level BPE's;
     no merges: enough to look tokens up), or `tokenizer_of`: another GGUF's whole tokenizer,
-    with `added` tokens after its own. Returns what the file holds as an HF state dict
-    (the reference's weights)."""
+    with `added` tokens after its own; `metadata`: more integer keys (`qwen3.pooling_type`).
+    Returns what the file holds as an HF state dict (the reference's weights)."""
     cfg = hf.config
     arch, model_arch = ARCHS[cfg.model_type]
     names = gguf.get_tensor_name_map(model_arch, cfg.num_hidden_layers)
@@ -151,6 +152,8 @@ def write_gguf(path: Path, hf: torch.nn.Module, qtype: T = T.F32,
     gemma = arch == "gemma3"
     w = gguf.GGUFWriter(str(path), arch)
     _metadata(w, arch, cfg)
+    for key, value in (metadata or {}).items():
+        w.add_uint32(key, value)
     if tokenizer_of is not None:
         copy_tokenizer(w, tokenizer_of, added)
     else:

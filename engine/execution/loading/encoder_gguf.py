@@ -22,6 +22,10 @@ from engine.execution.model.architectures import bert
 from engine.execution.model.pooling import Pooling
 
 ARCHS = ("bert", "nomic-bert")
+# decoder architectures whose GGUF is an embedding model where it names a pooling
+# (llama.cpp's converter writes `{arch}.pooling_type` from a sentence-transformers folder's
+# Pooling module: Qwen3-Embedding's last token)
+DECODER_ARCHS = ("qwen3",)
 # bert.pooling_type (llama.cpp's enum): none, mean, cls, last, rank
 POOLING: dict[int, Pooling] = {1: "mean", 2: "cls", 3: "lasttoken"}
 TOP = {
@@ -69,13 +73,27 @@ def gguf_architecture(path: str | Path) -> str | None:
 
 
 def is_encoder_gguf(path: str | Path) -> bool:
-    """A GGUF file of an encoder architecture Ferry runs (an embedding model)."""
+    """A GGUF file of an embedding model (or reranker): an encoder architecture's, or a
+    decoder's that names its pooling (decoder_pooling_type)."""
     from engine.execution.loading.model_files import is_gguf
 
     try:
-        return is_gguf(path) and gguf_architecture(path) in ARCHS
+        return is_gguf(path) and (gguf_architecture(path) in ARCHS
+                                  or decoder_pooling_type(path) is not None)
     except ModelFileError:
         return False
+
+
+def decoder_pooling_type(path: str | Path) -> int | None:
+    """llama.cpp's pooling type of a decoder GGUF that has one (Qwen3-Embedding's 3, the last
+    token; Qwen3-Reranker's 4, rank), None for a decoder file that is a chat model."""
+    from engine.execution.loading.gguf_file import gguf_metadata_value
+
+    arch = gguf_architecture(path)
+    if arch not in DECODER_ARCHS:
+        return None
+    kind = gguf_metadata_value(path, f"{arch}.pooling_type")
+    return int(kind) if isinstance(kind, int) and kind > 0 else None
 
 
 def config_from_gguf(path: Path, reader: Any) -> bert.BertConfig:

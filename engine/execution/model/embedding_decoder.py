@@ -2,7 +2,10 @@
 folder: a decoder family's own layers (the registry's CausalLM, loaded as for chat) run over
 whole inputs, the final norm's states pooled as the Pooling module says (last token for
 Qwen3-Embedding, mean for EmbeddingGemma), passed through the folder's Dense modules and
-normalized where a Normalize module is listed.
+normalized where a Normalize module is listed. From a GGUF (Qwen3-Embedding's, as
+llama.cpp's converter writes it): the text model's blocks as for chat, the pooling its
+`pooling_type` names, the vectors normalized (a GGUF does not say; llama.cpp's server
+normalizes them too).
 
 Like the BERT encoders they are prefill-only work that keeps no KV: attention runs over each
 input's own tokens in a padded block for this round only (`PackedAttention`), causal for a
@@ -28,6 +31,7 @@ from engine.execution.model.decoder import CausalLM
 from engine.execution.model.pooling import Pooling, modules, pool_states, pooling_of, read_json
 from engine.execution.model.weights import SafetensorsSource, load_weights
 
+RANK = 4  # llama.cpp's pooling type of a reranker
 ACTIVATIONS = {"torch.nn.modules.linear.Identity": None, "torch.nn.modules.activation.Tanh":
                torch.tanh}
 
@@ -237,3 +241,29 @@ def load_embedding_decoder(folder: str | Path, dtype: torch.dtype,
         bidirectional=bool(raw.get("use_bidirectional_attention")),
         matryoshka_dims=tuple(int(d) for d in dims))
     return EmbeddingDecoder(model, cfg, dense)
+
+
+def load_embedding_decoder_gguf(path: str | Path, device: torch.device | str
+                                ) -> EmbeddingDecoder:
+    """A decoder GGUF that names its pooling (loading.encoder_gguf.decoder_pooling_type): its
+    blocks used as they are (on CPU; on a GPU where the kernels pass their self-test)."""
+    from engine.execution.loading.encoder_gguf import POOLING, decoder_pooling_type
+    from engine.execution.loading.loader import GGUF, GGUF_DEVICE, load_model
+
+    path = Path(path)
+    kind = decoder_pooling_type(path)
+    if kind not in POOLING:
+        raise UnsupportedModel(
+            f"{path}: a GGUF reranker (Qwen3-Reranker) is not supported" if kind == RANK else
+            f"{path} is not a decoder embedding model (a qwen3 GGUF with a pooling type of "
+            "mean, cls or last)")
+    pooling = POOLING[kind]
+    on_cpu = torch.device(device).type == "cpu"
+    model = load_model(path, torch.float32 if on_cpu else torch.bfloat16, device,
+                       quantize=GGUF if on_cpu else GGUF_DEVICE)
+    mc = model.config
+    cfg = EmbeddingDecoderConfig(
+        family=mc.model_type, vocab_size=mc.vocab_size, hidden_size=mc.hidden_size,
+        max_seq_length=mc.max_position_embeddings, pooling=pooling, normalize=True,
+        bidirectional=False)
+    return EmbeddingDecoder(model, cfg, ())
