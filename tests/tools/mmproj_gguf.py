@@ -19,27 +19,38 @@ TOP = {"embeddings.patch_embedding": "v.patch_embd",
        "embeddings.position_embedding": "v.position_embd", "post_layernorm": "v.post_ln"}
 
 
+def clip_writer(path: Path, kind: str, vision: Any, width: int, layers: int,
+                mean: tuple[float, float, float], std: tuple[float, float, float],
+                gelu: bool) -> gguf.GGUFWriter:
+    """A projector file's writer at `path` with the metadata of a `kind` projector over the
+    tower `vision` (transformers' vision config), `layers` of it written."""
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_bool(gguf.Keys.Clip.HAS_VISION_ENCODER, True)
+    w.add_string(gguf.Keys.Clip.PROJECTOR_TYPE, kind)
+    v = gguf.Keys.ClipVision
+    w.add_uint32(v.PROJECTION_DIM, width)
+    w.add_uint32(v.IMAGE_SIZE, vision.image_size)
+    w.add_uint32(v.PATCH_SIZE, vision.patch_size)
+    w.add_uint32(v.EMBEDDING_LENGTH, vision.hidden_size)
+    w.add_uint32(v.FEED_FORWARD_LENGTH, vision.intermediate_size)
+    w.add_uint32(v.BLOCK_COUNT, layers)
+    w.add_uint32(v.Attention.HEAD_COUNT, vision.num_attention_heads)
+    w.add_float32(v.Attention.LAYERNORM_EPS, vision.layer_norm_eps)
+    w.add_array(v.IMAGE_MEAN, list(mean))
+    w.add_array(v.IMAGE_STD, list(std))
+    w.add_bool(v.USE_GELU, gelu)
+    return w
+
+
 def write_gemma3_mmproj(path: Path, hf: Any, tokens_per_image: int,
                         swap_ffn: bool = False, half: bool = False) -> None:
     """`hf` (transformers' Gemma3ForConditionalGeneration) -> its projector file at `path`,
     the tower layers' matrices in F16 where `half` (as llama.cpp's converter writes them
     by default), else everything in F32."""
     cfg, vision = hf.config, hf.config.vision_config
-    w = gguf.GGUFWriter(str(path), "clip")
-    w.add_bool(gguf.Keys.Clip.HAS_VISION_ENCODER, True)
-    w.add_string(gguf.Keys.Clip.PROJECTOR_TYPE, "gemma3")
+    w = clip_writer(path, "gemma3", vision, cfg.text_config.hidden_size,
+                    vision.num_hidden_layers, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), True)
     v = gguf.Keys.ClipVision
-    w.add_uint32(v.PROJECTION_DIM, cfg.text_config.hidden_size)
-    w.add_uint32(v.IMAGE_SIZE, vision.image_size)
-    w.add_uint32(v.PATCH_SIZE, vision.patch_size)
-    w.add_uint32(v.EMBEDDING_LENGTH, vision.hidden_size)
-    w.add_uint32(v.FEED_FORWARD_LENGTH, vision.intermediate_size)
-    w.add_uint32(v.BLOCK_COUNT, vision.num_hidden_layers)
-    w.add_uint32(v.Attention.HEAD_COUNT, vision.num_attention_heads)
-    w.add_float32(v.Attention.LAYERNORM_EPS, vision.layer_norm_eps)
-    w.add_array(v.IMAGE_MEAN, [0.5, 0.5, 0.5])
-    w.add_array(v.IMAGE_STD, [0.5, 0.5, 0.5])
-    w.add_bool(v.USE_GELU, True)
     scale = (vision.image_size // vision.patch_size) // round(tokens_per_image ** 0.5)
     if scale != 4:  # as the converter: only where it is not Gemma 3's
         w.add_uint32(v.Projector.SCALE_FACTOR, scale)
@@ -82,22 +93,10 @@ def write_llava_mmproj(path: Path, hf: Any, layers: int | None = None) -> None:
     and patch kernel, CLIP's default mean and std."""
     vision = hf.config.vision_config
     used = vision.num_hidden_layers - 1 if layers is None else layers
-    w = gguf.GGUFWriter(str(path), "clip")
-    w.add_bool(gguf.Keys.Clip.HAS_VISION_ENCODER, True)
+    w = clip_writer(path, "mlp", vision, vision.projection_dim, used,
+                    (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711),
+                    vision.hidden_act == "gelu")
     w.add_bool("clip.has_llava_projector", True)
-    w.add_string(gguf.Keys.Clip.PROJECTOR_TYPE, "mlp")
-    v = gguf.Keys.ClipVision
-    w.add_uint32(v.IMAGE_SIZE, vision.image_size)
-    w.add_uint32(v.PATCH_SIZE, vision.patch_size)
-    w.add_uint32(v.EMBEDDING_LENGTH, vision.hidden_size)
-    w.add_uint32(v.FEED_FORWARD_LENGTH, vision.intermediate_size)
-    w.add_uint32(v.PROJECTION_DIM, vision.projection_dim)
-    w.add_uint32(v.Attention.HEAD_COUNT, vision.num_attention_heads)
-    w.add_float32(v.Attention.LAYERNORM_EPS, vision.layer_norm_eps)
-    w.add_uint32(v.BLOCK_COUNT, used)
-    w.add_array(v.IMAGE_MEAN, [0.48145466, 0.4578275, 0.40821073])
-    w.add_array(v.IMAGE_STD, [0.26862954, 0.26130258, 0.27577711])
-    w.add_bool(v.USE_GELU, vision.hidden_act == "gelu")
     for key, value in hf.state_dict().items():
         data = value.detach().float().numpy()
         half = data.astype(np.float16) if data.ndim in (2, 4) else data
