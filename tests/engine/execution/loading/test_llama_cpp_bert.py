@@ -3,12 +3,16 @@ embedding model's GGUF as llama.cpp's own converter writes it. all-MiniLM-L6-v2'
 converted by the checkout's `convert_hf_to_gguf.py` (in the converter venv of
 test_llama_cpp_files, FERRY_CONVERT_VENV) to F32 and F16; Ferry loads each file, tokenizes
 with the file's WordPiece vocabulary and its vectors equal sentence-transformers' on the
-folder (cosine >= 0.999)."""
+folder (cosine >= 0.999); so too a tiny Qwen3-Embedding-like folder, converted as a `qwen3`
+GGUF with its pooling type."""
 from __future__ import annotations
 
+import copy
+import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -53,6 +57,56 @@ def test_converted_bert_file_matches_sentence_transformers(
     finally:
         engine.stop()
     want = SentenceTransformer(str(embedding_dir), device="cpu").encode(SENTENCES)
+    for final, w in zip(finals, want):
+        got = torch.tensor(final.extra["embedding"])
+        assert float(torch.nn.functional.cosine_similarity(got, torch.tensor(w), dim=0)) >= 0.999
+
+
+def test_converted_qwen3_embedding_file_matches_sentence_transformers(
+        tokenizer: Any, llama_cpp: Path, converter_python: Path,  # noqa: F811
+        tmp_path: Path) -> None:
+    """A tiny Qwen3-Embedding-like folder (SmolLM2's BPE vocabulary, which the converter
+    knows) converted as Qwen's GGUF is: `qwen3` with `qwen3.pooling_type` from its Pooling
+    module. Ferry serves the file as an embedding model with the folder's vectors."""
+    from sentence_transformers import SentenceTransformer
+
+    from engine import EncoderExecutor, Engine, EngineConfig, SamplingParams, Tokenizer
+    from tests.tools.embedding_decoders import TOKENIZER_FILES, embedding_decoder
+
+    vocabulary = tmp_path / "vocabulary"
+    copy.deepcopy(tokenizer.hf).save_pretrained(str(vocabulary))
+    for name in TOKENIZER_FILES:  # transformers 5 writes no special_tokens_map.json
+        if not (vocabulary / name).exists():
+            (vocabulary / name).write_text("{}")
+    folder = embedding_decoder("qwen3", vocabulary, tmp_path / "qwen3-embed")
+    convertible = tmp_path / "convertible"
+    shutil.copytree(folder, convertible)
+    cfg_file = convertible / "config.json"  # the bare model has no LM head: tied, as Qwen's
+    cfg_file.write_text(json.dumps({**json.loads(cfg_file.read_text()),
+                                    "tie_word_embeddings": True}))
+    tok_file = convertible / "tokenizer_config.json"  # the converter's transformers 4
+    fields = {**json.loads(tok_file.read_text()), "tokenizer_class": "GPT2Tokenizer"}
+    if isinstance(fields.get("extra_special_tokens"), list):
+        fields["additional_special_tokens"] = fields.pop("extra_special_tokens")
+    tok_file.write_text(json.dumps(fields))
+    out = tmp_path / "qwen3-embed-f32.gguf"
+    done = subprocess.run(
+        [str(converter_python), str(llama_cpp / "convert_hf_to_gguf.py"), str(convertible),
+         "--outtype", "f32", "--outfile", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    executor = EncoderExecutor.from_pretrained(out, threads=2, cache_dir=tmp_path / "cache")
+    assert executor.describe().startswith("qwen3: gguf")
+    tokenizer_gguf = Tokenizer(executor.tokenizer_path or out)
+    engine = Engine(EngineConfig(max_context=executor.max_context), executor,
+                    tokenizer_gguf).start()
+    try:
+        handles = [engine.submit(tokenizer_gguf.encode(s),
+                                 SamplingParams(max_tokens=0, embed=True)) for s in SENTENCES]
+        finals = [list(h.events(timeout=60))[-1] for h in handles]
+    finally:
+        engine.stop()
+    want = SentenceTransformer(str(folder), device="cpu").encode(SENTENCES)
     for final, w in zip(finals, want):
         got = torch.tensor(final.extra["embedding"])
         assert float(torch.nn.functional.cosine_similarity(got, torch.tensor(w), dim=0)) >= 0.999
