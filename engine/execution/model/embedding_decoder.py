@@ -141,15 +141,13 @@ class EmbeddingDecoder:
 
     @property
     def nbytes(self) -> int:
-        seen: set[int] = set()
-        total = 0
-        tensors = [*self.model.parameters(), *(t for d in self.dense
-                                               for t in (d.weight, d.bias) if t is not None)]
-        for t in tensors:
-            if isinstance(t, torch.Tensor) and id(t) not in seen and not t.is_meta:
-                seen.add(id(t))
-                total += t.numel() * t.element_size()
-        return total
+        """The weights as they sit in memory (a GGUF's blocks and packed copies included,
+        engine.execution.footprint) and the Dense modules'."""
+        from engine.execution.footprint import weight_bytes
+
+        dense = sum(t.numel() * t.element_size() for d in self.dense
+                    for t in (d.weight, d.bias) if t is not None)
+        return weight_bytes(self.model) + dense
 
     def hidden(self, ids: torch.Tensor, positions: torch.Tensor,
                lengths: Sequence[int]) -> torch.Tensor:

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFReader
 
 from engine.execution.loading.encoder_gguf import decoder_pooling_type, is_encoder_gguf
 from engine.execution.model.config import UnsupportedModel
@@ -23,15 +25,16 @@ SENTENCES = ["The cat sits on the mat.", "x",
 
 
 def write_qwen3_gguf(folder: Path, vocabulary: Path, out: Path, pooling: int | None) -> Path:
-    """The sentence-transformers `folder`'s Qwen3 as a qwen3 GGUF with `vocabulary`'s
-    tokenizer (another GGUF's) and `pooling` as llama.cpp's pooling type (None: none)."""
+    """The sentence-transformers `folder`'s Qwen3 as a qwen3 GGUF (its matrices Q8_0, as
+    Qwen publishes Qwen3-Embedding) with `vocabulary`'s tokenizer (another GGUF's) and
+    `pooling` as llama.cpp's pooling type (None: none)."""
     from transformers import Qwen3ForCausalLM, Qwen3Model
 
     body = Qwen3Model.from_pretrained(str(folder)).eval()
     body.config.tie_word_embeddings = True
     lm = Qwen3ForCausalLM(body.config).eval()
     lm.model.load_state_dict(body.state_dict())
-    write_gguf(out, lm, tokenizer_of=vocabulary,
+    write_gguf(out, lm, T.Q8_0, tokenizer_of=vocabulary,
                metadata={} if pooling is None else {"qwen3.pooling_type": pooling})
     return out
 
@@ -57,12 +60,15 @@ def server(files: tuple[Path, Path], in_thread_server: Any,
 
 def test_vectors_match_sentence_transformers_on_the_folder(
         server: Any, files: tuple[Path, Path]) -> None:
-    folder, _ = files
+    folder, gguf = files
     assert worst_cosine_to_sentence_transformers(server.url, "qwen3-embed", folder,
                                                  SENTENCES) >= 0.999
     executor = server.engine.executor
     assert executor.describe().startswith("qwen3: gguf float32, embeddings of 64 "
                                           "(lasttoken pooling, normalized)")
+    # the weights it holds are the file's blocks, in place: what a memory budget counts
+    held = sum(int(t.n_bytes) for t in GGUFReader(str(gguf)).tensors)
+    assert held * 0.95 <= executor.memory_bytes() <= held * 1.5
     assert server.engine.task == "embed"
     assert server.engine.wait_idle(30)
     snap = server.engine.snapshot()
