@@ -47,6 +47,9 @@ class EncoderExecutor:
         # what the engine accepts for it: embedding requests only; a cross-encoder's "vector"
         # is its one relevance score, its inputs query [SEP] document pairs
         self.task = "score" if model_config.scores else "embed"
+        # a decoder reranker's prompt for a pair ({query}, {document}); None: a cross-encoder
+        # takes the pair as two segments
+        self.rerank_template: str | None = getattr(model_config, "rerank_template", None)
         self.sep_id = sep_id
         self.weights = bert.packed(weights) if isinstance(weights, bert.BertWeights) \
             else weights

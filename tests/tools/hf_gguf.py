@@ -137,12 +137,14 @@ def write_gguf(path: Path, hf: torch.nn.Module, qtype: T = T.F32,
                types: dict[str, T] | None = None,
                tokens: list[str] | None = None, tokenizer_of: Path | None = None,
                added: Sequence[str] = (),
-               metadata: Mapping[str, int] | None = None) -> dict[str, torch.Tensor]:
+               metadata: Mapping[str, int | str] | None = None,
+               extra: Mapping[str, np.ndarray] | None = None) -> dict[str, torch.Tensor]:
     """`hf`'s weights as a GGUF: each matrix in types[GGUF short name] or `qtype`, vectors
     F32; `tokens`: a vocabulary's spellings (tokenizer.ggml.tokens, named a byte-level BPE's;
     no merges: enough to look tokens up), or `tokenizer_of`: another GGUF's whole tokenizer,
-    with `added` tokens after its own; `metadata`: more integer keys (`qwen3.pooling_type`).
-    Returns what the file holds as an HF state dict (the reference's weights)."""
+    with `added` tokens after its own; `metadata`: more keys (`qwen3.pooling_type`), `extra`:
+    more tensors by GGUF name (a reranker's `cls.output.weight`). Returns what the file
+    holds as an HF state dict (the reference's weights)."""
     cfg = hf.config
     arch, model_arch = ARCHS[cfg.model_type]
     names = gguf.get_tensor_name_map(model_arch, cfg.num_hidden_layers)
@@ -153,7 +155,12 @@ def write_gguf(path: Path, hf: torch.nn.Module, qtype: T = T.F32,
     w = gguf.GGUFWriter(str(path), arch)
     _metadata(w, arch, cfg)
     for key, value in (metadata or {}).items():
-        w.add_uint32(key, value)
+        if isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_uint32(key, value)
+    for name, data in (extra or {}).items():
+        w.add_tensor(name, data)
     if tokenizer_of is not None:
         copy_tokenizer(w, tokenizer_of, added)
     else:

@@ -28,6 +28,7 @@ ARCHS = ("bert", "nomic-bert")
 DECODER_ARCHS = ("qwen3",)
 # bert.pooling_type (llama.cpp's enum): none, mean, cls, last, rank
 POOLING: dict[int, Pooling] = {1: "mean", 2: "cls", 3: "lasttoken"}
+RANK = 4  # a reranker's: its `cls.output` rows score the last token
 TOP = {
     "token_embd": "embeddings.word_embeddings",
     "position_embd": "embeddings.position_embeddings",

@@ -30,6 +30,9 @@ from engine.execution.model import registry
 from engine.execution.model.config import GGUFMeta, ModelConfig
 from engine.execution.model.decoder import CausalLM
 
+# a reranker's head beside the text model (Qwen3-Reranker: the LM head's "yes" and "no" rows),
+# read by its own loader (engine.execution.model.embedding_decoder)
+RERANKER_TENSORS = ("cls.output.weight", "cls.output.bias")
 
 def _open_reader(path: Path) -> Any:
     import gguf
@@ -213,6 +216,8 @@ class GGUFFile:
                 self.rope_factors = torch.from_numpy(np.array(t.data, dtype=np.float32))
                 continue
             if name in self.architecture.gguf_config_tensors:  # read into the config
+                continue
+            if name in RERANKER_TENSORS:  # a reranker's head: its loader reads it apart
                 continue
             per_expert = names.expert_key(name)
             if per_expert is not None:

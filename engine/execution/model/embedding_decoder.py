@@ -5,7 +5,8 @@ Qwen3-Embedding, mean for EmbeddingGemma), passed through the folder's Dense mod
 normalized where a Normalize module is listed. From a GGUF (Qwen3-Embedding's, as
 llama.cpp's converter writes it): the text model's blocks as for chat, the pooling its
 `pooling_type` names, the vectors normalized (a GGUF does not say; llama.cpp's server
-normalizes them too).
+normalizes them too). Qwen3-Reranker's GGUF (rank pooling) scores a (query, document)
+prompt by the last token's "yes" against "no" (`cls.output`, the LM head's two rows).
 
 Like the BERT encoders they are prefill-only work that keeps no KV: attention runs over each
 input's own tokens in a padded block for this round only (`PackedAttention`), causal for a
@@ -31,7 +32,6 @@ from engine.execution.model.decoder import CausalLM
 from engine.execution.model.pooling import Pooling, modules, pool_states, pooling_of, read_json
 from engine.execution.model.weights import SafetensorsSource, load_weights
 
-RANK = 4  # llama.cpp's pooling type of a reranker
 ACTIVATIONS = {"torch.nn.modules.linear.Identity": None, "torch.nn.modules.activation.Tanh":
                torch.tanh}
 
@@ -46,7 +46,9 @@ class EmbeddingDecoderConfig:
     normalize: bool
     bidirectional: bool
     matryoshka_dims: tuple[int, ...] = ()
-    scores: bool = False  # never a cross-encoder
+    scores: bool = False  # a reranker (Qwen3-Reranker's GGUF): one relevance per input
+    # a reranker's prompt for a (query, document) pair, with {query} and {document}
+    rerank_template: str | None = None
 
 
 @dataclass(frozen=True)
@@ -136,8 +138,9 @@ class EmbeddingDecoder:
     """A loaded decoder embedding model: `vectors` of packed inputs."""
 
     def __init__(self, model: CausalLM, cfg: EmbeddingDecoderConfig,
-                 dense: tuple[Dense, ...]) -> None:
+                 dense: tuple[Dense, ...], judge: torch.Tensor | None = None) -> None:
         self.model, self.config, self.dense = model, cfg, dense
+        self.judge = judge  # a reranker's [2, hidden]: the LM head's "yes" and "no" rows
 
     @property
     def nbytes(self) -> int:
@@ -145,9 +148,9 @@ class EmbeddingDecoder:
         engine.execution.footprint) and the Dense modules'."""
         from engine.execution.footprint import weight_bytes
 
-        dense = sum(t.numel() * t.element_size() for d in self.dense
-                    for t in (d.weight, d.bias) if t is not None)
-        return weight_bytes(self.model) + dense
+        extra = [t for d in self.dense for t in (d.weight, d.bias) if t is not None]
+        extra += [self.judge] if self.judge is not None else []
+        return weight_bytes(self.model) + sum(t.numel() * t.element_size() for t in extra)
 
     def hidden(self, ids: torch.Tensor, positions: torch.Tensor,
                lengths: Sequence[int]) -> torch.Tensor:
@@ -168,8 +171,12 @@ class EmbeddingDecoder:
     def vectors(self, ids: torch.Tensor, positions: torch.Tensor,
                 lengths: Sequence[int]) -> torch.Tensor:
         """Pooled, through the Dense modules, normalized where the model says: [inputs, dim]
-        float32."""
+        float32. A reranker's: [inputs, 1], each the probability that the model answers
+        "yes" rather than "no" after the last token (Qwen3-Reranker's relevance)."""
         out = pool_states(self.hidden(ids, positions, lengths), self.config.pooling, lengths)
+        if self.judge is not None:
+            yes_no = F.linear(out.float(), self.judge)  # [inputs, 2]
+            return torch.sigmoid(yes_no[:, :1] - yes_no[:, 1:])
         for d in self.dense:
             out = F.linear(out, d.weight, d.bias)
             if d.tanh:
@@ -245,23 +252,56 @@ def load_embedding_decoder_gguf(path: str | Path, device: torch.device | str
                                 ) -> EmbeddingDecoder:
     """A decoder GGUF that names its pooling (loading.encoder_gguf.decoder_pooling_type): its
     blocks used as they are (on CPU; on a GPU where the kernels pass their self-test)."""
-    from engine.execution.loading.encoder_gguf import POOLING, decoder_pooling_type
+    from engine.execution.loading.encoder_gguf import POOLING, RANK, decoder_pooling_type
     from engine.execution.loading.loader import GGUF, GGUF_DEVICE, load_model
 
     path = Path(path)
     kind = decoder_pooling_type(path)
-    if kind not in POOLING:
-        raise UnsupportedModel(
-            f"{path}: a GGUF reranker (Qwen3-Reranker) is not supported" if kind == RANK else
-            f"{path} is not a decoder embedding model (a qwen3 GGUF with a pooling type of "
-            "mean, cls or last)")
-    pooling = POOLING[kind]
+    if kind not in POOLING and kind != RANK:
+        raise UnsupportedModel(f"{path} is not a decoder embedding model (a qwen3 GGUF with a "
+                               "pooling type of mean, cls, last or rank)")
+    judge, template = (_reranker(path) if kind == RANK else (None, None))
     on_cpu = torch.device(device).type == "cpu"
     model = load_model(path, torch.float32 if on_cpu else torch.bfloat16, device,
                        quantize=GGUF if on_cpu else GGUF_DEVICE)
     mc = model.config
+    if judge is not None and tuple(judge.shape) != (2, mc.hidden_size):
+        raise UnsupportedModel(f"{path}: cls.output is {list(judge.shape)}, a reranker's is "
+                               f"[2, {mc.hidden_size}] (yes, no)")
     cfg = EmbeddingDecoderConfig(
-        family=mc.model_type, vocab_size=mc.vocab_size, hidden_size=mc.hidden_size,
-        max_seq_length=mc.max_position_embeddings, pooling=pooling, normalize=True,
-        bidirectional=False)
-    return EmbeddingDecoder(model, cfg, ())
+        family=mc.model_type, vocab_size=mc.vocab_size,
+        hidden_size=1 if judge is not None else mc.hidden_size,
+        max_seq_length=mc.max_position_embeddings,
+        pooling=POOLING.get(kind or 0, "lasttoken"), normalize=judge is None,
+        bidirectional=False, scores=judge is not None, rerank_template=template)
+    return EmbeddingDecoder(model, cfg, (), None if judge is None else judge.to(device))
+
+
+# Qwen3-Reranker's prompt, as llama.cpp's converter writes it (tokenizer.chat_template.rerank)
+RERANK_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
+    "and the Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>"
+    "\n<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that "
+    "answer the query\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def _reranker(path: Path) -> tuple[torch.Tensor, str]:
+    """A rank-pooling GGUF's judge (`cls.output`: the LM head's "yes" and "no" rows, as
+    llama.cpp's converter takes them from Qwen3-Reranker) and its prompt."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader, quants
+
+    reader = GGUFReader(str(path), "r")
+    found = next((t for t in reader.tensors if t.name == "cls.output.weight"), None)
+    if found is None:
+        raise UnsupportedModel(f"{path}: a rank-pooling GGUF without cls.output.weight (the "
+                               "reranker's yes and no rows)")
+    rows = quants.dequantize(np.asarray(found.data), GGMLQuantizationType(found.tensor_type))
+    shape = [int(d) for d in reversed(found.shape.tolist())]
+    judge = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32).reshape(shape))
+    field = reader.fields.get("tokenizer.chat_template.rerank")
+    template = str(field.contents()) if field is not None else RERANK_TEMPLATE
+    if "{query}" not in template or "{document}" not in template:
+        raise UnsupportedModel(f"{path}: its rerank template lacks {{query}} or {{document}}")
+    return judge, template

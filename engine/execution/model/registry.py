@@ -91,13 +91,18 @@ def is_embedding_model(path: Path) -> bool:
 
 def embedding_task(path: Path) -> str | None:
     """What an embedding model's files do, before they load: "score" for a cross-encoder
-    (a BERT or RoBERTa sequence classifier), "embed" for the others; None for a model that
-    is not one (engine.Engine.task's words)."""
+    (a BERT or RoBERTa sequence classifier, a Qwen3-Reranker GGUF), "embed" for the others;
+    None for a model that is not one (engine.Engine.task's words)."""
     if not is_embedding_model(path):
         return None
     if Path(path).is_dir():
         cfg = json.loads((Path(path) / "config.json").read_text())
         if any(a in bert.SCORERS for a in cfg.get("architectures") or []):
+            return "score"
+    else:
+        from engine.execution.loading.encoder_gguf import RANK, decoder_pooling_type
+
+        if decoder_pooling_type(path) == RANK:  # Qwen3-Reranker's GGUF
             return "score"
     return "embed"
 

@@ -2,7 +2,9 @@
 folder: a `qwen3` text model with `qwen3.pooling_type` (the last token). The tiny seeded
 Qwen3 embedding model of the folder tests, written so (all-MiniLM's WordPiece vocabulary
 beside it, as its folder has), is served as an embedding model and its vectors equal
-sentence-transformers' on the folder; the same file without a pooling type is a chat model."""
+sentence-transformers' on the folder; the same file without a pooling type is a chat model,
+and as Qwen3-Reranker's GGUF (rank pooling, the head's "yes" and "no" rows) it ranks
+documents with transformers' scores."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,18 +26,35 @@ SENTENCES = ["The cat sits on the mat.", "x",
              "Instruct: find related passages\nQuery: what do embeddings measure?"]
 
 
-def write_qwen3_gguf(folder: Path, vocabulary: Path, out: Path, pooling: int | None) -> Path:
-    """The sentence-transformers `folder`'s Qwen3 as a qwen3 GGUF (its matrices Q8_0, as
-    Qwen publishes Qwen3-Embedding) with `vocabulary`'s tokenizer (another GGUF's) and
-    `pooling` as llama.cpp's pooling type (None: none)."""
+def causal_lm(folder: Path) -> Any:
+    """The sentence-transformers `folder`'s Qwen3 with its embeddings as the LM head (as
+    Qwen3-Embedding and Qwen3-Reranker tie them)."""
     from transformers import Qwen3ForCausalLM, Qwen3Model
 
     body = Qwen3Model.from_pretrained(str(folder)).eval()
     body.config.tie_word_embeddings = True
     lm = Qwen3ForCausalLM(body.config).eval()
     lm.model.load_state_dict(body.state_dict())
-    write_gguf(out, lm, T.Q8_0, tokenizer_of=vocabulary,
-               metadata={} if pooling is None else {"qwen3.pooling_type": pooling})
+    lm.tie_weights()
+    return lm
+
+
+def write_qwen3_gguf(folder: Path, vocabulary: Path, out: Path, pooling: int | None,
+                     judge: list[int] | None = None) -> Path:
+    """The sentence-transformers `folder`'s Qwen3 as a qwen3 GGUF (its matrices Q8_0, as
+    Qwen publishes Qwen3-Embedding) with `vocabulary`'s tokenizer (another GGUF's) and
+    `pooling` as llama.cpp's pooling type (None: none); `judge` (the "yes" and "no" ids): a
+    reranker's `cls.output`, those rows of the head, and its prompt, as llama.cpp's converter
+    writes Qwen3-Reranker."""
+    from engine.execution.model.embedding_decoder import RERANK_TEMPLATE
+
+    lm = causal_lm(folder)
+    metadata: dict[str, int | str] = {} if pooling is None else {"qwen3.pooling_type": pooling}
+    extra = {}
+    if judge is not None:
+        extra["cls.output.weight"] = lm.lm_head.weight[judge].detach().float().numpy()
+        metadata["tokenizer.chat_template.rerank"] = RERANK_TEMPLATE
+    write_gguf(out, lm, T.Q8_0, tokenizer_of=vocabulary, metadata=metadata, extra=extra)
     return out
 
 
@@ -77,15 +96,62 @@ def test_vectors_match_sentence_transformers_on_the_folder(
 
 def test_only_a_file_that_names_its_pooling_is_an_embedding_model(
         files: tuple[Path, Path], embedding_dir: Path, tmp_path: Path) -> None:
-    from engine import EncoderExecutor
+    from engine import EncoderExecutor, embedding_task
 
     folder, gguf = files
     assert decoder_pooling_type(gguf) == 3 and is_encoder_gguf(gguf)
+    assert embedding_task(gguf) == "embed"
     vocabulary = write_bert_gguf(embedding_dir, tmp_path / "v.gguf")
     chat = write_qwen3_gguf(folder, vocabulary, tmp_path / "qwen3-chat.gguf", None)
     assert decoder_pooling_type(chat) is None and not is_encoder_gguf(chat)
-    # a reranker's (llama.cpp's rank pooling) is refused, not served as a chat model
+    # rank pooling without the reranker's yes and no rows is refused, naming the tensor
     rank = write_qwen3_gguf(folder, vocabulary, tmp_path / "qwen3-rank.gguf", 4)
-    assert is_encoder_gguf(rank)
-    with pytest.raises(UnsupportedModel, match="GGUF reranker"):
+    assert is_encoder_gguf(rank) and embedding_task(rank) == "score"
+    with pytest.raises(UnsupportedModel, match=r"without cls\.output\.weight"):
         EncoderExecutor.from_pretrained(rank)
+
+
+QUERY = "what does a river ferry carry"
+DOCUMENTS = ["A ferry carries cars and people across the river.", "x",
+             "Stock markets fell sharply on Monday, and nobody knew why."]
+
+
+def test_a_qwen3_reranker_gguf_scores_as_transformers(
+        files: tuple[Path, Path], embedding_dir: Path, in_thread_server: Any,
+        tmp_path: Path) -> None:
+    """The tiny Qwen3 as Qwen3-Reranker's GGUF: /v1/rerank's relevance of each document is
+    transformers' probability of "yes" against "no" after the reranker's prompt."""
+    import httpx
+    import torch
+
+    from engine import Tokenizer
+    from engine.execution.model.embedding_decoder import RERANK_TEMPLATE
+
+    folder, _ = files
+    reference_tok = Tokenizer(embedding_dir)
+    judge = [reference_tok.encode(w, add_special_tokens=False)[0] for w in ("yes", "no")]
+    vocabulary = write_bert_gguf(embedding_dir, tmp_path / "v.gguf")
+    rank = write_qwen3_gguf(folder, vocabulary, tmp_path / "qwen3-rerank.gguf", 4, judge)
+    server = serve_encoder(in_thread_server, rank, tmp_path / "data", "rerank",
+                           cache_dir=tmp_path / "tokenizers")
+    try:
+        assert server.engine.task == "score"
+        r = httpx.post(server.url + "/v1/rerank", timeout=60, json={
+            "model": "rerank", "query": QUERY, "documents": DOCUMENTS, "top_n": 3})
+        assert r.status_code == 200, r.text
+        got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+        lm = causal_lm(folder)
+        before, after = RERANK_TEMPLATE.split("{document}")
+        want = {}
+        for i, doc in enumerate(DOCUMENTS):
+            text = before.replace("{query}", QUERY) + doc + after
+            ids = torch.tensor([reference_tok.encode(text, add_special_tokens=False)])
+            with torch.inference_mode():
+                last = lm(input_ids=ids).logits[0, -1]
+            want[i] = float(torch.sigmoid(last[judge[0]] - last[judge[1]]))
+        assert got == pytest.approx(want, abs=3e-4)  # Q8_0 blocks against floats
+        assert len(set(round(v, 4) for v in want.values())) == len(want)  # they differ
+        assert [x["index"] for x in r.json()["results"]] == sorted(want, key=lambda i: -want[i])
+        assert server.engine.wait_idle(30)
+    finally:
+        server.stop()

@@ -49,6 +49,29 @@ def pair_ids(tokenizer: Tokenizer, query: str, document: str, limit: int,
     return ids
 
 
+def prompted_pair_ids(tokenizer: Tokenizer, template: str, query: str, document: str,
+                      limit: int, index: int) -> list[int]:
+    """A decoder reranker's prompt for the pair (its template with {query} and {document}),
+    the document cut by tokens to fit the context; a 400 when the query alone does not."""
+    if not document:
+        raise APIError(f"documents[{index}] is an empty string", param="documents")
+    before, after = template.split("{document}", 1)
+    head, tail = before.replace("{query}", query), after.replace("{query}", query)
+    ids = tokenizer.encode(head + document + tail, add_special_tokens=False)
+    doc = tokenizer.encode(document, add_special_tokens=False)
+    for _ in range(4):  # a cut may re-tokenize at its edge: a few tokens more each time
+        over = len(ids) - limit
+        if over <= 0:
+            return ids
+        if over >= len(doc):
+            raise APIError(f"the query is too long to rank documents with: the model takes at "
+                           f"most {limit} tokens with the reranker's prompt", param="query")
+        doc = doc[:len(doc) - over]
+        ids = tokenizer.encode(head + tokenizer.decode(doc) + tail, add_special_tokens=False)
+    raise APIError(f"documents[{index}] could not be cut to the model's {limit} tokens",
+                   param="documents")
+
+
 class EmbeddingsController(Controller):
     path = "/v1"
     tags = ("OpenAI-compatible API",)
@@ -90,7 +113,9 @@ class EmbeddingsController(Controller):
                 raise APIError(f"top_n must be a positive integer, got {data.top_n}", param="top_n")
             limit, vocab = model_limit(s)
             if task_of(s) == "score":  # a cross-encoder: each (query, document) pair scored
-                pairs = [pair_ids(s.tokenizer, data.query, doc, limit, i)
+                template = getattr(getattr(s.engine, "executor", None), "rerank_template", None)
+                pairs = [prompted_pair_ids(s.tokenizer, template, data.query, doc, limit, i)
+                         if template else pair_ids(s.tokenizer, data.query, doc, limit, i)
                          for i, doc in enumerate(data.documents)]
                 done = await embed(request, s, pairs)
                 scores = [v[0] for v in done.vectors]
