@@ -4,7 +4,7 @@ converted by the checkout's `convert_hf_to_gguf.py` (in the converter venv of
 test_llama_cpp_files, FERRY_CONVERT_VENV) to F32 and F16; Ferry loads each file, tokenizes
 with the file's WordPiece vocabulary and its vectors equal sentence-transformers' on the
 folder (cosine >= 0.999); so too a tiny Qwen3-Embedding-like folder, converted as a `qwen3`
-GGUF with its pooling type."""
+GGUF with its pooling type, and a tiny Qwen3-Reranker-like one scores as transformers."""
 from __future__ import annotations
 
 import copy
@@ -110,3 +110,63 @@ def test_converted_qwen3_embedding_file_matches_sentence_transformers(
     for final, w in zip(finals, want):
         got = torch.tensor(final.extra["embedding"])
         assert float(torch.nn.functional.cosine_similarity(got, torch.tensor(w), dim=0)) >= 0.999
+
+
+def test_converted_qwen3_reranker_file_scores_as_transformers(
+        tokenizer: Any, llama_cpp: Path, converter_python: Path,  # noqa: F811
+        in_thread_server: Any, tmp_path: Path) -> None:
+    """A tiny Qwen3 causal LM in a folder named as Qwen3-Reranker's (which the converter
+    goes by) converted to its GGUF (rank pooling, cls.output of the head's "yes" and "no"
+    rows, the rerank prompt): Ferry's relevance of each document is transformers'
+    probability of "yes" against "no" after that prompt."""
+    import httpx
+    from transformers import Qwen3Config
+
+    from engine.execution.model.embedding_decoder import RERANK_TEMPLATE
+    from tests.tools.embedding_server import serve_encoder
+    from tests.tools.random_hf import random_hf
+
+    folder = tmp_path / "qwen3-reranker-tiny"
+    hf_tok = copy.deepcopy(tokenizer.hf)
+    cfg = Qwen3Config(vocab_size=len(hf_tok), hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, max_position_embeddings=512, tie_word_embeddings=True)
+    lm = random_hf(cfg)
+    lm.save_pretrained(folder)
+    hf_tok.save_pretrained(folder)
+    tok_file = folder / "tokenizer_config.json"  # the converter's transformers 4
+    fields = {**json.loads(tok_file.read_text()), "tokenizer_class": "GPT2Tokenizer"}
+    if isinstance(fields.get("extra_special_tokens"), list):
+        fields["additional_special_tokens"] = fields.pop("extra_special_tokens")
+    tok_file.write_text(json.dumps(fields))
+    out = tmp_path / "qwen3-reranker-f32.gguf"
+    done = subprocess.run(
+        [str(converter_python), str(llama_cpp / "convert_hf_to_gguf.py"), str(folder),
+         "--outtype", "f32", "--outfile", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    query = "what does a river ferry carry"
+    documents = ["A ferry carries cars and people across the river.",
+                 "Stock markets fell sharply on Monday."]
+    server = serve_encoder(in_thread_server, out, tmp_path / "data", "rerank",
+                           cache_dir=tmp_path / "cache")
+    try:
+        r = httpx.post(server.url + "/v1/rerank", timeout=60,
+                       json={"model": "rerank", "query": query, "documents": documents})
+        assert r.status_code == 200, r.text
+        got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+        # the prompt's ids as the file's tokenizer gives them: a qwen3 file's is read with
+        # Qwen2's pre-tokenizer (its "\n\n" is one token), SmolLM2's folder splits it
+        served = server.engine.tokenizer
+    finally:
+        server.stop()
+    yes, no = (hf_tok.convert_tokens_to_ids(w) for w in ("yes", "no"))
+    before, after = RERANK_TEMPLATE.split("{document}")
+    want = {}
+    for i, doc in enumerate(documents):
+        ids = served.encode(before.replace("{query}", query) + doc + after,
+                            add_special_tokens=False)
+        with torch.inference_mode():
+            last = lm(input_ids=torch.tensor([ids])).logits[0, -1]
+        want[i] = float(torch.sigmoid(last[yes] - last[no]))
+    assert got == pytest.approx(want, abs=1e-5)
