@@ -152,6 +152,15 @@ def test_a_qwen3_reranker_gguf_scores_as_transformers(
         assert got == pytest.approx(want, abs=3e-4)  # Q8_0 blocks against floats
         assert len(set(round(v, 4) for v in want.values())) == len(want)  # they differ
         assert [x["index"] for x in r.json()["results"]] == sorted(want, key=lambda i: -want[i])
+        # a document past the context is cut to fit it, as the folder rerankers' are
+        long = " ".join(["the ferry crosses the river"] * 400)
+        r = httpx.post(server.url + "/v1/rerank", timeout=60, json={
+            "model": "rerank", "query": QUERY, "documents": [long, ""]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "documents"
+        r = httpx.post(server.url + "/v1/rerank", timeout=60, json={
+            "model": "rerank", "query": QUERY, "documents": [long]})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] <= server.engine.executor.max_context
         assert server.engine.wait_idle(30)
     finally:
         server.stop()
