@@ -31,23 +31,29 @@ SENTENCES = ["The cat sits on the mat.", "Stock markets fell sharply on Monday."
 def test_converted_bert_file_matches_sentence_transformers(
         outtype: str, embedding_dir: Path, llama_cpp: Path,  # noqa: F811
         converter_python: Path, tmp_path: Path) -> None:  # noqa: F811
-    from sentence_transformers import SentenceTransformer
 
-    from engine import EncoderExecutor, Engine, EngineConfig, SamplingParams, Tokenizer
+    from engine import EncoderExecutor, Tokenizer
 
     folder = tmp_path / "all-MiniLM-L6-v2"
     shutil.copytree(embedding_dir, folder)
     out = tmp_path / f"minilm-{outtype}.gguf"
-    done = subprocess.run(
-        [str(converter_python), str(llama_cpp / "convert_hf_to_gguf.py"), str(folder),
-         "--outtype", outtype, "--outfile", str(out)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
+    convert(converter_python, llama_cpp, folder, out, outtype)
 
     executor = EncoderExecutor.from_pretrained(out, threads=2, cache_dir=tmp_path / "cache")
     assert executor.tokenizer_path is not None
     tokenizer = Tokenizer(executor.tokenizer_path)
     reference = Tokenizer(embedding_dir)
     assert [tokenizer.encode(s) for s in SENTENCES] == [reference.encode(s) for s in SENTENCES]
+    assert_vectors_match(executor, tokenizer, embedding_dir)
+
+
+def assert_vectors_match(executor: Any, tokenizer: Any, folder: Path) -> None:
+    """The executor's vectors of SENTENCES, through an Engine, against sentence-transformers'
+    on `folder`: cosine at least 0.999 each."""
+    from sentence_transformers import SentenceTransformer
+
+    from engine import Engine, EngineConfig, SamplingParams
+
     engine = Engine(EngineConfig(max_context=executor.max_context), executor,
                     tokenizer).start()
     try:
@@ -56,10 +62,27 @@ def test_converted_bert_file_matches_sentence_transformers(
         finals = [list(h.events(timeout=60))[-1] for h in handles]
     finally:
         engine.stop()
-    want = SentenceTransformer(str(embedding_dir), device="cpu").encode(SENTENCES)
+    want = SentenceTransformer(str(folder), device="cpu").encode(SENTENCES)
     for final, w in zip(finals, want):
         got = torch.tensor(final.extra["embedding"])
         assert float(torch.nn.functional.cosine_similarity(got, torch.tensor(w), dim=0)) >= 0.999
+
+
+def convert(python: Path, root: Path, folder: Path, out: Path, outtype: str) -> None:
+    """`folder` converted to the GGUF `out` by the checkout's convert_hf_to_gguf.py."""
+    done = subprocess.run([str(python), str(root / "convert_hf_to_gguf.py"), str(folder),
+                           "--outtype", outtype, "--outfile", str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def for_the_converter(folder: Path) -> None:
+    """A transformers 5 tokenizer folder as the converter's transformers 4 reads it."""
+    tok_file = folder / "tokenizer_config.json"
+    fields = {**json.loads(tok_file.read_text()), "tokenizer_class": "GPT2Tokenizer"}
+    if isinstance(fields.get("extra_special_tokens"), list):
+        fields["additional_special_tokens"] = fields.pop("extra_special_tokens")
+    tok_file.write_text(json.dumps(fields))
 
 
 def test_converted_qwen3_embedding_file_matches_sentence_transformers(
@@ -68,9 +91,8 @@ def test_converted_qwen3_embedding_file_matches_sentence_transformers(
     """A tiny Qwen3-Embedding-like folder (SmolLM2's BPE vocabulary, which the converter
     knows) converted as Qwen's GGUF is: `qwen3` with `qwen3.pooling_type` from its Pooling
     module. Ferry serves the file as an embedding model with the folder's vectors."""
-    from sentence_transformers import SentenceTransformer
 
-    from engine import EncoderExecutor, Engine, EngineConfig, SamplingParams, Tokenizer
+    from engine import EncoderExecutor, Tokenizer
     from tests.tools.embedding_decoders import TOKENIZER_FILES, embedding_decoder
 
     vocabulary = tmp_path / "vocabulary"
@@ -84,32 +106,13 @@ def test_converted_qwen3_embedding_file_matches_sentence_transformers(
     cfg_file = convertible / "config.json"  # the bare model has no LM head: tied, as Qwen's
     cfg_file.write_text(json.dumps({**json.loads(cfg_file.read_text()),
                                     "tie_word_embeddings": True}))
-    tok_file = convertible / "tokenizer_config.json"  # the converter's transformers 4
-    fields = {**json.loads(tok_file.read_text()), "tokenizer_class": "GPT2Tokenizer"}
-    if isinstance(fields.get("extra_special_tokens"), list):
-        fields["additional_special_tokens"] = fields.pop("extra_special_tokens")
-    tok_file.write_text(json.dumps(fields))
+    for_the_converter(convertible)
     out = tmp_path / "qwen3-embed-f32.gguf"
-    done = subprocess.run(
-        [str(converter_python), str(llama_cpp / "convert_hf_to_gguf.py"), str(convertible),
-         "--outtype", "f32", "--outfile", str(out)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
+    convert(converter_python, llama_cpp, convertible, out, "f32")
 
     executor = EncoderExecutor.from_pretrained(out, threads=2, cache_dir=tmp_path / "cache")
     assert executor.describe().startswith("qwen3: gguf")
-    tokenizer_gguf = Tokenizer(executor.tokenizer_path or out)
-    engine = Engine(EngineConfig(max_context=executor.max_context), executor,
-                    tokenizer_gguf).start()
-    try:
-        handles = [engine.submit(tokenizer_gguf.encode(s),
-                                 SamplingParams(max_tokens=0, embed=True)) for s in SENTENCES]
-        finals = [list(h.events(timeout=60))[-1] for h in handles]
-    finally:
-        engine.stop()
-    want = SentenceTransformer(str(folder), device="cpu").encode(SENTENCES)
-    for final, w in zip(finals, want):
-        got = torch.tensor(final.extra["embedding"])
-        assert float(torch.nn.functional.cosine_similarity(got, torch.tensor(w), dim=0)) >= 0.999
+    assert_vectors_match(executor, Tokenizer(executor.tokenizer_path or out), folder)
 
 
 def test_converted_qwen3_reranker_file_scores_as_transformers(
@@ -134,16 +137,9 @@ def test_converted_qwen3_reranker_file_scores_as_transformers(
     lm = random_hf(cfg)
     lm.save_pretrained(folder)
     hf_tok.save_pretrained(folder)
-    tok_file = folder / "tokenizer_config.json"  # the converter's transformers 4
-    fields = {**json.loads(tok_file.read_text()), "tokenizer_class": "GPT2Tokenizer"}
-    if isinstance(fields.get("extra_special_tokens"), list):
-        fields["additional_special_tokens"] = fields.pop("extra_special_tokens")
-    tok_file.write_text(json.dumps(fields))
+    for_the_converter(folder)
     out = tmp_path / "qwen3-reranker-f32.gguf"
-    done = subprocess.run(
-        [str(converter_python), str(llama_cpp / "convert_hf_to_gguf.py"), str(folder),
-         "--outtype", "f32", "--outfile", str(out)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
+    convert(converter_python, llama_cpp, folder, out, "f32")
 
     query = "what does a river ferry carry"
     documents = ["A ferry carries cars and people across the river.",
