@@ -28,6 +28,7 @@ from web.api.embeddings.schemas import (
 from web.api.embeddings.vectors import check_dimensions, cosine, cut
 from web.api.errors import APIError, error_docs
 from web.services import services
+from web.worker import below_engine
 
 
 def as_base64(vector: list[float]) -> str:
@@ -114,10 +115,13 @@ class EmbeddingsController(Controller):
             limit, vocab = model_limit(s)
             if task_of(s) == "score":  # a cross-encoder: each (query, document) pair scored
                 template = getattr(getattr(s.engine, "executor", None), "rerank_template", None)
-                pairs = [prompted_pair_ids(s.tokenizer, template, data.query, doc, limit, i)
-                         if template else pair_ids(s.tokenizer, data.query, doc, limit, i)
-                         for i, doc in enumerate(data.documents)]
-                done = await embed(request, s, pairs)
+
+                def tokenized() -> list[list[int]]:  # many long documents take a while
+                    return [prompted_pair_ids(s.tokenizer, template, data.query, doc, limit, i)
+                            if template else pair_ids(s.tokenizer, data.query, doc, limit, i)
+                            for i, doc in enumerate(data.documents)]
+
+                done = await embed(request, s, await below_engine(tokenized))
                 scores = [v[0] for v in done.vectors]
             else:  # an embedding model: cosine of the query's and each document's vector
                 query = token_lists(data.query, s.tokenizer, vocab, limit, field="query")
