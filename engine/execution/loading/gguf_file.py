@@ -34,6 +34,7 @@ from engine.execution.model.decoder import CausalLM
 # read by its own loader (engine.execution.model.embedding_decoder)
 RERANKER_TENSORS = ("cls.output.weight", "cls.output.bias")
 
+
 def _open_reader(path: Path) -> Any:
     import gguf
 

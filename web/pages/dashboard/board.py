@@ -147,7 +147,7 @@ def model_rows(snap: EngineSnapshot, catalog: ModelCatalog,
             if mine else None,
             "kv": mine.kv.usage if mine else None,
             "size": f"{m.size / 1e6:,.0f} MB" if m.size else "–",
-            "memory": memory_parts(m.memory),
+            "memory": memory_parts(m.memory), "takes_images": m.takes_images,
             "keep_alive": "stays" if m.keep_alive is None else f"{m.keep_alive:g} s"})
     return rows
 
@@ -162,14 +162,6 @@ def rounds_of(snap: EngineSnapshot, catalog: ModelCatalog | None,
     if name == catalog.default and model is None:
         return name, snap  # the whole set's snapshot is built on the default's
     return name, dict(catalog.model_snapshots()).get(name)
-
-
-def reads_images(engine: Serving, catalog: ModelCatalog | None, name: str | None) -> bool:
-    """Whether the model whose rounds the timeline shows takes pictures (its legend then
-    names the encoder's rounds)."""
-    if catalog is None:
-        return bool(getattr(engine, "takes_images", False))
-    return any(m.name == name and m.takes_images for m in catalog.models())
 
 
 def board_context(snap: EngineSnapshot, engine: Serving, user: User,
@@ -187,13 +179,17 @@ def board_context(snap: EngineSnapshot, engine: Serving, user: User,
                                                                      time.localtime(e.time))}
               for e in reversed(list(catalog.events)[-8:])] if catalog else []
     chart_model, own = rounds_of(snap, catalog, model)
+    models = model_rows(snap, catalog, user) if catalog else []
+    # the model whose rounds the timeline shows takes pictures: its legend names E
+    encodes = any(m["name"] == chart_model and m["takes_images"] for m in models) if catalog \
+        else bool(getattr(engine, "takes_images", False))
     per_user = getattr(cfg, "prefix_cache_per_owner", False)  # a gateway's config has none
     prefix = ("on, per user" if per_user else "on") if snap.prefix_cache else "off"
     return {
-        "models": model_rows(snap, catalog, user) if catalog else [], "model_events": events,
+        "models": models, "model_events": events,
         "snap": snap, "running": running, "waiting": waiting, "slots": slots,
         "kv_bars": kv_bars(snap), "chart_model": chart_model,
-        "encodes": reads_images(engine, catalog, chart_model),
+        "encodes": encodes,
         "timeline": timeline(own.rounds if own else ()), "charts": charts(own) if own else [],
         "gateway": engine.gateway_view() if hasattr(engine, "gateway_view") else None,
         "metrics": snap.metrics, "alive": engine.alive, "user": user, "reason_tags": REASON_TAGS,
