@@ -43,6 +43,12 @@ def _config(family: str, vocab: int) -> tuple[Any, Any]:
         return Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128,
                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                            head_dim=16, max_position_embeddings=512), Qwen3Model
+    if family == "embeddinggemma":  # EmbeddingGemma's layout: five sliding layers, one full
+        return Gemma3TextConfig(
+            vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+            num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+            max_position_embeddings=512, sliding_window=WINDOW, query_pre_attn_scalar=16,
+            use_bidirectional_attention=True), Gemma3TextModel
     return Gemma3TextConfig(
         vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
@@ -52,8 +58,10 @@ def _config(family: str, vocab: int) -> tuple[Any, Any]:
 
 
 def embedding_decoder(family: str, tokenizer_dir: Path, out: Path) -> Path:
-    """`family` ("qwen3", "gemma3_text", "nomic_bert" or "xlm_roberta") saved as a
-    sentence-transformers folder at `out`."""
+    """`family` ("qwen3", "gemma3_text", "embeddinggemma", "nomic_bert" or "xlm_roberta")
+    saved as a sentence-transformers folder at `out`. "embeddinggemma" is EmbeddingGemma's
+    whole layout (six layers, the sixth full; Dense modules out to 4x the width and back,
+    without bias or activation), which llama.cpp's converter writes as `gemma-embedding`."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import (
         Dense,
@@ -74,6 +82,12 @@ def embedding_decoder(family: str, tokenizer_dir: Path, out: Path) -> Path:
         modules = [body, Pooling(64, "lasttoken"), Normalize()]
     elif family in ("nomic_bert", "xlm_roberta"):
         modules = [body, Pooling(64, "mean"), Normalize()]
+    elif family == "embeddinggemma":
+        torch.manual_seed(1)
+        modules = [body, Pooling(64, "mean"),
+                   Dense(64, 256, bias=False, activation_function=torch.nn.Identity()),
+                   Dense(256, 64, bias=False, activation_function=torch.nn.Identity()),
+                   Normalize()]
     else:
         torch.manual_seed(1)
         modules = [body, Pooling(64, "mean"),

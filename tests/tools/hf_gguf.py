@@ -57,7 +57,9 @@ def _metadata(w: gguf.GGUFWriter, arch: str, cfg: Any) -> None:
     rope = dict(cfg.rope_parameters)
     if cfg.model_type == "gemma3_text":
         rope = dict(rope["full_attention"])
-        ints["attention.sliding_window"] = cfg.sliding_window
+        # config.json's window, as the converter writes it (transformers' config object
+        # holds W // 2 + 1 for a model that attends both ways)
+        ints["attention.sliding_window"] = cfg.to_dict()["sliding_window"]
     elif cfg.model_type == "qwen3_moe":
         ints.update({"expert_count": cfg.num_experts, "expert_used_count":
                      cfg.num_experts_per_tok,
@@ -138,20 +140,23 @@ def write_gguf(path: Path, hf: torch.nn.Module, qtype: T = T.F32,
                tokens: list[str] | None = None, tokenizer_of: Path | None = None,
                added: Sequence[str] = (),
                metadata: Mapping[str, int | str] | None = None,
-               extra: Mapping[str, np.ndarray] | None = None) -> dict[str, torch.Tensor]:
+               extra: Mapping[str, np.ndarray] | None = None,
+               arch: str | None = None) -> dict[str, torch.Tensor]:
     """`hf`'s weights as a GGUF: each matrix in types[GGUF short name] or `qtype`, vectors
     F32; `tokens`: a vocabulary's spellings (tokenizer.ggml.tokens, named a byte-level BPE's;
     no merges: enough to look tokens up), or `tokenizer_of`: another GGUF's whole tokenizer,
     with `added` tokens after its own; `metadata`: more keys (`qwen3.pooling_type`), `extra`:
-    more tensors by GGUF name (a reranker's `cls.output.weight`). Returns what the file
-    holds as an HF state dict (the reference's weights)."""
+    more tensors by GGUF name (a reranker's `cls.output.weight`); `arch`: another GGUF
+    architecture of the same layout ("gemma-embedding"). Returns what the file holds as an HF
+    state dict (the reference's weights)."""
     cfg = hf.config
-    arch, model_arch = ARCHS[cfg.model_type]
+    arch, model_arch = (arch, gguf.MODEL_ARCH[arch.upper().replace("-", "_")]) if arch \
+        else ARCHS[cfg.model_type]
     names = gguf.get_tensor_name_map(model_arch, cfg.num_hidden_layers)
     # gguf-py lists no dense MLP for qwen3moe (a config's mlp_only_layers): Qwen3's names
     dense = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, cfg.num_hidden_layers)
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
-    gemma = arch == "gemma3"
+    gemma = arch in ("gemma3", "gemma-embedding")
     w = gguf.GGUFWriter(str(path), arch)
     _metadata(w, arch, cfg)
     for key, value in (metadata or {}).items():

@@ -24,8 +24,10 @@ from engine.execution.model.pooling import Pooling
 ARCHS = ("bert", "nomic-bert")
 # decoder architectures whose GGUF is an embedding model where it names a pooling
 # (llama.cpp's converter writes `{arch}.pooling_type` from a sentence-transformers folder's
-# Pooling module: Qwen3-Embedding's last token)
-DECODER_ARCHS = ("qwen3",)
+# Pooling module: Qwen3-Embedding's last token), and llama.cpp's EmbeddingGemma, which is
+# one always (mean pooling where the file names none)
+DECODER_ARCHS = ("qwen3", "gemma-embedding")
+EMBEDDING_ONLY_ARCHS = {"gemma-embedding": 1}
 # bert.pooling_type (llama.cpp's enum): none, mean, cls, last, rank
 POOLING: dict[int, Pooling] = {1: "mean", 2: "cls", 3: "lasttoken"}
 RANK = 4  # a reranker's: its `cls.output` rows score the last token
@@ -87,14 +89,15 @@ def is_encoder_gguf(path: str | Path) -> bool:
 
 def decoder_pooling_type(path: str | Path) -> int | None:
     """llama.cpp's pooling type of a decoder GGUF that has one (Qwen3-Embedding's 3, the last
-    token; Qwen3-Reranker's 4, rank), None for a decoder file that is a chat model."""
+    token; Qwen3-Reranker's 4, rank; EmbeddingGemma's 1, mean), None for a decoder file that
+    is a chat model."""
     from engine.execution.loading.gguf_file import gguf_metadata_value
 
     arch = gguf_architecture(path)
     if arch not in DECODER_ARCHS:
         return None
     kind = gguf_metadata_value(path, f"{arch}.pooling_type")
-    return int(kind) if isinstance(kind, int) and kind > 0 else None
+    return int(kind) if isinstance(kind, int) and kind > 0 else EMBEDDING_ONLY_ARCHS.get(arch)
 
 
 def config_from_gguf(path: Path, reader: Any) -> bert.BertConfig:

@@ -30,9 +30,10 @@ from engine.execution.model import registry
 from engine.execution.model.config import GGUFMeta, ModelConfig
 from engine.execution.model.decoder import CausalLM
 
-# a reranker's head beside the text model (Qwen3-Reranker: the LM head's "yes" and "no" rows),
-# read by its own loader (engine.execution.model.embedding_decoder)
-RERANKER_TENSORS = ("cls.output.weight", "cls.output.bias")
+# an embedding model's head beside the text model, read by its own loader
+# (engine.execution.model.embedding_decoder): a reranker's (Qwen3-Reranker: the LM head's
+# "yes" and "no" rows), EmbeddingGemma's two Dense modules
+HEAD_TENSORS = ("cls.output.weight", "cls.output.bias", "dense_2.weight", "dense_3.weight")
 
 
 def _open_reader(path: Path) -> Any:
@@ -218,7 +219,7 @@ class GGUFFile:
                 continue
             if name in self.architecture.gguf_config_tensors:  # read into the config
                 continue
-            if name in RERANKER_TENSORS:  # a reranker's head: its loader reads it apart
+            if name in HEAD_TENSORS:  # an embedding model's head: its loader reads it apart
                 continue
             per_expert = names.expert_key(name)
             if per_expert is not None:

@@ -2,11 +2,12 @@
 folder: a decoder family's own layers (the registry's CausalLM, loaded as for chat) run over
 whole inputs, the final norm's states pooled as the Pooling module says (last token for
 Qwen3-Embedding, mean for EmbeddingGemma), passed through the folder's Dense modules and
-normalized where a Normalize module is listed. From a GGUF (Qwen3-Embedding's, as
-llama.cpp's converter writes it): the text model's blocks as for chat, the pooling its
-`pooling_type` names, the vectors normalized (a GGUF does not say; llama.cpp's server
-normalizes them too). Qwen3-Reranker's GGUF (rank pooling) scores a (query, document)
-prompt by the last token's "yes" against "no" (`cls.output`, the LM head's two rows).
+normalized where a Normalize module is listed. From a GGUF (Qwen3-Embedding's `qwen3` and
+EmbeddingGemma's `gemma-embedding`, as llama.cpp's converter writes them): the text model's
+blocks as for chat, the pooling its `pooling_type` names, EmbeddingGemma's Dense modules, the
+vectors normalized (a GGUF does not say; llama.cpp's server normalizes them too).
+Qwen3-Reranker's GGUF (rank pooling) scores a (query, document) prompt by the last token's
+"yes" against "no" (`cls.output`, the LM head's two rows).
 
 Like the BERT encoders they are prefill-only work that keeps no KV: attention runs over each
 input's own tokens in a padded block for this round only (`PackedAttention`), causal for a
@@ -251,15 +252,19 @@ def load_embedding_decoder(folder: str | Path, dtype: torch.dtype,
 def load_embedding_decoder_gguf(path: str | Path, device: torch.device | str
                                 ) -> EmbeddingDecoder:
     """A decoder GGUF that names its pooling (loading.encoder_gguf.decoder_pooling_type): its
-    blocks used as they are (on CPU; on a GPU where the kernels pass their self-test)."""
+    blocks used as they are (on CPU; on a GPU where the kernels pass their self-test).
+    EmbeddingGemma's (`gemma-embedding`) attends both ways and keeps its Dense modules as
+    `dense_2` and `dense_3` (llama.cpp's converter writes them with
+    --sentence-transformers-dense-modules: weights only, no activation)."""
     from engine.execution.loading.encoder_gguf import POOLING, RANK, decoder_pooling_type
     from engine.execution.loading.loader import GGUF, GGUF_DEVICE, load_model
 
     path = Path(path)
     kind = decoder_pooling_type(path)
     if kind not in POOLING and kind != RANK:
-        raise UnsupportedModel(f"{path} is not a decoder embedding model (a qwen3 GGUF with a "
-                               "pooling type of mean, cls, last or rank)")
+        raise UnsupportedModel(f"{path} is not a decoder embedding model (a qwen3 or "
+                               "gemma-embedding GGUF with a pooling type of mean, cls, last "
+                               "or rank)")
     judge, template = (_reranker(path) if kind == RANK else (None, None))
     on_cpu = torch.device(device).type == "cpu"
     model = load_model(path, torch.float32 if on_cpu else torch.bfloat16, device,
@@ -268,13 +273,36 @@ def load_embedding_decoder_gguf(path: str | Path, device: torch.device | str
     if judge is not None and tuple(judge.shape) != (2, mc.hidden_size):
         raise UnsupportedModel(f"{path}: cls.output is {list(judge.shape)}, a reranker's is "
                                f"[2, {mc.hidden_size}] (yes, no)")
+    dense = tuple(Dense(w.to(device), None, False)
+                  for w in (_head_tensor(path, n) for n in ("dense_2.weight", "dense_3.weight"))
+                  if w is not None)
+    widths = [mc.hidden_size, *(d.weight.shape[0] for d in dense)]
+    for d, width in zip(dense, widths, strict=False):
+        if d.weight.shape[1] != width:
+            raise UnsupportedModel(f"{path}: a Dense module of {d.weight.shape[1]} inputs "
+                                   f"after {width}")
     cfg = EmbeddingDecoderConfig(
         family=mc.model_type, vocab_size=mc.vocab_size,
-        hidden_size=1 if judge is not None else mc.hidden_size,
+        hidden_size=1 if judge is not None else widths[-1],
         max_seq_length=mc.max_position_embeddings,
         pooling=POOLING.get(kind or 0, "lasttoken"), normalize=judge is None,
-        bidirectional=False, scores=judge is not None, rerank_template=template)
-    return EmbeddingDecoder(model, cfg, (), None if judge is None else judge.to(device))
+        bidirectional=mc.model_type == "gemma-embedding", scores=judge is not None,
+        rerank_template=template)
+    return EmbeddingDecoder(model, cfg, dense, None if judge is None else judge.to(device))
+
+
+def _head_tensor(path: Path, name: str) -> torch.Tensor | None:
+    """A tensor beside the text model (gguf_file.HEAD_TENSORS) in float32, in torch's
+    [rows, columns]; None where the file has none."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader, quants
+
+    found = next((t for t in GGUFReader(str(path), "r").tensors if t.name == name), None)
+    if found is None:
+        return None
+    rows = quants.dequantize(np.asarray(found.data), GGMLQuantizationType(found.tensor_type))
+    shape = [int(d) for d in reversed(found.shape.tolist())]
+    return torch.from_numpy(np.array(rows, dtype=np.float32).reshape(shape))  # a copy
 
 
 # Qwen3-Reranker's prompt, as llama.cpp's converter writes it (tokenizer.chat_template.rerank)
@@ -289,18 +317,13 @@ RERANK_TEMPLATE = (
 def _reranker(path: Path) -> tuple[torch.Tensor, str]:
     """A rank-pooling GGUF's judge (`cls.output`: the LM head's "yes" and "no" rows, as
     llama.cpp's converter takes them from Qwen3-Reranker) and its prompt."""
-    import numpy as np
-    from gguf import GGMLQuantizationType, GGUFReader, quants
+    from gguf import GGUFReader
 
-    reader = GGUFReader(str(path), "r")
-    found = next((t for t in reader.tensors if t.name == "cls.output.weight"), None)
-    if found is None:
+    judge = _head_tensor(path, "cls.output.weight")
+    if judge is None:
         raise UnsupportedModel(f"{path}: a rank-pooling GGUF without cls.output.weight (the "
                                "reranker's yes and no rows)")
-    rows = quants.dequantize(np.asarray(found.data), GGMLQuantizationType(found.tensor_type))
-    shape = [int(d) for d in reversed(found.shape.tolist())]
-    judge = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32).reshape(shape))
-    field = reader.fields.get("tokenizer.chat_template.rerank")
+    field = GGUFReader(str(path), "r").fields.get("tokenizer.chat_template.rerank")
     template = str(field.contents()) if field is not None else RERANK_TEMPLATE
     if "{query}" not in template or "{document}" not in template:
         raise UnsupportedModel(f"{path}: its rerank template lacks {{query}} or {{document}}")

@@ -164,3 +164,51 @@ def test_a_qwen3_reranker_gguf_scores_as_transformers(
         assert server.engine.wait_idle(30)
     finally:
         server.stop()
+
+
+def write_embeddinggemma_gguf(folder: Path, vocabulary: Path, out: Path) -> Path:
+    """The sentence-transformers `folder` (the "embeddinggemma" layout) as llama.cpp's
+    converter writes EmbeddingGemma with --sentence-transformers-dense-modules: a
+    `gemma-embedding` text model (matrices F16), `gemma-embedding.pooling_type` mean, and
+    the Dense modules' weights as `dense_2` and `dense_3`."""
+    from safetensors.torch import load_file
+    from transformers import Gemma3ForCausalLM, Gemma3TextModel
+
+    body = Gemma3TextModel.from_pretrained(str(folder)).eval()
+    body.config.tie_word_embeddings = True
+    lm = Gemma3ForCausalLM(body.config).eval()
+    lm.model.load_state_dict(body.state_dict())
+    extra = {f"dense_{i}.weight": load_file(str(folder / f"{i}_Dense" / "model.safetensors"))[
+        "linear.weight"].float().numpy() for i in (2, 3)}
+    write_gguf(out, lm, T.F16, tokenizer_of=vocabulary, arch="gemma-embedding",
+               metadata={"gemma-embedding.pooling_type": 1}, extra=extra)
+    return out
+
+
+def test_an_embeddinggemma_gguf_matches_sentence_transformers_on_the_folder(
+        embedding_dir: Path, in_thread_server: Any, tmp_path: Path) -> None:
+    """EmbeddingGemma's GGUF (`gemma-embedding`): both ways attention within its sliding
+    layers' window, mean pooling, the two Dense modules, normalized: the folder's vectors."""
+    from tests.tools.embedding_decoders import WINDOW
+
+    folder = embedding_decoder("embeddinggemma", embedding_dir, tmp_path / "embeddinggemma")
+    vocabulary = write_bert_gguf(embedding_dir, tmp_path / "v.gguf")
+    gguf = write_embeddinggemma_gguf(folder, vocabulary, tmp_path / "embeddinggemma.gguf")
+    assert is_encoder_gguf(gguf) and decoder_pooling_type(gguf) == 1
+    server = serve_encoder(in_thread_server, gguf, tmp_path / "data", "embeddinggemma",
+                           max_prefill_tokens=48, cache_dir=tmp_path / "tokenizers")
+    try:
+        assert worst_cosine_to_sentence_transformers(server.url, "embeddinggemma", folder,
+                                                     SENTENCES) >= 0.999
+        executor = server.engine.executor
+        assert executor.describe().startswith("gemma-embedding: gguf float32, embeddings of "
+                                              "64 (mean pooling, normalized)")
+        assert executor.model_config.bidirectional
+        assert [tuple(d.weight.shape) for d in executor.weights.dense] == [(256, 64), (64, 256)]
+        # the inputs outrun the sliding window: its masking is part of what matched
+        assert max(len(server.engine.tokenizer.encode(s)) for s in SENTENCES) > 2 * WINDOW
+        assert server.engine.wait_idle(30)
+        snap = server.engine.snapshot()
+        assert snap.kv.free == snap.kv.total and all(s is None for s in snap.slots)
+    finally:
+        server.stop()

@@ -31,7 +31,7 @@ from engine.execution.model.decoder import GGUF_LAYER, CausalLM
 from engine.execution.model.fused_decode import DecodeLayerSpec, describe_layer
 from engine.execution.model.layers import Attention, GatedMLP, RMSNorm
 
-LOCAL_THETA = 10000.0  # llama.cpp's rope base for Gemma 3's sliding layers (not in the file)
+LOCAL_THETA = 10000.0  # llama.cpp's rope base for Gemma 3's sliding layers where a file names none
 PATTERN = 6  # every 6th layer is global, as llama.cpp assumes for Gemma 3 files
 
 
@@ -68,7 +68,8 @@ class Gemma3DecoderLayer(nn.Module):
 
 class Gemma3ForCausalLM(CausalLM):
     hf_model_types = ("gemma3_text",)
-    gguf_archs: ClassVar[tuple[str, ...]] = ("gemma3",)
+    # gemma-embedding: EmbeddingGemma's text model, served as an embedding model only
+    gguf_archs: ClassVar[tuple[str, ...]] = ("gemma3", "gemma-embedding")
     packed_modules: ClassVar[Mapping[str, tuple[str, str]]] = CausalLM.packed_modules
     gguf_layer_names: ClassVar[Mapping[str, str]] = {
         **GGUF_LAYER, "post_attention_norm": "post_attention_layernorm",
@@ -116,7 +117,8 @@ class Gemma3ForCausalLM(CausalLM):
             raise meta.error(f"sliding_window_pattern has {len(sliding)} entries for {n} "
                              "layers")
         window = int(meta.get("attention.sliding_window"))
-        full, local = gguf_rope(meta), RopeSpec(LOCAL_THETA)
+        full = gguf_rope(meta)
+        local = RopeSpec(float(meta.get("rope.freq_base_swa", LOCAL_THETA)))
         # llama.cpp: 1/sqrt(hidden / heads) for the 27B model (62 layers), else 1/sqrt(head_dim)
         dim = common["hidden_size"] // common["num_heads"] if n == 62 else common["head_dim"]
         return ModelConfig(

@@ -68,10 +68,11 @@ def assert_vectors_match(executor: Any, tokenizer: Any, folder: Path) -> None:
         assert float(torch.nn.functional.cosine_similarity(got, torch.tensor(w), dim=0)) >= 0.999
 
 
-def convert(python: Path, root: Path, folder: Path, out: Path, outtype: str) -> None:
+def convert(python: Path, root: Path, folder: Path, out: Path, outtype: str,
+            *options: str) -> None:
     """`folder` converted to the GGUF `out` by the checkout's convert_hf_to_gguf.py."""
     done = subprocess.run([str(python), str(root / "convert_hf_to_gguf.py"), str(folder),
-                           "--outtype", outtype, "--outfile", str(out)],
+                           "--outtype", outtype, "--outfile", str(out), *options],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -166,3 +167,32 @@ def test_converted_qwen3_reranker_file_scores_as_transformers(
             last = lm(input_ids=torch.tensor([ids])).logits[0, -1]
         want[i] = float(torch.sigmoid(last[yes] - last[no]))
     assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_converted_embeddinggemma_file_matches_sentence_transformers(
+        tokenizer: Any, llama_cpp: Path, converter_python: Path,  # noqa: F811
+        tmp_path: Path) -> None:
+    """A tiny EmbeddingGemma-like folder (six layers, the sixth full, sliding ones attending
+    both ways; mean pooling; Dense modules out and back) converted with
+    --sentence-transformers-dense-modules, as EmbeddingGemma's GGUFs are: `gemma-embedding`
+    with `dense_2` and `dense_3`. Ferry serves the file with the folder's vectors."""
+    from engine import EncoderExecutor, Tokenizer
+    from tests.tools.embedding_decoders import TOKENIZER_FILES, embedding_decoder
+
+    vocabulary = tmp_path / "vocabulary"
+    copy.deepcopy(tokenizer.hf).save_pretrained(str(vocabulary))
+    for name in TOKENIZER_FILES:
+        if not (vocabulary / name).exists():
+            (vocabulary / name).write_text("{}")
+    folder = embedding_decoder("embeddinggemma", vocabulary, tmp_path / "embeddinggemma")
+    convertible = tmp_path / "convertible"
+    shutil.copytree(folder, convertible)
+    for_the_converter(convertible)
+    out = tmp_path / "embeddinggemma-f32.gguf"
+    convert(converter_python, llama_cpp, convertible, out, "f32",
+            "--sentence-transformers-dense-modules")
+
+    executor = EncoderExecutor.from_pretrained(out, threads=2, cache_dir=tmp_path / "cache")
+    assert executor.describe().startswith("gemma-embedding: gguf")
+    assert len(executor.weights.dense) == 2
+    assert_vectors_match(executor, Tokenizer(executor.tokenizer_path or out), folder)
