@@ -18,7 +18,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 WINDOW = 4  # Gemma's sliding layers: shorter than the test inputs, so the window matters
 
 
-def _config(family: str, vocab: int) -> tuple[Any, Any]:
+def _config(family: str, vocab: int, pad: int) -> tuple[Any, Any]:
     from transformers import (
         Gemma3TextConfig,
         Gemma3TextModel,
@@ -34,10 +34,10 @@ def _config(family: str, vocab: int) -> tuple[Any, Any]:
         return NomicBertConfig(vocab_size=vocab, hidden_size=64, intermediate_size=96,
                                num_hidden_layers=2, num_attention_heads=4,
                                max_position_embeddings=512), NomicBertModel
-    if family == "xlm_roberta":  # positions from the tokenizer's [PAD] (0) + 1
+    if family == "xlm_roberta":  # 512 positions after the tokenizer's padding id + 1
         return XLMRobertaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=96,
                                 num_hidden_layers=2, num_attention_heads=4, type_vocab_size=1,
-                                pad_token_id=0, max_position_embeddings=514,
+                                pad_token_id=pad, max_position_embeddings=512 + pad + 1,
                                 add_pooling_layer=False), XLMRobertaModel
     if family == "qwen3":
         return Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128,
@@ -71,8 +71,8 @@ def embedding_decoder(family: str, tokenizer_dir: Path, out: Path) -> Path:
     )
     from transformers import AutoTokenizer
 
-    vocab = len(AutoTokenizer.from_pretrained(str(tokenizer_dir)))
-    cfg, model_class = _config(family, vocab)
+    reference = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    cfg, model_class = _config(family, len(reference), reference.pad_token_id or 0)
     hf_dir = out.parent / f"{out.name}-hf"
     random_hf(cfg, model_class).save_pretrained(hf_dir)
     for name in TOKENIZER_FILES:

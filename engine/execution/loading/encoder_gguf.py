@@ -1,7 +1,8 @@
 """llama.cpp's `bert` and `nomic-bert` GGUF files as a BERT encoder: the metadata as a
 BertConfig (nomic-bert: rotary positions of `rope.freq_base`, a SwiGLU MLP), the tensors under
 BertModel's or NomicBertModel's names (then bert.weights_from_tensors, as for a safetensors
-folder).
+folder). A `bert` file with a SentencePiece vocabulary is an XLM-RoBERTa model (multilingual-e5,
+bge-m3); with rank pooling and its `cls` head, a cross-encoder (bge-reranker).
 
 llama.cpp's converter writes q, k and v apart (a fused `attn_qkv` is cut back into them),
 drops the pooler, and keeps the pooling the folder's sentence-transformers files name in
@@ -30,13 +31,19 @@ DECODER_ARCHS = ("qwen3", "gemma-embedding")
 EMBEDDING_ONLY_ARCHS = {"gemma-embedding": 1}
 # bert.pooling_type (llama.cpp's enum): none, mean, cls, last, rank
 POOLING: dict[int, Pooling] = {1: "mean", 2: "cls", 3: "lasttoken"}
-RANK = 4  # a reranker's: its `cls.output` rows score the last token
+# a reranker's (Qwen3-Reranker's `cls.output` rows score the last token, a cross-encoder's
+# `cls` head the first); the converter writes no pooling for a cross-encoder's folder
+# without a Pooling module, so its `cls` tensors say it too
+RANK = 4
 TOP = {
     "token_embd": "embeddings.word_embeddings",
     "position_embd": "embeddings.position_embeddings",
     "token_types": "embeddings.token_type_embeddings",
     "token_embd_norm": "embeddings.LayerNorm",
+    # an XLM-RoBERTa cross-encoder's classifier head (bge-reranker)
+    "cls": "classifier.dense", "cls.output": "classifier.out_proj",
 }
+HEAD = ("cls.weight", "cls.bias", "cls.output.weight", "cls.output.bias")
 LAYER = {
     "attn_q": "attention.self.query", "attn_k": "attention.self.key",
     "attn_v": "attention.self.value", "attn_output": "attention.output.dense",
@@ -87,6 +94,15 @@ def is_encoder_gguf(path: str | Path) -> bool:
         return False
 
 
+def is_cross_encoder_gguf(path: str | Path) -> bool:
+    """An encoder GGUF of a cross-encoder (rank pooling, or its classifier's `cls` tensors)."""
+    if gguf_architecture(path) not in ARCHS:
+        return False
+    reader = _reader(Path(path))
+    return _scalar(reader, f"{_scalar(reader, 'general.architecture')}.pooling_type") == RANK \
+        or any(t.name.startswith("cls") for t in reader.tensors)
+
+
 def decoder_pooling_type(path: str | Path) -> int | None:
     """llama.cpp's pooling type of a decoder GGUF that has one (Qwen3-Embedding's 3, the last
     token; Qwen3-Reranker's 4, rank; EmbeddingGemma's 1, mean), None for a decoder file that
@@ -112,12 +128,18 @@ def config_from_gguf(path: Path, reader: Any) -> bert.BertConfig:
         return value
 
     pooling_type = int(_scalar(reader, f"{arch}.pooling_type") or 1)  # unset: llama.cpp's mean
-    if pooling_type == 4 or any(t.name.startswith("cls") for t in reader.tensors):
-        raise ModelFileError(f"{path}: a GGUF reranker (cross-encoder) is not supported; "
-                             "serve its safetensors folder")
-    if pooling_type not in POOLING:
+    # XLM-RoBERTa's SentencePiece vocabulary: its classifier head is RoBERTa's, and the
+    # converter has cut the position table to start at the first token's
+    roberta = _scalar(reader, "tokenizer.ggml.model") == "t5"
+    head = {t.name for t in reader.tensors if t.name.startswith("cls")}
+    scores = pooling_type == RANK or bool(head)
+    if scores and not (roberta and head >= set(HEAD)):
+        raise ModelFileError(
+            f"{path}: a BERT cross-encoder's GGUF cannot score as its model does (llama.cpp's "
+            "converter drops the pooler its classifier reads); serve its safetensors folder")
+    if not scores and pooling_type not in POOLING:
         raise ModelFileError(f"{path}: pooling type {pooling_type} is not supported "
-                             "(mean, cls or last)")
+                             "(mean, cls, last or rank)")
     context = int(need("context_length"))
     nomic = arch == "nomic-bert"
     return bert.BertConfig(
@@ -128,7 +150,8 @@ def config_from_gguf(path: Path, reader: Any) -> bert.BertConfig:
         layer_norm_eps=float(_scalar(reader, f"{arch}.attention.layer_norm_epsilon") or 1e-12),
         max_position_embeddings=context,
         type_vocab_size=int(_scalar(reader, "tokenizer.ggml.token_type_count") or 2),
-        gelu="none", pooling=POOLING[pooling_type], normalize=True, max_seq_length=context,
+        gelu="none", pooling="cls" if scores else POOLING[pooling_type],
+        normalize=not scores, max_seq_length=context, scores=scores, roberta=roberta,
         rope_theta=float(_scalar(reader, f"{arch}.rope.freq_base") or 1000.0) if nomic
         else None, gated=nomic)
 

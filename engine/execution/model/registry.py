@@ -91,8 +91,8 @@ def is_embedding_model(path: Path) -> bool:
 
 def embedding_task(path: Path) -> str | None:
     """What an embedding model's files do, before they load: "score" for a cross-encoder
-    (a BERT or RoBERTa sequence classifier, a Qwen3-Reranker GGUF), "embed" for the others;
-    None for a model that is not one (engine.Engine.task's words)."""
+    (a BERT or RoBERTa sequence classifier, its GGUF, a Qwen3-Reranker GGUF), "embed" for the
+    others; None for a model that is not one (engine.Engine.task's words)."""
     if not is_embedding_model(path):
         return None
     if Path(path).is_dir():
@@ -100,9 +100,14 @@ def embedding_task(path: Path) -> str | None:
         if any(a in bert.SCORERS for a in cfg.get("architectures") or []):
             return "score"
     else:
-        from engine.execution.loading.encoder_gguf import RANK, decoder_pooling_type
+        from engine.execution.loading.encoder_gguf import (
+            RANK,
+            decoder_pooling_type,
+            is_cross_encoder_gguf,
+        )
 
-        if decoder_pooling_type(path) == RANK:  # Qwen3-Reranker's GGUF
+        # Qwen3-Reranker's GGUF; an XLM-RoBERTa cross-encoder's (bge-reranker)
+        if decoder_pooling_type(path) == RANK or is_cross_encoder_gguf(path):
             return "score"
     return "embed"
 

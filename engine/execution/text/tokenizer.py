@@ -116,16 +116,21 @@ def _build_in_child(gguf: Path, folder: Path) -> None:
 
 
 def _from_gguf(gguf: Path) -> Any:
-    """The file's tokenizer through transformers; a WordPiece vocabulary (a `bert` file),
-    which transformers does not read from a GGUF, rebuilt from it."""
+    """The file's tokenizer through transformers; a WordPiece or Unigram vocabulary (a
+    `bert` file's), which transformers does not read from a GGUF, rebuilt from it."""
     from transformers import AutoTokenizer
 
     from engine.execution.loading.gguf_file import gguf_tokenizer_model
 
-    if gguf_tokenizer_model(gguf) == "bert":
+    kind = gguf_tokenizer_model(gguf)
+    if kind == "bert":
         from engine.execution.text.wordpiece_gguf import wordpiece_tokenizer
 
         return wordpiece_tokenizer(gguf)
+    if kind == "t5":  # an XLM-RoBERTa encoder's SentencePiece Unigram
+        from engine.execution.text.unigram_gguf import unigram_tokenizer
+
+        return unigram_tokenizer(gguf)
     with _text_architecture_alias():
         return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 

@@ -86,7 +86,10 @@ def test_listed_as_an_embedding_model_before_it_loads(gguf_file: Path,
     assert describe_model_file(gguf_file) == "bert: embedding model, GGUF"
 
 
-def test_a_gguf_reranker_is_refused_naming_the_file(gguf_file: Path, tmp_path: Path) -> None:
+def test_a_bert_cross_encoder_gguf_is_refused_naming_the_file(gguf_file: Path,
+                                                              tmp_path: Path) -> None:
+    """llama.cpp's converter drops the pooler a BERT classifier reads: such a file (rank
+    pooling, a WordPiece vocabulary) cannot score as its model does."""
     import gguf
 
     from engine.execution.errors import ModelFileError
@@ -110,5 +113,5 @@ def test_a_gguf_reranker_is_refused_naming_the_file(gguf_file: Path, tmp_path: P
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ModelFileError, match=r"rank\.gguf.*reranker"):
+    with pytest.raises(ModelFileError, match=r"rank\.gguf: a BERT cross-encoder's GGUF"):
         load_bert_gguf(out, torch.float32, "cpu")

@@ -98,3 +98,54 @@ def test_a_reranker_makes_no_embeddings(server: Any) -> None:
                    timeout=30)
     assert r.status_code == 400 and "reranker" in r.json()["error"]["message"]
     assert NAME in r.json()["error"]["message"]
+
+
+def test_an_xlm_roberta_cross_encoder_gguf_scores_as_transformers(
+        in_thread_server: Any, tmp_path: Path) -> None:
+    """A bge-reranker-like model (XLM-RoBERTa sequence classifier, SentencePiece Unigram
+    vocabulary) as llama.cpp's converter writes it: a `bert` file with its head as `cls` and
+    `cls.output` and no pooling type. Served as a reranker, each (query, document) pair is
+    `<s> query </s></s> document </s>` in the file's own vocabulary, and the scores are
+    transformers' on the folder."""
+    from engine import embedding_task
+    from engine.execution.loading.encoder_gguf import is_cross_encoder_gguf
+    from tests.tools.bert_gguf import write_bert_gguf
+    from tests.tools.embedding_server import serve_encoder
+    from tests.tools.xlm_roberta import cross_encoder, unigram_tokenizer_folder
+
+    folder = unigram_tokenizer_folder(tmp_path / "bge-reranker-like")
+    model = cross_encoder(folder)
+    gguf = write_bert_gguf(folder, tmp_path / "bge-reranker-like.gguf")
+    assert is_cross_encoder_gguf(gguf) and embedding_task(gguf) == "score"
+    server = serve_encoder(in_thread_server, gguf, tmp_path / "data", NAME,
+                           cache_dir=tmp_path / "tokenizers")
+    try:
+        assert server.engine.task == "score"
+        assert "cross-encoder" in server.engine.executor.describe()
+        want = assert_ranks_as(server.url, model, folder, 2e-3)  # F16 matrices
+        assert len({round(v, 3) for v in want}) == len(want)  # the documents score apart
+        assert server.engine.wait_idle(30)
+        snap = server.engine.snapshot()
+        assert snap.kv.free == snap.kv.total and all(s is None for s in snap.slots)
+    finally:
+        server.stop()
+
+
+def assert_ranks_as(url: str, model: Any, folder: Path, tolerance: float) -> list[float]:
+    """/v1/rerank at `url` ranks and scores four documents (one past the context) as
+    transformers does with `model` on `folder`; returns transformers' scores."""
+    from tests.tools.xlm_roberta import reference_scores
+
+    query = "what does a ferry carry?"
+    docs = ["A ferry carries cars and people across the river.",
+            "Stock markets fell sharply on Monday.", "Le chat dort sur le tapis.",
+            "word " * 200]  # cut to the context, as sentence-transformers does
+    r = httpx.post(url + "/v1/rerank", json={"model": NAME, "query": query,
+                                             "documents": docs}, timeout=60)
+    assert r.status_code == 200, r.text
+    want = reference_scores(model, folder, query, docs)
+    results = r.json()["results"]
+    assert [x["index"] for x in results] == sorted(range(len(docs)), key=lambda i: -want[i])
+    for x in results:
+        assert x["relevance_score"] == pytest.approx(want[x["index"]], abs=tolerance)
+    return want

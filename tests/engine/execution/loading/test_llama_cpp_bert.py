@@ -196,3 +196,79 @@ def test_converted_embeddinggemma_file_matches_sentence_transformers(
     assert executor.describe().startswith("gemma-embedding: gguf")
     assert len(executor.weights.dense) == 2
     assert_vectors_match(executor, Tokenizer(executor.tokenizer_path or out), folder)
+
+
+SPM_CHARSMAP = """
+import base64, io, sys
+import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as pb
+out = io.BytesIO()
+spm.SentencePieceTrainer.train(
+    sentence_iterator=iter(["The cat sits on the mat."] * 50 + ["full width: \\uff26\\uff55"] * 9),
+    model_writer=out, vocab_size=30, model_type="unigram", hard_vocab_limit=False,
+    normalization_rule_name="nmt_nfkc")
+proto = pb.ModelProto()
+proto.ParseFromString(out.getvalue())
+sys.stdout.write(base64.b64encode(proto.normalizer_spec.precompiled_charsmap).decode())
+"""
+NFKC_TEXTS = ["Ｆｕｌｌ ｗｉｄｔｈ café", "① ﬁne  spaced\ttext", "Wie spät ist es?"]
+
+
+@pytest.fixture
+def xlmr_vocabulary(converter_python: Path, tmp_path: Path) -> Path:  # noqa: F811
+    """An XLM-RoBERTa-like Unigram tokenizer folder carrying SentencePiece's nmt_nfkc
+    character map (compiled by sentencepiece in the converter's venv), as real ones do."""
+    import base64
+
+    from tests.tools.xlm_roberta import unigram_tokenizer_folder
+
+    done = subprocess.run([str(converter_python), "-c", SPM_CHARSMAP], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return unigram_tokenizer_folder(tmp_path / "vocabulary",
+                                    charsmap=base64.b64decode(done.stdout))
+
+
+def test_converted_xlm_roberta_embedding_file_matches_sentence_transformers(
+        xlmr_vocabulary: Path, llama_cpp: Path, converter_python: Path,  # noqa: F811
+        tmp_path: Path) -> None:
+    """A tiny multilingual-e5-like folder (XLM-RoBERTa, mean pooling, a Unigram vocabulary
+    with its character map) converted by llama.cpp's converter: the file's tokenizer gives the
+    folder's ids (NFKC-folded text among them) and its vectors are the folder's."""
+    from engine import EncoderExecutor, Tokenizer
+    from tests.tools.embedding_decoders import embedding_decoder
+
+    folder = embedding_decoder("xlm_roberta", xlmr_vocabulary, tmp_path / "e5-like")
+    out = tmp_path / "e5-like-f32.gguf"
+    convert(converter_python, llama_cpp, folder, out, "f32")
+    executor = EncoderExecutor.from_pretrained(out, threads=2, cache_dir=tmp_path / "cache")
+    assert executor.describe().startswith("roberta: gguf")
+    assert executor.tokenizer_path is not None
+    tokenizer = Tokenizer(executor.tokenizer_path)
+    reference = Tokenizer(folder)
+    texts = [*SENTENCES, *NFKC_TEXTS]
+    assert [tokenizer.encode(t) for t in texts] == [reference.encode(t) for t in texts]
+    assert_vectors_match(executor, tokenizer, folder)
+
+
+def test_converted_xlm_roberta_reranker_file_scores_as_transformers(
+        xlmr_vocabulary: Path, llama_cpp: Path, converter_python: Path,  # noqa: F811
+        in_thread_server: Any, tmp_path: Path) -> None:
+    """A tiny bge-reranker-like folder converted by llama.cpp's converter (`cls` and
+    `cls.output`, no pooling type): /v1/rerank's scores are transformers'."""
+    from tests.tools.embedding_server import serve_encoder
+    from tests.tools.xlm_roberta import cross_encoder
+    from tests.web.api.test_rerank_cross_encoder import NAME, assert_ranks_as
+
+    folder = tmp_path / "bge-reranker-like"
+    shutil.copytree(xlmr_vocabulary, folder)
+    model = cross_encoder(folder)
+    out = tmp_path / "bge-reranker-like-f32.gguf"
+    convert(converter_python, llama_cpp, folder, out, "f32")
+    server = serve_encoder(in_thread_server, out, tmp_path / "data", NAME,
+                           cache_dir=tmp_path / "tokenizers")
+    try:
+        assert server.engine.task == "score"
+        assert_ranks_as(server.url, model, folder, 1e-4)
+    finally:
+        server.stop()
