@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from engine.execution.text.gguf_vocab import VocabFields
+
 UNKNOWN, CONTROL = 2, 3  # llama.cpp's token types
 # token -> its metadata key (gguf-py's SpecialVocab writes XLM-RoBERTa's <s> as BOS and CLS,
 # </s> as EOS and SEP)
@@ -25,20 +27,13 @@ SPECIALS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id",
 def unigram_tokenizer(gguf: Path) -> Any:
     """An XLMRobertaTokenizer over the file's pieces and scores, its character map and
     space prefix, with the file's special tokens."""
-    import gguf as gguf_py
     from tokenizers import normalizers
     from tokenizers.models import Unigram
     from transformers import XLMRobertaTokenizer
 
-    reader = gguf_py.GGUFReader(str(gguf), "r")
-
-    def value(key: str) -> Any:
-        field = reader.fields.get(f"tokenizer.ggml.{key}")
-        return None if field is None else field.contents()
-
-    tokens = [str(t) for t in value("tokens") or []]
+    fields = VocabFields(gguf)
+    value, tokens, types = fields.value, fields.tokens, fields.types
     scores = [float(s) for s in value("scores") or [0.0] * len(tokens)]
-    types = [int(t) for t in value("token_type") or [1] * len(tokens)]
     if not tokens:
         raise ValueError(f"{gguf}: its tokenizer has no pieces")
     unk = value("unknown_token_id")
@@ -51,7 +46,7 @@ def unigram_tokenizer(gguf: Path) -> Any:
             specials[name] = tokens[int(found)]
     specials.setdefault("sep_token", specials.get("eos_token", "</s>"))
     specials.setdefault("cls_token", specials.get("bos_token", "<s>"))
-    charsmap = reader.fields.get("tokenizer.ggml.precompiled_charsmap")
+    charsmap = value("precompiled_charsmap")
     prefix = value("add_space_prefix")
     vocab = list(zip(tokens, scores, strict=True))
     tok = XLMRobertaTokenizer(
@@ -60,16 +55,10 @@ def unigram_tokenizer(gguf: Path) -> Any:
     # the class counts the unknown piece at 3 (XLM-RoBERTa's); a file may say otherwise
     backend.model = Unigram(vocab, unk_id=int(unk), byte_fallback=False)
     if charsmap is not None:  # SentencePiece's normalization (NFKC and its own folds)
-        backend.normalizer = normalizers.Precompiled(bytes(charsmap.contents()))
+        backend.normalizer = normalizers.Precompiled(bytes(charsmap))
     controls = [t for t, kind in zip(tokens, types, strict=True) if kind == CONTROL]
     tok.add_special_tokens({"additional_special_tokens": [
         t for t in controls if t not in specials.values()]})
-    context = reader.fields.get(f"{_arch(reader)}.context_length")
-    if context is not None:
-        tok.model_max_length = int(context.contents())
+    if (context := fields.context_length()) is not None:
+        tok.model_max_length = context
     return tok
-
-
-def _arch(reader: Any) -> str:
-    field = reader.fields.get("general.architecture")
-    return "" if field is None else str(field.contents())

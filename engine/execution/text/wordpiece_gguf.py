@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from engine.execution.text.gguf_vocab import VocabFields
+
 PHANTOM = "\u2581"
 CONTROL = 3  # llama.cpp's token type of [CLS], [SEP], ...
 # token -> its metadata keys, first found wins (llama.cpp's converter writes [CLS] as BOS)
@@ -36,18 +38,11 @@ def wordpiece_vocab(tokens: list[str], types: list[int]) -> list[str]:
 
 def wordpiece_tokenizer(gguf: Path) -> Any:
     """A BertTokenizer built from the file's vocabulary, special tokens and normalizer."""
-    import gguf as gguf_py
     from transformers import BertTokenizer
 
-    reader = gguf_py.GGUFReader(str(gguf), "r")
-
-    def value(key: str) -> Any:
-        field = reader.fields.get(f"tokenizer.ggml.{key}")
-        return None if field is None else field.contents()
-
-    tokens = [str(t) for t in value("tokens") or []]
-    types = [int(t) for t in value("token_type") or [1] * len(tokens)]
-    vocab = wordpiece_vocab(tokens, types)
+    fields = VocabFields(gguf)
+    value = fields.value
+    vocab = wordpiece_vocab(fields.tokens, fields.types)
     lowercase = value("normalizer.lowercase")
     lowercase = True if lowercase is None else bool(lowercase)
     strip = value("normalizer.strip_accents")
@@ -56,14 +51,8 @@ def wordpiece_tokenizer(gguf: Path) -> Any:
         found = next((int(i) for k in keys if (i := value(k)) is not None), None)
         if found is not None and 0 <= found < len(vocab):
             specials[name] = vocab[found]
-    context = reader.fields.get(f"{_arch(reader)}.context_length")
     tok = BertTokenizer(vocab={t: i for i, t in enumerate(vocab)}, do_lower_case=lowercase,
                         strip_accents=None if strip is None else bool(strip), **specials)
-    if context is not None:
-        tok.model_max_length = int(context.contents())
+    if (context := fields.context_length()) is not None:
+        tok.model_max_length = context
     return tok
-
-
-def _arch(reader: Any) -> str:
-    field = reader.fields.get("general.architecture")
-    return "" if field is None else str(field.contents())
