@@ -116,13 +116,14 @@ class PackedAttention:
 
 class _Unprefixed:
     """A folder saved from the bare decoder (AutoModel: `layers.0...`, no LM head) under
-    the CausalLM's names (`model.layers.0...`); an LM head, if saved, is left out."""
+    the CausalLM's names (`model.layers.0...`); an LM head or a classifier's `score` row, if
+    saved, is left out (a reranker's is read apart)."""
 
     def __init__(self, inner: SafetensorsSource) -> None:
         self.inner, self.where = inner, inner.where
         self.names = {k if k.startswith("model.") else f"model.{k}": k
                       for k in inner.keys()  # noqa: SIM118 (a source, not a dict)
-                      if not k.startswith("lm_head.")}
+                      if not k.startswith(("lm_head.", "score."))}
 
     def keys(self) -> list[str]:
         return list(self.names)
@@ -141,7 +142,9 @@ class EmbeddingDecoder:
     def __init__(self, model: CausalLM, cfg: EmbeddingDecoderConfig,
                  dense: tuple[Dense, ...], judge: torch.Tensor | None = None) -> None:
         self.model, self.config, self.dense = model, cfg, dense
-        self.judge = judge  # a reranker's [2, hidden]: the LM head's "yes" and "no" rows
+        # a reranker's [2, hidden]: the LM head's "yes" and "no" rows; or [1, hidden], a
+        # sequence classifier's row (their difference)
+        self.judge = judge
 
     @property
     def nbytes(self) -> int:
@@ -176,8 +179,8 @@ class EmbeddingDecoder:
         "yes" rather than "no" after the last token (Qwen3-Reranker's relevance)."""
         out = pool_states(self.hidden(ids, positions, lengths), self.config.pooling, lengths)
         if self.judge is not None:
-            yes_no = F.linear(out.float(), self.judge)  # [inputs, 2]
-            return torch.sigmoid(yes_no[:, :1] - yes_no[:, 1:])
+            rows = F.linear(out.float(), self.judge)  # [inputs, 2] (yes, no) or [inputs, 1]
+            return torch.sigmoid(rows[:, :1] - rows[:, 1:] if rows.shape[1] == 2 else rows)
         for d in self.dense:
             out = F.linear(out, d.weight, d.bias)
             if d.tanh:
@@ -224,11 +227,14 @@ def load_embedding_decoder(folder: str | Path, dtype: torch.dtype,
     if not registry.is_embedding_decoder(folder, raw):
         raise UnsupportedModel(f"{folder} is not a decoder embedding model ("
                                f"{', '.join(registry.EMBEDDING_DECODERS)} with a Pooling "
-                               "module)")
+                               "module, or a one-label sequence classifier)")
     raw["tie_word_embeddings"] = True  # the LM head is never used: no copy of it
     arch = registry.for_hf(raw)
     model = arch(arch.config_from_hf(raw), dtype, "meta")
-    load_weights(model, _Unprefixed(SafetensorsSource(folder, model)), device)
+    source = SafetensorsSource(folder, model)
+    load_weights(model, _Unprefixed(source), device)
+    if registry.is_decoder_scorer(raw):
+        return _sequence_classifier(folder, raw, model, source, device)
     pooling, normalize = pooling_of(folder)
     dense = _dense(folder, dtype, device)
     width = dense[-1].weight.shape[0] if dense else model.config.hidden_size
@@ -247,6 +253,26 @@ def load_embedding_decoder(folder: str | Path, dtype: torch.dtype,
         bidirectional=bool(raw.get("use_bidirectional_attention")),
         matryoshka_dims=tuple(int(d) for d in dims))
     return EmbeddingDecoder(model, cfg, dense)
+
+
+def _sequence_classifier(folder: Path, raw: dict[str, Any], model: CausalLM,
+                         source: SafetensorsSource, device: torch.device | str
+                         ) -> EmbeddingDecoder:
+    """Qwen3-Reranker saved as a one-label sequence classifier: its `score` row (the LM
+    head's "yes" row minus its "no" row) scores the last token of Qwen's rerank prompt."""
+    if "score.weight" not in source.keys():  # noqa: SIM118 (a source, not a dict)
+        raise UnsupportedModel(f"{folder}: a sequence classifier without score.weight")
+    judge = source.vector(["score.weight"], torch.float32, device)
+    width = model.config.hidden_size
+    if judge.numel() != width:
+        raise UnsupportedModel(f"{folder}: score.weight holds {judge.numel()} numbers, a "
+                               f"reranker's one row of {width}")
+    judge = judge.reshape(1, width)
+    cfg = EmbeddingDecoderConfig(
+        family=str(raw["model_type"]), vocab_size=model.config.vocab_size, hidden_size=1,
+        max_seq_length=model.config.max_position_embeddings, pooling="lasttoken",
+        normalize=False, bidirectional=False, scores=True, rerank_template=RERANK_TEMPLATE)
+    return EmbeddingDecoder(model, cfg, (), judge)
 
 
 def load_embedding_decoder_gguf(path: str | Path, device: torch.device | str

@@ -49,9 +49,23 @@ ENCODERS: dict[str, ModuleType] = {t: bert for t in bert.HF_MODEL_TYPES}
 EMBEDDING_DECODERS = ("qwen3", "gemma3_text")
 
 
+# decoder rerankers saved as a sequence classifier of one label: Qwen3-Reranker converted so
+# (its `score` row is the LM head's "yes" row minus its "no" row), as vLLM and
+# sentence-transformers' CrossEncoder load it
+DECODER_SCORERS = ("Qwen3ForSequenceClassification",)
+
+
+def is_decoder_scorer(cfg: Mapping[str, Any]) -> bool:
+    """config.json of a decoder reranker (DECODER_SCORERS, one label)."""
+    return any(a in DECODER_SCORERS for a in cfg.get("architectures") or []) \
+        and len(cfg.get("id2label") or {"0": ""}) == 1
+
+
 def is_embedding_decoder(folder: Path, cfg: Mapping[str, Any]) -> bool:
-    """A decoder family's folder with a sentence-transformers Pooling module."""
-    return cfg.get("model_type") in EMBEDDING_DECODERS and has_pooling_module(Path(folder))
+    """A decoder family's folder with a sentence-transformers Pooling module, or saved as a
+    one-label sequence classifier (a reranker)."""
+    return cfg.get("model_type") in EMBEDDING_DECODERS and (
+        has_pooling_module(Path(folder)) or is_decoder_scorer(cfg))
 
 
 def is_bert_folder(folder: Path) -> bool:
@@ -91,13 +105,15 @@ def is_embedding_model(path: Path) -> bool:
 
 def embedding_task(path: Path) -> str | None:
     """What an embedding model's files do, before they load: "score" for a cross-encoder
-    (a BERT or RoBERTa sequence classifier, its GGUF, a Qwen3-Reranker GGUF), "embed" for the
-    others; None for a model that is not one (engine.Engine.task's words)."""
+    (a BERT or RoBERTa sequence classifier, its GGUF, Qwen3-Reranker's GGUF or sequence
+    classifier), "embed" for the others; None for a model that is not one
+    (engine.Engine.task's words)."""
     if not is_embedding_model(path):
         return None
     if Path(path).is_dir():
         cfg = json.loads((Path(path) / "config.json").read_text())
-        if any(a in bert.SCORERS for a in cfg.get("architectures") or []):
+        if any(a in bert.SCORERS for a in cfg.get("architectures") or []) \
+                or is_decoder_scorer(cfg):
             return "score"
     else:
         from engine.execution.loading.encoder_gguf import (

@@ -212,3 +212,55 @@ def test_an_embeddinggemma_gguf_matches_sentence_transformers_on_the_folder(
         assert snap.kv.free == snap.kv.total and all(s is None for s in snap.slots)
     finally:
         server.stop()
+
+
+def test_a_qwen3_reranker_sequence_classifier_folder_scores_as_transformers(
+        files: tuple[Path, Path], embedding_dir: Path, in_thread_server: Any,
+        tmp_path: Path) -> None:
+    """Qwen3-Reranker converted to a one-label Qwen3ForSequenceClassification (its `score`
+    row the LM head's "yes" row minus its "no" row, as the seq-cls folders vLLM and
+    sentence-transformers load): served as a reranker over Qwen's prompt, its relevance is
+    transformers' sigmoid of the classifier's logit."""
+    import httpx
+    import torch
+    from transformers import Qwen3ForSequenceClassification
+
+    from engine import Tokenizer, embedding_task
+    from engine.execution.model.embedding_decoder import RERANK_TEMPLATE
+    from tests.tools.embedding_decoders import TOKENIZER_FILES
+
+    folder, _ = files
+    reference_tok = Tokenizer(embedding_dir)
+    yes, no = (reference_tok.encode(w, add_special_tokens=False)[0] for w in ("yes", "no"))
+    lm = causal_lm(folder)
+    config = lm.config
+    config.num_labels, config.pad_token_id = 1, 0
+    config.architectures = ["Qwen3ForSequenceClassification"]
+    classifier = Qwen3ForSequenceClassification(config).eval()
+    classifier.model.load_state_dict(lm.model.state_dict())
+    with torch.no_grad():
+        classifier.score.weight.copy_(lm.lm_head.weight[yes] - lm.lm_head.weight[no])
+    seq_cls = tmp_path / "qwen3-reranker-seq-cls"
+    classifier.save_pretrained(seq_cls)
+    for name in TOKENIZER_FILES:
+        (seq_cls / name).write_bytes((embedding_dir / name).read_bytes())
+    assert embedding_task(seq_cls) == "score"
+    server = serve_encoder(in_thread_server, seq_cls, tmp_path / "data", "rerank")
+    try:
+        assert server.engine.task == "score"
+        r = httpx.post(server.url + "/v1/rerank", timeout=60, json={
+            "model": "rerank", "query": QUERY, "documents": DOCUMENTS})
+        assert r.status_code == 200, r.text
+        got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+        before, after = RERANK_TEMPLATE.split("{document}")
+        want = {}
+        for i, doc in enumerate(DOCUMENTS):
+            text = before.replace("{query}", QUERY) + doc + after
+            ids = torch.tensor([reference_tok.encode(text, add_special_tokens=False)])
+            with torch.inference_mode():
+                want[i] = float(torch.sigmoid(classifier(input_ids=ids).logits[0, 0]))
+        assert got == pytest.approx(want, abs=1e-4)
+        assert len(set(round(v, 4) for v in want.values())) == len(want)  # they differ
+        assert server.engine.wait_idle(30)
+    finally:
+        server.stop()
