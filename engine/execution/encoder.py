@@ -41,9 +41,11 @@ class EncoderExecutor:
                  model_config: bert.BertConfig | EmbeddingDecoderConfig,
                  config: EngineConfig, device: torch.device | str = "cpu",
                  model_path: Path | None = None, threads: int | None = None,
-                 sep_id: int | None = None) -> None:
+                 sep_id: int | None = None, bf16_products: bool = False) -> None:
         """`weights`: a BERT encoder's, or a loaded decoder embedding model (Qwen3-Embedding,
-        EmbeddingGemma) with its config."""
+        EmbeddingGemma) with its config. `bf16_products`: a BERT embedding model's matrices
+        multiply in bf16 where the CPU does so in hardware (a cross-encoder's stay float32:
+        its scores are compared, not just its directions)."""
         # what the engine accepts for it: embedding requests only; a cross-encoder's "vector"
         # is its one relevance score, its inputs query [SEP] document pairs
         self.task = "score" if model_config.scores else "embed"
@@ -51,8 +53,8 @@ class EncoderExecutor:
         # takes the pair as two segments
         self.rerank_template: str | None = getattr(model_config, "rerank_template", None)
         self.sep_id = sep_id
-        self.weights = bert.packed(weights) if isinstance(weights, bert.BertWeights) \
-            else weights
+        self.weights = bert.packed(weights, bf16_products and not model_config.scores) \
+            if isinstance(weights, bert.BertWeights) else weights
         self.model_config = model_config
         self.config = config
         self.device = torch.device(device)
@@ -80,8 +82,11 @@ class EncoderExecutor:
         """Load a sentence-transformers folder (config.json, safetensors, tokenizer, pooling)
         or a GGUF file (llama.cpp's `bert`, or Qwen3-Embedding's `qwen3` with its pooling
         type; its tokenizer kept as a folder under `cache_dir`, when given). dtype auto:
-        float32 on CPU (small models, where bf16 saves little), else bf16/fp16."""
+        float32 on CPU, a BERT embedding model's products in bf16 where the CPU multiplies
+        bf16 in hardware (about 1.7x faster products; vectors within cosine 0.9999 of
+        float32's); float32: float32 throughout; elsewhere bf16/fp16."""
         path = Path(folder)
+        bf16 = dtype == "auto" and torch.device(device).type == "cpu"
 
         def load() -> EncoderExecutor:
             if torch.device(device).type == "cpu":
@@ -96,7 +101,7 @@ class EncoderExecutor:
                 else:
                     cfg, weights = load_bert_gguf(path, torch_dtype, device)
                     executor = cls(weights, cfg, config or EngineConfig(), device, path,
-                                   threads)
+                                   threads, bf16_products=bf16)
                 executor.source = "gguf"
                 if cache_dir is not None:
                     executor.tokenizer_path = gguf_tokenizer_dir(path, cache_dir)
@@ -112,12 +117,20 @@ class EncoderExecutor:
                 from transformers import AutoTokenizer
 
                 sep = AutoTokenizer.from_pretrained(str(path)).sep_token_id
-            return cls(weights, cfg, config or EngineConfig(), device, path, threads, sep)
+            return cls(weights, cfg, config or EngineConfig(), device, path, threads, sep,
+                       bf16_products=bf16)
         return on_fresh_thread(load)
 
     def memory_bytes(self) -> int:
         """What the loaded encoder holds: its weights (it keeps no KV)."""
         return self.weights.nbytes
+
+    @property
+    def bf16_products(self) -> bool:
+        """The matrices multiply in bf16 (packed so: bert.packed)."""
+        w = self.weights
+        return isinstance(w, bert.BertWeights) and bool(w.layers) \
+            and w.layers[0].qkv_w.dtype == torch.bfloat16
 
     def describe(self) -> str:
         cfg = self.model_config
@@ -126,6 +139,8 @@ class EncoderExecutor:
             return (f"{self.family}: {self.source} {str(self.dtype).removeprefix('torch.')}, "
                     f"cross-encoder (reranker), {size:.0f} MB")
         dtype = str(self.dtype).removeprefix("torch.")
+        if self.bf16_products:
+            dtype += " (bf16 products)"
         return (f"{self.family}: {self.source} {dtype}, embeddings of {cfg.hidden_size} "
                 f"({cfg.pooling} pooling"
                 f"{', normalized' if cfg.normalize else ''}), {size:.0f} MB")

@@ -60,7 +60,8 @@ def _cpuinfo(field: str) -> str | None:
     return None
 
 
-def _flags() -> set[str] | None:
+def cpu_flags() -> set[str] | None:
+    """This CPU's feature flags (/proc/cpuinfo's; None where there is none)."""
     flags = _cpuinfo("flags")
     return None if flags is None else set(flags.split())
 
@@ -80,7 +81,7 @@ def detected() -> str | None:
     kernels keep -march=native)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None
-    flags = _flags()
+    flags = cpu_flags()
     if flags is None:
         return None
     if not {"avx2", "fma", "f16c"} <= flags:

@@ -13,6 +13,7 @@ from app.models import resolve_model
 from app.paths import get_paths
 from app.serve import build
 from app.settings import Settings
+from engine.execution.model.linear_kernels import native_bf16_products
 
 pytestmark = pytest.mark.usefixtures("ferry_home")
 
@@ -22,8 +23,9 @@ def test_serve_a_folder_of_an_embedding_model(embedding_dir: Path, in_thread_ser
     settings = Settings(model=str(embedding_dir), max_running=4, kv_tokens=2048)
     model = resolve_model(str(embedding_dir))
     app, _, runs, _ = build(settings, get_paths(), model, progress=False)
-    assert runs.startswith("bert: safetensors float32, embeddings of 384 (mean pooling, "
-                           "normalized)")
+    products = " (bf16 products)" if native_bf16_products() else ""
+    assert runs.startswith(f"bert: safetensors float32{products}, embeddings of 384 (mean "
+                           "pooling, normalized)")
     server = in_thread_server(app, None, "uvicorn-embedding-serve", 120)
     engine = server.engine = app.state.services.engine
     try:

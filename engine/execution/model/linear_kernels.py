@@ -160,20 +160,45 @@ def onednn_works() -> bool:
         return False
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
+@functools.cache
+def native_bf16_products() -> bool:
+    """oneDNN multiplies bf16 in hardware here (AVX512-BF16 or AMX-BF16), with no FERRY_CPU
+    cap in force (a capped oneDNN stops below those instructions)."""
+    from engine.kernels import cpu_level
+
+    flags = cpu_level.cpu_flags() or set()
+    try:
+        capped = cpu_level.cap() is not None
+    except cpu_level.CpuLevelError:
+        capped = True
+    return (not capped and bool({"avx512_bf16", "amx_bf16"} & flags) and onednn_works()
+            and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+
+
+def pack(weight: torch.Tensor, bf16: bool = False) -> torch.Tensor:
     """`weight` in the layout its products run fastest from: oneDNN-packed for float32 on CPU
-    when that works, else itself."""
+    when that works, else itself. `bf16`: packed as bf16, its products taking bf16 inputs
+    (onednn_linear casts them), where native_bf16_products."""
     if (weight.dtype != torch.float32 or weight.device.type != "cpu" or is_packed(weight)
             or not onednn_works()):
         return weight
+    if bf16 and native_bf16_products():
+        weight = weight.detach().to(torch.bfloat16)
     packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
     return packed
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor,
                   bias: torch.Tensor | None) -> torch.Tensor:
+    """x [T, in] @ weight.T (+ bias) from a packed weight: float32 in and out, also for a
+    bf16 weight (its products then take x and the bias in bf16, accumulating in float32)."""
     if x.shape[0] == 0:  # oneDNN refuses empty inputs
         return x.new_empty(0, weight.shape[0])
+    if weight.dtype == torch.bfloat16:
+        wide: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+            x.to(torch.bfloat16).contiguous(), weight,
+            None if bias is None else bias.to(torch.bfloat16), "none", [], "")
+        return wide.float()
     out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias,
                                                           "none", [], "")
     return out

@@ -203,14 +203,19 @@ def load_weights(folder: str | Path, cfg: BertConfig, dtype: torch.dtype,
     return weights_from_tensors(tensors, cfg, dtype, device)
 
 
-def packed(w: BertWeights) -> BertWeights:
+def packed(w: BertWeights, bf16: bool = False) -> BertWeights:
     """The layers' matrices in oneDNN's blocked layout (float32 on the CPU; elsewhere as they
     are). MKL's sgemm repacks a weight on every product, which for a short input's few rows
-    was most of the forward's time; the packed weights replace the plain ones."""
+    was most of the forward's time; the packed weights replace the plain ones. `bf16`: packed
+    as bf16 where the CPU multiplies bf16 in hardware (linear_kernels.native_bf16_products),
+    each product then taking its inputs in bf16; everything between products stays float32."""
+    def one(weight: torch.Tensor) -> torch.Tensor:
+        return pack(weight, bf16)
+
     def layer(it: BertLayer) -> BertLayer:
         return dataclasses.replace(
-            it, qkv_w=pack(it.qkv_w), o_w=pack(it.o_w), up_w=pack(it.up_w),
-            down_w=pack(it.down_w), gate_w=None if it.gate_w is None else pack(it.gate_w))
+            it, qkv_w=one(it.qkv_w), o_w=one(it.o_w), up_w=one(it.up_w),
+            down_w=one(it.down_w), gate_w=None if it.gate_w is None else one(it.gate_w))
     return dataclasses.replace(w, layers=tuple(layer(it) for it in w.layers))
 
 

@@ -11,6 +11,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.execution.encoder import EncoderExecutor
+from engine.execution.model.linear_kernels import native_bf16_products
 from engine.execution.text.tokenizer import Tokenizer
 from engine.runtime.engine import Engine
 from engine.scheduling.request import RequestError, SamplingParams
@@ -60,7 +61,43 @@ def test_config_follows_the_sentence_transformers_files(executor: EncoderExecuto
     cfg = executor.model_config
     assert (cfg.pooling, cfg.normalize, cfg.max_seq_length, cfg.hidden_size) == \
         ("mean", True, 256, 384)
-    assert executor.describe().startswith("bert: safetensors float32, embeddings of 384")
+    products = " (bf16 products)" if native_bf16_products() else ""
+    assert executor.describe().startswith(f"bert: safetensors float32{products}, embeddings "
+                                          "of 384")
+
+
+def test_products_are_bf16_only_where_the_cpu_multiplies_bf16(
+        executor: EncoderExecutor, embedding_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """dtype auto multiplies in bf16 on a CPU with AVX512-BF16 or AMX (packed bf16 weights,
+    float32 between products), within cosine 0.9999 of float32 throughout; dtype float32,
+    a FERRY_CPU cap or a CPU without those keeps every product in float32."""
+    from engine.execution.model.linear_kernels import native_bf16_products
+    from engine.kernels import cpu_level
+
+    tokenizer = Tokenizer(embedding_dir)
+    wide = EncoderExecutor.from_pretrained(embedding_dir, EngineConfig(), dtype="float32",
+                                           threads=1)
+    assert not wide.bf16_products
+    flags = cpu_level.cpu_flags() or set()
+    assert executor.bf16_products == (native_bf16_products() and (
+        bool({"avx512_bf16", "amx_bf16"} & flags) and cpu_level.cap() is None))
+    _, narrow = run_engine(executor, tokenizer, SENTENCES)
+    _, exact = run_engine(wide, tokenizer, SENTENCES)
+    got = torch.tensor([f.extra["embedding"] for f in narrow])
+    want = torch.tensor([f.extra["embedding"] for f in exact])
+    assert min(cosines(got, want)) >= 0.9999
+    if not executor.bf16_products:
+        assert torch.allclose(got, want, atol=1e-6)
+    # a cap below this CPU's bf16 instructions turns them off
+    native_bf16_products.cache_clear()
+    try:
+        monkeypatch.setenv(cpu_level.ENV, "avx2")
+        if cpu_level.cap() is not None:
+            assert not native_bf16_products()
+    finally:
+        monkeypatch.delenv(cpu_level.ENV)
+        native_bf16_products.cache_clear()
 
 
 def test_engine_embeddings_match_sentence_transformers(executor: EncoderExecutor,
