@@ -28,7 +28,7 @@ def cpu(monkeypatch: pytest.MonkeyPatch) -> object:
     """Pretend to run on a CPU with the given flags: cpu(name) sets them."""
     def use(name: str) -> None:
         monkeypatch.setattr(cpu_level.platform, "machine", lambda: "x86_64")
-        monkeypatch.setattr(cpu_level, "_flags", lambda: set(FLAGS[name].split()))
+        monkeypatch.setattr(cpu_level, "cpu_flags", lambda: set(FLAGS[name].split()))
         cpu_level.detected.cache_clear()
 
     yield use
