@@ -64,7 +64,8 @@ def describe_file(path: str | Path, dtype: str = "auto", device: str = "cpu",
     path = Path(path)
     arch = model_architecture(path)
     if registry.is_embedding_model(path):  # the encoder executor's, in floats
-        return f"{arch}: embedding model, {'GGUF' if is_gguf(path) else 'safetensors'}"
+        kind = "reranker" if registry.embedding_task(path) == "score" else "embedding model"
+        return f"{arch}: {kind}, {'GGUF' if is_gguf(path) else 'safetensors'}"
     weights = _file(path, dtype, device, quantize)
     paired = projector_for(path, projector)
     if paired is not None:  # the vision family over the file's text model (it says why not

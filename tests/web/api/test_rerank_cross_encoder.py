@@ -107,7 +107,7 @@ def test_an_xlm_roberta_cross_encoder_gguf_scores_as_transformers(
     `cls.output` and no pooling type. Served as a reranker, each (query, document) pair is
     `<s> query </s></s> document </s>` in the file's own vocabulary, and the scores are
     transformers' on the folder."""
-    from engine import embedding_task
+    from engine import describe_model_file, embedding_task
     from engine.execution.loading.encoder_gguf import is_cross_encoder_gguf
     from tests.tools.bert_gguf import write_bert_gguf
     from tests.tools.embedding_server import serve_encoder
@@ -117,6 +117,7 @@ def test_an_xlm_roberta_cross_encoder_gguf_scores_as_transformers(
     model = cross_encoder(folder)
     gguf = write_bert_gguf(folder, tmp_path / "bge-reranker-like.gguf")
     assert is_cross_encoder_gguf(gguf) and embedding_task(gguf) == "score"
+    assert describe_model_file(gguf) == "bert: reranker, GGUF"
     server = serve_encoder(in_thread_server, gguf, tmp_path / "data", NAME,
                            cache_dir=tmp_path / "tokenizers")
     try:
