@@ -116,6 +116,17 @@ DOCUMENTS = ["A ferry carries cars and people across the river.", "x",
              "Stock markets fell sharply on Monday, and nobody knew why."]
 
 
+def rerank_prompts(tokenizer: Any) -> list[Any]:
+    """Each of DOCUMENTS in Qwen's rerank prompt with QUERY, as `tokenizer`'s ids [1, T]."""
+    import torch
+
+    from engine.execution.model.embedding_decoder import RERANK_TEMPLATE
+
+    before, after = RERANK_TEMPLATE.split("{document}")
+    return [torch.tensor([tokenizer.encode(before.replace("{query}", QUERY) + doc + after,
+                                           add_special_tokens=False)]) for doc in DOCUMENTS]
+
+
 def test_a_qwen3_reranker_gguf_scores_as_transformers(
         files: tuple[Path, Path], embedding_dir: Path, in_thread_server: Any,
         tmp_path: Path) -> None:
@@ -125,7 +136,6 @@ def test_a_qwen3_reranker_gguf_scores_as_transformers(
     import torch
 
     from engine import Tokenizer
-    from engine.execution.model.embedding_decoder import RERANK_TEMPLATE
 
     folder, _ = files
     reference_tok = Tokenizer(embedding_dir)
@@ -141,11 +151,8 @@ def test_a_qwen3_reranker_gguf_scores_as_transformers(
         assert r.status_code == 200, r.text
         got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
         lm = causal_lm(folder)
-        before, after = RERANK_TEMPLATE.split("{document}")
         want = {}
-        for i, doc in enumerate(DOCUMENTS):
-            text = before.replace("{query}", QUERY) + doc + after
-            ids = torch.tensor([reference_tok.encode(text, add_special_tokens=False)])
+        for i, ids in enumerate(rerank_prompts(reference_tok)):
             with torch.inference_mode():
                 last = lm(input_ids=ids).logits[0, -1]
             want[i] = float(torch.sigmoid(last[judge[0]] - last[judge[1]]))
@@ -226,7 +233,6 @@ def test_a_qwen3_reranker_sequence_classifier_folder_scores_as_transformers(
     from transformers import Qwen3ForSequenceClassification
 
     from engine import Tokenizer, embedding_task
-    from engine.execution.model.embedding_decoder import RERANK_TEMPLATE
     from tests.tools.embedding_decoders import TOKENIZER_FILES
 
     folder, _ = files
@@ -252,13 +258,9 @@ def test_a_qwen3_reranker_sequence_classifier_folder_scores_as_transformers(
             "model": "rerank", "query": QUERY, "documents": DOCUMENTS})
         assert r.status_code == 200, r.text
         got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
-        before, after = RERANK_TEMPLATE.split("{document}")
-        want = {}
-        for i, doc in enumerate(DOCUMENTS):
-            text = before.replace("{query}", QUERY) + doc + after
-            ids = torch.tensor([reference_tok.encode(text, add_special_tokens=False)])
-            with torch.inference_mode():
-                want[i] = float(torch.sigmoid(classifier(input_ids=ids).logits[0, 0]))
+        with torch.inference_mode():
+            want = {i: float(torch.sigmoid(classifier(input_ids=ids).logits[0, 0]))
+                    for i, ids in enumerate(rerank_prompts(reference_tok))}
         assert got == pytest.approx(want, abs=1e-4)
         assert len(set(round(v, 4) for v in want.values())) == len(want)  # they differ
         assert server.engine.wait_idle(30)
