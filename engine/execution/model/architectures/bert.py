@@ -212,10 +212,17 @@ def packed(w: BertWeights, bf16: bool = False) -> BertWeights:
     def one(weight: torch.Tensor) -> torch.Tensor:
         return pack(weight, bf16)
 
+    def bias(b: torch.Tensor | None, product: torch.Tensor) -> torch.Tensor | None:
+        # a bf16 product's bias in bf16 once, not cast on every product
+        return None if b is None else b.to(product.dtype)
+
     def layer(it: BertLayer) -> BertLayer:
+        qkv, o, up, down = one(it.qkv_w), one(it.o_w), one(it.up_w), one(it.down_w)
         return dataclasses.replace(
-            it, qkv_w=one(it.qkv_w), o_w=one(it.o_w), up_w=one(it.up_w),
-            down_w=one(it.down_w), gate_w=None if it.gate_w is None else one(it.gate_w))
+            it, qkv_w=qkv, o_w=o, up_w=up, down_w=down,
+            qkv_b=bias(it.qkv_b, qkv), o_b=bias(it.o_b, o), up_b=bias(it.up_b, up),
+            down_b=bias(it.down_b, down),
+            gate_w=None if it.gate_w is None else one(it.gate_w))
     return dataclasses.replace(w, layers=tuple(layer(it) for it in w.layers))
 
 
