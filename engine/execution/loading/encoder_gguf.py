@@ -96,10 +96,12 @@ def is_encoder_gguf(path: str | Path) -> bool:
 
 def is_cross_encoder_gguf(path: str | Path) -> bool:
     """An encoder GGUF of a cross-encoder (rank pooling, or its classifier's `cls` tensors)."""
-    if gguf_architecture(path) not in ARCHS:
-        return False
-    reader = _reader(Path(path))
-    return _scalar(reader, f"{_scalar(reader, 'general.architecture')}.pooling_type") == RANK \
+    return gguf_architecture(path) in ARCHS and _scores(_reader(Path(path)))
+
+
+def _scores(reader: Any) -> bool:
+    arch = _scalar(reader, "general.architecture")
+    return _scalar(reader, f"{arch}.pooling_type") == RANK \
         or any(t.name.startswith("cls") for t in reader.tensors)
 
 
@@ -131,9 +133,8 @@ def config_from_gguf(path: Path, reader: Any) -> bert.BertConfig:
     # XLM-RoBERTa's SentencePiece vocabulary: its classifier head is RoBERTa's, and the
     # converter has cut the position table to start at the first token's
     roberta = _scalar(reader, "tokenizer.ggml.model") == "t5"
-    head = {t.name for t in reader.tensors if t.name.startswith("cls")}
-    scores = pooling_type == RANK or bool(head)
-    if scores and not (roberta and head >= set(HEAD)):
+    scores = _scores(reader)
+    if scores and not (roberta and {t.name for t in reader.tensors} >= set(HEAD)):
         raise ModelFileError(
             f"{path}: a BERT cross-encoder's GGUF cannot score as its model does (llama.cpp's "
             "converter drops the pooler its classifier reads); serve its safetensors folder")
