@@ -291,7 +291,10 @@ def load_embedding_decoder_gguf(path: str | Path, device: torch.device | str
         raise UnsupportedModel(f"{path} is not a decoder embedding model (a qwen3 or "
                                "gemma-embedding GGUF with a pooling type of mean, cls, last "
                                "or rank)")
-    judge, template = (_reranker(path) if kind == RANK else (None, None))
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path), "r")  # the tensors beside the text model, read once
+    judge, template = (_reranker(path, reader) if kind == RANK else (None, None))
     on_cpu = torch.device(device).type == "cpu"
     model = load_model(path, torch.float32 if on_cpu else torch.bfloat16, device,
                        quantize=GGUF if on_cpu else GGUF_DEVICE)
@@ -300,7 +303,7 @@ def load_embedding_decoder_gguf(path: str | Path, device: torch.device | str
         raise UnsupportedModel(f"{path}: cls.output is {list(judge.shape)}, a reranker's is "
                                f"[2, {mc.hidden_size}] (yes, no)")
     dense = tuple(Dense(w.to(device), None, False)
-                  for w in (_head_tensor(path, n) for n in ("dense_2.weight", "dense_3.weight"))
+                  for w in (_head_tensor(reader, n) for n in ("dense_2.weight", "dense_3.weight"))
                   if w is not None)
     widths = [mc.hidden_size, *(d.weight.shape[0] for d in dense)]
     for d, width in zip(dense, widths, strict=False):
@@ -317,13 +320,13 @@ def load_embedding_decoder_gguf(path: str | Path, device: torch.device | str
     return EmbeddingDecoder(model, cfg, dense, None if judge is None else judge.to(device))
 
 
-def _head_tensor(path: Path, name: str) -> torch.Tensor | None:
+def _head_tensor(reader: Any, name: str) -> torch.Tensor | None:
     """A tensor beside the text model (gguf_file.HEAD_TENSORS) in float32, in torch's
-    [rows, columns]; None where the file has none."""
+    [rows, columns]; None where the file (its GGUFReader) has none."""
     import numpy as np
-    from gguf import GGMLQuantizationType, GGUFReader, quants
+    from gguf import GGMLQuantizationType, quants
 
-    found = next((t for t in GGUFReader(str(path), "r").tensors if t.name == name), None)
+    found = next((t for t in reader.tensors if t.name == name), None)
     if found is None:
         return None
     rows = quants.dequantize(np.asarray(found.data), GGMLQuantizationType(found.tensor_type))
@@ -340,16 +343,14 @@ RERANK_TEMPLATE = (
     "<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
-def _reranker(path: Path) -> tuple[torch.Tensor, str]:
+def _reranker(path: Path, reader: Any) -> tuple[torch.Tensor, str]:
     """A rank-pooling GGUF's judge (`cls.output`: the LM head's "yes" and "no" rows, as
     llama.cpp's converter takes them from Qwen3-Reranker) and its prompt."""
-    from gguf import GGUFReader
-
-    judge = _head_tensor(path, "cls.output.weight")
+    judge = _head_tensor(reader, "cls.output.weight")
     if judge is None:
         raise UnsupportedModel(f"{path}: a rank-pooling GGUF without cls.output.weight (the "
                                "reranker's yes and no rows)")
-    field = GGUFReader(str(path), "r").fields.get("tokenizer.chat_template.rerank")
+    field = reader.fields.get("tokenizer.chat_template.rerank")
     template = str(field.contents()) if field is not None else RERANK_TEMPLATE
     if "{query}" not in template or "{document}" not in template:
         raise UnsupportedModel(f"{path}: its rerank template lacks {{query}} or {{document}}")
