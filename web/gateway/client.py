@@ -65,6 +65,8 @@ def request_body(prompt: list[int], params: SamplingParams, model: str, kind: st
         body["ignore_eos"] = True
     if kind == "sglang":
         body["rid"] = request_id  # so /abort_request can name it
+    if kind == "ferry" and not params.speculative:
+        body["speculative"] = False  # drafts turned off at the front stay off (Ferry's field)
     # tools, response_format...: as sent; the model is the gateway's to name (the route)
     body.update({k: v for k, v in (getattr(prompt, "extra", None) or {}).items()
                  if k != "model"})

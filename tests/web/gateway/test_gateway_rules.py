@@ -209,8 +209,13 @@ def test_prompts_without_a_tokenizer() -> None:
     cont.extra = {"model": "asked", "tools": []}  # type: ignore[attr-defined]
     path, body = request_body(cont, SamplingParams(max_tokens=5), "routed", "ferry", "r1")
     assert body["model"] == "routed" and body["tools"] == []  # the route names the model
+    assert "speculative" not in body  # drafts as the upstream decides
     path, body = request_body([5, 6], SamplingParams(max_tokens=2), "m", "sglang", "r2")
     assert path == "/v1/completions" and body["prompt"] == [5, 6] and body["rid"] == "r2"
+    # drafts turned off at the front stay off on a Ferry upstream; others never see the field
+    plain = SamplingParams(max_tokens=2, speculative=False)
+    assert request_body([5, 6], plain, "m", "ferry", "r3")[1]["speculative"] is False
+    assert "speculative" not in request_body([5, 6], plain, "m", "vllm", "r4")[1]
     assert tok.decode(tok.encode("echo me")) == "echo me"
 
 
