@@ -76,9 +76,12 @@ def test_greedy_speculation_writes_plain_greedy_tokens(
 
 def test_a_sampled_speculative_chat(engine: Engine, tokenizer: Any) -> None:
     before = engine.snapshot().metrics.drafted_tokens
-    sampled, final, _ = chat(engine, tokenizer, REPEAT,
-                             SamplingParams(max_tokens=16, temperature=0.7))  # unseeded: speculates
-    assert sampled and final.finish_reason in ("stop", "length")
+    for _ in range(3):  # unseeded (so it speculates): a reply may leave the sentence at once
+        sampled, final, _ = chat(engine, tokenizer, REPEAT,
+                                 SamplingParams(max_tokens=16, temperature=0.7))
+        assert sampled and final.finish_reason in ("stop", "length")
+        if engine.snapshot().metrics.drafted_tokens > before:
+            break
     assert engine.snapshot().metrics.drafted_tokens > before
 
 
