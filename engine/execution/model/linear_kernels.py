@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import torch
 import torch.nn.functional as F
 
-from engine.execution.cpu import emulated_bf16
+from engine.execution.cpu import cpu_has_native_bf16, emulated_bf16
 from engine.kernels import ops
 from engine.kernels.gpu_quant.weight import DeviceQuantWeight
 
@@ -162,16 +162,9 @@ def onednn_works() -> bool:
 
 @functools.cache
 def native_bf16_products() -> bool:
-    """oneDNN multiplies bf16 in hardware here (AVX512-BF16 or AMX-BF16), with no FERRY_CPU
-    cap in force (a capped oneDNN stops below those instructions)."""
-    from engine.kernels import cpu_level
-
-    flags = cpu_level.cpu_flags() or set()
-    try:
-        capped = cpu_level.cap() is not None
-    except cpu_level.CpuLevelError:
-        capped = True
-    return (not capped and bool({"avx512_bf16", "amx_bf16"} & flags) and onednn_works()
+    """oneDNN multiplies bf16 in hardware here (AVX512-BF16 or AMX-BF16, as
+    cpu_has_native_bf16 reads the CPU and FERRY_CPU's cap)."""
+    return (cpu_has_native_bf16() and onednn_works()
             and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 

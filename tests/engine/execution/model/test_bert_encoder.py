@@ -72,6 +72,7 @@ def test_products_are_bf16_only_where_the_cpu_multiplies_bf16(
     """dtype auto multiplies in bf16 on a CPU with AVX512-BF16 or AMX (packed bf16 weights,
     float32 between products), within cosine 0.9999 of float32 throughout; dtype float32,
     a FERRY_CPU cap or a CPU without those keeps every product in float32."""
+    from engine.execution.cpu import cpu_has_native_bf16
     from engine.execution.model.linear_kernels import native_bf16_products
     from engine.kernels import cpu_level
 
@@ -91,6 +92,7 @@ def test_products_are_bf16_only_where_the_cpu_multiplies_bf16(
         assert torch.allclose(got, want, atol=1e-6)
     # a cap below this CPU's bf16 instructions turns them off
     native_bf16_products.cache_clear()
+    cpu_has_native_bf16.cache_clear()
     try:
         monkeypatch.setenv(cpu_level.ENV, "avx2")
         if cpu_level.cap() is not None:
@@ -98,6 +100,7 @@ def test_products_are_bf16_only_where_the_cpu_multiplies_bf16(
     finally:
         monkeypatch.delenv(cpu_level.ENV)
         native_bf16_products.cache_clear()
+        cpu_has_native_bf16.cache_clear()
 
 
 def test_engine_embeddings_match_sentence_transformers(executor: EncoderExecutor,
