@@ -50,7 +50,7 @@ class Served:
         if self.proc.poll() is None:
             return "(still running)"
         out, _ = self.proc.communicate(timeout=5)
-        return out.decode(errors="replace")[-3000:]
+        return (out or b"(written to a file)").decode(errors="replace")[-3000:]
 
 
 def free_port() -> int:
@@ -60,6 +60,34 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def serve_command(model_dir: Path, home: Path, port: int,
+                  python_flags: tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
+    """`ferry serve` of the default model's folder on `port`, and its environment."""
+    env = {**os.environ, "FERRY_HOME": str(home), "FERRY_KV_TOKENS": "4096",
+           "FERRY_MAX_RUNNING": "4", "PYTHONUNBUFFERED": "1",
+           "FERRY_DISCOVER_MODELS": "0"}  # one model, whatever this machine holds
+    # the `ferry` entry point, with Ctrl+C handling as in a terminal (a child of a
+    # background job would inherit SIGINT ignored)
+    entry = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)"
+             "; from app.cli import main; sys.exit(main())")
+    return [sys.executable, *python_flags, "-c", entry, "serve", "--host", "127.0.0.1",
+            "--port", str(port), "--model", str(model_dir), "--dtype", "float32",
+            "--device", "cpu"], env
+
+
+def wait_ready(served: Served) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        assert served.proc.poll() is None, f"ferry serve exited:\n{served.output()}"
+        assert time.monotonic() < deadline, "ferry serve did not start"
+        try:
+            if httpx.get(served.url + "/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+
+
 @pytest.fixture
 def serve(model_dir: Path, tmp_path: Path) -> Iterator[Any]:
     started: list[Served] = []
@@ -67,30 +95,13 @@ def serve(model_dir: Path, tmp_path: Path) -> Iterator[Any]:
     def start(home: Path | None = None) -> Served:
         home = home or tmp_path / "home"
         port = free_port()
-        env = {**os.environ, "FERRY_HOME": str(home), "FERRY_KV_TOKENS": "4096",
-               "FERRY_MAX_RUNNING": "4", "PYTHONUNBUFFERED": "1",
-               "FERRY_DISCOVER_MODELS": "0"}  # one model, whatever this machine holds
-        # the `ferry` entry point, with Ctrl+C handling as in a terminal (a child of a
-        # background job would inherit SIGINT ignored)
-        entry = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)"
-                 "; from app.cli import main; sys.exit(main())")
-        command = [sys.executable, "-c", entry]
-        proc = subprocess.Popen(
-            [*command, "serve", "--host", "127.0.0.1", "--port", str(port), "--model",
-             str(model_dir), "--dtype", "float32", "--device", "cpu"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        command, env = serve_command(model_dir, home, port)
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
         served = Served(proc, f"http://127.0.0.1:{port}", home)
         started.append(served)
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            assert proc.poll() is None, f"ferry serve exited:\n{served.output()}"
-            assert time.monotonic() < deadline, "ferry serve did not start"
-            try:
-                if httpx.get(served.url + "/healthz", timeout=2).status_code == 200:
-                    return served
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        wait_ready(served)
+        return served
 
     yield start
     for served in started:
@@ -283,3 +294,33 @@ def test_signal_shuts_down_gracefully(serve: Any, signum: signal.Signals) -> Non
     reply = rows[1]
     assert reply["status"] == "incomplete" and reply["finish_reason"] == "cancelled"
     assert reply["content"] and listener.text.startswith(reply["content"][:20])
+
+
+NEVER_SERVING = ("polyfactory", "faker", "rich", "httpx", "sympy")
+
+
+def test_serving_imports_nothing_it_does_not_use(model_dir: Path, tmp_path: Path) -> None:
+    """Each module imported stays resident for the process's life: the schema's examples
+    (polyfactory, Faker), remote image fetching (httpx, and rich through it) and
+    transformers' GGUF reading (sympy) stay out of a server that serves a chat without
+    them."""
+    port = free_port()
+    command, env = serve_command(model_dir, tmp_path / "home", port, ("-X", "importtime"))
+    log = tmp_path / "imports.log"  # a file: the import log would fill a pipe
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    served = Served(proc, f"http://127.0.0.1:{port}", tmp_path / "home")
+    try:
+        wait_ready(served)
+        assert httpx.get(served.url + "/schema/openapi.json", timeout=30).status_code == 200
+        reply = httpx.post(served.url + "/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+        assert reply.status_code == 200, reply.text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(EXIT_LIMIT + 20)
+    imported = {line.split("|")[-1].strip().split(".")[0]
+                for line in log.read_text(errors="replace").splitlines()
+                if line.startswith("import time:")}
+    assert {"litestar", "torch"} <= imported  # the import log was read
+    assert not imported & set(NEVER_SERVING), sorted(imported & set(NEVER_SERVING))

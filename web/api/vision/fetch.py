@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import time
 
-import httpx
-
 from web.access.identity import User
 from web.api.errors import APIError
 from web.config import WebConfig
@@ -31,6 +29,8 @@ def fetch_image(url: str, where: str, config: WebConfig) -> bytes:
     """The bytes at `url` (http or https, at most MAX_REDIRECTS redirects), at most
     `image_fetch_bytes` of them within `image_fetch_seconds`; a 400 (`image_fetch_failed`)
     saying why otherwise. Blocks: call it off the event loop."""
+    import httpx  # here: serving without remote images never loads it (nor rich, through it)
+
     limit, seconds = config.image_fetch_bytes, config.image_fetch_seconds
     deadline = time.monotonic() + seconds
 
