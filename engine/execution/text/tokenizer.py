@@ -435,6 +435,8 @@ class IncrementalDetokenizer:
         self._read = len(self._ids)  # ids before this were already emitted
 
     def _delta(self, final: bool) -> str:
+        if self._read == len(self._ids):
+            return ""  # nothing new (a flush after the last token's text, an embedding)
         before = self._decode(self._ids[self._prefix:self._read], self._skip)
         now = self._decode(self._ids[self._prefix:], self._skip)
         if not final and now.endswith(REPLACEMENT):

@@ -65,6 +65,20 @@ def test_detokenizer_with_prompt_context_and_special_tokens(tok: Tokenizer) -> N
     assert out == " world 🙂"  # prompt not repeated, EOS skipped
 
 
+def test_flush_with_nothing_new_decodes_nothing(tok: Tokenizer,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """An embedding (no tokens after its prompt) or a reply whose text is all out ends
+    without decoding its context again."""
+    prompt = tok.encode("hello there", add_special_tokens=False)
+    ids = tok.encode(" world", add_special_tokens=False)
+    detok = tok.detokenizer(prompt)
+    assert "".join(detok.push(i) for i in ids) == " world"
+    calls: list[object] = []
+    monkeypatch.setattr(detok, "_decode", lambda *a: calls.append(a) or "")
+    assert detok.flush() == "" and tok.detokenizer(prompt).flush() == ""
+    assert not calls
+
+
 def test_truncated_character_is_flushed_as_replacement(tok: Tokenizer) -> None:
     ids = tok.encode("ok 🙂", add_special_tokens=False)
     detok = tok.detokenizer()
