@@ -144,8 +144,8 @@ SSE_DOC = ("With `stream: true`: `text/event-stream`; every `data:` line holds o
 
 def _route_docs(body: type, chunk: str) -> dict[str, Any]:
     """The OpenAPI description and responses of a completion route (streaming or not)."""
-    # generate_examples off, as on every ResponseSpec: inventing examples imports polyfactory
-    # and Faker (~15 MB resident) for the schema alone
+    # generate_examples off, as on every ResponseSpec: inventing examples would import
+    # polyfactory and Faker, which stay for the process's life, for the schema only
     return {"description": SSE_DOC.format(chunk),
             "responses": {200: ResponseSpec(body, description="The completion; with "
                                             "stream=true a text/event-stream of chunks",
