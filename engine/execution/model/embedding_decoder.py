@@ -6,8 +6,9 @@ normalized where a Normalize module is listed. From a GGUF (Qwen3-Embedding's `q
 EmbeddingGemma's `gemma-embedding`, as llama.cpp's converter writes them): the text model's
 blocks as for chat, the pooling its `pooling_type` names, EmbeddingGemma's Dense modules, the
 vectors normalized (a GGUF does not say; llama.cpp's server normalizes them too).
-Qwen3-Reranker's GGUF (rank pooling) scores a (query, document) prompt by the last token's
-"yes" against "no" (`cls.output`, the LM head's two rows).
+Qwen3-Reranker scores a (query, document) prompt by the last token's "yes" against "no": as
+published (the LM head's two rows), as its GGUF (rank pooling, `cls.output`: those rows) or as
+a one-label sequence classifier (their difference).
 
 Like the BERT encoders they are prefill-only work that keeps no KV: attention runs over each
 input's own tokens in a padded block for this round only (`PackedAttention`), causal for a
@@ -228,6 +229,7 @@ def load_embedding_decoder(folder: str | Path, dtype: torch.dtype,
         raise UnsupportedModel(f"{folder} is not a decoder embedding model ("
                                f"{', '.join(registry.EMBEDDING_DECODERS)} with a Pooling "
                                "module, or a one-label sequence classifier)")
+    tied = bool(raw.get("tie_word_embeddings", False))  # Qwen3's default
     raw["tie_word_embeddings"] = True  # the LM head is never used: no copy of it
     arch = registry.for_hf(raw)
     model = arch(arch.config_from_hf(raw), dtype, "meta")
@@ -235,6 +237,8 @@ def load_embedding_decoder(folder: str | Path, dtype: torch.dtype,
     load_weights(model, _Unprefixed(source), device)
     if registry.is_decoder_scorer(raw):
         return _sequence_classifier(folder, raw, model, source, device)
+    if registry.is_decoder_reranker(folder, raw):
+        return _published_reranker(folder, raw, model, source, device, tied)
     pooling, normalize = pooling_of(folder)
     dense = _dense(folder, dtype, device)
     width = dense[-1].weight.shape[0] if dense else model.config.hidden_size
@@ -268,11 +272,43 @@ def _sequence_classifier(folder: Path, raw: dict[str, Any], model: CausalLM,
         raise UnsupportedModel(f"{folder}: score.weight holds {judge.numel()} numbers, a "
                                f"reranker's one row of {width}")
     judge = judge.reshape(1, width)
-    cfg = EmbeddingDecoderConfig(
+    return EmbeddingDecoder(model, _reranker_config(raw, model), (), judge)
+
+
+def _reranker_config(raw: dict[str, Any], model: CausalLM) -> EmbeddingDecoderConfig:
+    """A decoder reranker's: one relevance per input, from its last token, over Qwen's
+    rerank prompt."""
+    return EmbeddingDecoderConfig(
         family=str(raw["model_type"]), vocab_size=model.config.vocab_size, hidden_size=1,
         max_seq_length=model.config.max_position_embeddings, pooling="lasttoken",
         normalize=False, bidirectional=False, scores=True, rerank_template=RERANK_TEMPLATE)
-    return EmbeddingDecoder(model, cfg, (), judge)
+
+
+def _published_reranker(folder: Path, raw: dict[str, Any], model: CausalLM,
+                        source: SafetensorsSource, device: torch.device | str,
+                        tied: bool) -> EmbeddingDecoder:
+    """Qwen3-Reranker as Qwen publishes it (a causal LM): its LM head's "yes" and "no" rows
+    (the embeddings' where the head is tied) score the last token of Qwen's rerank prompt,
+    as llama.cpp's converter takes them."""
+    from tokenizers import Tokenizer as RustTokenizer
+
+    words = folder / "tokenizer.json"
+    if not words.is_file():
+        raise UnsupportedModel(f"{folder}: a reranker without tokenizer.json (its \"yes\" "
+                               "and \"no\" tokens)")
+    vocabulary = RustTokenizer.from_file(str(words))
+    judge_ids = [vocabulary.token_to_id(word) for word in ("yes", "no")]
+    del vocabulary
+    if None in judge_ids:
+        raise UnsupportedModel(f"{folder}: its vocabulary has no \"yes\" or \"no\" token")
+    stored = set(source.keys())
+    head = "model.embed_tokens.weight" if tied or "lm_head.weight" not in stored \
+        else "lm_head.weight"
+    if head not in stored:
+        raise UnsupportedModel(f"{folder}: no {head} (the reranker's yes and no rows)")
+    judge = source.rows(head, [int(i) for i in judge_ids if i is not None], torch.float32,
+                        device)
+    return EmbeddingDecoder(model, _reranker_config(raw, model), (), judge)
 
 
 def load_embedding_decoder_gguf(path: str | Path, device: torch.device | str

@@ -61,11 +61,38 @@ def is_decoder_scorer(cfg: Mapping[str, Any]) -> bool:
         and len(cfg.get("id2label") or {"0": ""}) == 1
 
 
+# Qwen3-Reranker as Qwen publishes it: a plain Qwen3ForCausalLM that only its name and its
+# model card's title tell apart from a chat model (llama.cpp's converter reads the same hints)
+RERANKER_NAME = "qwen3-reranker"
+
+
+def is_decoder_reranker(folder: Path, cfg: Mapping[str, Any]) -> bool:
+    """config.json and folder of Qwen3-Reranker as published (a causal LM whose head's "yes"
+    and "no" rows score): its folder's name (or, in a Hugging Face cache, its repository's),
+    its `_name_or_path` or its README's title names it."""
+    if cfg.get("model_type") != "qwen3" or is_decoder_scorer(cfg):
+        return False
+    folder = Path(folder)
+    names = [folder.name, str(cfg.get("_name_or_path") or "")]
+    if folder.parent.name == "snapshots":  # hub cache: models--Qwen--Qwen3-Reranker-0.6B
+        names.append(folder.parent.parent.name.replace("--", "/"))
+    if any(RERANKER_NAME in name.lower() for name in names):
+        return True
+    try:
+        with (folder / "README.md").open(encoding="utf-8", errors="replace") as card:
+            head = card.read(64 * 1024)
+    except OSError:
+        return False
+    return any(line.strip().lower().startswith(f"# {RERANKER_NAME}")
+               for line in head.splitlines())
+
+
 def is_embedding_decoder(folder: Path, cfg: Mapping[str, Any]) -> bool:
-    """A decoder family's folder with a sentence-transformers Pooling module, or saved as a
-    one-label sequence classifier (a reranker)."""
+    """A decoder family's folder with a sentence-transformers Pooling module, saved as a
+    one-label sequence classifier (a reranker), or Qwen3-Reranker as published."""
     return cfg.get("model_type") in EMBEDDING_DECODERS and (
-        has_pooling_module(Path(folder)) or is_decoder_scorer(cfg))
+        has_pooling_module(Path(folder)) or is_decoder_scorer(cfg)
+        or is_decoder_reranker(folder, cfg))
 
 
 def is_bert_folder(folder: Path) -> bool:
@@ -105,15 +132,15 @@ def is_embedding_model(path: Path) -> bool:
 
 def embedding_task(path: Path) -> str | None:
     """What an embedding model's files do, before they load: "score" for a cross-encoder
-    (a BERT or RoBERTa sequence classifier, its GGUF, Qwen3-Reranker's GGUF or sequence
-    classifier), "embed" for the others; None for a model that is not one
+    (a BERT or RoBERTa sequence classifier, its GGUF, Qwen3-Reranker as published, as its
+    GGUF or as a sequence classifier), "embed" for the others; None for a model that is not one
     (engine.Engine.task's words)."""
     if not is_embedding_model(path):
         return None
     if Path(path).is_dir():
         cfg = json.loads((Path(path) / "config.json").read_text())
         if any(a in bert.SCORERS for a in cfg.get("architectures") or []) \
-                or is_decoder_scorer(cfg):
+                or is_decoder_scorer(cfg) or is_decoder_reranker(Path(path), cfg):
             return "score"
     else:
         from engine.execution.loading.encoder_gguf import (

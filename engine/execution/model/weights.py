@@ -136,6 +136,14 @@ class SafetensorsSource:
         tensor = handle.get_tensor(stored)
         return self._model.adapt_hf_tensor(key, tensor).to(device=device, dtype=dtype)
 
+    def rows(self, key: str, indices: list[int], dtype: torch.dtype,
+             device: torch.device | str) -> torch.Tensor:
+        """Some rows of a matrix stored as it is used (no `adapt_hf_tensor`), read alone:
+        two rows of a vocabulary-wide head without reading the head."""
+        handle, stored = self._where[key]
+        whole = handle.get_slice(stored)
+        return torch.cat([whole[i:i + 1] for i in indices]).to(device=device, dtype=dtype)
+
     def matrix(self, keys: list[str], dtype: torch.dtype, device: torch.device | str) -> Weight:
         parts = [self._get(k, dtype, device) for k in keys]
         return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -266,3 +266,101 @@ def test_a_qwen3_reranker_sequence_classifier_folder_scores_as_transformers(
         assert server.engine.wait_idle(30)
     finally:
         server.stop()
+
+
+def test_a_published_qwen3_reranker_folder_scores_as_transformers(
+        files: tuple[Path, Path], embedding_dir: Path, in_thread_server: Any,
+        tmp_path: Path) -> None:
+    """Qwen3-Reranker as Qwen publishes it: a Qwen3ForCausalLM (its own LM head here, as
+    the 4B and 8B have) that its model card's title names. Served as a reranker, each
+    document's relevance is transformers' probability of "yes" against "no" after Qwen's
+    prompt; the same folder without the title or name is a chat model."""
+    import httpx
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    from engine import Tokenizer, embedding_task
+    from tests.tools.embedding_decoders import TOKENIZER_FILES
+
+    folder, _ = files
+    reference_tok = Tokenizer(embedding_dir)
+    yes, no = (reference_tok.encode(w, add_special_tokens=False)[0] for w in ("yes", "no"))
+    body = causal_lm(folder)
+    config = body.config
+    config.tie_word_embeddings = False
+    config.architectures = ["Qwen3ForCausalLM"]
+    torch.manual_seed(7)
+    lm = Qwen3ForCausalLM(config).eval()  # a head of its own, apart from the embeddings
+    lm.model.load_state_dict(body.model.state_dict())
+    assert not torch.equal(lm.lm_head.weight, lm.model.embed_tokens.weight)
+    plain, ranker = tmp_path / "tiny-qwen3", tmp_path / "tiny-ranker"
+    for where in (plain, ranker):
+        lm.save_pretrained(where)
+        for name in TOKENIZER_FILES:
+            (where / name).write_bytes((embedding_dir / name).read_bytes())
+    (ranker / "README.md").write_text("---\nlicense: apache-2.0\n---\n\n# Qwen3-Reranker-0.6B\n"
+                                      "\n<p>Judge relevance.</p>\n")
+    assert embedding_task(plain) is None  # a chat model
+    assert embedding_task(ranker) == "score"
+    named = tmp_path / "Qwen3-Reranker-tiny"
+    plain.rename(named)
+    assert embedding_task(named) == "score"
+    server = serve_encoder(in_thread_server, ranker, tmp_path / "data", "rerank")
+    try:
+        assert server.engine.task == "score"
+        r = httpx.post(server.url + "/v1/rerank", timeout=60, json={
+            "model": "rerank", "query": QUERY, "documents": DOCUMENTS})
+        assert r.status_code == 200, r.text
+        got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+        want = {}
+        for i, ids in enumerate(rerank_prompts(reference_tok)):
+            with torch.inference_mode():
+                last = lm(input_ids=ids).logits[0, -1]
+            want[i] = float(torch.softmax(last[[yes, no]], dim=0)[0])  # Qwen's own scoring
+        assert got == pytest.approx(want, abs=1e-4)
+        assert len(set(round(v, 4) for v in want.values())) == len(want)  # they differ
+        # the embeddings' rows would score otherwise: the head's were read
+        with torch.inference_mode():
+            rows = body.lm_head.weight[yes] - body.lm_head.weight[no]
+            tied = {i: float(torch.sigmoid(rows @ h))
+                    for i, h in enumerate(hidden_last(lm, reference_tok))}
+        assert got != pytest.approx(tied, abs=1e-3)
+        r = httpx.post(server.url + "/v1/embeddings", timeout=60,
+                       json={"model": "rerank", "input": "x"})
+        assert r.status_code == 400, r.text
+        assert server.engine.wait_idle(30)
+        snap = server.engine.snapshot()
+        assert snap.kv.free == snap.kv.total and all(s is None for s in snap.slots)
+    finally:
+        server.stop()
+
+
+def hidden_last(lm: Any, tokenizer: Any) -> list[Any]:
+    """The final norm's state at the last token of each rerank prompt."""
+    import torch
+
+    out = []
+    for ids in rerank_prompts(tokenizer):
+        with torch.inference_mode():
+            out.append(lm.model(input_ids=ids).last_hidden_state[0, -1])
+    return out
+
+
+@pytest.mark.parametrize(("where", "card", "ranks"), [
+    ("models--Qwen--Qwen3-Reranker-0.6B/snapshots/6e9e69", None, True),  # a hub cache
+    ("models--Qwen--Qwen3-8B/snapshots/6e9e69", None, False),
+    ("q", "# Qwen3-Reranker-4B\n", True),
+    ("q", "# Qwen3-8B\nThis is not Qwen3-Reranker.\n", False),
+    ("my-qwen3-reranker", None, True),
+])
+def test_qwen3_reranker_is_told_by_its_name_or_card(
+        tmp_path: Path, where: str, card: str | None, ranks: bool) -> None:
+    from engine.execution.model.registry import is_decoder_reranker
+
+    folder = tmp_path / where
+    folder.mkdir(parents=True)
+    if card is not None:
+        (folder / "README.md").write_text(card)
+    cfg = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}
+    assert is_decoder_reranker(folder, cfg) is ranks
+    assert not is_decoder_reranker(folder, {**cfg, "model_type": "llama"})
