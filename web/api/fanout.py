@@ -9,7 +9,6 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import anyio
 from litestar import Request
 
 from engine import (
@@ -55,6 +54,13 @@ def submit_all(request: Request[Any, Any, Any], s: Services, prompt_ids: list[in
     return handles
 
 
+def _retrieve(task: asyncio.Future[None]) -> None:
+    """Take a finished watcher's outcome, so that a failure of its receive is not logged as
+    never retrieved (the answer was made without it)."""
+    if not task.cancelled():
+        task.exception()
+
+
 def cancel_all(handles: list[RequestHandle]) -> None:
     for handle in handles:
         if handle.final is None:
@@ -90,18 +96,22 @@ async def collect_all(request: Request[Any, Any, Any], handles: list[RequestHand
     """Run every choice to its end; a client that goes away cancels all of them; a choice
     that fails fails the call (the others are cancelled)."""
     finals: list[FinalEvent | None] = [None] * len(handles)
-    async with anyio.create_task_group() as tg:
-        async def watch() -> None:
-            await until_disconnect(request)
-            cancel_all(handles)
-        tg.start_soon(watch)
-        try:
-            async for i, event in merge(handles):
-                if isinstance(event, FinalEvent):
-                    finals[i] = event
-        finally:
-            cancel_all(handles)
-        tg.cancel_scope.cancel()
+
+    async def watch() -> None:
+        await until_disconnect(request)
+        cancel_all(handles)
+
+    # a bare task, not an anyio task group: cancelling a group's scope formats the task's
+    # repr into its reason, a tenth of a millisecond on every answer
+    watcher = asyncio.ensure_future(watch())
+    try:
+        async for i, event in merge(handles):
+            if isinstance(event, FinalEvent):
+                finals[i] = event
+    finally:
+        cancel_all(handles)
+        watcher.cancel()
+        watcher.add_done_callback(_retrieve)
     for final in finals:
         assert final is not None
         if final.finish_reason == "error":
