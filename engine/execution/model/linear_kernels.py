@@ -181,19 +181,20 @@ def pack(weight: torch.Tensor, bf16: bool = False) -> torch.Tensor:
     return packed
 
 
-def onednn_linear(x: torch.Tensor, weight: torch.Tensor,
-                  bias: torch.Tensor | None) -> torch.Tensor:
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  wide: bool = True) -> torch.Tensor:
     """x [T, in] @ weight.T (+ bias) from a packed weight: float32 in and out, also for a
-    bf16 weight (its products then take x and the bias in bf16, accumulating in float32)."""
+    bf16 weight (its products then take x and the bias in bf16, accumulating in float32).
+    `wide=False`: a bf16 weight's result left in bf16, for a next product that takes it in
+    bf16 anyway (two conversions less)."""
     if x.shape[0] == 0:  # oneDNN refuses empty inputs
         return x.new_empty(0, weight.shape[0])
     if weight.dtype == torch.bfloat16:
-        wide: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
             x.to(torch.bfloat16).contiguous(), weight,
             None if bias is None else bias.to(torch.bfloat16), "none", [], "")
-        return wide.float()
-    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias,
-                                                          "none", [], "")
+        return out.float() if wide else out
+    out = torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
     return out
 
 

@@ -226,9 +226,12 @@ def packed(w: BertWeights, bf16: bool = False) -> BertWeights:
     return dataclasses.replace(w, layers=tuple(layer(it) for it in w.layers))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [T, in] @ weight.T (+ bias), from a packed weight where loading packed it."""
-    return onednn_linear(x, weight, bias) if is_packed(weight) else F.linear(x, weight, bias)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+           wide: bool = True) -> torch.Tensor:
+    """x [T, in] @ weight.T (+ bias), from a packed weight where loading packed it.
+    `wide=False`: a bf16 product's result stays bf16 (linear_kernels.onednn_linear)."""
+    return onednn_linear(x, weight, bias, wide) if is_packed(weight) \
+        else F.linear(x, weight, bias)
 
 
 # --- the model ------------------------------------------------------------------------------
@@ -237,17 +240,10 @@ def encode(w: BertWeights, cfg: BertConfig, ids: torch.Tensor, positions: torch.
            token_types: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
     """Packed inputs (ids, positions, token types: [T], the inputs one after another with
     `lengths`) -> the last layer's hidden states [T, hidden]. Attention runs over each input's
-    own tokens, both ways: the packed rows are laid out as a padded [inputs, longest] block
-    for attention only, the rest runs on the packed rows."""
-    dev = ids.device
+    own tokens, both ways: the packed rows of several inputs are laid out as a padded
+    [inputs, longest] block for attention only, the rest runs on the packed rows."""
     n, longest, heads, d = len(lengths), max(lengths), cfg.num_heads, cfg.head_dim
-    lens = torch.tensor(list(lengths), dtype=torch.int64, device=dev)
-    starts = torch.cumsum(lens, 0) - lens
-    # packed row -> its place in the padded block; keys past an input's length are masked
-    row_in = torch.repeat_interleave(torch.arange(n, device=dev), lens)
-    col = torch.arange(ids.numel(), device=dev) - starts[row_in]
-    slot = row_in * longest + col
-    keep = (torch.arange(longest, device=dev)[None, :] < lens[:, None])[:, None, None, :]
+    slot, keep = padded_layout(lengths, ids.device) if n > 1 else (None, None)
     eps = cfg.layer_norm_eps
     x = w.word[ids] + w.token_type[token_types]
     if w.position is not None:
@@ -256,24 +252,45 @@ def encode(w: BertWeights, cfg: BertConfig, ids: torch.Tensor, positions: torch.
     rope = None if cfg.rope_theta is None else rotary_tables(positions, d, cfg.rope_theta,
                                                              x.dtype)
     for layer in w.layers:
+        # q, k, v in float32: bf16 attention would round a padded batch's rows otherwise
+        # than one input's. The GELU runs on the product's bf16, its output the bf16 the
+        # next product takes (oneDNN's fused GELU rounds a row by how many rows there are)
         qkv = linear(x, layer.qkv_w, layer.qkv_b)  # [T, 3 * hidden]
         if rope is not None:  # q and k turned in place, by each token's own position
             qk = qkv[:, :2 * cfg.hidden_size].view(-1, 2 * heads, d)
             qk.copy_(rotate(qk, *rope))
-        padded = qkv.new_zeros(n * longest, 3 * cfg.hidden_size)
-        padded[slot] = qkv
-        q, k, v = padded.view(n, longest, 3, heads, d).permute(2, 0, 3, 1, 4)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # [n, heads, L, d]
-        attn = attn.transpose(1, 2).reshape(n * longest, cfg.hidden_size)[slot]
+        if slot is None:  # one input: its rows are the block
+            q, k, v = qkv.view(1, longest, 3, heads, d).permute(2, 0, 3, 1, 4)
+            attn = F.scaled_dot_product_attention(q, k, v).transpose(1, 2) \
+                .reshape(longest, cfg.hidden_size)
+        else:
+            padded = qkv.new_zeros(n * longest, 3 * cfg.hidden_size)
+            padded[slot] = qkv
+            q, k, v = padded.view(n, longest, 3, heads, d).permute(2, 0, 3, 1, 4)
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # [n, heads, L, d]
+            attn = attn.transpose(1, 2).reshape(n * longest, cfg.hidden_size)[slot]
         x = F.layer_norm(x + linear(attn, layer.o_w, layer.o_b), (cfg.hidden_size,),
                          *layer.ln1, eps)
         if layer.gate_w is not None:  # SwiGLU
             up = F.silu(linear(x, layer.gate_w, None)) * linear(x, layer.up_w, layer.up_b)
         else:
-            up = F.gelu(linear(x, layer.up_w, layer.up_b), approximate=cfg.gelu)
+            up = F.gelu(linear(x, layer.up_w, layer.up_b, wide=False), approximate=cfg.gelu)
         x = F.layer_norm(x + linear(up, layer.down_w, layer.down_b), (cfg.hidden_size,),
                          *layer.ln2, eps)
     return x
+
+
+def padded_layout(lengths: Sequence[int], device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(slot [T]: each packed row's place in the padded [inputs * longest] block, keep
+    [inputs, 1, 1, longest]: which keys are an input's own) for inputs of `lengths`."""
+    n, longest = len(lengths), max(lengths)
+    lens = torch.tensor(list(lengths), dtype=torch.int64, device=device)
+    starts = torch.cumsum(lens, 0) - lens
+    row_in = torch.repeat_interleave(torch.arange(n, device=device), lens)
+    col = torch.arange(int(sum(lengths)), device=device) - starts[row_in]
+    keep = (torch.arange(longest, device=device)[None, :] < lens[:, None])[:, None, None, :]
+    return row_in * longest + col, keep
 
 
 def rotary_tables(positions: torch.Tensor, dim: int, theta: float,
