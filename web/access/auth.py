@@ -30,6 +30,7 @@ from urllib.parse import quote, urlsplit
 from web.access.forms import form_field
 from web.access.sessions import SESSION_MAX_AGE, SessionSigner, load_secret_key
 from web.access.users import LOCAL_USER, User, UserError, UserStore
+from web.worker import below_engine
 
 T = TypeVar("T")
 
@@ -87,7 +88,13 @@ class Auth:
         return self.signer.max_age
 
     def bearer_user(self, token: str) -> User | None:
+        """The token's user, or None; blocks for a token not seen before (its hash: tens of
+        milliseconds), so off the event loop (known_bearer_user first)."""
         return _unless_store_fails("check a token", lambda: self.store.verify(token))
+
+    def known_bearer_user(self, token: str) -> User | None:
+        """The user of a token verified before, at once; None: ask bearer_user."""
+        return _unless_store_fails("check a token", lambda: self.store.verified(token))
 
     def session_user(self, cookie_value: str) -> User | None:
         session = self.signer.unsign(cookie_value)
@@ -267,7 +274,7 @@ class AuthMiddleware:
         """On the LAN: a bearer token or a session cookie (+ CSRF token) on every path but
         the public ones."""
         public = is_public(scope.get("path", "/"))
-        caller = self.identify(scope)
+        caller = await self.identify(scope)
         if caller is None:  # a wrong bearer token
             if not public:
                 await self.unauthorized(scope, send, "invalid access token", force_json=True)
@@ -295,9 +302,10 @@ class AuthMiddleware:
             receive = checked
         await self.app(scope, receive, send)
 
-    def identify(self, scope: Scope) -> Caller | None:
+    async def identify(self, scope: Scope) -> Caller | None:
         """Who sent this: by bearer token (or `x-api-key`, which counts as one), else by session
-        cookie; None for a bad token."""
+        cookie; None for a bad token. A token not seen before is checked on a worker thread:
+        its hash would hold the event loop, every user's streams with it, for tens of ms."""
         authorization = header(scope, "authorization")
         api_key = header(scope, "x-api-key")  # Anthropic's clients send the token here
         if authorization is None and api_key is not None:
@@ -305,8 +313,10 @@ class AuthMiddleware:
         if authorization is not None:
             scheme, _, token = authorization.strip().partition(" ")
             user = None
-            if scheme.lower() == "bearer" and token.strip():
-                user = self.auth.bearer_user(token.strip())
+            token = token.strip()
+            if scheme.lower() == "bearer" and token:
+                user = self.auth.known_bearer_user(token) \
+                    or await below_engine(self.auth.bearer_user, token)
             return Caller(user, "bearer") if user is not None else None
         for value in cookie_values(header(scope, "cookie"), SESSION_COOKIE):
             user = self.auth.session_user(value)

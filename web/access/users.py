@@ -33,6 +33,7 @@ SCRYPT_N = 2 ** 14  # 16 MiB, tens of milliseconds; verified tokens are cached a
 SCRYPT_R = 8
 SCRYPT_P = 1
 PBKDF2_ITERATIONS = 300_000
+DERIVING = 2  # token hashes computed at once
 HASH_BYTES = 32
 MAX_SESSIONS = 20  # open browser sessions kept per user; the oldest ends when one more opens
 
@@ -155,6 +156,9 @@ class UserStore:
         self._users: dict[str, dict[str, Any]] = {}
         self._by_id: dict[str, str] = {}  # token id -> name
         self._verified: dict[bytes, str] = {}  # sha256(token) -> name, for this file version
+        # tokens checked at once: each hash takes 16 MiB and a core, and a flood of wrong
+        # tokens must cost a bounded share of the machine
+        self._deriving = threading.BoundedSemaphore(DERIVING)
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -218,31 +222,44 @@ class UserStore:
         return UserRecord(name, bool(rec.get("admin")), str(rec.get("created", "")),
                           rec.get("rotated"), rec["token_id"], open_ids)
 
+    def verified(self, token: str) -> User | None:
+        """The user of a token this store has verified before (and whose record is unchanged
+        since), at the cost of a dictionary lookup; None for any other token, which only
+        `verify` can tell (tens of milliseconds of a core: never on an event loop)."""
+        if token_id_of(token) is None:
+            return None
+        with self._lock:
+            users = self._load()
+            name = self._verified.get(hashlib.sha256(token.encode()).digest())
+            if name is not None and name in users:
+                return self._record(name, users[name]).user
+        return None
+
     def verify(self, token: str) -> User | None:
         """The user this token belongs to, or None. Never raises for a bad token."""
         token_id = token_id_of(token)
         if token_id is None:
             return None
+        known = self.verified(token)
+        if known is not None:
+            return known
         with self._lock:
             users = self._load()
-            digest = hashlib.sha256(token.encode()).digest()
-            name = self._verified.get(digest)
-            if name is not None and name in users:
-                return self._record(name, users[name]).user
             name = self._by_id.get(token_id)
             if name is None:
                 return None
             rec = users[name]
         try:
             expected = bytes.fromhex(rec["hash"])
-            actual = _derive(token, bytes.fromhex(rec["salt"]), rec["kdf"])
+            with self._deriving:
+                actual = _derive(token, bytes.fromhex(rec["salt"]), rec["kdf"])
         except (ValueError, UserError):
             return None
         if not hmac.compare_digest(expected, actual):
             return None
         with self._lock:
             if self._users.get(name) is rec:  # the file did not change meanwhile
-                self._verified[digest] = name
+                self._verified[hashlib.sha256(token.encode()).digest()] = name
         return User(name, is_admin=bool(rec.get("admin")))
 
     # --- changing --------------------------------------------------------------------------

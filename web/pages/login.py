@@ -21,6 +21,7 @@ from web.access.auth import (
     csrf_token,
     safe_next,
 )
+from web.worker import below_engine
 
 LOGIN_TEMPLATE = "login.html"
 
@@ -65,7 +66,8 @@ async def login_submit(request: Request[Any, Any, Any]) -> Response[Any]:
     if not auth.shared:
         return Redirect(target, status_code=303)
     token = str(form.get("token") or "")
-    result = auth.login(token) if token else None
+    # a token's hash and the users file's write (fsync) off the event loop
+    result = await below_engine(auth.login, token) if token else None
     if result is None:
         return login_form(request, target, "That token is not valid. Check it and try again.",
                           status_code=401)
@@ -79,7 +81,8 @@ async def logout(request: Request[Any, Any, Any]) -> Response[Any]:
     auth = auth_of(request)
     cookie = request.scope.get(SCOPE_SESSION)
     if isinstance(cookie, str) and cookie:
-        auth.logout(cookie)  # the server forgets the session: copies of the cookie stop working
+        # the server forgets the session (copies of the cookie stop working): a file write
+        await below_engine(auth.logout, cookie)
     response: Response[Any] = Redirect("/login" if auth.shared else "/", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response

@@ -538,3 +538,59 @@ def test_csrf_search_is_linear_on_a_hostile_megabyte(content_type: str, body: by
     started = time.perf_counter()
     assert csrf_from_body(content_type, body) is None
     assert time.perf_counter() - started < 0.25
+
+
+def test_a_token_being_checked_holds_no_one_else(tmp_path: Path, store: UserStore,
+                                                  tokens: dict[str, str],
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  in_thread_server: Any) -> None:
+    """A token not seen before costs its hash (scrypt: tens of milliseconds of a core, more
+    on a busy machine), and signing in writes the users file. Both run on a worker thread:
+    while a sign-in's or a first API call's hash is held, the server answers /healthz. On the
+    event loop, that answer would wait for the hash, which is held until it came."""
+    import threading
+    from types import SimpleNamespace
+
+    import httpx
+
+    from web.access import users
+
+    hashing, release = threading.Event(), threading.Event()
+    real = users._derive
+
+    def held(token: str, salt: bytes, kdf: str) -> bytes:
+        hashing.set()
+        release.wait(30)
+        return real(token, salt, kdf)
+
+    monkeypatch.setattr(users, "_derive", held)
+    auth = Auth(shared=True, store=store, key=load_secret_key(tmp_path))
+    no_engine = SimpleNamespace(alive=False)  # the tiny app runs none
+    server = in_thread_server(make_app(auth), no_engine, "auth", 30)
+    got: dict[str, httpx.Response] = {}
+    sends = {"sign-in": lambda: httpx.post(server.url + "/login", timeout=60, data={
+                 "token": tokens["bob"], "next": "/"}),
+             "bearer": lambda: httpx.get(server.url + "/v1/whoami", timeout=60,
+                                         headers=bearer(tokens["cat"]))}
+    try:
+        for kind, send in sends.items():
+            hashing.clear()
+            release.clear()
+            caller = threading.Thread(target=lambda k=kind, s=send: got.update({k: s()}))
+            caller.start()
+            assert hashing.wait(10), f"{kind}: the token was not checked"
+            try:
+                assert httpx.get(server.url + "/healthz", timeout=5).text == "ok", kind
+            finally:
+                release.set()
+                caller.join(30)
+        assert got["sign-in"].status_code == 303
+        assert got["bearer"].json() == {"name": "cat", "admin": False}
+        # a token checked once is known: no hash on its next call
+        hashing.clear()
+        assert httpx.get(server.url + "/v1/whoami", headers=bearer(tokens["cat"]),
+                         timeout=5).status_code == 200
+        assert not hashing.is_set()
+    finally:
+        release.set()
+        server.stop()
