@@ -127,6 +127,17 @@ def rerank_prompts(tokenizer: Any) -> list[Any]:
                                            add_special_tokens=False)]) for doc in DOCUMENTS]
 
 
+def reranked(server: Any) -> dict[int, float]:
+    """A reranker server's relevance of each of DOCUMENTS to QUERY, by index."""
+    import httpx
+
+    assert server.engine.task == "score"
+    r = httpx.post(server.url + "/v1/rerank", timeout=60, json={
+        "model": "rerank", "query": QUERY, "documents": DOCUMENTS})
+    assert r.status_code == 200, r.text
+    return {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+
+
 def test_a_qwen3_reranker_gguf_scores_as_transformers(
         files: tuple[Path, Path], embedding_dir: Path, in_thread_server: Any,
         tmp_path: Path) -> None:
@@ -228,7 +239,6 @@ def test_a_qwen3_reranker_sequence_classifier_folder_scores_as_transformers(
     row the LM head's "yes" row minus its "no" row, as the seq-cls folders vLLM and
     sentence-transformers load): served as a reranker over Qwen's prompt, its relevance is
     transformers' sigmoid of the classifier's logit."""
-    import httpx
     import torch
     from transformers import Qwen3ForSequenceClassification
 
@@ -253,11 +263,7 @@ def test_a_qwen3_reranker_sequence_classifier_folder_scores_as_transformers(
     assert embedding_task(seq_cls) == "score"
     server = serve_encoder(in_thread_server, seq_cls, tmp_path / "data", "rerank")
     try:
-        assert server.engine.task == "score"
-        r = httpx.post(server.url + "/v1/rerank", timeout=60, json={
-            "model": "rerank", "query": QUERY, "documents": DOCUMENTS})
-        assert r.status_code == 200, r.text
-        got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+        got = reranked(server)
         with torch.inference_mode():
             want = {i: float(torch.sigmoid(classifier(input_ids=ids).logits[0, 0]))
                     for i, ids in enumerate(rerank_prompts(reference_tok))}
@@ -307,11 +313,7 @@ def test_a_published_qwen3_reranker_folder_scores_as_transformers(
     assert embedding_task(named) == "score"
     server = serve_encoder(in_thread_server, ranker, tmp_path / "data", "rerank")
     try:
-        assert server.engine.task == "score"
-        r = httpx.post(server.url + "/v1/rerank", timeout=60, json={
-            "model": "rerank", "query": QUERY, "documents": DOCUMENTS})
-        assert r.status_code == 200, r.text
-        got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+        got = reranked(server)
         want = {}
         for i, ids in enumerate(rerank_prompts(reference_tok)):
             with torch.inference_mode():
