@@ -109,6 +109,11 @@ def _now() -> str:
     return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
+def _digest(token: str) -> bytes:
+    """A verified token's key in the store's memory (never written anywhere)."""
+    return hashlib.sha256(token.encode()).digest()
+
+
 def _derive(token: str, salt: bytes, kdf: str) -> bytes:
     secret = token.encode()
     kind, *params = kdf.split(":")
@@ -230,7 +235,7 @@ class UserStore:
             return None
         with self._lock:
             users = self._load()
-            name = self._verified.get(hashlib.sha256(token.encode()).digest())
+            name = self._verified.get(_digest(token))
             if name is not None and name in users:
                 return self._record(name, users[name]).user
         return None
@@ -259,7 +264,7 @@ class UserStore:
             return None
         with self._lock:
             if self._users.get(name) is rec:  # the file did not change meanwhile
-                self._verified[hashlib.sha256(token.encode()).digest()] = name
+                self._verified[_digest(token)] = name
         return User(name, is_admin=bool(rec.get("admin")))
 
     # --- changing --------------------------------------------------------------------------

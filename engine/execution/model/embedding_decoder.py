@@ -297,17 +297,16 @@ def _published_reranker(folder: Path, raw: dict[str, Any], model: CausalLM,
         raise UnsupportedModel(f"{folder}: a reranker without tokenizer.json (its \"yes\" "
                                "and \"no\" tokens)")
     vocabulary = RustTokenizer.from_file(str(words))
-    judge_ids = [vocabulary.token_to_id(word) for word in ("yes", "no")]
-    del vocabulary
-    if None in judge_ids:
+    yes, no = vocabulary.token_to_id("yes"), vocabulary.token_to_id("no")
+    del vocabulary  # the whole vocabulary, for two ids
+    if yes is None or no is None:
         raise UnsupportedModel(f"{folder}: its vocabulary has no \"yes\" or \"no\" token")
     stored = set(source.keys())
     head = "model.embed_tokens.weight" if tied or "lm_head.weight" not in stored \
         else "lm_head.weight"
     if head not in stored:
         raise UnsupportedModel(f"{folder}: no {head} (the reranker's yes and no rows)")
-    judge = source.rows(head, [int(i) for i in judge_ids if i is not None], torch.float32,
-                        device)
+    judge = source.rows(head, [yes, no], torch.float32, device)
     return EmbeddingDecoder(model, _reranker_config(raw, model), (), judge)
 
 
