@@ -33,12 +33,18 @@ from engine.text.chat_template import (
 from engine.text.reasoning import CLOSE, OPEN, Reasoning
 
 GGUF_TOKENIZERS = "tokenizers"  # folder under the model cache: one per GGUF file version
+# the folders' format, in their names: 2 loads with the generic class where it is the same
+FOLDER_FORMAT = "t2"
 # folders (gguf_tokenizer_dir's keys) whose GGUF's tokenizer a child could not read -> why
 _UNREADABLE: dict[str, str] = {}
 GENERIC_TOKENIZER = "TokenizersBackend"  # transformers' class for a plain tokenizer.json
 # classes that rebuild a SentencePiece (Metaspace) pipeline whatever tokenizer.json says
 SENTENCEPIECE_CLASSES = ("GemmaTokenizer", "GemmaTokenizerFast", "LlamaTokenizer",
                          "LlamaTokenizerFast")
+# texts on which the Rust backend's encode must equal transformers' before Ferry uses it:
+# spaces at either end, several lines, digits, accents and CJK, emoji, markup, a lone space
+ENCODE_PROBES = (" Hello, world!  How are you?\n\nFine.\t", "x = [1, 2, 3]  # 4567 89",
+                 "Ünïcödé 日本語 🙂 <b>bold</b> ", " ", "")
 
 
 def _reads_parts_only(hf: Any, template: str) -> bool:
@@ -66,9 +72,12 @@ def gguf_tokenizer_dir(gguf: Path, cache_dir: str | Path) -> Path:
     (sympy among them, ~65 MB that would stay); a frozen bundle builds it in process."""
     gguf = Path(gguf)
     st = gguf.stat()
-    out = Path(cache_dir) / GGUF_TOKENIZERS / f"{gguf.stem}-{st.st_size}-{st.st_mtime_ns}"
+    key = f"{gguf.stem}-{st.st_size}-{st.st_mtime_ns}"
+    out = Path(cache_dir) / GGUF_TOKENIZERS / f"{key}-{FOLDER_FORMAT}"
     if (out / "tokenizer_config.json").is_file():
         return out
+    # an earlier Ferry's folder of the same file: rebuilt in this format, so it goes
+    shutil.rmtree(out.parent / key, ignore_errors=True)
     if str(out) in _UNREADABLE:  # a child said so already: not seconds again per request
         raise ValueError(_UNREADABLE[str(out)])
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -95,6 +104,7 @@ def write_tokenizer_dir(gguf: Path, folder: Path) -> None:
     tok = _from_gguf(gguf)
     tok.save_pretrained(str(folder))
     _generic_for_bpe(gguf, folder)
+    _generic_where_same(folder)
     if tok.eos_token_id is not None:
         (folder / "generation_config.json").write_text(
             json.dumps({"eos_token_id": int(tok.eos_token_id)}))
@@ -111,7 +121,8 @@ def _build_in_child(gguf: Path, folder: Path) -> None:
         message = (f"{gguf}: its tokenizer could not be read: "
                    f"{lines[-1] if lines else f'exit status {done.returncode}'}")
         st = gguf.stat()
-        _UNREADABLE[str(folder.parent / f"{gguf.stem}-{st.st_size}-{st.st_mtime_ns}")] = message
+        key = f"{gguf.stem}-{st.st_size}-{st.st_mtime_ns}-{FOLDER_FORMAT}"
+        _UNREADABLE[str(folder.parent / key)] = message
         raise ValueError(message)
 
 
@@ -195,6 +206,55 @@ def _generic_for_bpe(gguf: Path, folder: Path) -> None:
         config.write_text(json.dumps(fields, indent=2))
 
 
+def _generic_where_same(folder: Path) -> None:
+    """transformers' classes for SentencePiece and BPE vocabularies (Gemma's, Llama's,
+    Qwen2's) build their Rust tokenizer from Python tables of the vocabulary and merges:
+    for Gemma 3's 262k tokens a 0.4 GB peak at every start and ~25 MB that stays (the
+    allocator's holes). The folder's tokenizer.json is what that class built, so the generic
+    class loads the same tokenizer from it directly. The folder is marked generic where both
+    loads agree on ids, text, special tokens and template (the class stays otherwise)."""
+    from transformers import AutoTokenizer
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    config = folder / "tokenizer_config.json"
+    fields = json.loads(config.read_text()) if config.is_file() else {}
+    if fields.get("tokenizer_class", GENERIC_TOKENIZER) == GENERIC_TOKENIZER:
+        return
+    named, generic = AutoTokenizer.from_pretrained(str(folder)), \
+        TokenizersBackend.from_pretrained(str(folder))
+    if same_tokenizer(named, generic):
+        fields["tokenizer_class"] = GENERIC_TOKENIZER
+        config.write_text(json.dumps(fields, indent=2))
+
+
+# what two tokenizers must agree on to be one: texts with spaces, lines and tabs, digits,
+# accents, CJK, emoji and markup, each with and without the special tokens; their specials
+SAME_TEXTS = (*ENCODE_PROBES, "  lead and trail  ", "a\u00a0b\u200bc\u3000d",
+              "def f(x):\n\treturn x ** 2  # square\n", "1234567890" * 3 + " 3.14159",
+              "<|im_start|>user\nhi<|im_end|><start_of_turn>model\n<bos><eos>")
+SAME_ATTRIBUTES = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id",
+                   "all_special_tokens", "chat_template", "clean_up_tokenization_spaces",
+                   "model_max_length")
+
+
+def same_tokenizer(a: Any, b: Any) -> bool:
+    """Whether transformers tokenizers `a` and `b` encode, decode and describe alike."""
+    if len(a) != len(b) or a.get_added_vocab() != b.get_added_vocab():
+        return False
+    if any(getattr(a, name, None) != getattr(b, name, None) for name in SAME_ATTRIBUTES):
+        return False
+    for text in SAME_TEXTS:
+        for special in (True, False):
+            ids = a.encode(text, add_special_tokens=special)
+            if b.encode(text, add_special_tokens=special) != ids:
+                return False
+            for skip in (True, False):
+                if a.decode(ids, skip_special_tokens=skip) != \
+                        b.decode(ids, skip_special_tokens=skip):
+                    return False
+    return True
+
+
 CONSTRUCTION_TABLES = ("_vocab", "_merges")
 
 
@@ -231,10 +291,6 @@ def read_eos_ids(path: Path) -> frozenset[int]:
 THINK_WINDOW = 16  # prompt tokens read to see whether the prompt opened a think block
 
 REPLACEMENT = "\ufffd"
-# texts on which the Rust backend's encode must equal transformers' before Ferry uses it:
-# spaces at either end, several lines, digits, accents and CJK, emoji, markup, a lone space
-ENCODE_PROBES = (" Hello, world!  How are you?\n\nFine.\t", "x = [1, 2, 3]  # 4567 89",
-                 "Ünïcödé 日本語 🙂 <b>bold</b> ", " ", "")
 CONTEXT_TOKENS = 4  # prompt ids kept as decode context for the first output token
 
 

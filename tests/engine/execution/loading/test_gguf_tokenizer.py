@@ -47,3 +47,101 @@ def test_the_tokenizer_folder_is_built_in_a_child_process(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match="its tokenizer could not be read"):
         gguf_tokenizer_dir(broken, tmp_path / "other")
     assert not list((tmp_path / "other" / "tokenizers").iterdir())  # no half-written folder
+
+
+SENTENCEPIECE_WORDS = ("▁", "e", "t", "a", "o", "n", "h", "s", "r", "l", "d", "i", "w", "f",
+                       "c", "T", "th", "▁t", "▁th", "▁the", "he", "er", "an", "▁a", "▁an", "▁and",
+                       "on", "in", "▁w", "▁wo", "or", "▁f", "▁fe", "rr", "▁fer", "▁ferr", "y",
+                       "▁ferry", "ll", "o,", "▁T", "▁Th", "▁The", "s.", "H", "▁H", "el", "ell",
+                       "▁Hell", "▁Hello")
+SENTENCEPIECE_TEXTS = ("Hello, the ferry and the T", "  two  spaces\tand a tab\n\nlines",
+                       "émoji 🚢 ferry", "The ferry<s></s>", "")
+
+
+def sentencepiece_gguf(path: Path) -> Path:
+    """A gemma3 file of no weights whose vocabulary is SentencePiece's (tokenizer.ggml.model
+    "llama": scored pieces and byte fallback), which transformers reads as GemmaTokenizer."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_block_count(1)
+    w.add_context_length(256)
+    w.add_embedding_length(16)
+    w.add_feed_forward_length(32)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-6)
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)),
+              *SENTENCEPIECE_WORDS]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(SENTENCEPIECE_WORDS))])
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * len(SENTENCEPIECE_WORDS))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_a_sentencepiece_folder_loads_with_the_generic_class(tmp_path: Path) -> None:
+    """The folder of a file transformers reads as GemmaTokenizer (a class that rebuilds its
+    Rust tokenizer from Python tables at every load) is marked for the generic class, which
+    reads the same tokenizer from tokenizer.json: the ids and text are transformers' own."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    path = sentencepiece_gguf(tmp_path / "sp.gguf")
+    truth = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    assert type(truth).__name__ == "GemmaTokenizer"
+    folder = gguf_tokenizer_dir(path, tmp_path / "cache")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "TokenizersBackend"
+    ours = Tokenizer(folder)
+    assert type(ours.hf).__name__ == "TokenizersBackend"
+    for text in SENTENCEPIECE_TEXTS:
+        for special in (True, False):
+            ids = truth.encode(text, add_special_tokens=special)
+            assert ours.encode(text, add_special_tokens=special) == ids
+            assert ours.decode(ids) == truth.decode(ids, skip_special_tokens=True)
+    assert ours.eos_ids == {2} and ours.vocab_size == len(truth)
+
+
+def test_the_named_class_stays_where_the_generic_one_differs(tmp_path: Path) -> None:
+    """A tokenizer.json the generic class reads otherwise than the named class (here its
+    normalizer gone, which GemmaTokenizer puts back) is no match: the class is kept."""
+    import json
+    import shutil
+
+    from transformers import GemmaTokenizer
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    from engine.execution.text.tokenizer import same_tokenizer, write_tokenizer_dir
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    write_tokenizer_dir(sentencepiece_gguf(tmp_path / "sp.gguf"), folder)
+    named = GemmaTokenizer.from_pretrained(str(folder))
+    assert same_tokenizer(named, TokenizersBackend.from_pretrained(str(folder)))
+    changed = tmp_path / "changed"
+    shutil.copytree(folder, changed)
+    spec = json.loads((changed / "tokenizer.json").read_text())
+    spec["normalizer"] = None
+    (changed / "tokenizer.json").write_text(json.dumps(spec))
+    assert not same_tokenizer(named, TokenizersBackend.from_pretrained(str(changed)))
+
+
+def test_an_earlier_format_folder_is_rebuilt_and_removed(tmp_path: Path) -> None:
+    path = sentencepiece_gguf(tmp_path / "sp.gguf")
+    st = path.stat()
+    old = tmp_path / "cache" / "tokenizers" / f"sp-{st.st_size}-{st.st_mtime_ns}"
+    old.mkdir(parents=True)
+    (old / "tokenizer_config.json").write_text('{"tokenizer_class": "GemmaTokenizer"}')
+    folder = gguf_tokenizer_dir(path, tmp_path / "cache")
+    assert folder != old and not old.exists()
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]
