@@ -102,6 +102,8 @@ def test_a_sentencepiece_folder_loads_with_the_generic_class(tmp_path: Path) -> 
     folder = gguf_tokenizer_dir(path, tmp_path / "cache")
     config = json.loads((folder / "tokenizer_config.json").read_text())
     assert config["tokenizer_class"] == "TokenizersBackend"
+    # listed, so that loading does not parse tokenizer.json in Python as well
+    assert config["added_tokens_decoder"]["2"]["content"] == "</s>"
     ours = Tokenizer(folder)
     assert type(ours.hf).__name__ == "TokenizersBackend"
     for text in SENTENCEPIECE_TEXTS:
@@ -112,20 +114,31 @@ def test_a_sentencepiece_folder_loads_with_the_generic_class(tmp_path: Path) -> 
     assert ours.eos_ids == {2} and ours.vocab_size == len(truth)
 
 
-def test_the_named_class_stays_where_the_generic_one_differs(tmp_path: Path) -> None:
+def test_the_named_class_stays_where_the_generic_one_differs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A tokenizer.json the generic class reads otherwise than the named class (here its
-    normalizer gone, which GemmaTokenizer puts back) is no match: the class is kept."""
+    normalizer gone, which GemmaTokenizer puts back) is no match; where the loads differ,
+    the folder's config stays as the named class wrote it."""
     import json
     import shutil
 
     from transformers import GemmaTokenizer
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
+    from engine.execution.text import tokenizer as tokenizer_module
     from engine.execution.text.tokenizer import same_tokenizer, write_tokenizer_dir
 
+    path = sentencepiece_gguf(tmp_path / "sp.gguf")
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    monkeypatch.setattr(tokenizer_module, "same_tokenizer", lambda a, b: False)
+    write_tokenizer_dir(path, kept)
+    monkeypatch.undo()
+    config = json.loads((kept / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "GemmaTokenizer" and "added_tokens_decoder" not in config
     folder = tmp_path / "folder"
     folder.mkdir()
-    write_tokenizer_dir(sentencepiece_gguf(tmp_path / "sp.gguf"), folder)
+    write_tokenizer_dir(path, folder)
     named = GemmaTokenizer.from_pretrained(str(folder))
     assert same_tokenizer(named, TokenizersBackend.from_pretrained(str(folder)))
     changed = tmp_path / "changed"
