@@ -30,6 +30,7 @@ from typing import Any
 
 from benchmarks.processes import end, free_port
 from benchmarks.records import Record, append, this_cpu
+from engine.runtime.engine import FOOTPRINT_TTL
 
 PROMPT = "Tell me, in a few sentences, how a river ferry crosses a strong current."
 MB = 1e6
@@ -90,7 +91,9 @@ def measure(command: list[str], port: int, max_tokens: int, env: dict[str, str],
                 raise RuntimeError(f"{exc}; its output ended with:\n{tail}") from None
             name = models["data"][0]["id"] if models.get("data") else "default"
             chat(base, name, max_tokens)
-            time.sleep(1.0)  # let freed buffers settle
+            # let freed buffers settle, and outlast the parts' reading that /v1/models
+            # reuses for FOOTPRINT_TTL (wait_ready's was taken before the chat read the weights)
+            time.sleep(FOOTPRINT_TTL + 0.5)
             figures = resident(proc.pid)
             with contextlib.suppress(OSError, ValueError):
                 models = get(f"{base}/v1/models")
