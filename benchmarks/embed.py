@@ -1,8 +1,8 @@
 """embed: embedding throughput of Ferry against llama.cpp's server on the same GGUF.
 
   python -m benchmarks.embed --gguf FILE --llama-server PATH [--threads T] [--batch N]
-      [--reps R] [--repeat K] [--model-name TEXT] [--peer-build TEXT] [--notes TEXT]
-      [--record]
+      [--clients C] [--reps R] [--repeat K] [--model-name TEXT] [--peer-build TEXT]
+      [--notes TEXT] [--record]
 
 Starts both servers on loopback (Ferry: `ferry serve --model FILE`; llama.cpp:
 `llama-server --embeddings -m FILE`), each pinned to the same T CPUs with T threads, waits
@@ -11,6 +11,8 @@ R times, so that a machine's drift touches both alike. Only one server works at 
 
 Workloads, each through /v1/embeddings (float vectors, OpenAI's shape, which both serve):
   * one short text per request (batch 1), K requests one after another;
+  * one short text per request from C clients at once (a RAG ingest's many small calls),
+    C x K requests, each client sending its next as soon as its last is answered;
   * N short texts in one request (batch N), K requests one after another;
   * one long text per request (~400 tokens, within a BERT model's 512), K requests.
 The figure of a repetition is embeddings per second: texts embedded over the wall time of
@@ -48,6 +50,7 @@ LONG_WORDS = 300  # ~400 WordPiece tokens: within a BERT model's 512 positions
 class Workload:
     name: str  # as the record's workload
     texts: Callable[[int], list[str]]  # request index -> its inputs
+    clients: int = 1  # requests in flight at once
 
 
 def short_text(nonce: str, i: int) -> str:
@@ -60,9 +63,11 @@ def long_text(nonce: str, i: int) -> str:
     return f"Report {nonce}-{i}: {body}."
 
 
-def workloads(batch: int, nonce: str) -> list[Workload]:
+def workloads(batch: int, nonce: str, clients: int = 16) -> list[Workload]:
     return [
         Workload("1 short text a request", lambda r: [short_text(nonce, r)]),
+        Workload(f"1 short text a request, {clients} clients at once",
+                 lambda r: [short_text(nonce, 10 ** 7 + r)], clients),
         Workload(f"{batch} short texts a request",
                  lambda r: [short_text(nonce, r * batch + i) for i in range(batch)]),
         Workload(f"1 long text (~{LONG_WORDS} words) a request",
@@ -72,15 +77,20 @@ def workloads(batch: int, nonce: str) -> list[Workload]:
 
 def measure(post: Callable[[list[str]], None], work: Workload, repeat: int,
             offset: int) -> float:
-    """Embeddings per second over `repeat` requests of `work` (request indexes from
-    `offset`, so no two requests of a run send the same texts)."""
-    done = 0
+    """Embeddings per second over `repeat` requests of `work` from each of its clients
+    (request indexes from `offset`, so no two requests of a run send the same texts)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    batches = [work.texts(r) for r in range(offset * work.clients,
+                                            (offset + repeat) * work.clients)]
     start = time.perf_counter()
-    for r in range(offset, offset + repeat):
-        texts = work.texts(r)
-        post(texts)
-        done += len(texts)
-    return done / (time.perf_counter() - start)
+    if work.clients == 1:
+        for texts in batches:
+            post(texts)
+    else:
+        with ThreadPoolExecutor(work.clients) as pool:
+            list(pool.map(post, batches))
+    return sum(map(len, batches)) / (time.perf_counter() - start)
 
 
 # --- servers --------------------------------------------------------------------------------
@@ -150,7 +160,8 @@ def make_records(results: dict[str, tuple[list[float], list[float]]], *, model: 
     name, flags = cpu or this_cpu(threads)
     slots = max(8, batch)
     method = (f"benchmarks/embed.py: /v1/embeddings (float), {repeat} requests a "
-              f"repetition one after another, batch {batch} for the batched workload; "
+              f"repetition one after another (from each client where several), batch "
+              f"{batch} for the batched workload; "
               f"Ferry --max-running {slots} --max-prefill-tokens 8192, llama-server -np "
               f"{slots} -c/-b/-ub {512 * slots}; both pinned to the same {threads} CPUs "
               f"with {threads} threads, one working at a time, alternating")
@@ -172,6 +183,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--llama-server", type=Path, required=True, help="llama.cpp's llama-server")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--batch", type=int, default=64, help="texts in a batched request")
+    p.add_argument("--clients", type=int, default=16,
+                   help="clients at once in the concurrent workload")
     p.add_argument("--reps", type=int, default=3, help="repetitions on each server")
     p.add_argument("--repeat", type=int, default=5, help="requests in a repetition")
     p.add_argument("--model-name", default=None, help="the model, as the record names it")
@@ -198,7 +211,7 @@ def run(args: argparse.Namespace) -> dict[str, tuple[list[float], list[float]]]:
                 str(max(8, args.batch))]
     model = args.gguf.stem
     nonce = secrets.token_hex(3)
-    works = workloads(args.batch, nonce)
+    works = workloads(args.batch, nonce, args.clients)
     results: dict[str, tuple[list[float], list[float]]] = {w.name: ([], []) for w in works}
     with server(ferry_cmd, f"http://127.0.0.1:{ferry_port}/v1/models", args.threads, env,
                 home / "ferry.log"), \

@@ -9,18 +9,43 @@ from benchmarks.records import Record, append, load
 
 
 def test_workloads_send_distinct_texts_of_the_stated_batch() -> None:
-    short, batched, long = embed.workloads(16, "abc")
+    short, concurrent, batched, long = embed.workloads(16, "abc", clients=8)
     assert len(short.texts(0)) == 1 and len(batched.texts(0)) == 16
     assert not set(batched.texts(0)) & set(batched.texts(1))
     assert short.texts(0) != short.texts(1)
+    assert (concurrent.clients, short.clients) == (8, 1) and "8 clients" in concurrent.name
+    assert not {t for r in range(50) for t in concurrent.texts(r)} & \
+        {t for r in range(50) for t in short.texts(r)}
     words = long.texts(0)[0].split()
     assert len(words) == embed.LONG_WORDS
 
 
 def test_measure_counts_texts_over_wall_time() -> None:
     sent: list[list[str]] = []
-    figure = embed.measure(sent.append, embed.workloads(4, "n")[1], 3, 0)
+    figure = embed.measure(sent.append, embed.workloads(4, "n")[2], 3, 0)
     assert [len(t) for t in sent] == [4, 4, 4] and figure > 0
+
+
+def test_concurrent_clients_each_send_their_requests_at_once() -> None:
+    """C clients send K requests each, with up to C in flight: every request once."""
+    import threading
+    import time
+
+    lock, sent, flight, most = threading.Lock(), [], [0], [0]
+
+    def post(texts: list[str]) -> None:
+        with lock:
+            flight[0] += 1
+            most[0] = max(most[0], flight[0])
+        time.sleep(0.01)
+        with lock:
+            flight[0] -= 1
+            sent.extend(texts)
+
+    work = embed.workloads(4, "n", clients=4)[1]
+    figure = embed.measure(post, work, 3, 1)
+    assert len(sent) == len(set(sent)) == 12 and most[0] > 1 and figure > 0
+    assert set(sent) == {t for r in range(4, 16) for t in work.texts(r)}
 
 
 def test_records_round_trip_and_render(tmp_path: Path) -> None:
