@@ -4,10 +4,12 @@
       [--clients C] [--reps R] [--repeat K] [--model-name TEXT] [--peer-build TEXT]
       [--notes TEXT] [--record]
 
-Starts both servers on loopback (Ferry: `ferry serve --model FILE`; llama.cpp:
-`llama-server --embeddings -m FILE`), each pinned to the same T CPUs with T threads, waits
-until both answer, warms each up, then alternates: one repetition on Ferry, one on llama.cpp,
-R times, so that a machine's drift touches both alike. Only one server works at a time.
+Runs R repetitions; in each, starts each server fresh on loopback in turn (Ferry: `ferry
+serve --model FILE`; llama.cpp: `llama-server --embeddings -m FILE`), pinned to the same T
+CPUs with T threads, warms it up, runs every workload and stops it; the first server of a
+repetition alternates, so that a machine's drift touches both alike. Only one server is up at
+a time, and neither carries state from one repetition to the next (llama.cpp's server slows
+over a long run).
 
 Workloads, each through /v1/embeddings (float vectors, OpenAI's shape, which both serve):
   * one short text per request (batch 1), K requests one after another;
@@ -164,7 +166,8 @@ def make_records(results: dict[str, tuple[list[float], list[float]]], *, model: 
               f"{batch} for the batched workload; "
               f"Ferry --max-running {slots} --max-prefill-tokens 8192, llama-server -np "
               f"{slots} -c/-b/-ub {512 * slots}; both pinned to the same {threads} CPUs "
-              f"with {threads} threads, one working at a time, alternating")
+              f"with {threads} threads; each server started fresh for each repetition, one "
+              f"up at a time, alternating")
     date = _dt.datetime.now(_dt.UTC).date().isoformat()
     return [Record(date=date, commit=this_commit(), cpu=name, cpu_flags=flags,
                    ferry_cpu=os.environ.get("FERRY_CPU", "native"), model=model,
@@ -213,22 +216,21 @@ def run(args: argparse.Namespace) -> dict[str, tuple[list[float], list[float]]]:
     nonce = secrets.token_hex(3)
     works = workloads(args.batch, nonce, args.clients)
     results: dict[str, tuple[list[float], list[float]]] = {w.name: ([], []) for w in works}
-    with server(ferry_cmd, f"http://127.0.0.1:{ferry_port}/v1/models", args.threads, env,
-                home / "ferry.log"), \
-            server(peer_cmd, f"http://127.0.0.1:{peer_port}/health", args.threads, env,
-                   home / "llama-server.log"):
-        posts = [poster(f"http://127.0.0.1:{ferry_port}", model),
-                 poster(f"http://127.0.0.1:{peer_port}", model)]
-        for post in posts:  # warm-up: one request of each workload, not counted
-            for w in works:
-                post(w.texts(10 ** 6))
-        for rep in range(args.reps):
-            for w in works:
-                for side, post in enumerate(posts):
+    sides = [(ferry_cmd, f"http://127.0.0.1:{ferry_port}", "/v1/models", "ferry"),
+             (peer_cmd, f"http://127.0.0.1:{peer_port}", "/health", "llama.cpp")]
+    for rep in range(args.reps):
+        # each server fresh for each repetition (llama.cpp's slows over a long run), one up
+        # at a time, the first alternating
+        for side in (0, 1) if rep % 2 == 0 else (1, 0):
+            command, base, ready, name = sides[side]
+            with server(command, base + ready, args.threads, env, home / f"{name}.log"):
+                post = poster(base, model)
+                for w in works:  # warm-up: one request of each workload, not counted
+                    post(w.texts(10 ** 6 + rep))
+                for w in works:
                     figure = measure(post, w, args.repeat, (rep * 2 + side) * args.repeat)
                     results[w.name][side].append(figure)
-                    print(f"rep {rep + 1} {'ferry' if side == 0 else 'llama.cpp'} "
-                          f"{w.name}: {figure:.1f} {METRIC}", flush=True)
+                    print(f"rep {rep + 1} {name} {w.name}: {figure:.1f} {METRIC}", flush=True)
     return results
 
 
