@@ -224,6 +224,8 @@ def _generic_where_same(folder: Path) -> None:
     named = AutoTokenizer.from_pretrained(str(folder))
     fields = json.loads(original)
     fields["tokenizer_class"] = GENERIC_TOKENIZER
+    # a class's own defaults (Gemma's pads on the left), which the generic class lacks
+    fields["padding_side"], fields["truncation_side"] = named.padding_side, named.truncation_side
     fields["added_tokens_decoder"] = {
         str(i): {"content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip,
                  "normalized": t.normalized, "single_word": t.single_word, "special": t.special}
@@ -240,7 +242,7 @@ SAME_TEXTS = (*ENCODE_PROBES, "  lead and trail  ", "a\u00a0b\u200bc\u3000d",
               "<|im_start|>user\nhi<|im_end|><start_of_turn>model\n<bos><eos>")
 SAME_ATTRIBUTES = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id",
                    "all_special_tokens", "chat_template", "clean_up_tokenization_spaces",
-                   "model_max_length")
+                   "model_max_length", "padding_side", "truncation_side")
 
 
 def same_tokenizer(a: Any, b: Any) -> bool:

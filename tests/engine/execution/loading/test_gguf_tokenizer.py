@@ -112,6 +112,9 @@ def test_a_sentencepiece_folder_loads_with_the_generic_class(tmp_path: Path) -> 
             assert ours.encode(text, add_special_tokens=special) == ids
             assert ours.decode(ids) == truth.decode(ids, skip_special_tokens=True)
     assert ours.eos_ids == {2} and ours.vocab_size == len(truth)
+    # the class's own defaults come along (Gemma's pads on the left)
+    assert (ours.hf.padding_side, ours.hf.truncation_side) == \
+        (truth.padding_side, truth.truncation_side) == ("left", "right")
 
 
 def test_the_named_class_stays_where_the_generic_one_differs(
