@@ -213,8 +213,8 @@ def _generic_where_same(folder: Path) -> None:
     stay. The folder's tokenizer.json is what that class built, so the generic class reads
     the same tokenizer from it directly; with the added tokens listed in tokenizer_config.json
     it does not parse tokenizer.json in Python too (a 0.56 GB peak without them, 0.37 GB
-    with). The folder is written so where the two loads agree on ids, text, special tokens
-    and template (it stays as it was otherwise)."""
+    with). The folder is written so where the two loads agree on ids, text, special tokens,
+    template and padding side (it stays as it was otherwise)."""
     from transformers import AutoTokenizer
 
     config = folder / "tokenizer_config.json"
