@@ -71,8 +71,7 @@ def gguf_tokenizer_dir(gguf: Path, cache_dir: str | Path) -> Path:
     process (tokenizer_build): transformers' GGUF reading imports modules serving never uses
     (sympy among them, ~65 MB that would stay); a frozen bundle builds it in process."""
     gguf = Path(gguf)
-    st = gguf.stat()
-    key = f"{gguf.stem}-{st.st_size}-{st.st_mtime_ns}"
+    key = _file_key(gguf)
     out = Path(cache_dir) / GGUF_TOKENIZERS / f"{key}-{FOLDER_FORMAT}"
     if (out / "tokenizer_config.json").is_file():
         return out
@@ -99,6 +98,12 @@ def gguf_tokenizer_dir(gguf: Path, cache_dir: str | Path) -> Path:
     return out
 
 
+def _file_key(gguf: Path) -> str:
+    """A GGUF file version's part of its tokenizer folder's name: name, size and mtime."""
+    st = gguf.stat()
+    return f"{gguf.stem}-{st.st_size}-{st.st_mtime_ns}"
+
+
 def write_tokenizer_dir(gguf: Path, folder: Path) -> None:
     """The GGUF's tokenizer files and EOS ids written into `folder` (gguf_tokenizer_dir's)."""
     tok = _from_gguf(gguf)
@@ -120,9 +125,7 @@ def _build_in_child(gguf: Path, folder: Path) -> None:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
         message = (f"{gguf}: its tokenizer could not be read: "
                    f"{lines[-1] if lines else f'exit status {done.returncode}'}")
-        st = gguf.stat()
-        key = f"{gguf.stem}-{st.st_size}-{st.st_mtime_ns}-{FOLDER_FORMAT}"
-        _UNREADABLE[str(folder.parent / key)] = message
+        _UNREADABLE[str(folder.parent / f"{_file_key(gguf)}-{FOLDER_FORMAT}")] = message
         raise ValueError(message)
 
 
