@@ -1,6 +1,7 @@
 """The machine the engine runs on, for the host's tools (the command line, `ferry doctor`,
 `ferry bench`, the serve command): the CPU level and its cap, the devices and the torch
-build, FlashInfer and oneDNN, the native kernels' build folder and status, memory in use.
+build, FlashInfer and oneDNN, the native kernels' build folder and status, memory in use,
+the heap settled once serving starts.
 
 These are not the engine's API (`engine` is): they describe and prepare the machine. The
 CPU-level names import at once and without torch, so the command line applies the cap before
@@ -14,7 +15,7 @@ from engine.kernels.cpu_level import CpuLevelError
 from engine.kernels.cpu_level import apply_torch_env as apply_cpu_cap
 from engine.kernels.cpu_level import describe as describe_cpu_level
 from engine.lazy import lazy_getattr
-from engine.models.memory import rss_bytes
+from engine.models.memory import rss_bytes, settled_heap
 from engine.priority import lower_priority
 
 if TYPE_CHECKING:
@@ -59,5 +60,6 @@ __all__ = [
     "pick_device",
     "rss_bytes",
     "set_kernel_build_dir",
+    "settled_heap",
     "torch_build",
 ]

@@ -21,6 +21,7 @@ from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
 from engine import Tokenizer
+from engine.host import settled_heap
 from web.access.auth import Auth, AuthMiddleware, csrf_token
 from web.access.hosts import HostGuard, HostPolicy
 from web.api.compat.anthropic.routes import anthropic_router
@@ -123,7 +124,8 @@ def create_app(engine: Serving, tokenizer: Tokenizer, config: WebConfig) -> Lite
         if started_here:
             engine.start()
         try:
-            yield
+            with settled_heap():  # what lives now lives as long as the server
+                yield
         finally:
             await replies.shutdown()
             if started_here:

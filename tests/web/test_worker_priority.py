@@ -5,6 +5,7 @@ import asyncio
 import os
 import sys
 import threading
+from typing import Any
 
 import pytest
 
@@ -26,3 +27,15 @@ def test_below_engine_runs_lower_and_off_the_loop() -> None:
     loop_nice, worker_nice, again = asyncio.run(main())
     assert worker_nice == min(19, loop_nice + 10)
     assert again == worker_nice  # a worker thread is lowered once, never further
+
+
+def test_the_heap_is_settled_while_serving(make_server: Any, stand_in: Any) -> None:
+    """What lives when the server starts stays out of Python's full collections while it
+    serves (engine.models.memory.settled_heap), and is collectable again once it stops."""
+    import gc
+
+    gc.unfreeze()  # another server of this process may have settled it
+    server = make_server(executor=stand_in())
+    assert gc.get_freeze_count() > 0
+    server.stop()
+    assert gc.get_freeze_count() == 0

@@ -78,3 +78,30 @@ def test_a_backend_that_disagrees_is_not_used(model_dir: Path, tmp_path: Path,
     ours = tokenizer_module.Tokenizer(folder)
     assert ours._backend is None
     assert ours.encode("Hello there") == list(ours.hf.encode("Hello there"))
+
+
+class _Backend:
+    """A Rust tokenizer's batch calls, recording which one ran."""
+
+    def __init__(self, fast: bool) -> None:
+        self.calls: list[str] = []
+        if fast:
+            self.encode_batch_fast = lambda texts, **kw: self._encode("fast", texts)
+
+    def encode_batch(self, texts: list[str], **kw: Any) -> list[Any]:
+        return self._encode("plain", texts)
+
+    def _encode(self, name: str, texts: list[str]) -> list[Any]:
+        self.calls.append(name)
+        return [type("Encoding", (), {"ids": [len(t) for t in texts]})()]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_backend_encoder_tracks_no_offsets_where_it_can(fast: bool) -> None:
+    """A megabyte prompt's offsets tables are freed with Python's lock held, on a worker below
+    the engine's priority: encode_batch_fast keeps none; a package without it still works."""
+    from engine.execution.text.tokenizer import backend_encoder
+
+    backend = _Backend(fast)
+    assert backend_encoder(backend)("four") == [4]
+    assert backend.calls == ["fast" if fast else "plain"]

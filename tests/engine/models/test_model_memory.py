@@ -63,6 +63,10 @@ def chat(model):
     list(models.submit(ids, SamplingParams(max_tokens=8, ignore_eos=True),
                        model=model).events(timeout=300))
 chat("alpha")
+# as a server holds it (web.app's lifespan): the heap settled, so an unload must collect the
+# settled objects too
+from engine.models.memory import settled_heap
+settled_heap().__enter__()
 models.tokenizer("beta")  # opened before, kept after: the tokenizer is not the model's load
 trim()
 before = rollup()["rss"]
