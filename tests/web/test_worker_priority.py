@@ -29,6 +29,7 @@ def test_below_engine_runs_lower_and_off_the_loop() -> None:
     assert again == worker_nice  # a worker thread is lowered once, never further
 
 
+@pytest.mark.model  # make_server opens the default model's tokenizer
 def test_the_heap_is_settled_while_serving(make_server: Any, stand_in: Any) -> None:
     """What lives when the server starts stays out of Python's full collections while it
     serves (engine.models.memory.settled_heap), and is collectable again once it stops."""
