@@ -71,7 +71,8 @@ def gguf_tokenizer_dir(gguf: Path, cache_dir: str | Path) -> Path:
     process (tokenizer_build): transformers' GGUF reading imports modules serving never uses
     (sympy among them, ~65 MB that would stay); a frozen bundle builds it in process."""
     gguf = Path(gguf)
-    key = _file_key(gguf)
+    st = gguf.stat()
+    key = f"{gguf.stem}-{st.st_size}-{st.st_mtime_ns}"
     out = Path(cache_dir) / GGUF_TOKENIZERS / f"{key}-{FOLDER_FORMAT}"
     if (out / "tokenizer_config.json").is_file():
         return out
@@ -85,7 +86,11 @@ def gguf_tokenizer_dir(gguf: Path, cache_dir: str | Path) -> Path:
         if getattr(sys, "frozen", False):
             write_tokenizer_dir(gguf, tmp)
         else:
-            _build_in_child(gguf, tmp)
+            try:
+                _build_in_child(gguf, tmp)
+            except ValueError as exc:  # the file's tokenizer is unreadable: said once
+                _UNREADABLE[str(out)] = str(exc)
+                raise
         try:
             os.rename(tmp, out)
         except OSError:  # another process finished first
@@ -96,12 +101,6 @@ def gguf_tokenizer_dir(gguf: Path, cache_dir: str | Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def _file_key(gguf: Path) -> str:
-    """A GGUF file version's part of its tokenizer folder's name: name, size and mtime."""
-    st = gguf.stat()
-    return f"{gguf.stem}-{st.st_size}-{st.st_mtime_ns}"
 
 
 def write_tokenizer_dir(gguf: Path, folder: Path) -> None:
@@ -123,10 +122,8 @@ def _build_in_child(gguf: Path, folder: Path) -> None:
                            str(gguf), str(folder)], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        message = (f"{gguf}: its tokenizer could not be read: "
-                   f"{lines[-1] if lines else f'exit status {done.returncode}'}")
-        _UNREADABLE[str(folder.parent / f"{_file_key(gguf)}-{FOLDER_FORMAT}")] = message
-        raise ValueError(message)
+        raise ValueError(f"{gguf}: its tokenizer could not be read: "
+                         f"{lines[-1] if lines else f'exit status {done.returncode}'}")
 
 
 def _from_gguf(gguf: Path) -> Any:

@@ -25,10 +25,12 @@ def test_gemma3_file_with_a_bpe_vocabulary_keeps_its_spaces(tmp_path: Path) -> N
     assert got == want and len(got) < len(TEXT.split()) * 2
 
 
-def test_the_tokenizer_folder_is_built_in_a_child_process(tmp_path: Path) -> None:
+def test_the_tokenizer_folder_is_built_in_a_child_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """transformers' GGUF reading imports what serving never uses (sympy among them): the
     folder is built by a child, so none of it stays in the server's process; a file with no
-    readable tokenizer is a ValueError saying so."""
+    readable tokenizer is a ValueError saying so, and asking again says it without another
+    child."""
     import subprocess
     import sys
 
@@ -47,6 +49,13 @@ def test_the_tokenizer_folder_is_built_in_a_child_process(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match="its tokenizer could not be read"):
         gguf_tokenizer_dir(broken, tmp_path / "other")
     assert not list((tmp_path / "other" / "tokenizers").iterdir())  # no half-written folder
+    from engine.execution.text import tokenizer as tokenizer_module
+
+    def no_child(*args: object) -> None:
+        raise AssertionError("a second child for a file already found unreadable")
+    monkeypatch.setattr(tokenizer_module, "_build_in_child", no_child)
+    with pytest.raises(ValueError, match="its tokenizer could not be read"):
+        gguf_tokenizer_dir(broken, tmp_path / "other")
 
 
 SENTENCEPIECE_WORDS = ("▁", "e", "t", "a", "o", "n", "h", "s", "r", "l", "d", "i", "w", "f",
