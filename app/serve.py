@@ -335,10 +335,11 @@ def build_upstream(settings: Settings, paths: Paths) -> tuple[Litestar, str]:
 
 def serving_floor() -> int:
     """The resident size before any model loads, with what serving imports imported (the
-    web server, torch, transformers' tokenizers, the loader and the native kernels): the
-    part no model frees."""
+    web server, torch, the Rust tokenizer, the loader and the native kernels): the part no
+    model frees. transformers is not among them: a GGUF's tokenizer serves without it
+    (engine.execution.text.plain); a Hugging Face folder's tokenizer imports it when it opens."""
     import gguf  # noqa: F401 (what loading a model imports)
-    import transformers.models.auto.tokenization_auto  # noqa: F401
+    import tokenizers  # noqa: F401
 
     import engine.execution.executor  # noqa: F401
     import web.app  # noqa: F401

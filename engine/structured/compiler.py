@@ -10,6 +10,7 @@ RequestError whose message says why (the API turns it into a 400 naming the fiel
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import threading
 import weakref
@@ -113,13 +114,19 @@ _views_lock = threading.Lock()
 
 def _view(hf_tokenizer: Any, vocab_size: int | None) -> Any:
     """llguidance's view of a tokenizer, one per tokenizer and vocabulary width (built in
-    about a second): every compiler of one model shares it, and so its compiled grammars."""
-    import llguidance.hf
+    about a second): every compiler of one model shares it, and so its compiled grammars.
+    Built from the Rust tokenizer's JSON as llguidance.hf builds it, without that module's
+    import of transformers (a plain tokenizer serves without it)."""
+    from llguidance import LLTokenizer
 
     with _views_lock:
         views = _views.setdefault(hf_tokenizer, {})
         if vocab_size not in views:
-            view = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size)
+            backend = copy.copy(hf_tokenizer.backend_tokenizer)
+            backend.no_padding()
+            backend.no_truncation()
+            view = LLTokenizer(backend.to_str(), n_vocab=vocab_size,
+                               eos_token=hf_tokenizer.eos_token_id)
             width = int(view.vocab_size)
             views[vocab_size] = views.setdefault(width, view)
         return views[vocab_size]

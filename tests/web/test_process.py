@@ -299,13 +299,11 @@ def test_signal_shuts_down_gracefully(serve: Any, signum: signal.Signals) -> Non
 NEVER_SERVING = ("polyfactory", "faker", "rich", "httpx", "sympy")
 
 
-def test_serving_imports_nothing_it_does_not_use(model_dir: Path, tmp_path: Path) -> None:
-    """Each module imported stays resident for the process's life: the schema's examples
-    (polyfactory, Faker), remote image fetching (httpx, and rich through it) and
-    transformers' GGUF reading (sympy) stay out of a server that serves a chat without
-    them."""
+def imported_by_serving(model: Path, tmp_path: Path) -> set[str]:
+    """The top-level packages a server of `model` imported by the end of a chat (and of a
+    read of its API schema)."""
     port = free_port()
-    command, env = serve_command(model_dir, tmp_path / "home", port, ("-X", "importtime"))
+    command, env = serve_command(model, tmp_path / "home", port, ("-X", "importtime"))
     log = tmp_path / "imports.log"  # a file: the import log would fill a pipe
     with log.open("wb") as out:
         proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -323,4 +321,23 @@ def test_serving_imports_nothing_it_does_not_use(model_dir: Path, tmp_path: Path
                 for line in log.read_text(errors="replace").splitlines()
                 if line.startswith("import time:")}
     assert {"litestar", "torch"} <= imported  # the import log was read
+    return imported
+
+
+def test_serving_imports_nothing_it_does_not_use(model_dir: Path, tmp_path: Path) -> None:
+    """Each module imported stays resident for the process's life: the schema's examples
+    (polyfactory, Faker), remote image fetching (httpx, and rich through it) and
+    transformers' GGUF reading (sympy) stay out of a server that serves a chat without
+    them."""
+    imported = imported_by_serving(model_dir, tmp_path)
     assert not imported & set(NEVER_SERVING), sorted(imported & set(NEVER_SERVING))
+
+
+def test_a_gguf_serves_without_transformers(tmp_path: Path) -> None:
+    """A GGUF's tokenizer serves through the Rust tokenizer and Ferry's template rendering:
+    transformers (~20 MB of modules with huggingface_hub and its HTTP client) stays out."""
+    from tests.tools.synthetic_gguf import default_gguf
+
+    imported = imported_by_serving(default_gguf(), tmp_path)
+    unused = set(NEVER_SERVING) | {"transformers", "huggingface_hub"}
+    assert not imported & unused, sorted(imported & unused)

@@ -25,6 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from engine.execution.loading.model_files import is_gguf
+from engine.execution.text.plain import (
+    PLAIN_MARK,
+    PlainTokenizer,
+    drop_construction_tables,
+    is_plain,
+)
 from engine.text.chat_template import (
     FALLBACK_STOPS,
     FALLBACK_TEMPLATE,
@@ -33,8 +39,9 @@ from engine.text.chat_template import (
 from engine.text.reasoning import CLOSE, OPEN, Reasoning
 
 GGUF_TOKENIZERS = "tokenizers"  # folder under the model cache: one per GGUF file version
-# the folders' format, in their names: 2 loads with the generic class where it is the same
-FOLDER_FORMAT = "t2"
+# the folders' format, in their names: 2 loads with the generic class where it is the same,
+# 3 says where the plain load (no transformers) is the same too
+FOLDER_FORMAT = "t3"
 # folders (gguf_tokenizer_dir's keys) whose GGUF's tokenizer a child could not read -> why
 _UNREADABLE: dict[str, str] = {}
 GENERIC_TOKENIZER = "TokenizersBackend"  # transformers' class for a plain tokenizer.json
@@ -76,8 +83,9 @@ def gguf_tokenizer_dir(gguf: Path, cache_dir: str | Path) -> Path:
     out = Path(cache_dir) / GGUF_TOKENIZERS / f"{key}-{FOLDER_FORMAT}"
     if (out / "tokenizer_config.json").is_file():
         return out
-    # an earlier Ferry's folder of the same file: rebuilt in this format, so it goes
-    shutil.rmtree(out.parent / key, ignore_errors=True)
+    # an earlier Ferry's folders of the same file: rebuilt in this format, so they go
+    for old in (key, *(f"{key}-t{n}" for n in range(2, int(FOLDER_FORMAT[1:])))):
+        shutil.rmtree(out.parent / old, ignore_errors=True)
     if str(out) in _UNREADABLE:  # a child said so already: not seconds again per request
         raise ValueError(_UNREADABLE[str(out)])
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -109,6 +117,7 @@ def write_tokenizer_dir(gguf: Path, folder: Path) -> None:
     tok.save_pretrained(str(folder))
     _generic_for_bpe(gguf, folder)
     _generic_where_same(folder)
+    mark_plain_where_same(folder)
     if tok.eos_token_id is not None:
         (folder / "generation_config.json").write_text(
             json.dumps({"eos_token_id": int(tok.eos_token_id)}))
@@ -263,18 +272,86 @@ def same_tokenizer(a: Any, b: Any) -> bool:
     return True
 
 
-CONSTRUCTION_TABLES = ("_vocab", "_merges")
+# conversations the plain load must render as transformers does: turns with a system
+# message, text parts, reasoning, tool calls and results (with tools), each with and
+# without the generation prompt and, where the template takes it, enable_thinking
+PLAIN_TOOLS = ({"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}},)
+PLAIN_CONVERSATIONS: tuple[tuple[dict[str, Any], ...], ...] = (
+    ({"role": "user", "content": "Hello <b>there</b> & \"you\" 🙂"},),
+    ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Again"}),
+    ({"role": "user", "content": [{"type": "text", "text": "In parts"}]},),
+    ({"role": "user", "content": "2+2?"},
+     {"role": "assistant", "content": "4", "reasoning_content": "Two and two."},
+     {"role": "user", "content": "And 3+3?"}),
+    ({"role": "user", "content": "Weather in Oslo?"},
+     {"role": "assistant", "content": None, "tool_calls": [
+         {"id": "call_1", "type": "function",
+          "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+     {"role": "tool", "tool_call_id": "call_1", "name": "get_weather",
+      "content": "{\"temp\": 3}"}),
+)
 
 
-def drop_construction_tables(hf: Any) -> None:
-    """transformers' BPE tokenizer classes (Gemma, Llama, Qwen2, GPT-2) keep the Python
-    vocabulary and merge list they built the Rust tokenizer from: Python objects per token
-    (about 150 MB for Gemma 3's 262k tokens and 515k merges) that nothing reads again, as
-    encoding, decoding and get_vocab go to the Rust tokenizer. Empty them."""
-    for name in CONSTRUCTION_TABLES:
-        value = getattr(hf, name, None)
-        if isinstance(value, (dict, list)) and value:
-            setattr(hf, name, type(value)())
+def _render_or_error(render: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
+    try:
+        return f"ok:{render(*args, **kwargs)}"
+    except Exception as exc:  # a template may refuse a shape: both loads must refuse it
+        return f"error:{type(exc).__name__}"
+
+
+def same_plain(full: Any, plain: PlainTokenizer) -> bool:
+    """Whether the plain load of a folder serves as transformers' load of it does."""
+    if len(full) != len(plain) or full.get_vocab() != plain.get_vocab():
+        return False
+    if full.special_tokens_map != plain.special_tokens_map or \
+            full.chat_template != plain.chat_template or \
+            (full.eos_token_id, full.bos_token_id) != (plain.eos_token_id, plain.bos_token_id):
+        return False
+    for text in SAME_TEXTS:
+        for special in (True, False):
+            ids = full.encode(text, add_special_tokens=special)
+            if plain.encode(text, add_special_tokens=special) != ids or \
+                    full.convert_ids_to_tokens(ids) != plain.convert_ids_to_tokens(ids):
+                return False
+            for skip in (True, False):
+                if full.decode(ids, skip_special_tokens=skip) != \
+                        plain.decode(ids, skip_special_tokens=skip):
+                    return False
+    template = full.chat_template
+    if not isinstance(template, str):
+        return template is None
+    thinking: tuple[dict[str, Any], ...] = ({},)
+    if "enable_thinking" in template:
+        thinking = ({}, {"enable_thinking": True}, {"enable_thinking": False})
+    for messages in PLAIN_CONVERSATIONS:
+        for prompt in (True, False):
+            for tools in (None, list(PLAIN_TOOLS)):
+                for extra in thinking:
+                    outcomes = {_render_or_error(
+                        t.apply_chat_template, [dict(m) for m in messages], tokenize=False,
+                        add_generation_prompt=prompt, tools=tools, chat_template=template,
+                        **extra) for t in (full, plain)}
+                    if len(outcomes) > 1:
+                        return False
+    return True
+
+
+def mark_plain_where_same(folder: Path) -> None:
+    """Mark a generic-class folder (PLAIN_MARK) where its plain load serves as transformers'
+    does: the server then opens it without importing transformers."""
+    from transformers import AutoTokenizer
+
+    config = folder / "tokenizer_config.json"
+    if not config.is_file() or \
+            json.loads(config.read_text()).get("tokenizer_class") != GENERIC_TOKENIZER:
+        return
+    full = AutoTokenizer.from_pretrained(str(folder))
+    if same_plain(full, PlainTokenizer(folder)):
+        (folder / PLAIN_MARK).write_text(json.dumps({"plain": True}))
 
 
 def read_eos_ids(path: Path) -> frozenset[int]:
@@ -321,23 +398,28 @@ class Tokenizer:
     without: rebuilt from the file, which takes seconds)."""
 
     def __init__(self, path: str | Path, cache_dir: str | Path | None = None) -> None:
-        from transformers import AutoTokenizer  # noqa: F401 (imported before measuring)
-
         from engine.execution.residency import Measured
-
-        with Measured() as grew:
-            self._open(path, cache_dir)
-        self.resident = grew.bytes  # what it holds (Rust tokenizer, wrapper, template)
-
-    def _open(self, path: str | Path, cache_dir: str | Path | None) -> None:
-        from transformers import AutoTokenizer
 
         self.path = Path(path)
         if is_gguf(self.path) and cache_dir is not None:
             self.path = gguf_tokenizer_dir(self.path, cache_dir)
-        if is_gguf(self.path):
+        plain = is_plain(self.path)
+        if not plain:
+            from transformers import AutoTokenizer  # noqa: F401 (imported before measuring)
+        with Measured() as grew:
+            self._open(plain)
+        self.resident = grew.bytes  # what it holds (Rust tokenizer, wrapper, template)
+
+    def _open(self, plain: bool) -> None:
+        # hf: transformers' tokenizer, or the plain load that serves as it does (PLAIN_MARK)
+        self.hf: Any
+        if plain:
+            self.hf = PlainTokenizer(self.path)
+        elif is_gguf(self.path):
             self.hf = _from_gguf(self.path)
         else:
+            from transformers import AutoTokenizer
+
             self.hf = AutoTokenizer.from_pretrained(str(self.path))
         drop_construction_tables(self.hf)
         eos = set(read_eos_ids(self.path))

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from engine.execution.text.tokenizer import CONSTRUCTION_TABLES, drop_construction_tables
+from engine.execution.text.plain import CONSTRUCTION_TABLES, drop_construction_tables
 
 pytestmark = pytest.mark.model
 

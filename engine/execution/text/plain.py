@@ -1,0 +1,143 @@
+"""A tokenizer folder served by the Rust tokenizer and jinja2 alone: no transformers.
+
+A GGUF's tokenizer folder (engine.execution.text.tokenizer.gguf_tokenizer_dir) is a
+`tokenizer.json`, a chat template and the special tokens, read by transformers' generic class
+(`TokenizersBackend`), which adds argument handling and nothing else to the Rust tokenizer.
+Importing transformers costs a serving process ~20 MB for its life (its own modules,
+huggingface_hub, an HTTP client) and its wrapper more per model. Where the folder was checked
+to encode, decode and render alike (`PLAIN_MARK`, written by the folder's builder), it is
+opened as `PlainTokenizer`; what it does not do itself (a rare feature's call, such as
+truncating embedding inputs) goes to the transformers tokenizer, opened on first use.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from engine.execution.text.chat_render import render_chat
+
+# a folder's mark: this file, saying the plain load was compared with transformers' and agreed
+PLAIN_MARK = "ferry-plain.json"
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                       "cls_token", "mask_token")  # transformers' named special tokens
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+CONSTRUCTION_TABLES = ("_vocab", "_merges")
+
+
+def drop_construction_tables(hf: Any) -> None:
+    """transformers' BPE tokenizer classes (Gemma, Llama, Qwen2, GPT-2) keep the Python
+    vocabulary and merge list they built the Rust tokenizer from: Python objects per token
+    (about 150 MB for Gemma 3's 262k tokens and 515k merges) that nothing reads again, as
+    encoding, decoding and get_vocab go to the Rust tokenizer. Empty them."""
+    for name in CONSTRUCTION_TABLES:
+        value = getattr(hf, name, None)
+        if isinstance(value, (dict, list)) and value:
+            setattr(hf, name, type(value)())
+
+
+def is_plain(folder: Path) -> bool:
+    mark = folder / PLAIN_MARK
+    try:
+        return bool(json.loads(mark.read_text()).get("plain"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+class PlainTokenizer:
+    """The part of transformers' tokenizer interface Ferry serves with."""
+
+    def __init__(self, folder: str | Path) -> None:
+        from tokenizers import Tokenizer as RustTokenizer
+
+        self.name_or_path = str(folder)
+        folder = Path(folder)
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        self.backend_tokenizer = RustTokenizer.from_file(str(folder / "tokenizer.json"))
+        self.clean_up_tokenization_spaces = bool(config.get("clean_up_tokenization_spaces",
+                                                            False))
+        self.special_tokens_map: dict[str, str] = {
+            name: text for name in SPECIAL_TOKEN_NAMES
+            if (text := _token_text(config.get(name))) is not None}
+        template = config.get("chat_template")
+        jinja = folder / "chat_template.jinja"
+        if template is None and jinja.is_file():
+            template = jinja.read_text()
+        self.chat_template: str | None = template if isinstance(template, str) else None
+        self._full: Any = None
+        self._full_lock = threading.Lock()
+
+    # -- what serving calls --------------------------------------------------------------
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._token_id("eos_token")
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._token_id("bos_token")
+
+    def _token_id(self, name: str) -> int | None:
+        text = self.special_tokens_map.get(name)
+        return None if text is None else self.backend_tokenizer.token_to_id(text)
+
+    def __len__(self) -> int:
+        return int(self.backend_tokenizer.get_vocab_size(with_added_tokens=True))
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self.backend_tokenizer.get_vocab(with_added_tokens=True))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return str(self.backend_tokenizer.decode(list(ids),
+                                                 skip_special_tokens=skip_special_tokens))
+
+    def convert_ids_to_tokens(self, ids: int | Sequence[int]) -> Any:
+        if isinstance(ids, int):
+            return self.backend_tokenizer.id_to_token(ids)
+        return [self.backend_tokenizer.id_to_token(i) for i in ids]
+
+    def apply_chat_template(self, conversation: Sequence[Mapping[str, Any]],
+                            tokenize: bool = False, add_generation_prompt: bool = False,
+                            tools: Sequence[Mapping[str, Any]] | None = None,
+                            chat_template: str | None = None, **variables: Any) -> str:
+        """The rendered text (transformers' tokenize=False call)."""
+        if tokenize:
+            raise TypeError("PlainTokenizer renders text only (tokenize=False)")
+        template = chat_template if chat_template is not None else self.chat_template
+        if template is None:
+            raise ValueError("this tokenizer has no chat template")
+        return render_chat(template, conversation, add_generation_prompt=add_generation_prompt,
+                           tools=tools, special_tokens=self.special_tokens_map, **variables)
+
+    # -- everything else: transformers' tokenizer of the same folder ------------------------
+    def full(self) -> Any:
+        """transformers' tokenizer of this folder, opened once, on first need."""
+        with self._full_lock:
+            if self._full is None:
+                from transformers import AutoTokenizer
+
+                self._full = AutoTokenizer.from_pretrained(self.name_or_path)
+                drop_construction_tables(self._full)
+            return self._full
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.full()(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # not ours and not to forward (copy, pickle probes)
+            raise AttributeError(name)
+        return getattr(self.full(), name)

@@ -1,0 +1,84 @@
+"""A GGUF's tokenizer folder is served without transformers where the plain load (the Rust
+tokenizer and Ferry's template rendering) was checked to serve as transformers' load does;
+a feature the plain load lacks still gets transformers' tokenizer, opened then."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.execution.text.plain import PLAIN_MARK, PlainTokenizer, is_plain
+from engine.execution.text.tokenizer import (
+    Tokenizer,
+    gguf_tokenizer_dir,
+    mark_plain_where_same,
+    same_plain,
+)
+from tests.tools.synthetic_gguf import default_gguf
+
+pytestmark = pytest.mark.model
+
+CHAT = [{"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Name three rivers, with  spaces & <tags>."}]
+
+
+def test_the_default_models_folder_serves_plain(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    folder = gguf_tokenizer_dir(default_gguf(), tmp_path)
+    assert is_plain(folder)
+    ours = Tokenizer(folder)
+    assert isinstance(ours.hf, PlainTokenizer)
+    full = AutoTokenizer.from_pretrained(str(folder))
+    assert same_plain(full, ours.hf)
+    want = full.apply_chat_template(CHAT, tokenize=True, add_generation_prompt=True)
+    want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
+    assert ours.apply_chat_template(CHAT) == list(want)
+    assert ours.eos_ids == {full.eos_token_id} and ours.vocab_size == len(full)
+    ids = full.encode("A ferry 🚢 crosses.", add_special_tokens=False)
+    detok = ours.detokenizer()
+    assert "".join(detok.push(i) for i in ids) + detok.flush() == full.decode(ids)
+
+
+def test_a_folder_that_renders_otherwise_is_not_marked(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = gguf_tokenizer_dir(default_gguf(), tmp_path)
+    (folder / PLAIN_MARK).unlink()
+    render = PlainTokenizer.apply_chat_template
+    monkeypatch.setattr(PlainTokenizer, "apply_chat_template",
+                        lambda self, *a, **kw: render(self, *a, **kw) + " ")
+    mark_plain_where_same(folder)
+    assert not is_plain(folder)
+    assert Tokenizer(folder).hf.__class__.__name__ == "TokenizersBackend"
+    monkeypatch.undo()
+    mark_plain_where_same(folder)
+    assert is_plain(folder)
+    (folder / PLAIN_MARK).write_text(json.dumps({"plain": False}))
+    assert not is_plain(folder)
+
+
+def test_serving_a_chat_imports_no_transformers(tmp_path: Path) -> None:
+    """Opening the tokenizer, rendering, encoding and streaming text out import none of
+    transformers; truncating an input (the embeddings API's call) opens transformers'
+    tokenizer of the same folder, which agrees."""
+    folder = gguf_tokenizer_dir(default_gguf(), tmp_path)
+    code = f"""
+import sys
+from engine.execution.text.tokenizer import Tokenizer
+tok = Tokenizer({str(folder)!r})
+ids = tok.apply_chat_template({CHAT!r})
+detok = tok.detokenizer(ids)
+text = "".join(detok.push(i) for i in tok.encode("Hello there", add_special_tokens=False))
+print(text, len(ids), "transformers" in sys.modules, "huggingface_hub" in sys.modules)
+cut = tok.hf("one two three four five six", truncation=True, max_length=3)["input_ids"]
+print(len(cut), "transformers" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[3])
+    assert done.returncode == 0, done.stderr[-2000:]
+    first, second = done.stdout.strip().splitlines()[-2:]
+    assert first.endswith(" False False") and first.startswith("Hello there ")
+    assert second == "3 True"
