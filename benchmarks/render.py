@@ -108,17 +108,19 @@ def readme_table(records: list[Record]) -> str:
 
 
 def all_tables(records: list[Record]) -> str:
-    """Every record, grouped by day and CPU, the newest day first (undated ones last)."""
-    groups: dict[tuple[str, str], list[Record]] = {}
+    """Every record, grouped by day and CPU (its name and flags: one name covers CPUs with
+    and without AVX-512), the newest day first (undated ones last)."""
+    groups: dict[tuple[str, str, tuple[str, ...]], list[Record]] = {}
     for record in records:
-        groups.setdefault((record.date or "", record.cpu), []).append(record)
+        key = (record.date or "", record.cpu, tuple(record.cpu_flags))
+        groups.setdefault(key, []).append(record)
     order = sorted(groups, key=lambda key: key[0], reverse=True)
     builds = _legend([r.peer_build or "" for r in records], "B")
     methods = _legend([r.method for r in records], "M")
     out: list[str] = []
-    for date, cpu in order:
-        group = groups[(date, cpu)]
-        flags = " ".join(group[0].cpu_flags) or "not written down"
+    for date, cpu, cpu_flags in order:
+        group = groups[(date, cpu, cpu_flags)]
+        flags = " ".join(cpu_flags) or "not written down"
         commits = _joined(group, lambda r: r.commit) or "not written down"
         out += [f"### {date or 'Undated'}: {cpu}", "",
                 f"CPU flags: {flags}. Ferry commits: {commits}.", "",
