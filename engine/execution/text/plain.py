@@ -71,6 +71,10 @@ class PlainTokenizer:
         self.special_tokens_map: dict[str, str] = {
             name: text for name in SPECIAL_TOKEN_NAMES
             if (text := _token_text(config.get(name))) is not None}
+        extra = config.get("extra_special_tokens") or config.get("additional_special_tokens")
+        extra = list(extra.values()) if isinstance(extra, Mapping) else extra
+        self._extra_special = [text for value in (extra if isinstance(extra, list) else ())
+                               if (text := _token_text(value)) is not None]
         template = config.get("chat_template")
         jinja = folder / "chat_template.jinja"
         if template is None and jinja.is_file():
@@ -91,6 +95,11 @@ class PlainTokenizer:
     def _token_id(self, name: str) -> int | None:
         text = self.special_tokens_map.get(name)
         return None if text is None else self.backend_tokenizer.token_to_id(text)
+
+    @property
+    def all_special_tokens(self) -> list[str]:
+        """The named special tokens, then the extra ones, each once (transformers' order)."""
+        return list(dict.fromkeys([*self.special_tokens_map.values(), *self._extra_special]))
 
     def __len__(self) -> int:
         return int(self.backend_tokenizer.get_vocab_size(with_added_tokens=True))

@@ -308,6 +308,7 @@ def same_plain(full: Any, plain: PlainTokenizer) -> bool:
     if len(full) != len(plain) or full.get_vocab() != plain.get_vocab():
         return False
     if full.special_tokens_map != plain.special_tokens_map or \
+            full.all_special_tokens != plain.all_special_tokens or \
             full.chat_template != plain.chat_template or \
             (full.eos_token_id, full.bos_token_id) != (plain.eos_token_id, plain.bos_token_id):
         return False

@@ -38,6 +38,7 @@ def test_the_default_models_folder_serves_plain(tmp_path: Path) -> None:
     want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
     assert ours.apply_chat_template(CHAT) == list(want)
     assert ours.eos_ids == {full.eos_token_id} and ours.vocab_size == len(full)
+    assert ours.hf.all_special_tokens == full.all_special_tokens
     ids = full.encode("A ferry 🚢 crosses.", add_special_tokens=False)
     detok = ours.detokenizer()
     assert "".join(detok.push(i) for i in ids) + detok.flush() == full.decode(ids)
@@ -60,6 +61,25 @@ def test_a_folder_that_renders_otherwise_is_not_marked(tmp_path: Path,
     assert not is_plain(folder)
 
 
+@pytest.mark.parametrize("extra", [["<repo_name>", "<file_sep>"],
+                                   {"repo": "<repo_name>", "file": "<file_sep>"}])
+def test_extra_special_tokens_come_in_transformers_order(tmp_path: Path, extra: object) -> None:
+    """A tool format strips the special tokens from a reply: the named ones, then the extra
+    ones, each once, as transformers lists them (a list or, in transformers 5, named)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "extra"
+    shutil.copytree(gguf_tokenizer_dir(default_gguf(), tmp_path), folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["extra_special_tokens"] = extra
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    want = AutoTokenizer.from_pretrained(str(folder)).all_special_tokens
+    assert "<repo_name>" in want
+    assert PlainTokenizer(folder).all_special_tokens == want
+
+
 def test_serving_a_chat_imports_no_transformers(tmp_path: Path) -> None:
     """Opening the tokenizer, rendering, encoding and streaming text out import none of
     transformers; truncating an input (the embeddings API's call) opens transformers'
@@ -72,6 +92,7 @@ tok = Tokenizer({str(folder)!r})
 ids = tok.apply_chat_template({CHAT!r})
 detok = tok.detokenizer(ids)
 text = "".join(detok.push(i) for i in tok.encode("Hello there", add_special_tokens=False))
+assert "<|im_end|>" in tok.hf.all_special_tokens  # a tool format's clean-up
 print(text, len(ids), "transformers" in sys.modules, "huggingface_hub" in sys.modules)
 cut = tok.hf("one two three four five six", truncation=True, max_length=3)["input_ids"]
 print(len(cut), "transformers" in sys.modules)
