@@ -114,6 +114,17 @@ class PlainTokenizer:
         return str(self.backend_tokenizer.decode(list(ids),
                                                  skip_special_tokens=skip_special_tokens))
 
+    def encode_truncated(self, text: str, max_length: int) -> list[int]:
+        """`text`'s ids with the special tokens, cut to `max_length` as transformers cuts
+        (`truncation=True`): the text's ids end early, the special tokens stay."""
+        backend = self.backend_tokenizer
+        room = max_length - backend.num_special_tokens_to_add(False)
+        if room < 1:  # no room for any text: transformers' own rules
+            return list(self.full()(text, truncation=True, max_length=max_length)["input_ids"])
+        encoding = backend.encode(text, add_special_tokens=False)
+        encoding.truncate(room)
+        return list(backend.post_process(encoding).ids)
+
     def convert_ids_to_tokens(self, ids: int | Sequence[int]) -> Any:
         if isinstance(ids, int):
             return self.backend_tokenizer.id_to_token(ids)

@@ -313,6 +313,10 @@ def same_plain(full: Any, plain: PlainTokenizer) -> bool:
             (full.eos_token_id, full.bos_token_id) != (plain.eos_token_id, plain.bos_token_id):
         return False
     for text in SAME_TEXTS:
+        for length in (4, 12, 512):
+            if plain.encode_truncated(text, length) != \
+                    list(full(text, truncation=True, max_length=length)["input_ids"]):
+                return False
         for special in (True, False):
             ids = full.encode(text, add_special_tokens=special)
             if plain.encode(text, add_special_tokens=special) != ids or \
@@ -509,6 +513,13 @@ class Tokenizer:
         if fast is not None and b.truncation is None and b.padding is None:
             return fast(text, add_special_tokens)
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def encode_truncated(self, text: str, max_length: int) -> list[int]:
+        """`text`'s ids with the special tokens, at most `max_length` of them (the text's
+        end cut, as transformers' truncation=True cuts it)."""
+        if isinstance(self.hf, PlainTokenizer):
+            return self.hf.encode_truncated(text, max_length)
+        return list(self.hf(text, truncation=True, max_length=max_length)["input_ids"])
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         if self._backend_decode is not None:

@@ -80,6 +80,26 @@ def test_extra_special_tokens_come_in_transformers_order(tmp_path: Path, extra: 
     assert PlainTokenizer(folder).all_special_tokens == want
 
 
+def test_a_bert_files_inputs_are_cut_as_transformers_cuts(embedding_dir: Path,
+                                                          tmp_path: Path) -> None:
+    """An embedding input over the model's length is cut when asked (Ollama's default): the
+    text's end goes, [CLS] and [SEP] stay, as transformers' truncation=True does."""
+    from transformers import AutoTokenizer
+
+    from tests.tools.bert_gguf import write_bert_gguf
+
+    gguf = write_bert_gguf(embedding_dir, tmp_path / "minilm.gguf")
+    folder = gguf_tokenizer_dir(gguf, tmp_path / "cache")
+    ours, full = Tokenizer(folder), AutoTokenizer.from_pretrained(str(folder))
+    assert isinstance(ours.hf, PlainTokenizer)
+    text = "A ferry crosses the river at dawn, " * 20
+    for length in (3, 7, 16, 512):
+        want = list(full(text, truncation=True, max_length=length)["input_ids"])
+        assert ours.encode_truncated(text, length) == want
+        assert want[0] == full.cls_token_id and want[-1] == full.sep_token_id
+        assert len(want) == min(length, len(full.encode(text)))
+
+
 def test_serving_a_chat_imports_no_transformers(tmp_path: Path) -> None:
     """Opening the tokenizer, rendering, encoding and streaming text out import none of
     transformers; truncating an input (the embeddings API's call) opens transformers'

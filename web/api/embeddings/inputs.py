@@ -32,8 +32,7 @@ def token_lists(value: object, tokenizer: Tokenizer, vocab: int, limit: int,
         if isinstance(item, str):
             if not item:
                 raise APIError(f"{where} is an empty string", param=field)
-            ids = list(tokenizer.hf(item, truncation=truncate, max_length=limit)["input_ids"]) \
-                if truncate else tokenizer.encode(item)
+            ids = tokenizer.encode_truncated(item, limit) if truncate else tokenizer.encode(item)
         elif isinstance(item, list) and all(isinstance(t, int) for t in item):
             if not item:
                 raise APIError(f"{where} is an empty list of tokens", param=field)
