@@ -6,8 +6,9 @@ A GGUF's tokenizer folder (engine.execution.text.tokenizer.gguf_tokenizer_dir) i
 Importing transformers costs a serving process ~20 MB for its life (its own modules,
 huggingface_hub, an HTTP client) and its wrapper more per model. Where the folder was checked
 to encode, decode and render alike (`PLAIN_MARK`, written by the folder's builder), it is
-opened as `PlainTokenizer`; what it does not do itself (a rare feature's call, such as
-truncating embedding inputs) goes to the transformers tokenizer, opened on first use.
+opened as `PlainTokenizer`; what it does not do itself (a rare feature's call, such as a
+cross-encoder's query and document cut as a pair) goes to the transformers tokenizer,
+opened on first use.
 """
 from __future__ import annotations
 
