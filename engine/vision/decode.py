@@ -11,8 +11,10 @@ import binascii
 import hashlib
 import io
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from PIL import Image
+if TYPE_CHECKING:  # Pillow loads where a picture is read: ~2.5 MB a text server never uses
+    from PIL import Image
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 
@@ -45,6 +47,8 @@ def data_url_bytes(url: str) -> bytes:
 
 def decode(data: bytes, max_pixels: int) -> DecodedImage:
     """Open `data` as an image of at most `max_pixels` pixels (width x height)."""
+    from PIL import Image
+
     try:
         image = Image.open(io.BytesIO(data), formats=FORMATS)
     except (OSError, ValueError, Image.DecompressionBombError):

@@ -14,13 +14,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from PIL import Image
 
 from engine.vision.processor import CLIP_MEAN, CLIP_STD, normalized, to_rgb
+
+if TYPE_CHECKING:  # Pillow loads where a picture is read: ~2.5 MB a text server never uses
+    from PIL import Image
 
 MIN_PIXELS = 56 * 56  # the processor's default bounds on the resized image's pixel count
 MAX_PIXELS = 28 * 28 * 1280

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from PIL import Image
+
+if TYPE_CHECKING:  # Pillow loads where a picture is read: ~2.5 MB a text server never uses
+    from PIL import Image
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -69,6 +71,8 @@ def _triple(value: Any) -> tuple[float, float, float] | None:
 
 def to_rgb(image: Image.Image) -> Image.Image:
     """RGB; transparent pixels over white, as the Hugging Face processors flatten them."""
+    from PIL import Image
+
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         rgba = image.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))

@@ -12,13 +12,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from PIL import Image
 
 from engine.vision.processor import normalized, to_rgb
+
+if TYPE_CHECKING:  # Pillow loads where a picture is read: ~2.5 MB a text server never uses
+    from PIL import Image
 
 MAX_IMAGE_SIZE = 4096  # the processor's absolute bound on either side after the resize
 HALF = (0.5, 0.5, 0.5)

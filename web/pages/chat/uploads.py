@@ -11,12 +11,14 @@ from __future__ import annotations
 import io
 import warnings
 from collections.abc import Sequence
-
-from PIL import Image, ImageOps, UnidentifiedImageError
+from typing import TYPE_CHECKING
 
 from web.config import WebConfig
 from web.pages.chat.rules import ChatError
 from web.storage.images import NewImage
+
+if TYPE_CHECKING:  # Pillow loads where a picture is read: ~2.5 MB a text server never uses
+    from PIL import Image
 
 MEDIA_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp",
                "GIF": "image/gif"}
@@ -29,6 +31,8 @@ def size_words(n: int) -> str:
 
 def _thumbnail(picture: Image.Image) -> tuple[bytes, str]:
     """A small PNG (pictures with transparency) or JPEG of the first frame."""
+    from PIL import ImageOps
+
     picture.seek(0)
     small = ImageOps.exif_transpose(picture.copy())  # a phone's photo the way it was held
     small.thumbnail((THUMB_SIDE, THUMB_SIDE))
@@ -43,6 +47,8 @@ def _thumbnail(picture: Image.Image) -> tuple[bytes, str]:
 def checked_image(raw: bytes, name: str, limit: int, max_pixels: int) -> NewImage:
     """One attached file as stored, or ChatError (413 too large, 400 not a picture);
     `max_pixels` (width x height) is checked from the header, before decoding."""
+    from PIL import Image, UnidentifiedImageError
+
     label = f"“{name[:80]}”" if name else "the picture"
     if len(raw) > limit:
         raise ChatError(f"{label} is {size_words(len(raw))}; pictures may be at most "
