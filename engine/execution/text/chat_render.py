@@ -8,7 +8,7 @@ serves a GGUF's tokenizer with the Rust tokenizer alone (engine.execution.text.p
 `transformers` package holds ~20 MB of modules for the process's life, which serving a
 plain tokenizer does not need. So the same environment is built here, on jinja2 alone, and a
 model's tokenizer folder is only served this way once its renders were compared with
-transformers' (engine.execution.text.tokenizer.plain_where_same).
+transformers' (engine.execution.text.tokenizer.same_plain).
 """
 from __future__ import annotations
 

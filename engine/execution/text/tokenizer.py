@@ -245,10 +245,13 @@ def _generic_where_same(folder: Path) -> None:
 
 
 # what two tokenizers must agree on to be one: texts with spaces, lines and tabs, digits,
-# accents, CJK, emoji and markup, each with and without the special tokens; their specials
+# accents, CJK, emoji and markup, each with and without the special tokens; spaces before
+# punctuation and contractions (which transformers' clean-up of decoded text removes, where
+# a tokenizer asks for it); their specials
 SAME_TEXTS = (*ENCODE_PROBES, "  lead and trail  ", "a\u00a0b\u200bc\u3000d",
               "def f(x):\n\treturn x ** 2  # square\n", "1234567890" * 3 + " 3.14159",
-              "<|im_start|>user\nhi<|im_end|><start_of_turn>model\n<bos><eos>")
+              "<|im_start|>user\nhi<|im_end|><start_of_turn>model\n<bos><eos>",
+              "so , it is . is it ? yes ! it ' s , I 'm , we 've , they 're , don n't")
 SAME_ATTRIBUTES = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id",
                    "all_special_tokens", "chat_template", "clean_up_tokenization_spaces",
                    "model_max_length", "padding_side", "truncation_side")
