@@ -4,7 +4,8 @@ Markdown and Pygments are pure Python: one imported conversation of a megabyte t
 seconds to render, and on the event loop that held every other request (the API's streams,
 `/healthz`) as long. So the routes call render_ahead() with the texts a page will show: it
 renders them in one worker process (one page at a time, so a crowd of viewers costs one core
-at most) into a cache keyed by the text itself, which is a message version's identity here
+at most; a text already being rendered for another viewer is waited for, not rendered again)
+into a cache keyed by the text itself, which is a message version's identity here
 (editing or regenerating makes a new text). A process, not a thread: a thread rendering for
 seconds holds the GIL against the engine's thread, whose every step between two native calls
 waits for it (a running stream's tokens came several times slower). The templates'
@@ -14,6 +15,7 @@ render ahead) is rendered in place, bounded per message by web.pages.markdown's 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import multiprocessing
 import os
@@ -36,6 +38,10 @@ _lock = threading.Lock()
 _cache: OrderedDict[str, Markup] = OrderedDict()
 _cached_chars = 0
 _worker: ProcessPoolExecutor | None = None  # started on first use, for every app in the process
+# texts being rendered now -> done (set, never failed) once their render ends, whatever its
+# outcome; a concurrent future: the apps of one process may run on several event loops
+_rendering: dict[str, concurrent.futures.Future[None]] = {}
+ROUNDS = 3  # a viewer waits for another's render, then renders what is still missing
 
 
 def markdown(text: str) -> Markup:
@@ -103,13 +109,37 @@ def _pool() -> ProcessPoolExecutor:
 
 async def render_ahead(texts: Iterable[str | None]) -> None:
     """Render (and cache) every non-empty text in the worker process, before a template
-    shows them."""
+    shows them. A text another viewer's render holds is waited for, not rendered twice (three
+    tabs opening one long conversation cost one render); one still missing after that (the
+    other viewer left and its render was cancelled) is rendered by this viewer."""
+    wanted = [t for t in dict.fromkeys(texts) if t]
+    for _ in range(ROUNDS):
+        with _lock:
+            todo = [t for t in wanted if t not in _cache]
+            waits = {id(f): f for t in todo if (f := _rendering.get(t)) is not None}
+            mine = [t for t in todo if t not in _rendering]
+            done: concurrent.futures.Future[None] = concurrent.futures.Future()
+            for text in mine:
+                _rendering[text] = done
+        if not todo:
+            return
+        try:
+            if mine:
+                await _render_into_cache(mine)
+        finally:
+            with _lock:
+                for text in mine:
+                    if _rendering.get(text) is done:
+                        del _rendering[text]
+            done.set_result(None)
+        for other in waits.values():
+            # shielded: this viewer leaving must not cancel the others' wait
+            await asyncio.shield(asyncio.wrap_future(other))
+        wanted = todo
+
+
+async def _render_into_cache(todo: list[str]) -> None:
     global _worker
-    todo = [t for t in dict.fromkeys(texts) if t]
-    with _lock:
-        todo = [t for t in todo if t not in _cache]
-    if not todo:
-        return
     for _ in range(2):  # a worker that died (killed, out of memory) is replaced once
         pool = _pool()
         try:

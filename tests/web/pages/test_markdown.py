@@ -100,3 +100,54 @@ def test_render_ahead_renders_in_the_worker_process_and_caches() -> None:
         rendered.render = original  # type: ignore[assignment]
     assert html == render(text) and isinstance(html, Markup)
     assert '<h1>A heading</h1>' in html and '<span class="n">x</span>' in html
+
+
+def test_viewers_of_one_text_share_its_render(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three tabs opening one long conversation at once render it once, not three times."""
+    text = "## Shared\n\n" + uuid.uuid4().hex
+    sent: list[list[str]] = []
+    original = rendered._render_into_cache
+
+    async def counting(todo: list[str]) -> None:
+        sent.append(list(todo))
+        await original(todo)
+
+    monkeypatch.setattr(rendered, "_render_into_cache", counting)
+
+    async def three_viewers() -> None:
+        await asyncio.gather(*(rendered.render_ahead([text, "x " + text if i else None])
+                               for i in range(3)))
+
+    asyncio.run(three_viewers())
+    assert sorted(t for batch in sent for t in batch) == sorted([text, "x " + text])
+    assert rendered.markdown(text) == render(text) and not rendered._rendering
+
+
+def test_a_viewer_left_alone_renders_what_the_other_did_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The viewer whose render another was waiting for leaves (its request is cancelled):
+    the one still waiting renders the text itself, in the worker."""
+    text = "## Left\n\n" + uuid.uuid4().hex
+    original = rendered._render_into_cache
+
+    async def slow_first(todo: list[str]) -> None:
+        if not calls:
+            calls.append(todo)
+            await asyncio.sleep(30)  # cancelled before it renders
+        calls.append(todo)
+        await original(todo)
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(rendered, "_render_into_cache", slow_first)
+
+    async def run() -> None:
+        first = asyncio.create_task(rendered.render_ahead([text]))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(rendered.render_ahead([text]))
+        await asyncio.sleep(0.05)
+        first.cancel()
+        await asyncio.wait_for(second, 60)
+
+    asyncio.run(run())
+    assert calls == [[text], [text]] and not rendered._rendering
+    assert rendered.markdown(text) == render(text)
