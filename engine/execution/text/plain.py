@@ -57,6 +57,23 @@ def is_plain(folder: Path) -> bool:
         return False
 
 
+def cut_pair(backend: Any, first: str, second: str, max_length: int) -> list[int]:
+    """The pair's ids with the special tokens (a cross-encoder's `[CLS] first [SEP] second
+    [SEP]`), the second text's end cut so that they fit `max_length`: transformers'
+    truncation="only_second" on the Rust tokenizer `backend` (its truncation and padding
+    off). Where the first text leaves no room for any of the second, the pair uncut (longer
+    than `max_length`: the caller refuses it) where transformers raises; an empty second
+    text is no pair to transformers. Encoded by encode_batch, which lets go of Python's lock
+    while it works."""
+    a, b = backend.encode_batch([first, second], add_special_tokens=False)
+    if not second:
+        return list(backend.post_process(a).ids)
+    over = len(a.ids) + len(b.ids) + backend.num_special_tokens_to_add(True) - max_length
+    if 0 < over < len(b.ids):
+        b.truncate(len(b.ids) - over)
+    return list(backend.post_process(a, b).ids)
+
+
 class PlainTokenizer:
     """The part of transformers' tokenizer interface Ferry serves with."""
 
@@ -67,6 +84,10 @@ class PlainTokenizer:
         folder = Path(folder)
         config = json.loads((folder / "tokenizer_config.json").read_text())
         self.backend_tokenizer = RustTokenizer.from_file(str(folder / "tokenizer.json"))
+        # transformers turns a tokenizer.json's own truncation and padding off for a call
+        # that does not ask for them (every call serving makes)
+        self.backend_tokenizer.no_truncation()
+        self.backend_tokenizer.no_padding()
         self.clean_up_tokenization_spaces = bool(config.get("clean_up_tokenization_spaces",
                                                             False))
         self.special_tokens_map: dict[str, str] = {
@@ -125,6 +146,10 @@ class PlainTokenizer:
         encoding = backend.encode(text, add_special_tokens=False)
         encoding.truncate(room)
         return list(backend.post_process(encoding).ids)
+
+    def encode_pair_truncated(self, first: str, second: str, max_length: int) -> list[int]:
+        """cut_pair on this tokenizer."""
+        return cut_pair(self.backend_tokenizer, first, second, max_length)
 
     def convert_ids_to_tokens(self, ids: int | Sequence[int]) -> Any:
         if isinstance(ids, int):

@@ -28,6 +28,7 @@ from engine.execution.loading.model_files import is_gguf
 from engine.execution.text.plain import (
     PLAIN_MARK,
     PlainTokenizer,
+    cut_pair,
     drop_construction_tables,
     is_plain,
 )
@@ -40,8 +41,8 @@ from engine.text.reasoning import CLOSE, OPEN, Reasoning
 
 GGUF_TOKENIZERS = "tokenizers"  # folder under the model cache: one per GGUF file version
 # the folders' format, in their names: 2 loads with the generic class where it is the same,
-# 3 says where the plain load (no transformers) is the same too
-FOLDER_FORMAT = "t3"
+# 3 says where the plain load (no transformers) is the same too, 4 checks its pair cuts too
+FOLDER_FORMAT = "t4"
 # folders (gguf_tokenizer_dir's keys) whose GGUF's tokenizer a child could not read -> why
 _UNREADABLE: dict[str, str] = {}
 GENERIC_TOKENIZER = "TokenizersBackend"  # transformers' class for a plain tokenizer.json
@@ -305,6 +306,21 @@ PLAIN_CONVERSATIONS: tuple[tuple[dict[str, Any], ...], ...] = (
 )
 
 
+def same_pairs(full: Any, plain: PlainTokenizer) -> bool:
+    """Whether the plain load cuts (query, document) pairs as transformers does: the
+    document cut to the length, or the pair uncut where transformers refuses to cut."""
+    for first, second in zip(SAME_TEXTS, SAME_TEXTS[1:] + SAME_TEXTS[:1], strict=True):
+        for length in (8, 24, 512):
+            try:
+                want = list(full(first, second, truncation="only_second",
+                                 max_length=length)["input_ids"])
+            except Exception:  # the Rust backend's "sequence too short to truncate"
+                want = list(full(first, second)["input_ids"])
+            if plain.encode_pair_truncated(first, second, length) != want:
+                return False
+    return True
+
+
 def _render_or_error(render: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
     try:
         return f"ok:{render(*args, **kwargs)}"
@@ -331,6 +347,8 @@ def same_plain(full: Any, plain: PlainTokenizer) -> bool:
             if plain.encode_truncated(text, length) != \
                     list(full(text, truncation=True, max_length=length)["input_ids"]):
                 return False
+    if not same_pairs(full, plain):
+        return False
     template = full.chat_template
     if not isinstance(template, str):
         return template is None
@@ -525,6 +543,21 @@ class Tokenizer:
         if isinstance(self.hf, PlainTokenizer):
             return self.hf.encode_truncated(text, max_length)
         return list(self.hf(text, truncation=True, max_length=max_length)["input_ids"])
+
+    def encode_pair_truncated(self, first: str, second: str, max_length: int) -> list[int]:
+        """A pair's ids with the special tokens, the second text cut to fit `max_length` (as
+        transformers' truncation="only_second"); longer than `max_length` where the first
+        text alone leaves no room (plain.cut_pair)."""
+        if isinstance(self.hf, PlainTokenizer):
+            return self.hf.encode_pair_truncated(first, second, max_length)
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        if backend is not None and backend.truncation is None and backend.padding is None:
+            return cut_pair(backend, first, second, max_length)
+        try:  # transformers sets the backend's truncation for its call (or has no backend)
+            return list(self.hf(first, second, truncation="only_second",
+                                max_length=max_length)["input_ids"])
+        except Exception:  # the Rust backend's "sequence too short to truncate"
+            return list(self.hf(first, second)["input_ids"])
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         if self._backend_decode is not None:

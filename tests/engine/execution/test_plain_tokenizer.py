@@ -98,12 +98,24 @@ def test_a_bert_files_inputs_are_cut_as_transformers_cuts(embedding_dir: Path,
         assert ours.encode_truncated(text, length) == want
         assert want[0] == full.cls_token_id and want[-1] == full.sep_token_id
         assert len(want) == min(length, len(full.encode(text)))
+    # a cross-encoder's (query, document) pairs: the document's end goes
+    query = "where does the ferry go?"
+    for length in (12, 16, 40, 512):
+        want = list(full(query, text, truncation="only_second", max_length=length)["input_ids"])
+        assert ours.encode_pair_truncated(query, text, length) == want
+        assert len(want) == min(length, len(full(query, text)["input_ids"]))
+    # a query that leaves no room for the document: transformers refuses to cut, Ferry
+    # gives the pair uncut (longer than the length: the API refuses it with a 400)
+    with pytest.raises(Exception, match="too short"):
+        full(text, query, truncation="only_second", max_length=16)
+    assert ours.encode_pair_truncated(text, query, 16) == list(full(text, query)["input_ids"])
 
 
 def test_serving_a_chat_imports_no_transformers(tmp_path: Path) -> None:
-    """Opening the tokenizer, rendering, encoding and streaming text out import none of
-    transformers; truncating an input (the embeddings API's call) opens transformers'
-    tokenizer of the same folder, which agrees."""
+    """Opening the tokenizer, rendering, encoding, streaming text out and cutting a
+    (query, document) pair import none of transformers; a call the plain load does not serve
+    (transformers' own call interface) opens transformers' tokenizer of the same folder,
+    which agrees."""
     folder = gguf_tokenizer_dir(default_gguf(), tmp_path)
     code = f"""
 import sys
@@ -113,6 +125,7 @@ ids = tok.apply_chat_template({CHAT!r})
 detok = tok.detokenizer(ids)
 text = "".join(detok.push(i) for i in tok.encode("Hello there", add_special_tokens=False))
 assert "<|im_end|>" in tok.hf.all_special_tokens  # a tool format's clean-up
+assert len(tok.encode_pair_truncated("a query", "a document " * 40, 16)) == 16
 print(text, len(ids), "transformers" in sys.modules, "huggingface_hub" in sys.modules)
 cut = tok.hf("one two three four five six", truncation=True, max_length=3)["input_ids"]
 print(len(cut), "transformers" in sys.modules)

@@ -93,6 +93,19 @@ def test_scores_are_the_heads(server: Any, reranker: tuple[Path, Any]) -> None:
     assert snap.kv.free == snap.kv.total and all(s is None for s in snap.slots)
 
 
+def test_a_query_that_fills_the_context_is_a_400(server: Any) -> None:
+    """The documents are cut to fit; a query that leaves no room for any of a document is
+    refused, naming the field (transformers raises there: it was a 500)."""
+    r = httpx.post(server.url + "/v1/rerank", json={
+        "model": NAME, "query": "word " * 200, "documents": ["a short document"]}, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "query" and "too long" in error["message"]
+    assert server.engine.wait_idle(30)
+    snap = server.engine.snapshot()
+    assert snap.kv.free == snap.kv.total and all(s is None for s in snap.slots)
+
+
 def test_a_reranker_makes_no_embeddings(server: Any) -> None:
     r = httpx.post(server.url + "/v1/embeddings", json={"model": NAME, "input": "x"},
                    timeout=30)

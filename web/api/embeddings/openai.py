@@ -42,8 +42,7 @@ def pair_ids(tokenizer: Tokenizer, query: str, document: str, limit: int,
     sentence-transformers' CrossEncoder does); a 400 when the query alone does not fit."""
     if not document:
         raise APIError(f"documents[{index}] is an empty string", param="documents")
-    ids = list(tokenizer.hf(query, document, truncation="only_second",
-                            max_length=limit)["input_ids"])
+    ids = tokenizer.encode_pair_truncated(query, document, limit)
     if len(ids) > limit:
         raise APIError(f"the query is too long to rank documents with: {len(ids)} tokens with "
                        f"the document, the model takes at most {limit}", param="query")
