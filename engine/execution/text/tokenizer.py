@@ -306,17 +306,23 @@ PLAIN_CONVERSATIONS: tuple[tuple[dict[str, Any], ...], ...] = (
 )
 
 
+def transformers_pair(hf: Any, first: str, second: str, max_length: int) -> list[int]:
+    """transformers' truncation="only_second" cut of the pair; the pair uncut where it
+    refuses to cut (plain.cut_pair's contract)."""
+    try:
+        return list(hf(first, second, truncation="only_second",
+                       max_length=max_length)["input_ids"])
+    except Exception:  # the Rust backend's "sequence to truncate too short"
+        return list(hf(first, second)["input_ids"])
+
+
 def same_pairs(full: Any, plain: PlainTokenizer) -> bool:
     """Whether the plain load cuts (query, document) pairs as transformers does: the
     document cut to the length, or the pair uncut where transformers refuses to cut."""
     for first, second in zip(SAME_TEXTS, SAME_TEXTS[1:] + SAME_TEXTS[:1], strict=True):
         for length in (8, 24, 512):
-            try:
-                want = list(full(first, second, truncation="only_second",
-                                 max_length=length)["input_ids"])
-            except Exception:  # the Rust backend's "sequence too short to truncate"
-                want = list(full(first, second)["input_ids"])
-            if plain.encode_pair_truncated(first, second, length) != want:
+            if plain.encode_pair_truncated(first, second, length) != \
+                    transformers_pair(full, first, second, length):
                 return False
     return True
 
@@ -553,11 +559,8 @@ class Tokenizer:
         backend = getattr(self.hf, "backend_tokenizer", None)
         if backend is not None and backend.truncation is None and backend.padding is None:
             return cut_pair(backend, first, second, max_length)
-        try:  # transformers sets the backend's truncation for its call (or has no backend)
-            return list(self.hf(first, second, truncation="only_second",
-                                max_length=max_length)["input_ids"])
-        except Exception:  # the Rust backend's "sequence too short to truncate"
-            return list(self.hf(first, second)["input_ids"])
+        # transformers sets the backend's truncation for its call (or it has no backend)
+        return transformers_pair(self.hf, first, second, max_length)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         if self._backend_decode is not None:
