@@ -12,9 +12,12 @@ from typing import Any
 import anyio
 import jinja2
 from litestar import Litestar, Router
+from litestar.config.app import AppConfig
 from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
 from litestar.openapi.config import OpenAPIConfig
+from litestar.plugins import PluginProtocol
+from litestar.plugins.core import MsgspecDIPlugin
 from litestar.plugins.htmx import HTMXPlugin
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.static_files import create_static_files_router
@@ -68,6 +71,22 @@ EVENT_STREAMS = {
         "`event: board` with the dashboard's HTML, pushed when the engine state changes; "
         "comment pings keep it open."),
 }
+
+
+class FerryApp(Litestar):
+    """Litestar without the plugins it adds for libraries that happen to be installed.
+    Litestar loads its pydantic, attrs and OpenTelemetry plugins whenever those packages
+    are importable (the API's client SDKs, which Ferry's tests use, install pydantic):
+    ~250 modules, ~9 MB held for the server's life. Ferry's routes take and give msgspec
+    structs and plain types only, and add no OpenTelemetry middleware."""
+
+    @staticmethod
+    def _get_default_plugins(plugins: list[PluginProtocol]) -> list[PluginProtocol]:
+        return [*plugins, MsgspecDIPlugin()]
+
+    @staticmethod
+    def _patch_opentelemetry_middleware(config: AppConfig) -> AppConfig:
+        return config
 
 
 def asset_files(config: WebConfig) -> list[Path]:
@@ -140,7 +159,7 @@ def create_app(engine: Serving, tokenizer: Tokenizer, config: WebConfig) -> Lite
     # body limit, each picture and message still checked by its own
     chat = Router("/", route_handlers=[ChatController],
                   request_max_body_size=config.chat_body_bytes)
-    app = Litestar(
+    app = FerryApp(
         route_handlers=[
             chat, DashboardController, SystemController, api, login_router,
             anthropic_router, responses_router,

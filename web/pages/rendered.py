@@ -29,8 +29,6 @@ from concurrent.futures.process import BrokenProcessPool
 
 from markupsafe import Markup
 
-from web.pages.markdown import render
-
 MAX_CACHED_CHARS = 16 * 1024 * 1024  # source characters held (the HTML is ~2-3x that)
 MAX_CACHED = 20_000  # texts held
 
@@ -51,6 +49,10 @@ def markdown(text: str) -> Markup:
         if html is not None:
             _cache.move_to_end(text)
             return html
+    # imported here: markdown-it and Pygments (~1.5 MB held for the process's life) stay
+    # out of a server no one opens a page of
+    from web.pages.markdown import render
+
     html = render(text)
     _keep(text, html)
     return html
@@ -72,6 +74,8 @@ def _keep(text: str, html: Markup) -> None:
 
 def _render_many(texts: list[str]) -> list[str]:
     """In the worker process."""
+    from web.pages.markdown import render
+
     return [str(render(text)) for text in texts]
 
 

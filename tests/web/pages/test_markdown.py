@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from markupsafe import Markup
 
+from web.pages import markdown as markdown_module
 from web.pages import rendered
 from web.pages.markdown import HIGHLIGHT_LIMIT, MARKDOWN_LIMIT, highlight_css, render
 from web.sse import text_event
@@ -85,19 +86,19 @@ def test_the_costliest_messages_under_the_limit_stay_bounded(text: str) -> None:
 def test_render_ahead_renders_in_the_worker_process_and_caches() -> None:
     text = "# A heading\n\n```python\nx = 1\n```\n" + uuid.uuid4().hex  # not cached yet
     calls: list[str] = []
-    original = rendered.render
+    original = markdown_module.render
 
     def spy(source: str) -> Markup:
         calls.append(source)
         return original(source)
 
-    rendered.render = spy  # type: ignore[assignment]
+    markdown_module.render = spy  # type: ignore[assignment]
     try:
         asyncio.run(rendered.render_ahead([text, text, None, ""]))
         html = rendered.markdown(text)  # from the cache: not rendered here
         assert calls == []
     finally:
-        rendered.render = original  # type: ignore[assignment]
+        markdown_module.render = original  # type: ignore[assignment]
     assert html == render(text) and isinstance(html, Markup)
     assert '<h1>A heading</h1>' in html and '<span class="n">x</span>' in html
 
