@@ -335,11 +335,12 @@ def build_upstream(settings: Settings, paths: Paths) -> tuple[Litestar, str]:
 
 def serving_floor() -> int:
     """The resident size before any model loads, with what serving imports imported (the
-    web server, torch, the Rust tokenizer, the loader and the native kernels): the part no
-    model frees. transformers is not among them: a GGUF's tokenizer serves without it
-    (engine.execution.text.plain); a Hugging Face folder's tokenizer imports it when it opens."""
+    web server, torch, the loader and the native kernels): the part no model frees.
+    transformers and the Rust tokenizer's package are not among them: a GGUF's tokenizer
+    serves from Ferry's compact tables where they were checked to agree
+    (engine.execution.text.compact_bpe), else from the Rust tokenizer without transformers
+    (engine.execution.text.plain); a tokenizer that needs either imports it when it opens."""
     import gguf  # noqa: F401 (what loading a model imports)
-    import tokenizers  # noqa: F401
 
     import engine.execution.executor  # noqa: F401
     import web.app  # noqa: F401

@@ -296,7 +296,7 @@ def test_signal_shuts_down_gracefully(serve: Any, signum: signal.Signals) -> Non
     assert reply["content"] and listener.text.startswith(reply["content"][:20])
 
 
-NEVER_SERVING = ("polyfactory", "faker", "rich", "httpx", "sympy")
+NEVER_SERVING = ("polyfactory", "faker", "rich", "httpx", "sympy", "pydantic", "markdown_it")
 
 
 def imported_by_serving(model: Path, tmp_path: Path) -> set[str]:
@@ -326,19 +326,20 @@ def imported_by_serving(model: Path, tmp_path: Path) -> set[str]:
 
 def test_serving_imports_nothing_it_does_not_use(model_dir: Path, tmp_path: Path) -> None:
     """Each module imported stays resident for the process's life: the schema's examples
-    (polyfactory, Faker), remote image fetching (httpx, and rich through it) and
-    transformers' GGUF reading (sympy) stay out of a server that serves a chat without
-    them."""
+    (polyfactory, Faker), remote image fetching (httpx, and rich through it),
+    transformers' GGUF reading (sympy), Litestar's plugins for libraries Ferry's routes do
+    not use (pydantic) and the pages' Markdown (until a page shows a message) stay out of a
+    server that serves a chat without them."""
     imported = imported_by_serving(model_dir, tmp_path)
     assert not imported & set(NEVER_SERVING), sorted(imported & set(NEVER_SERVING))
 
 
 def test_a_gguf_serves_without_transformers(tmp_path: Path) -> None:
-    """A GGUF's tokenizer serves through the Rust tokenizer and Ferry's template rendering:
-    transformers (~20 MB of modules with huggingface_hub and its HTTP client) stays out, and
-    Pillow (~2.5 MB) until a picture is read."""
+    """A GGUF's tokenizer serves through Ferry's compact tables and template rendering:
+    transformers (~20 MB of modules with huggingface_hub and its HTTP client) and the Rust
+    tokenizer's package (~3 MB) stay out, and Pillow (~2.5 MB) until a picture is read."""
     from tests.tools.synthetic_gguf import default_gguf
 
     imported = imported_by_serving(default_gguf(), tmp_path)
-    unused = set(NEVER_SERVING) | {"transformers", "huggingface_hub", "PIL"}
+    unused = set(NEVER_SERVING) | {"transformers", "huggingface_hub", "PIL", "tokenizers"}
     assert not imported & unused, sorted(imported & unused)

@@ -7,22 +7,14 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from engine import Tokenizer, TokenLogprob
+from engine.execution.text.compact_bpe import bytes_to_unicode
 from web.api.schemas import ChatTokenLogprob, CompletionLogprobs, TopLogprob
 
 
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, reversed: the printable character -> the byte it stands for."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    extra = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 class TokenTexts:
@@ -31,8 +23,11 @@ class TokenTexts:
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
-        decoder = getattr(getattr(tokenizer.hf, "backend_tokenizer", None), "decoder", None)
-        self.byte_level = type(decoder).__name__ == "ByteLevel"
+        backend = getattr(tokenizer.hf, "backend_tokenizer", None)
+        byte_level = getattr(backend, "byte_level", None)  # the compact tables say
+        if byte_level is None:
+            byte_level = type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
+        self.byte_level = bool(byte_level)
         self._cache: dict[int, tuple[str, bytes]] = {}
 
     def __call__(self, token_id: int) -> tuple[str, bytes]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.execution.text.chat_render import render_chat
+from engine.execution.text.compact_bpe import CompactBPE
 
 # a folder's mark: this file, saying the plain load was compared with transformers' and agreed
 PLAIN_MARK = "ferry-plain.json"
@@ -78,12 +79,16 @@ class PlainTokenizer:
     """The part of transformers' tokenizer interface Ferry serves with."""
 
     def __init__(self, folder: str | Path) -> None:
-        from tokenizers import Tokenizer as RustTokenizer
-
         self.name_or_path = str(folder)
         folder = Path(folder)
         config = json.loads((folder / "tokenizer_config.json").read_text())
-        self.backend_tokenizer = RustTokenizer.from_file(str(folder / "tokenizer.json"))
+        # the compact tables where the folder has them (a fifth of the Rust tokenizer's
+        # memory), else the Rust tokenizer
+        self.backend_tokenizer: Any = CompactBPE.open(folder)
+        if self.backend_tokenizer is None:  # (the tokenizers package: ~3 MB imported)
+            from tokenizers import Tokenizer as RustTokenizer
+
+            self.backend_tokenizer = RustTokenizer.from_file(str(folder / "tokenizer.json"))
         # transformers turns a tokenizer.json's own truncation and padding off for a call
         # that does not ask for them (every call serving makes)
         self.backend_tokenizer.no_truncation()
@@ -143,13 +148,18 @@ class PlainTokenizer:
         room = max_length - backend.num_special_tokens_to_add(False)
         if room < 1:  # no room for any text: transformers' own rules
             return list(self.full()(text, truncation=True, max_length=max_length)["input_ids"])
+        if isinstance(backend, CompactBPE):
+            return backend.with_special_tokens(backend.encode(text, False).ids[:room])
         encoding = backend.encode(text, add_special_tokens=False)
         encoding.truncate(room)
         return list(backend.post_process(encoding).ids)
 
     def encode_pair_truncated(self, first: str, second: str, max_length: int) -> list[int]:
-        """cut_pair on this tokenizer."""
-        return cut_pair(self.backend_tokenizer, first, second, max_length)
+        """cut_pair on this tokenizer (the Rust tokenizer's post-processing of a pair)."""
+        backend = self.backend_tokenizer
+        if isinstance(backend, CompactBPE):
+            backend = backend.rust()
+        return cut_pair(backend, first, second, max_length)
 
     def convert_ids_to_tokens(self, ids: int | Sequence[int]) -> Any:
         if isinstance(ids, int):

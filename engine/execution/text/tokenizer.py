@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.execution.loading.model_files import is_gguf
+from engine.execution.text.compact_bpe import write_compact
 from engine.execution.text.plain import (
     PLAIN_MARK,
     PlainTokenizer,
@@ -41,8 +42,9 @@ from engine.text.reasoning import CLOSE, OPEN, Reasoning
 
 GGUF_TOKENIZERS = "tokenizers"  # folder under the model cache: one per GGUF file version
 # the folders' format, in their names: 2 loads with the generic class where it is the same,
-# 3 says where the plain load (no transformers) is the same too, 4 checks its pair cuts too
-FOLDER_FORMAT = "t4"
+# 3 says where the plain load (no transformers) is the same too, 4 checks its pair cuts too,
+# 5 adds the compact tables (compact_bpe) where they encode and decode alike
+FOLDER_FORMAT = "t5"
 # folders (gguf_tokenizer_dir's keys) whose GGUF's tokenizer a child could not read -> why
 _UNREADABLE: dict[str, str] = {}
 GENERIC_TOKENIZER = "TokenizersBackend"  # transformers' class for a plain tokenizer.json
@@ -119,6 +121,11 @@ def write_tokenizer_dir(gguf: Path, folder: Path) -> None:
     _generic_for_bpe(gguf, folder)
     _generic_where_same(folder)
     mark_plain_where_same(folder)
+    if is_plain(folder):
+        from tokenizers import Tokenizer as RustTokenizer
+
+        write_compact(folder, RustTokenizer.from_file(str(folder / "tokenizer.json")),
+                      SAME_TEXTS)
     if tok.eos_token_id is not None:
         (folder / "generation_config.json").write_text(
             json.dumps({"eos_token_id": int(tok.eos_token_id)}))
@@ -460,8 +467,7 @@ class Tokenizer:
         if self.hf.eos_token_id is not None:
             eos.add(int(self.hf.eos_token_id))
         self.eos_ids: frozenset[int] = frozenset(eos)
-        vocab = self.hf.get_vocab()
-        self._think_tokens = OPEN in vocab and CLOSE in vocab
+        self._think_tokens = self._has_token(OPEN) and self._has_token(CLOSE)
         self._parts: bool | None = None  # content_as_parts, probed on first use
         # transformers' decode is the Rust backend's plus a space clean-up and argument
         # checks; a streamed token is decoded twice, so the backend's own where the
@@ -485,6 +491,12 @@ class Tokenizer:
             fast = backend_encoder(backend)
             if self._same_ids(fast):
                 self._backend, self._fast_encode = backend, fast
+
+    def _has_token(self, text: str) -> bool:
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        if backend is not None:  # not the whole vocabulary as a dict (262k entries)
+            return backend.token_to_id(text) is not None
+        return text in self.hf.get_vocab()
 
     def _same_ids(self, encode: Callable[..., list[int]]) -> bool:
         try:
