@@ -23,7 +23,9 @@ by the Rust tokenizer, and so is what a compact table does not do (a pair's post
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
+import operator
 import random
 import re
 import threading
@@ -251,6 +253,37 @@ def write_compact(folder: Path, rust: Any, probes: Sequence[str]) -> bool:
     return False
 
 
+def _whole(settings: dict[str, Any], data: bytes) -> bool:
+    """Whether the tables are as their settings say: sections filling the file one after
+    another, offsets rising within their blocks, ids within the vocabulary. The C trusts
+    what it is given; a damaged file is left to the Rust tokenizer."""
+    try:
+        n, layout = int(settings["tokens"]), settings["layout"]
+        part: dict[str, bytes] = {}
+        at = 0
+        for name in SECTIONS:
+            start, length = int(layout[name][0]), int(layout[name][1])
+            if start != at or length < 0 or start + length > len(data):
+                return False
+            part[name], at = data[start:start + length], start + length
+        if at != len(data) or len(part["flags"]) != n or len(part["merges"]) % 12 or \
+                len(part["ranges"]) % 12:
+            return False
+        for blob, name in (("blob", "offsets"), ("pieces", "piece_offsets")):
+            offsets = array("I", part[name])
+            if len(offsets) != n + 1 or offsets[0] != 0 or offsets[-1] != len(part[blob]) or \
+                    not all(map(operator.le, offsets, itertools.islice(offsets, 1, None))):
+                return False
+        merges = array("i", part["merges"])
+        ids = [int(i) for i in [*settings["added"], *settings["prefix"], *settings["suffix"]]]
+        byte_ids = [int(i) for i in settings["byte_ids"]]
+        return len(byte_ids) == 256 and (not merges or 0 <= min(merges) <= max(merges) < n) \
+            and all(0 <= i < n for i in ids) and \
+            all(-1 <= i < n for i in [*byte_ids, int(settings["unk_id"])])
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 class Encoded:
     """An encoding's ids (the part of the Rust tokenizer's Encoding serving reads)."""
     __slots__ = ("ids",)
@@ -305,7 +338,7 @@ class CompactBPE:
         except (OSError, ValueError):
             return None
         lib = native.library()
-        if lib is None or settings.get("format") != 1:
+        if lib is None or settings.get("format") != 1 or not _whole(settings, data):
             return None
         return cls(folder, lib, settings, data)
 

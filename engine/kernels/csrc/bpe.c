@@ -455,12 +455,13 @@ static int64_t encode_segment(const bpe_model *m, work *w, const uint8_t *s, int
     for (int64_t i = 0; i < len;) {
         uint32_t cp;
         int l = next_char(s + i, len - i, &cp);
-        int32_t id = s[i] == ' ' ? ferry_bpe_token_id(m, space_mark, 3)
-                                 : ferry_bpe_token_id(m, s + i, l);
+        const uint8_t *c = s[i] == ' ' ? space_mark : s + i; /* the normalized character */
+        int cl = s[i] == ' ' ? 3 : l;
+        int32_t id = ferry_bpe_token_id(m, c, cl);
         int all = 1;
-        for (int j = 0; j < l; j++) all &= m->byte_ids[s[i + j]] >= 0;
+        for (int j = 0; j < cl; j++) all &= m->byte_ids[c[j]] >= 0;
         if (id < 0 && all)
-            for (int j = 0; j < l; j++) add_first(m, w, &n, m->byte_ids[s[i + j]], &last_unk);
+            for (int j = 0; j < cl; j++) add_first(m, w, &n, m->byte_ids[c[j]], &last_unk);
         else
             add_first(m, w, &n, id, &last_unk);
         i += l;

@@ -214,3 +214,34 @@ print(type(plain.backend_tokenizer).__name__, plain.encode("Hi there", False))
     name, ids = done.stdout.strip().split(" ", 1)
     assert name == "Tokenizer"
     assert ids == str(rust_of(folder).encode("Hi there", add_special_tokens=False).ids)
+
+
+def test_damaged_tables_are_not_opened(tmp_path: Path) -> None:
+    """The C trusts the offsets and ids it is given: a cut file, or an offset or merge that
+    points outside its block, leaves the folder to the Rust tokenizer, never to a crash."""
+    import shutil
+
+    built = gguf_tokenizer_dir(default_gguf(), tmp_path)
+    settings = json.loads((built / TABLES).read_text())
+    data = (built / TABLES_DATA).read_bytes()
+    at = settings["layout"]
+    n = settings["tokens"]
+
+    def patched(section: str, index: int, value: int, width: int = 4) -> bytes:
+        spot = at[section][0] + index * width
+        return data[:spot] + value.to_bytes(width, "little", signed=True) + data[spot + width:]
+
+    damaged = {"cut": data[:-1],
+               "offset past its block": patched("offsets", n, 1 << 30),
+               "offsets falling": patched("offsets", 1, 1 << 20),
+               "merge past the vocabulary": patched("merges", 0, n + 5)}
+    for name, content in damaged.items():
+        folder = tmp_path / name.replace(" ", "-")
+        shutil.copytree(built, folder)
+        (folder / TABLES_DATA).write_bytes(content)
+        assert CompactBPE.open(folder) is None, name
+        plain = PlainTokenizer(folder)
+        assert not isinstance(plain.backend_tokenizer, CompactBPE), name
+        assert plain.encode("Hi there", False) == rust_of(folder).encode(
+            "Hi there", add_special_tokens=False).ids
+    assert CompactBPE.open(built) is not None
