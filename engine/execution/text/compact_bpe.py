@@ -130,7 +130,8 @@ def _shape(spec: dict[str, Any]) -> Shape | None:
     if (normalizer is None or nfc) and (gpt2 or digits) and \
             (decoder or {}).get("type") == "ByteLevel" and not model.get("byte_fallback"):
         mode = BYTE_LEVEL
-        byte_ids = [vocab.get(bytes_to_unicode()[b], -1) for b in range(256)]
+        table = bytes_to_unicode()
+        byte_ids = [vocab.get(table[b], -1) for b in range(256)]
     elif normalizer == {"type": "Replace", "pattern": {"String": " "}, "content": SPACE_MARK} \
             and (pre is None or (pre.get("type") == "Split" and
                                  pre.get("pattern") == {"String": " "} and not pre.get("invert"))) \

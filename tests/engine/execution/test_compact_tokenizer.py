@@ -115,7 +115,7 @@ def spm_folder(root: Path, tamper: bool = False) -> Path:
     fallback to <0xXX> tokens, a <bos> put before one text, special and plain added tokens.
     `tamper`: its merges in the reverse order of rank."""
     from tokenizers import Tokenizer as RustTokenizer
-    from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import decoders, models, normalizers, trainers
 
     trained = RustTokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
     trained.normalizer = normalizers.Replace(" ", "\u2581")
@@ -153,7 +153,6 @@ def spm_folder(root: Path, tamper: bool = False) -> Path:
     folder = root / ("tampered" if tamper else "spm")
     folder.mkdir()
     (folder / "tokenizer.json").write_text(json.dumps(spec))
-    del pre_tokenizers
     return folder
 
 
