@@ -84,16 +84,18 @@ def _notes(record: Record) -> str:
 
 def readme_table(records: list[Record]) -> str:
     """The headline records, a table a machine: one line each, and where, against what and
-    how."""
-    machines: dict[str, list[Record]] = {}
+    how. A machine is its CPU's name and flags (one name covers CPUs with and without
+    AVX-512), the flags named where a name alone does not tell them apart."""
+    machines: dict[tuple[str, tuple[str, ...]], list[Record]] = {}
     for record in records:
         if record.headline:
-            machines.setdefault(record.cpu, []).append(record)
+            machines.setdefault((record.cpu, tuple(record.cpu_flags)), []).append(record)
+    shared = {cpu for cpu, _ in machines if sum(1 for other, _ in machines if other == cpu) > 1}
     out: list[str] = []
-    for chosen in machines.values():
+    for (cpu, flags), chosen in machines.items():
+        which = f" ({' '.join(flags) or 'flags not written down'})" if cpu in shared else ""
         out += [
-            f"- Machine: {_joined(chosen, lambda r: r.cpu)}; measured "
-            f"{_joined(chosen, lambda r: r.date)}.",
+            f"- Machine: {cpu}{which}; measured {_joined(chosen, lambda r: r.date)}.",
             f"- Peer: {_joined(chosen, lambda r: r.peer)}, build "
             f"{_joined(chosen, lambda r: f'{r.peer_build} (against Ferry {r.ferry_cpu})')}.",
             f"- Method: {_joined(chosen, lambda r: r.method)}.",

@@ -2,6 +2,7 @@
 benchmarks/records.jsonl, and peerbench's --record appends a well-formed record."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -48,6 +49,23 @@ def test_markers_must_be_whole() -> None:
     text = "a\n<!-- benchmarks:all:start -->\nold\n<!-- benchmarks:all:end -->\nb"
     assert render.rendered(text, "all", "new") == (
         "a\n<!-- benchmarks:all:start -->\nnew\n<!-- benchmarks:all:end -->\nb")
+
+
+def test_readme_keeps_one_cpu_name_with_other_flags_apart() -> None:
+    """Two CPUs sold under one name, one with AVX-512 and one without, are two machines in
+    the README, each named with its flags; a name of its own stays as it is."""
+    base = dataclasses.replace(load()[0], headline=True, cpu="AMD EPYC, 2 threads")
+    wide = dataclasses.replace(base, cpu_flags=("avx2", "avx512f"), workload="wide")
+    narrow = dataclasses.replace(base, cpu_flags=("avx2",), workload="narrow")
+    other = dataclasses.replace(base, cpu="Intel Xeon, 2 vCPUs", workload="other")
+    table = render.readme_table([wide, narrow, other, dataclasses.replace(wide, headline=False)])
+    machines = [line for line in table.splitlines() if line.startswith("- Machine:")]
+    assert [m.split(";")[0] for m in machines] == [
+        "- Machine: AMD EPYC, 2 threads (avx2 avx512f)", "- Machine: AMD EPYC, 2 threads (avx2)",
+        "- Machine: Intel Xeon, 2 vCPUs"]
+    sections = table.split("- Machine:")[1:]
+    assert ["| wide |" in s for s in sections] == [True, False, False]
+    assert ["| narrow |" in s for s in sections] == [False, True, False]
 
 
 def test_unknown_fields_and_empty_figures_are_refused() -> None:
