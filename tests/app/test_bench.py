@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from app.bench.profile import MOE, OTHER, PARTS
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -73,7 +75,10 @@ def test_bench_table_in_bf16(tiny_llama: Path, tmp_path: Path) -> None:
     at = next(i for i, line in enumerate(lines) if line.startswith("engine thread, "))
     shares = [float(line.split("%")[0]) for line in lines[at + 1:]]
     parts = [line.split("%", 1)[1].strip() for line in lines[at + 1:]]
-    assert "products" in parts and abs(sum(shares) - 100) < 1, lines[at:]
+    # a run this short is a handful of samples: which parts they fall in is chance (the
+    # filing itself: test_bench_profile.py), that they are the profiler's parts is not
+    known = {name for name, _ in PARTS} | {MOE, OTHER}
+    assert parts and set(parts) <= known and abs(sum(shares) - 100) < 1, lines[at:]
     assert lines[0].startswith("workload: 3 requests, prompt 5, output 4") and \
         "dtype bfloat16" in lines[0] and "CPU kernels" in lines[0]
     assert lines[1].startswith("| system | out tok/s |")
