@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -90,10 +91,10 @@ def readme_table(records: list[Record]) -> str:
     for record in records:
         if record.headline:
             machines.setdefault((record.cpu, tuple(record.cpu_flags)), []).append(record)
-    shared = {cpu for cpu, _ in machines if sum(1 for other, _ in machines if other == cpu) > 1}
+    names = Counter(cpu for cpu, _ in machines)
     out: list[str] = []
     for (cpu, flags), chosen in machines.items():
-        which = f" ({' '.join(flags) or 'flags not written down'})" if cpu in shared else ""
+        which = f" ({' '.join(flags) or 'flags not written down'})" if names[cpu] > 1 else ""
         out += [
             f"- Machine: {cpu}{which}; measured {_joined(chosen, lambda r: r.date)}.",
             f"- Peer: {_joined(chosen, lambda r: r.peer)}, build "
