@@ -73,6 +73,9 @@ if TYPE_CHECKING:
     )
     from engine.execution.text.template_files import describe_chat_template
     from engine.execution.text.tokenizer import Tokenizer, gguf_tokenizer_dir
+    from engine.vision.anyres import AnyresConfig
+    from engine.vision.anyres import layout as anyres_layout
+    from engine.vision.anyres import split as split_anyres
     from engine.vision.decode import ImageError, data_url_bytes
     from engine.vision.decode import decode as decode_image
     from engine.vision.patches import PatchConfig
@@ -99,6 +102,9 @@ _LAZY: dict[str, str] = {
     "model_architecture": "engine.execution.model.describe:model_architecture",
     "model_vision": "engine.execution.loading.loader:vision_of",
     "projector_for": "engine.execution.loading.projector_gguf:projector_for",
+    "AnyresConfig": "engine.vision.anyres:AnyresConfig",
+    "anyres_layout": "engine.vision.anyres:layout",
+    "split_anyres": "engine.vision.anyres:split",
     "ImageError": "engine.vision.decode:ImageError",
     "data_url_bytes": "engine.vision.decode:data_url_bytes",
     "decode_image": "engine.vision.decode:decode",
@@ -128,6 +134,7 @@ __all__ = [
     "SEED_MIN",
     "SPECULATIVE",
     "AdmissionOrder",
+    "AnyresConfig",
     "Budget",
     "ConfigError",
     "Constraint",
@@ -176,6 +183,7 @@ __all__ = [
     "Usage",
     "WaitReason",
     "Window",
+    "anyres_layout",
     "continuation",
     "data_url_bytes",
     "decode_image",
@@ -194,6 +202,7 @@ __all__ = [
     "preprocess_image",
     "projector_for",
     "resolve_model_files",
+    "split_anyres",
     "split_image",
     "structured",
     "tile_digest",

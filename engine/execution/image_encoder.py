@@ -57,7 +57,7 @@ class ImageEncoder:
                 if steps is None:
                     pixels = _pixels(image)[None].to(self.device)
                     steps = self._started[image.digest] = self.model.encode_steps(
-                        pixels, image.grid)
+                        pixels, image.grid, image.size)
                     self._layers_done[image.digest] = 0
                 try:
                     next(steps)
@@ -93,19 +93,20 @@ class ImageEncoder:
             if steps is not None and image.digest not in self._cache:
                 self._finished(image, run_through(steps)[0])
         out: dict[str, torch.Tensor] = {}
-        # one encoder batch per pixel shape and grid of positions
-        todo: dict[tuple[tuple[int, ...], tuple[int, int] | None], dict[str, ImageInput]] = {}
+        # one encoder batch per pixel shape, grid of positions and picture size
+        todo: dict[tuple[tuple[int, ...], tuple[int, int] | None, tuple[int, int] | None],
+                   dict[str, ImageInput]] = {}
         for image in images:
             hit = self._cache.get(image.digest)
             if hit is not None:
                 self._cache.move_to_end(image.digest)
                 out[image.digest] = hit
             else:
-                key = (tuple(_pixels(image).shape), image.grid)
+                key = (tuple(_pixels(image).shape), image.grid, image.size)
                 todo.setdefault(key, {})[image.digest] = image
-        for (_, grid), group in todo.items():
+        for (_, grid, size), group in todo.items():
             pixels = torch.stack([_pixels(i) for i in group.values()]).to(self.device)
-            encoded = self.model.encode_images(pixels, grid)
+            encoded = self.model.encode_images(pixels, grid, size)
             for (digest, image), rows in zip(group.items(), encoded):
                 self._finished(image, rows)
                 out[digest] = rows

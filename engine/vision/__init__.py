@@ -21,6 +21,9 @@ from engine.vision.placement import (
 )
 
 if TYPE_CHECKING:
+    from engine.vision.anyres import AnyresConfig, AnyresImage, FeatureLayout
+    from engine.vision.anyres import layout as anyres_layout
+    from engine.vision.anyres import split as split_anyres
     from engine.vision.decode import DecodedImage, ImageError, data_url_bytes
     from engine.vision.decode import decode as decode_image
     from engine.vision.patches import PatchConfig, Patches, patchify, smart_resize
@@ -29,6 +32,11 @@ if TYPE_CHECKING:
     from engine.vision.tiling import split as split_image
 
 _LAZY: dict[str, str] = {
+    "AnyresConfig": "engine.vision.anyres:AnyresConfig",
+    "AnyresImage": "engine.vision.anyres:AnyresImage",
+    "FeatureLayout": "engine.vision.anyres:FeatureLayout",
+    "anyres_layout": "engine.vision.anyres:layout",
+    "split_anyres": "engine.vision.anyres:split",
     "DecodedImage": "engine.vision.decode:DecodedImage",
     "ImageError": "engine.vision.decode:ImageError",
     "data_url_bytes": "engine.vision.decode:data_url_bytes",
@@ -50,7 +58,10 @@ _LAZY: dict[str, str] = {
 __getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 __all__ = [
+    "AnyresConfig",
+    "AnyresImage",
     "DecodedImage",
+    "FeatureLayout",
     "ImageError",
     "ImageInput",
     "PatchConfig",
@@ -58,6 +69,7 @@ __all__ = [
     "ProcessorConfig",
     "Tiles",
     "TilingConfig",
+    "anyres_layout",
     "cache_ids",
     "chunk_end",
     "data_url_bytes",
@@ -68,6 +80,7 @@ __all__ = [
     "preprocess",
     "runs",
     "smart_resize",
+    "split_anyres",
     "split_image",
     "tile_digest",
     "tile_text",

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from engine.vision.processor import CLIP_MEAN, CLIP_STD, normalized, to_rgb
+from engine.vision.processor import CLIP_MEAN, CLIP_STD, normalized, to_rgb, value_steps
 
 if TYPE_CHECKING:  # Pillow loads where a picture is read: ~2.5 MB a text server never uses
     from PIL import Image
@@ -81,19 +81,13 @@ class PatchConfig:
         if low is None or high is None:
             raise ValueError(f"size must have shortest_edge and longest_edge (the pixel "
                              f"bounds), got {dict(size)}")
-        normalize = cfg.get("do_normalize", True)
         return cls(
             patch_size=int(cfg.get("patch_size", 14)),
             merge_size=int(cfg.get("merge_size", 2)),
             temporal_patch_size=int(cfg.get("temporal_patch_size", 2)),
             min_pixels=int(low),
             max_pixels=int(high),
-            resample=int(cfg.get("resample", 3)),
-            rescale=float(cfg.get("rescale_factor", 1 / 255)) if cfg.get("do_rescale", True)
-            else None,
-            mean=_triple(cfg.get("image_mean", CLIP_MEAN), "image_mean") if normalize
-            else None,
-            std=_triple(cfg.get("image_std", CLIP_STD), "image_std") if normalize else None)
+            resample=int(cfg.get("resample", 3)), **value_steps(cfg, CLIP_MEAN, CLIP_STD))
 
     @property
     def factor(self) -> int:
@@ -124,12 +118,6 @@ def _first(*values: Any) -> Any:
     """The first that is not None (a saved config may write a key as null)."""
     return next((v for v in values if v is not None), None)
 
-
-def _triple(value: Any, name: str) -> tuple[float, float, float]:
-    values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)] * 3
-    if len(values) != 3:
-        raise ValueError(f"{name} must have 3 values (RGB), got {len(values)}")
-    return values[0], values[1], values[2]
 
 
 def smart_resize(height: int, width: int, cfg: PatchConfig) -> tuple[int, int]:

@@ -28,6 +28,9 @@ class ImageInput:
     # (rows, cols) its positions lay out as, row by row, where the model's rotary
     # embedding places an image in two dimensions (Qwen2-VL's M-RoPE: mrope_positions)
     grid: tuple[int, int] | None = None
+    # the picture's (height, width) as sent, where the family's rows depend on it
+    # (LLaVA-NeXT's: which tiles, and which of their features are padding)
+    size: tuple[int, int] | None = None
 
     @property
     def end(self) -> int:

@@ -50,11 +50,7 @@ class ProcessorConfig:
             size=exact if cfg.get("do_resize", True) and not shortest else None,
             crop=(int(crop["height"]), int(crop["width"]))
             if cfg.get("do_center_crop", False) and crop else None,
-            resample=int(cfg.get("resample", 3)),
-            rescale=float(cfg.get("rescale_factor", 1 / 255)) if cfg.get("do_rescale", True)
-            else None,
-            mean=_triple(cfg.get("image_mean")) if cfg.get("do_normalize", True) else None,
-            std=_triple(cfg.get("image_std")) if cfg.get("do_normalize", True) else None)
+            resample=int(cfg.get("resample", 3)), **value_steps(cfg, None, None))
 
     @property
     def output_size(self) -> tuple[int, int] | None:
@@ -62,10 +58,24 @@ class ProcessorConfig:
         return self.crop or self.size
 
 
-def _triple(value: Any) -> tuple[float, float, float] | None:
+def value_steps(cfg: Mapping[str, Any], mean: tuple[float, float, float] | None,
+                std: tuple[float, float, float] | None) -> dict[str, Any]:
+    """`rescale`, `mean` and `std` as a preprocessor_config.json sets them (None where it
+    turns the step off); `mean` and `std` where it names none."""
+    normalize = cfg.get("do_normalize", True)
+    return {"rescale": float(cfg.get("rescale_factor", 1 / 255))
+            if cfg.get("do_rescale", True) else None,
+            "mean": _triple(cfg.get("image_mean", mean), "image_mean") if normalize else None,
+            "std": _triple(cfg.get("image_std", std), "image_std") if normalize else None}
+
+
+def _triple(value: Any, name: str) -> tuple[float, float, float] | None:
+    """One value per channel (RGB); a single number for all three."""
     if value is None:
         return None
     values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)] * 3
+    if len(values) != 3:
+        raise ValueError(f"{name} must have 3 values (RGB), got {len(values)}")
     return values[0], values[1], values[2]
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from engine.vision.processor import normalized, to_rgb
+from engine.vision.processor import normalized, to_rgb, value_steps
 
 if TYPE_CHECKING:  # Pillow loads where a picture is read: ~2.5 MB a text server never uses
     from PIL import Image
@@ -40,17 +40,12 @@ class TilingConfig:
     def from_json(cls, cfg: Mapping[str, Any]) -> TilingConfig:
         size = cfg.get("size") or {}
         tile = cfg.get("max_image_size") or {}
-        normalize = cfg.get("do_normalize", True)
         return cls(
             longest_edge=int(size["longest_edge"]) if cfg.get("do_resize", True)
             and isinstance(size, Mapping) and "longest_edge" in size else None,
             tile=int(tile.get("longest_edge", 364)) if isinstance(tile, Mapping) else int(tile),
             split=bool(cfg.get("do_image_splitting", True)),
-            resample=int(cfg.get("resample", 1)),
-            rescale=float(cfg.get("rescale_factor", 1 / 255)) if cfg.get("do_rescale", True)
-            else None,
-            mean=_triple(cfg.get("image_mean", HALF)) if normalize else None,
-            std=_triple(cfg.get("image_std", HALF)) if normalize else None)
+            resample=int(cfg.get("resample", 1)), **value_steps(cfg, HALF, HALF))
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +54,6 @@ class Tiles:
     rows: int  # 0 and 0: not split (one tile, the global image)
     cols: int
 
-
-def _triple(value: Any) -> tuple[float, float, float]:
-    values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)] * 3
-    return values[0], values[1], values[2]
 
 
 def _longest_edge_size(height: int, width: int, longest: int) -> tuple[int, int]:

@@ -90,17 +90,25 @@ def write_llava_mmproj(path: Path, hf: Any, layers: int | None = None) -> None:
     """`hf` (transformers' LlavaForConditionalGeneration) -> its projector file at `path`, as
     llama.cpp's legacy script writes LLaVA 1.5's (`--llava-projector`, type `mlp`): the tower
     cut to its first `layers` (default: all but the last), no post-layernorm, F16 matrices
-    and patch kernel, CLIP's default mean and std."""
+    and patch kernel, CLIP's default mean and std. A LlavaNextForConditionalGeneration's
+    (LLaVA 1.6) adds its pinpoints and image_newline, as that script does."""
     vision = hf.config.vision_config
     used = vision.num_hidden_layers - 1 if layers is None else layers
     w = clip_writer(path, "mlp", vision, vision.projection_dim, used,
                     (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711),
                     vision.hidden_act == "gelu")
     w.add_bool("clip.has_llava_projector", True)
+    grid = getattr(hf.config, "image_grid_pinpoints", None)
+    if grid is not None:  # LLaVA 1.6: flat, width then height, as llama.cpp reads them
+        w.add_array("clip.vision.image_grid_pinpoints", [v for h, wd in grid for v in (wd, h)])
+        w.add_string("clip.vision.mm_patch_merge_type", "spatial_unpad")
+        w.add_uint32("clip.vision.image_crop_resolution", vision.image_size)
     for key, value in hf.state_dict().items():
         data = value.detach().float().numpy()
         half = data.astype(np.float16) if data.ndim in (2, 4) else data
-        if "multi_modal_projector." in key:
+        if key.endswith("image_newline"):
+            w.add_tensor("model.image_newline", data)
+        elif "multi_modal_projector." in key:
             base, _, kind = key.split("multi_modal_projector.", 1)[1].rpartition(".")
             w.add_tensor(f"mm.{'0' if base == 'linear_1' else '2'}.{kind}", half)
         elif "vision_tower." in key:

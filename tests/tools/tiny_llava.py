@@ -80,6 +80,15 @@ def assert_idle(server: Any) -> None:
     assert all(s is None for s in snap.slots)
 
 
+def half_image_side(model: Any) -> None:
+    """Round a transformers LLaVA's tower and projector matrices to float16 and back, as a
+    projector file holds them: the reference for a GGUF."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ("vision_tower." in name or "multi_modal_projector." in name) and p.dim() in (2, 4):
+                p.copy_(p.half().float())
+
+
 def build(folder: Path, tokenizer: Any) -> Any:
     """Write the tiny LLaVA into `folder` (SmolLM2's tokenizer, a copy: `tokenizer` is the
     session's); return transformers' model."""

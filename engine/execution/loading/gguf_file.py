@@ -168,7 +168,7 @@ class GGUFFile:
 
     def _with_projector(self, projector: ProjectorFile) -> None:
         """The vision family whose projector this is, over this text model."""
-        family = registry.for_projector(projector.kind)
+        family = registry.for_projector(projector.kind, projector.pinpoints)
         if family is None:
             raise ModelFileError(f"{projector.path}: projector type {projector.kind!r} is not "
                                  "one Ferry runs (supported: "

@@ -68,6 +68,12 @@ class ProjectorFile:
             t.name, int(t.tensor_type), tuple(int(d) for d in reversed(t.shape.tolist())),
             t.data) for t in reader.tensors}
 
+    @property
+    def pinpoints(self) -> bool:
+        """The file cuts a picture into tiles at one of its resolutions (LLaVA 1.6's
+        `image_grid_pinpoints`)."""
+        return bool(self.meta.get(VISION + "image_grid_pinpoints"))
+
     def get(self, key: str, default: Any = None) -> Any:
         """`clip.vision.<key>`; a missing one without a default is an error naming the file."""
         value = self.meta.get(VISION + key)

@@ -183,15 +183,17 @@ class CausalLM(nn.Module):
     def takes_images(self) -> bool:
         return self.config.vision is not None
 
-    def encode_images(self, pixels: torch.Tensor,
-                      grid: tuple[int, int] | None = None) -> torch.Tensor:
+    def encode_images(self, pixels: torch.Tensor, grid: tuple[int, int] | None = None,
+                      size: tuple[int, int] | None = None) -> torch.Tensor:
         """Pixel values [B, 3, H, W] -> the rows each image's positions hold
         [B, tokens_per_image, hidden] (vision families only); `grid`: the images' (rows,
-        cols) of positions, where the family lays them out in two dimensions (M-RoPE)."""
-        return run_through(self.encode_steps(pixels, grid))
+        cols) of positions, where the family lays them out in two dimensions (M-RoPE);
+        `size`: the images' (height, width) as sent, where their rows depend on it
+        (LLaVA-NeXT's tiles, [B, tiles, 3, H, W])."""
+        return run_through(self.encode_steps(pixels, grid, size))
 
-    def encode_steps(self, pixels: torch.Tensor,
-                     grid: tuple[int, int] | None = None) -> EncoderSteps:
+    def encode_steps(self, pixels: torch.Tensor, grid: tuple[int, int] | None = None,
+                     size: tuple[int, int] | None = None) -> EncoderSteps:
         """`encode_images` as steps, a yield after each of the tower's layers."""
         raise NotImplementedError(f"{self.config.model_type} takes no images")
 
@@ -244,8 +246,8 @@ class CausalLM(nn.Module):
                 if isinstance(module, PackedLinear) and last in unpack:
                     by_shard = {self.packed_modules[s][1]: s for s in unpack[last]}
                     out[(name, attr)] = [f"{prefix}.{by_shard[s]}.{attr}" for s in module.shards]
-                else:
-                    out[(name, attr)] = [f"{name}.{attr}"]
+                else:  # a parameter of the model itself (LLaVA-NeXT's image_newline)
+                    out[(name, attr)] = [f"{name}.{attr}" if name else attr]
         return out
 
     def checkpoint_shapes(self) -> dict[str, tuple[int, ...]]:

@@ -18,6 +18,7 @@ from engine.execution.model.architectures.gemma3_vision import Gemma3ForConditio
 from engine.execution.model.architectures.idefics3 import Idefics3ForConditionalGeneration
 from engine.execution.model.architectures.llama import LlamaForCausalLM
 from engine.execution.model.architectures.llava import LlavaForConditionalGeneration
+from engine.execution.model.architectures.llava_next import LlavaNextForConditionalGeneration
 from engine.execution.model.architectures.phi3 import Phi3ForCausalLM
 from engine.execution.model.architectures.qwen2 import Qwen2ForCausalLM
 from engine.execution.model.architectures.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
@@ -31,6 +32,7 @@ ARCHITECTURES: tuple[type[CausalLM], ...] = (
     LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM,
     Qwen3MoeForCausalLM, LlavaForConditionalGeneration, Idefics3ForConditionalGeneration,
     Gemma3ForConditionalGeneration, Qwen2_5_VLForConditionalGeneration,
+    LlavaNextForConditionalGeneration,
 )
 
 HF_TYPES: dict[str, type[CausalLM]] = {t: a for a in ARCHITECTURES for t in a.hf_model_types}
@@ -167,7 +169,11 @@ def for_gguf(arch: str) -> type[CausalLM] | None:
     return GGUF_ARCHS.get(arch)
 
 
-def for_projector(kind: str) -> type[CausalLM] | None:
+def for_projector(kind: str, pinpoints: bool = False) -> type[CausalLM] | None:
+    """The family of a projector file of type `kind`; `pinpoints`: the file has LLaVA 1.6's
+    image_grid_pinpoints (llama.cpp's legacy script writes it as an `mlp` one, as 1.5's)."""
+    if pinpoints and kind == LlavaForConditionalGeneration.projector_type:
+        return LlavaNextForConditionalGeneration
     return PROJECTORS.get(kind)
 
 

@@ -27,6 +27,7 @@ from tests.tools.tiny_llava import (
     assert_idle,
     build,
     content,
+    half_image_side,
     png,
     reference,
 )
@@ -40,10 +41,7 @@ def llava(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pat
     projector file holds it: the reference for the GGUF)."""
     folder = tmp_path_factory.mktemp("llava-hf")
     model = build(folder, tokenizer)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ("vision_tower." in name or "multi_modal_projector." in name) and p.dim() in (2, 4):
-                p.copy_(p.half().float())
+    half_image_side(model)
     return folder, model
 
 

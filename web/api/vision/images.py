@@ -14,17 +14,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import (
+    AnyresConfig,
     ImageError,
     ImageInput,
     PatchConfig,
     ProcessorConfig,
     TilingConfig,
+    anyres_layout,
     data_url_bytes,
     decode_image,
     expand_image_tokens,
     image_tile_runs,
     patchify_image,
     preprocess_image,
+    split_anyres,
     split_image,
     tile_digest,
     tile_text,
@@ -53,6 +56,8 @@ class _Prepared:
     grid: tuple[int, int] | None = None  # a tiled image's rows and columns of tiles
     # an image at its own size (Qwen2.5-VL's patches): its positions' rows and columns
     positions: tuple[int, int] | None = None
+    # the picture's (height, width) as sent, where its positions depend on it (LLaVA-NeXT)
+    size: tuple[int, int] | None = None
 
 
 def vision_of(engine: Any) -> Any:
@@ -99,7 +104,8 @@ def _refused(exc: ImageError, where: str) -> APIError:
     return APIError(str(exc), param=f"{where}.image_url.url", code=exc.code)
 
 
-def _prepare(where: str, url: str, processor: ProcessorConfig | TilingConfig | PatchConfig,
+def _prepare(where: str, url: str,
+             processor: ProcessorConfig | TilingConfig | PatchConfig | AnyresConfig,
              config: WebConfig) -> _Prepared:
     """Fetch (a remote URL check_images let through), decode and preprocess one image (never
     on the event loop). A small file may decode to `max_image_pixels` x 4 bytes, so only
@@ -125,6 +131,9 @@ def _prepare(where: str, url: str, processor: ProcessorConfig | TilingConfig | P
                 raise APIError(f"{where}: {exc}", param=f"{where}.image_url.url",
                                code="invalid_image") from None
             return _Prepared(decoded.digest, patches.pixels, positions=patches.merged)
+        if isinstance(processor, AnyresConfig):
+            anyres = split_anyres(decoded.image, processor)
+            return _Prepared(decoded.digest, anyres.pixels, size=anyres.size)
         return _Prepared(decoded.digest, preprocess_image(decoded.image, processor))
 
 
@@ -189,23 +198,27 @@ def build_image_prompt(messages: Sequence[dict[str, Any]], engine: Any, config: 
                      image_ids=(vision.placeholder, vision.image_token_id))
     else:
         ids = render(with_placeholders(messages, vision.placeholder))
-    lengths = [_length(p, vision.tokens_per_image) for p in prepared]
+    lengths = [_length(p, vision) for p in prepared]
     try:
         expanded, offsets = expand_image_tokens(ids, vision.image_token_id, lengths)
     except ValueError as exc:  # the text itself held the placeholder
         raise APIError(f"the messages hold {vision.placeholder!r} besides their image parts: "
                        f"{exc}", param="messages", code="invalid_image_placement") from None
     placed = tuple(ImageInput(p.digest, p.pixels, offset, length, vision.whole_images,
-                              p.positions)
+                              p.positions, p.size)
                    for p, offset, length in zip(prepared, offsets, lengths, strict=True))
     return ImagePrompt(expanded, placed)
 
 
-def _length(prepared: _Prepared, per_image: int) -> int:
-    """The positions an image takes: the model's per image, or its own grid's."""
-    if prepared.positions is None:
-        return per_image
-    return prepared.positions[0] * prepared.positions[1]
+def _length(prepared: _Prepared, vision: Any) -> int:
+    """The positions an image takes: its own grid's, its size's (LLaVA-NeXT's features of
+    its tiles, engine.vision.anyres), or the model's per image."""
+    if prepared.positions is not None:
+        return prepared.positions[0] * prepared.positions[1]
+    if prepared.size is not None:
+        return anyres_layout(prepared.size, vision.processor,
+                             vision.vit.image_size // vision.vit.patch_size).length
+    return int(vision.tokens_per_image)
 
 
 def _place_tiles(messages: Sequence[dict[str, Any]], vision: Any, prepared: list[_Prepared],

@@ -138,8 +138,8 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
         return tensor if key.startswith("vision_tower.") else super().adapt_hf_tensor(key,
                                                                                      tensor)
 
-    def encode_steps(self, pixels: torch.Tensor,
-                     grid: tuple[int, int] | None = None) -> EncoderSteps:
+    def encode_steps(self, pixels: torch.Tensor, grid: tuple[int, int] | None = None,
+                     size: tuple[int, int] | None = None) -> EncoderSteps:
         """Images [B, 3, S, S] -> [B, tokens per image, hidden]."""
         patches = yield from self.vision_tower.steps(pixels.to(self.dtype))
         rows: torch.Tensor = self.multi_modal_projector(patches)

@@ -107,8 +107,8 @@ class Idefics3ForConditionalGeneration(CausalLM):
     def skip_key(self, key: str) -> bool:
         return key == "vision_model.embeddings.position_ids" or super().skip_key(key)
 
-    def encode_steps(self, pixels: torch.Tensor,
-                     grid: tuple[int, int] | None = None) -> EncoderSteps:
+    def encode_steps(self, pixels: torch.Tensor, grid: tuple[int, int] | None = None,
+                     size: tuple[int, int] | None = None) -> EncoderSteps:
         """Tiles [B, 3, S, S] -> [B, tokens per tile, hidden]."""
         patches = yield from self.vision_model.steps(pixels.to(self.dtype))
         rows: torch.Tensor = self.connector(patches)

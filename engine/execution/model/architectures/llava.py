@@ -57,6 +57,33 @@ def _tower(cfg: Mapping[str, Any], feature_layer: int) -> TowerConfig:
     return TowerConfig.from_hf(cfg, CLIP_L, layers=used)
 
 
+def checked_hf(cfg: Mapping[str, Any],
+               strategies: tuple[str, ...]) -> tuple[dict[str, Any], TowerConfig, str]:
+    """A LLaVA-style config.json's text config, its tower (cut to the feature layer) and its
+    feature strategy, or UnsupportedModel saying what Ferry does not run."""
+    text = dict(cfg.get("text_config") or {})
+    if text.get("model_type", "llama") not in ("llama", "mistral"):
+        raise UnsupportedModel(f"LLaVA over a {text.get('model_type')!r} text model is "
+                               "not supported (supported: llama, mistral)")
+    text.setdefault("model_type", "llama")
+    vision = cfg.get("vision_config") or {}
+    if vision.get("model_type", "clip_vision_model") != "clip_vision_model":
+        raise UnsupportedModel(f"LLaVA with a {vision.get('model_type')!r} tower is not "
+                               "supported (supported: clip_vision_model)")
+    layer = cfg.get("vision_feature_layer", -2)
+    strategy = cfg.get("vision_feature_select_strategy", "default")
+    if not isinstance(layer, int) or strategy not in strategies:
+        raise UnsupportedModel(f"vision_feature_layer {layer!r} with strategy {strategy!r} is "
+                               f"not supported (one layer; {', '.join(strategies)})")
+    if str(cfg.get("projector_hidden_act", "gelu")) != "gelu":
+        raise UnsupportedModel("projector_hidden_act must be gelu")
+    return text, _tower(vision, layer), strategy
+
+
+def image_token(cfg: Mapping[str, Any]) -> int:
+    return int(cfg.get("image_token_index", cfg.get("image_token_id", 32000)))
+
+
 def _processor(size: int, mean: tuple[float, float, float] | None = None,
                std: tuple[float, float, float] | None = None) -> ProcessorConfig:
     """CLIP's: the shorter side resized to the tower's size, a center crop to its square."""
@@ -68,32 +95,15 @@ def _processor(size: int, mean: tuple[float, float, float] | None = None,
 class LlavaForConditionalGeneration(CausalLM):
     hf_model_types = ("llava",)
     projector_type = "mlp"
-    projector_text_archs = ("llama",)
+    projector_text_archs: ClassVar[tuple[str, ...]] = ("llama",)
     projector_names: ClassVar[Mapping[str, str]] = {
         f"mm.{i}.{part}": f"multi_modal_projector.linear_{n}.{part}"
         for i, n in ((0, 1), (2, 2)) for part in ("weight", "bias")}
 
     @classmethod
     def config_from_hf(cls, cfg: Mapping[str, Any]) -> ModelConfig:
-        text = dict(cfg.get("text_config") or {})
-        if text.get("model_type", "llama") not in ("llama", "mistral"):
-            raise UnsupportedModel(f"LLaVA over a {text.get('model_type')!r} text model is "
-                                   "not supported (supported: llama, mistral)")
-        text.setdefault("model_type", "llama")
-        vision = cfg.get("vision_config") or {}
-        if vision.get("model_type", "clip_vision_model") != "clip_vision_model":
-            raise UnsupportedModel(f"LLaVA with a {vision.get('model_type')!r} tower is not "
-                                   "supported (supported: clip_vision_model)")
-        layer = cfg.get("vision_feature_layer", -2)
-        strategy = cfg.get("vision_feature_select_strategy", "default")
-        if not isinstance(layer, int) or strategy not in ("default", "full"):
-            raise UnsupportedModel(f"vision_feature_layer {layer!r} with strategy "
-                                   f"{strategy!r} is not supported (one layer; default, full)")
-        if str(cfg.get("projector_hidden_act", "gelu")) != "gelu":
-            raise UnsupportedModel("projector_hidden_act must be gelu")
-        tower = _tower(vision, layer)
-        token = cfg.get("image_token_index", cfg.get("image_token_id", 32000))
-        spec = VisionConfig(tower, int(token),
+        text, tower, strategy = checked_hf(cfg, ("default", "full"))
+        spec = VisionConfig(tower, image_token(cfg),
                             tower.num_patches + (strategy == "full"), "<image>",
                             _processor(tower.image_size))
         return with_vision(LlamaForCausalLM.config_from_hf(text), "llava", spec, cfg)
@@ -167,8 +177,8 @@ class LlavaForConditionalGeneration(CausalLM):
             return int(key.split(".")[3]) >= int(self.config.vision.vit.layers)
         return super().skip_key(key)
 
-    def encode_steps(self, pixels: torch.Tensor,
-                     grid: tuple[int, int] | None = None) -> EncoderSteps:
+    def encode_steps(self, pixels: torch.Tensor, grid: tuple[int, int] | None = None,
+                     size: tuple[int, int] | None = None) -> EncoderSteps:
         features = yield from self.vision_tower.steps(pixels.to(self.dtype))
         if not self.keep_class_token:
             features = features[:, 1:]

@@ -163,8 +163,8 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM):
     def hf_key(cls, key: str) -> str:
         return renamed(key, RENAMES)
 
-    def encode_steps(self, pixels: torch.Tensor,
-                     grid: tuple[int, int] | None = None) -> EncoderSteps:
+    def encode_steps(self, pixels: torch.Tensor, grid: tuple[int, int] | None = None,
+                     size: tuple[int, int] | None = None) -> EncoderSteps:
         """Images of the same grid of positions [B, patches, 3 * 2 * 14 * 14], `grid` their
         (rows, cols) of positions -> [B, rows * cols, hidden]."""
         if grid is None:

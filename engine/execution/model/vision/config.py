@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from engine.vision import PatchConfig, ProcessorConfig, TilingConfig
+from engine.vision import AnyresConfig, PatchConfig, ProcessorConfig, TilingConfig
 
 if TYPE_CHECKING:
     from engine.execution.model.config import ModelConfig
@@ -117,9 +117,10 @@ class VisionConfig:
     # its own, from its size (Qwen2.5-VL's patches)
     tokens_per_image: int
     placeholder: str  # the text a chat message holds where an image goes
-    # how an image becomes pixel values: one resized image, tiles (SmolVLM's splitting), or
-    # patches at about the image's own size (Qwen2.5-VL's)
-    processor: ProcessorConfig | TilingConfig | PatchConfig
+    # how an image becomes pixel values: one resized image, tiles (SmolVLM's splitting),
+    # patches at about the image's own size (Qwen2.5-VL's), or the whole picture and tiles at
+    # the resolution that fits it (LLaVA-NeXT's)
+    processor: ProcessorConfig | TilingConfig | PatchConfig | AnyresConfig
     # the processor's text for one image, put where the chat template wrote `placeholder`
     # (Gemma 3's: its image tokens between its own tags), the image token once (repeated to
     # tokens_per_image after encoding); the template then gets image parts as they are
