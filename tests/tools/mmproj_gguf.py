@@ -238,8 +238,65 @@ def write_synthetic_qwen25vl_mmproj(path: Path, text_hidden: int, hidden: int = 
     return tensors.total
 
 
+def write_synthetic_llava_next_mmproj(path: Path, text_hidden: int, hidden: int = 1024,
+                                      ff: int = 4096, layers: int = 23, heads: int = 16,
+                                      image_size: int = 336, patch: int = 14,
+                                      seed: int = 0) -> int:
+    """A LLaVA 1.6 projector file of random weights (CLIP ViT-L/14 at 336 pixels, its last
+    layer dropped, LLaVA 1.6's pinpoints), as llama.cpp's legacy script writes it: an `mlp`
+    projector, F16 matrices, F32 vectors and embeddings; the newline under the name
+    llama.cpp's server reads (`v.image_newline`). Returns the parameter count."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_bool(gguf.Keys.Clip.HAS_VISION_ENCODER, True)
+    w.add_bool("clip.has_llava_projector", True)
+    w.add_string(gguf.Keys.Clip.PROJECTOR_TYPE, "mlp")
+    v = gguf.Keys.ClipVision
+    for key, value in ((v.PROJECTION_DIM, 768), (v.IMAGE_SIZE, image_size),
+                       (v.PATCH_SIZE, patch), (v.EMBEDDING_LENGTH, hidden),
+                       (v.FEED_FORWARD_LENGTH, ff), (v.BLOCK_COUNT, layers),
+                       (v.Attention.HEAD_COUNT, heads),
+                       ("clip.vision.image_crop_resolution", image_size)):
+        w.add_uint32(key, value)
+    w.add_float32(v.Attention.LAYERNORM_EPS, 1e-5)
+    w.add_array(v.IMAGE_MEAN, [0.48145466, 0.4578275, 0.40821073])
+    w.add_array(v.IMAGE_STD, [0.26862954, 0.26130258, 0.27577711])
+    w.add_bool(v.USE_GELU, False)
+    w.add_array("clip.vision.image_grid_pinpoints",
+                [336, 672, 672, 336, 672, 672, 1008, 336, 336, 1008])
+    w.add_string("clip.vision.mm_patch_merge_type", "spatial_unpad")
+    tensors = RandomTensors(w, rng)
+    add = tensors.add
+
+    add("v.patch_embd.weight", (hidden, 3, patch, patch), True)
+    add("v.class_embd", (hidden,), False)
+    add("v.position_embd.weight", ((image_size // patch) ** 2 + 1, hidden), False)
+    add("v.pre_ln.weight", (hidden,), False, ones=True)
+    add("v.pre_ln.bias", (hidden,), False)
+    for i in range(layers):
+        for name, shape in (("attn_q", (hidden, hidden)), ("attn_k", (hidden, hidden)),
+                            ("attn_v", (hidden, hidden)), ("attn_out", (hidden, hidden)),
+                            ("ffn_down", (ff, hidden)), ("ffn_up", (hidden, ff))):
+            add(f"v.blk.{i}.{name}.weight", shape, True)  # the legacy names: fc1 as down
+            add(f"v.blk.{i}.{name}.bias", (shape[0],), False)
+        for norm in ("ln1", "ln2"):
+            add(f"v.blk.{i}.{norm}.weight", (hidden,), False, ones=True)
+            add(f"v.blk.{i}.{norm}.bias", (hidden,), False)
+    add("mm.0.weight", (text_hidden, hidden), True)
+    add("mm.0.bias", (text_hidden,), False)
+    add("mm.2.weight", (text_hidden, text_hidden), True)
+    add("mm.2.bias", (text_hidden,), False)
+    add("v.image_newline", (text_hidden,), False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return tensors.total
+
+
 SYNTHETIC = {"gemma3": write_synthetic_gemma3_mmproj,
-             "qwen2.5vl_merger": write_synthetic_qwen25vl_mmproj}
+             "qwen2.5vl_merger": write_synthetic_qwen25vl_mmproj,
+             "llava_next": write_synthetic_llava_next_mmproj}
 
 
 def main() -> None:
@@ -250,7 +307,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--text-hidden", type=int, required=True,
                         help="the text model's width (2560 for Gemma 3 4B, 2048 for "
-                             "Qwen2.5-VL 3B)")
+                             "Qwen2.5-VL 3B, 4096 for LLaVA 1.6 7B)")
     parser.add_argument("--type", default="gemma3", choices=list(SYNTHETIC))
     args = parser.parse_args()
     total = SYNTHETIC[args.type](args.out, args.text_hidden)
