@@ -2,8 +2,10 @@
 get them for llama.cpp and LM Studio, a text GGUF with its projector file (`mmproj`) beside
 it, both written by the checkout's own `convert_hf_to_gguf.py` (`--mmproj` for the
 projector) from the seeded tiny Gemma 3, SmolVLM and Qwen2.5-VL the HF-folder tests use, and
-the tiny LLaVA by llama.cpp's documented LLaVA 1.5 steps (`llava_surgery_v2.py` takes the
-projector out, `convert_image_encoder_to_gguf.py` writes it with the CLIP tower, F16).
+the tiny LLaVA and LLaVA-NeXT by llama.cpp's documented LLaVA 1.5 and 1.6 steps
+(`llava_surgery_v2.py` takes the projector (and 1.6's newline) out,
+`convert_image_encoder_to_gguf.py` writes it with the CLIP tower, F16, and for 1.6 the
+pinpoints its CLIP config names).
 Ferry pairs the projector by itself (the one `mmproj*.gguf` beside the model) and its
 greedy replies and prompt counts through the API equal transformers' float32 for text + one
 image and text + two images."""
@@ -23,7 +25,7 @@ from tests.engine.execution.loading.test_llama_cpp_files import (  # noqa: F401 
     converter_python,
     llama_cpp,
 )
-from tests.tools import tiny_gemma3, tiny_idefics3, tiny_llava, tiny_qwen2_5_vl
+from tests.tools import tiny_gemma3, tiny_idefics3, tiny_llava, tiny_llava_next, tiny_qwen2_5_vl
 from tests.tools.tiny_llava import ask, content, png
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -49,9 +51,12 @@ def hub_layout(file: Path) -> None:
 
 
 TOOLS: dict[str, Any] = {"gemma3": tiny_gemma3, "smolvlm": tiny_idefics3,
-                         "qwen2_5_vl": tiny_qwen2_5_vl, "llava": tiny_llava}
-# (width, height) of the test's images; Qwen2.5-VL's of two shapes, several windows each
-SIZES = {"qwen2_5_vl": [(150, 100), (90, 200)]}
+                         "qwen2_5_vl": tiny_qwen2_5_vl, "llava": tiny_llava,
+                         "llava_next": tiny_llava_next}
+LLAVAS = ("llava", "llava_next")  # converted by llama.cpp's legacy steps
+# (width, height) of the test's images; Qwen2.5-VL's of two shapes, several windows each;
+# LLaVA-NeXT's a wide one and a tall one, each its own grid of tiles
+SIZES = {"qwen2_5_vl": [(150, 100), (90, 200)], "llava_next": [(90, 20), (17, 70)]}
 
 
 def renamed_keys(file: Path, renames: tuple[tuple[str, str], ...]) -> None:
@@ -86,10 +91,12 @@ CLIP_HUB = tuple((k, "vision_model." + k) for k in ("embeddings.", "encoder.", "
 
 def legacy_llava_projector(python: Path, root: Path, folder: Path, model: Any,
                            store: Path) -> None:
-    """llama.cpp's LLaVA 1.5 steps: llava_surgery_v2.py saves the projector's tensors as
-    `llava.projector`; convert_image_encoder_to_gguf.py writes them with the CLIP tower (its
-    last layer dropped) as mmproj-model-f16.gguf in `store`, with the checkout's gguf-py (as
-    its requirements file installs it)."""
+    """llama.cpp's LLaVA 1.5 and 1.6 steps: llava_surgery_v2.py saves the projector's tensors
+    (and 1.6's newline) as `llava.projector`; convert_image_encoder_to_gguf.py writes them
+    with the CLIP tower (its last layer dropped) as mmproj-model-f16.gguf in `store`, with the
+    checkout's gguf-py (as its requirements file installs it). For 1.6 the CLIP folder's
+    config names the pinpoints (width then height, as llama.cpp's documented config_vit.json
+    for LLaVA 1.6 does), the crop and the merge type."""
     legacy = root / "tools" / "mtmd" / "legacy-models"
     done = subprocess.run([str(python), str(legacy / "llava_surgery_v2.py"), "-m", str(folder)],
                           capture_output=True, text=True)
@@ -97,6 +104,13 @@ def legacy_llava_projector(python: Path, root: Path, folder: Path, model: Any,
     clip = folder.parent / f"{folder.name}-clip"
     model.model.vision_tower.save_pretrained(clip)
     renamed_keys(clip / "model.safetensors", CLIP_HUB)
+    grid = getattr(model.config, "image_grid_pinpoints", None)
+    if grid is not None:
+        file = clip / "config.json"
+        cfg = json.loads(file.read_text())
+        cfg.update(image_grid_pinpoints=[[w, h] for h, w in grid],
+                   image_crop_resolution=cfg["image_size"], mm_patch_merge_type="spatial_unpad")
+        file.write_text(json.dumps(cfg))
     done = subprocess.run([str(python), str(legacy / "convert_image_encoder_to_gguf.py"),
                            "-m", str(clip), "--clip-model-is-vision",
                            "--llava-projector", str(folder / "llava.projector"),
@@ -105,7 +119,8 @@ def legacy_llava_projector(python: Path, root: Path, folder: Path, model: Any,
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-@pytest.fixture(scope="module", params=["gemma3", "smolvlm", "qwen2_5_vl", "llava"])
+@pytest.fixture(scope="module",
+                params=["gemma3", "smolvlm", "qwen2_5_vl", "llava", "llava_next"])
 def converted(request: pytest.FixtureRequest, tokenizer: Any, llama_cpp: Path,  # noqa: F811
               converter_python: Path,  # noqa: F811
               tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Any, Path]:
@@ -114,7 +129,7 @@ def converted(request: pytest.FixtureRequest, tokenizer: Any, llama_cpp: Path,  
     folder = tmp_path_factory.mktemp(request.param)
     model = tool.build(folder, tokenizer, window=112) if request.param == "qwen2_5_vl" \
         else tool.build(folder, tokenizer)
-    if request.param == "llava":  # its image side as the legacy script stores it: float16
+    if request.param in LLAVAS:  # its image side as the legacy script stores it: float16
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if "language_model." not in name and "lm_head" not in name and p.dim() in (2, 4):
@@ -133,8 +148,13 @@ def converted(request: pytest.FixtureRequest, tokenizer: Any, llama_cpp: Path,  
         hub_layout(convertible / "model.safetensors")
     elif request.param == "qwen2_5_vl":
         qwen_hub_layout(convertible / "model.safetensors")
-    elif request.param == "llava":
+    elif request.param in LLAVAS:
         renamed_keys(convertible / "model.safetensors", LLAVA_HUB)
+        if request.param == "llava_next":  # the converter reads its text model as 1.5's
+            file = convertible / "config.json"
+            cfg = json.loads(file.read_text())
+            cfg["architectures"] = ["LlavaForConditionalGeneration"]
+            file.write_text(json.dumps(cfg))
     else:  # SmolVLM's config names its text model's class, which the converter goes by
         file = convertible / "config.json"
         cfg = json.loads(file.read_text())
@@ -143,7 +163,7 @@ def converted(request: pytest.FixtureRequest, tokenizer: Any, llama_cpp: Path,  
     store = tmp_path_factory.mktemp(f"{request.param}-lmstudio")  # LM Studio's layout
     gguf = store / f"tiny-{request.param}-F32.gguf"
     convert(converter_python, llama_cpp, convertible, gguf)
-    if request.param == "llava":
+    if request.param in LLAVAS:
         legacy_llava_projector(converter_python, llama_cpp, convertible, model, store)
     else:
         convert(converter_python, llama_cpp, convertible,
@@ -159,7 +179,8 @@ def test_gguf_with_its_projector_equals_transformers(
     config = EngineConfig(page_size=4, kv_tokens=4096, max_context=1024, kv_dtype="float32")
     executor = ModelExecutor.from_pretrained(gguf, config, dtype=torch.float32, threads=1)
     assert executor.vision is not None
-    projector = "mmproj-model-f16.gguf" if family == "llava" else f"mmproj-tiny-{family}-F32.gguf"
+    projector = "mmproj-model-f16.gguf" if family in LLAVAS \
+        else f"mmproj-tiny-{family}-F32.gguf"
     assert executor.describe().endswith(f", text + images (projector {projector})")
     server = make_server(web={"model_name": f"tiny-{family}", "max_images": 2},
                          executor=executor, tokenizer_override=Tokenizer(gguf),
