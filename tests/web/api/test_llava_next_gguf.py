@@ -59,10 +59,14 @@ def test_the_projector_makes_the_folders_model(llava_next: tuple[Path, Any],
     got = from_gguf.state_dict()
     for key, value in from_hf.state_dict().items():
         torch.testing.assert_close(got[key].float(), value, rtol=1e-3, atol=1e-3, msg=key)
-    tiles = torch.randn(1, 3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(from_gguf.encode_images(tiles, size=(20, 60)),
-                               from_hf.encode_images(tiles, size=(20, 60)),
+    tiles = torch.randn(2, 3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    batch = from_gguf.encode_images(tiles, size=(20, 60))
+    torch.testing.assert_close(batch, from_hf.encode_images(tiles, size=(20, 60)),
                                rtol=1e-2, atol=1e-2)
+    # two pictures of one size encode as one batch (the encoder's): each as it would alone
+    for i in range(2):
+        torch.testing.assert_close(batch[i], from_gguf.encode_images(tiles[i:i + 1],
+                                                                     size=(20, 60))[0])
 
 
 @pytest.fixture(scope="module")
