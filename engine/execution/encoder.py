@@ -19,7 +19,7 @@ from engine.execution.cpu import default_threads, on_fresh_thread
 from engine.execution.loading.encoder_gguf import decoder_pooling_type, load_bert_gguf
 from engine.execution.loading.loader import choose_dtype
 from engine.execution.loading.model_files import is_gguf
-from engine.execution.model.architectures import bert
+from engine.execution.model.architectures.encoders import bert
 from engine.execution.model.embedding_decoder import (
     EmbeddingDecoder,
     EmbeddingDecoderConfig,

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from engine.execution.errors import ModelFileError
-from engine.execution.model.architectures import bert
+from engine.execution.model.architectures.encoders import bert
 from engine.execution.model.pooling import Pooling
 
 ARCHS = ("bert", "nomic-bert")
@@ -50,7 +50,7 @@ LAYER = {
     "attn_output_norm": "attention.output.LayerNorm", "ffn_up": "intermediate.dense",
     "ffn_down": "output.dense", "layer_output_norm": "output.LayerNorm",
 }
-# nomic-bert: transformers' NomicBertModel names (architectures/nomic_bert.py)
+# nomic-bert: transformers' NomicBertModel names (architectures/encoders/nomic_bert.py)
 NOMIC_TOP = {**TOP, "position_embd": ""}
 NOMIC_LAYER = {
     "attn_qkv": "self_attn.qkv", "attn_output": "self_attn.o_proj",

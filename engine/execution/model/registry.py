@@ -12,18 +12,20 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from engine.execution.model.architectures import bert
-from engine.execution.model.architectures.gemma3 import Gemma3ForCausalLM
-from engine.execution.model.architectures.gemma3_vision import Gemma3ForConditionalGeneration
-from engine.execution.model.architectures.idefics3 import Idefics3ForConditionalGeneration
-from engine.execution.model.architectures.llama import LlamaForCausalLM
-from engine.execution.model.architectures.llava import LlavaForConditionalGeneration
-from engine.execution.model.architectures.llava_next import LlavaNextForConditionalGeneration
-from engine.execution.model.architectures.phi3 import Phi3ForCausalLM
-from engine.execution.model.architectures.qwen2 import Qwen2ForCausalLM
-from engine.execution.model.architectures.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
-from engine.execution.model.architectures.qwen3 import Qwen3ForCausalLM
-from engine.execution.model.architectures.qwen3_moe import Qwen3MoeForCausalLM
+from engine.execution.model.architectures.encoders import bert
+from engine.execution.model.architectures.text.gemma3 import Gemma3ForCausalLM
+from engine.execution.model.architectures.text.llama import LlamaForCausalLM
+from engine.execution.model.architectures.text.phi3 import Phi3ForCausalLM
+from engine.execution.model.architectures.text.qwen2 import Qwen2ForCausalLM
+from engine.execution.model.architectures.text.qwen3 import Qwen3ForCausalLM
+from engine.execution.model.architectures.text.qwen3_moe import Qwen3MoeForCausalLM
+from engine.execution.model.architectures.vision.gemma3_vision import Gemma3ForConditionalGeneration
+from engine.execution.model.architectures.vision.idefics3 import Idefics3ForConditionalGeneration
+from engine.execution.model.architectures.vision.llava import LlavaForConditionalGeneration
+from engine.execution.model.architectures.vision.llava_next import LlavaNextForConditionalGeneration
+from engine.execution.model.architectures.vision.qwen2_5_vl import (
+    Qwen2_5_VLForConditionalGeneration,
+)
 from engine.execution.model.config import ModelConfig, UnsupportedModel
 from engine.execution.model.decoder import CausalLM
 from engine.execution.model.pooling import has_pooling_module

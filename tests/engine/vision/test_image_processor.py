@@ -56,7 +56,7 @@ def test_gemma3_family_defaults_equal_its_processor() -> None:
     """Without a preprocessor_config.json, Gemma 3's pixels are still its processor's."""
     from transformers import Gemma3ImageProcessorPil
 
-    from engine.execution.model.architectures.gemma3_vision import processor_for
+    from engine.execution.model.architectures.vision.gemma3_vision import processor_for
 
     hf = Gemma3ImageProcessorPil(size={"height": 896, "width": 896})
     config = processor_for(896)

@@ -33,7 +33,7 @@ def test_both_namings_of_the_checkpoint(server: Any, folder: Path) -> None:
     same weights."""
     from safetensors.torch import load_file
 
-    from engine.execution.model.architectures import nomic_bert
+    from engine.execution.model.architectures.encoders import nomic_bert
 
     cfg = server.engine.executor.model_config
     original = load_file(str(folder / "model.safetensors"))

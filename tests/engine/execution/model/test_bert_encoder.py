@@ -158,7 +158,7 @@ def test_pooling_follows_modules_json(embedding_dir: Path, tmp_path: Path,
                                       want: tuple[str, bool]) -> None:
     import json
 
-    from engine.execution.model.architectures import bert
+    from engine.execution.model.architectures.encoders import bert
 
     (tmp_path / "config.json").write_text((embedding_dir / "config.json").read_text())
     (tmp_path / "modules.json").write_text(json.dumps([
@@ -179,7 +179,7 @@ def test_pooling_follows_modules_json(embedding_dir: Path, tmp_path: Path,
 def test_unsupported_pooling_is_refused_by_name(embedding_dir: Path, tmp_path: Path) -> None:
     import json
 
-    from engine.execution.model.architectures import bert
+    from engine.execution.model.architectures.encoders import bert
     from engine.execution.model.config import UnsupportedModel
 
     (tmp_path / "config.json").write_text((embedding_dir / "config.json").read_text())

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from engine.execution.model.architectures.qwen2 import qwen_windows
+from engine.execution.model.architectures.text.qwen2 import qwen_windows
 from engine.execution.model.config import (
     GGUFMeta,
     LayerSpec,

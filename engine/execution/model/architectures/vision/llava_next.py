@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
-from engine.execution.model.architectures.llama import LlamaForCausalLM
-from engine.execution.model.architectures.llava import (
+from engine.execution.model.architectures.text.llama import LlamaForCausalLM
+from engine.execution.model.architectures.vision.llava import (
     RENAMES,
     LlavaForConditionalGeneration,
     checked_hf,

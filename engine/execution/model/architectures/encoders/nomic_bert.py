@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from engine.execution.model.architectures.bert import BertConfig, BertLayer, BertWeights
+from engine.execution.model.architectures.encoders.bert import BertConfig, BertLayer, BertWeights
 from engine.execution.model.config import UnsupportedModel
 from engine.execution.model.pooling import pooling_of, read_json
 

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from engine.execution.model.architectures.qwen3 import QK_NORM_NAMES
+from engine.execution.model.architectures.text.qwen3 import QK_NORM_NAMES
 from engine.execution.model.config import (
     GGUFMeta,
     LayerSpec,

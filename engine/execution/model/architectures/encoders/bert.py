@@ -69,7 +69,7 @@ def config_from_folder(folder: str | Path) -> BertConfig:
     if cfg.get("model_type") not in HF_MODEL_TYPES:
         raise UnsupportedModel(f"model_type {cfg.get('model_type')!r} is not a BERT encoder")
     if cfg.get("model_type") == "nomic_bert":
-        from engine.execution.model.architectures import nomic_bert
+        from engine.execution.model.architectures.encoders import nomic_bert
 
         return nomic_bert.config_from_hf(cfg, folder)
     if cfg.get("position_embedding_type", "absolute") != "absolute":
@@ -160,7 +160,7 @@ def weights_from_tensors(tensors: Mapping[str, torch.Tensor], cfg: BertConfig,
                          dtype: torch.dtype, device: torch.device | str) -> BertWeights:
     """BertModel's tensors (with or without a `bert.` prefix) as BertWeights."""
     if cfg.rope_theta is not None:
-        from engine.execution.model.architectures import nomic_bert
+        from engine.execution.model.architectures.encoders import nomic_bert
 
         return nomic_bert.weights_from_tensors(tensors, cfg, dtype, device)
     flat = {k.removeprefix("bert.").removeprefix("roberta.").removeprefix("model."): v

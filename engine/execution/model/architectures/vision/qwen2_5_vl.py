@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from engine.execution.model.architectures.qwen2 import Qwen2ForCausalLM
+from engine.execution.model.architectures.text.qwen2 import Qwen2ForCausalLM
 from engine.execution.model.config import ModelConfig, UnsupportedModel
 from engine.execution.model.encoder_steps import EncoderSteps
 from engine.execution.model.vision import (

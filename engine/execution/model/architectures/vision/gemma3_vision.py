@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from engine.execution.model.architectures.gemma3 import Gemma3ForCausalLM
+from engine.execution.model.architectures.text.gemma3 import Gemma3ForCausalLM
 from engine.execution.model.config import ModelConfig, UnsupportedModel
 from engine.execution.model.encoder_steps import EncoderSteps
 from engine.execution.model.vision import (

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from engine.execution.model.architectures.llama import LlamaForCausalLM
+from engine.execution.model.architectures.text.llama import LlamaForCausalLM
 from engine.execution.model.config import ModelConfig, UnsupportedModel
 from engine.execution.model.decoder import CausalLM
 from engine.execution.model.encoder_steps import EncoderSteps

@@ -1,0 +1,1 @@
+"""Decoder language models: one file per architecture over the shared layers."""
