@@ -246,7 +246,7 @@ class CausalLM(nn.Module):
                 if isinstance(module, PackedLinear) and last in unpack:
                     by_shard = {self.packed_modules[s][1]: s for s in unpack[last]}
                     out[(name, attr)] = [f"{prefix}.{by_shard[s]}.{attr}" for s in module.shards]
-                else:  # a parameter of the model itself (LLaVA-NeXT's image_newline)
+                else:  # one of the model's own (LLaVA-NeXT's image_newline): no module
                     out[(name, attr)] = [f"{name}.{attr}" if name else attr]
         return out
 
