@@ -73,10 +73,7 @@ def write_gemma3_mmproj(path: Path, hf: Any, tokens_per_image: int,
             w.add_tensor("mm.input_projection.weight", data)
         elif key.endswith("mm_soft_emb_norm.weight"):  # llama.cpp stores Gemma's 1 + w
             w.add_tensor("mm.soft_emb_norm.weight", (data + 1).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
 
 
 # llama.cpp's legacy LLaVA script's names (tools/mtmd/legacy-models/
@@ -122,6 +119,11 @@ def write_llava_mmproj(path: Path, hf: Any, layers: int | None = None) -> None:
                 w.add_tensor("v.class_embd", data)
             elif base in LEGACY_TOP:
                 w.add_tensor(f"{LEGACY_TOP[base]}.{kind}", half)
+    finish(w)
+
+
+def finish(w: gguf.GGUFWriter) -> None:
+    """Write the header, metadata and tensors a writer holds, and close the file."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -184,10 +186,7 @@ def write_synthetic_gemma3_mmproj(path: Path, text_hidden: int, hidden: int = 11
     add("v.post_ln.bias", (hidden,), False)
     add("mm.input_projection.weight", (hidden, text_hidden), True)
     add("mm.soft_emb_norm.weight", (hidden,), False, ones=True)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return tensors.total
 
 
@@ -231,10 +230,7 @@ def write_synthetic_qwen25vl_mmproj(path: Path, text_hidden: int, hidden: int = 
     add("mm.0.bias", (4 * hidden,), False)
     add("mm.2.weight", (text_hidden, 4 * hidden), True)
     add("mm.2.bias", (text_hidden,), False)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return tensors.total
 
 
@@ -287,10 +283,7 @@ def write_synthetic_llava_next_mmproj(path: Path, text_hidden: int, hidden: int 
     add("mm.2.weight", (text_hidden, text_hidden), True)
     add("mm.2.bias", (text_hidden,), False)
     add("v.image_newline", (text_hidden,), False)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return tensors.total
 
 
