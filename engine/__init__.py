@@ -78,6 +78,8 @@ if TYPE_CHECKING:
     from engine.vision.anyres import split as split_anyres
     from engine.vision.decode import ImageError, data_url_bytes
     from engine.vision.decode import decode as decode_image
+    from engine.vision.fit import FitConfig
+    from engine.vision.fit import fit as fit_image
     from engine.vision.patches import PatchConfig
     from engine.vision.patches import patchify as patchify_image
     from engine.vision.processor import ProcessorConfig
@@ -108,6 +110,8 @@ _LAZY: dict[str, str] = {
     "ImageError": "engine.vision.decode:ImageError",
     "data_url_bytes": "engine.vision.decode:data_url_bytes",
     "decode_image": "engine.vision.decode:decode",
+    "FitConfig": "engine.vision.fit:FitConfig",
+    "fit_image": "engine.vision.fit:fit",
     "ProcessorConfig": "engine.vision.processor:ProcessorConfig",
     "preprocess_image": "engine.vision.processor:preprocess",
     "TilingConfig": "engine.vision.tiling:TilingConfig",
@@ -147,6 +151,7 @@ __all__ = [
     "EngineSnapshot",
     "FinalEvent",
     "FinishReason",
+    "FitConfig",
     "Histogram",
     "ImageError",
     "ImageInput",
@@ -191,6 +196,7 @@ __all__ = [
     "describe_model_file",
     "embedding_task",
     "expand_image_tokens",
+    "fit_image",
     "gguf_tokenizer_dir",
     "image_tile_runs",
     "is_embedding_model",

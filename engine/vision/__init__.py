@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from engine.vision.anyres import split as split_anyres
     from engine.vision.decode import DecodedImage, ImageError, data_url_bytes
     from engine.vision.decode import decode as decode_image
+    from engine.vision.fit import FitConfig
+    from engine.vision.fit import fit as fit_image
     from engine.vision.patches import PatchConfig, Patches, patchify, smart_resize
     from engine.vision.processor import ProcessorConfig, preprocess
     from engine.vision.tiling import Tiles, TilingConfig, tile_text
@@ -42,6 +44,8 @@ _LAZY: dict[str, str] = {
     "data_url_bytes": "engine.vision.decode:data_url_bytes",
     # not `decode`: that name is the submodule's once it is imported
     "decode_image": "engine.vision.decode:decode",
+    "FitConfig": "engine.vision.fit:FitConfig",
+    "fit_image": "engine.vision.fit:fit",
     "PatchConfig": "engine.vision.patches:PatchConfig",
     "Patches": "engine.vision.patches:Patches",
     "patchify": "engine.vision.patches:patchify",
@@ -62,6 +66,7 @@ __all__ = [
     "AnyresImage",
     "DecodedImage",
     "FeatureLayout",
+    "FitConfig",
     "ImageError",
     "ImageInput",
     "PatchConfig",
@@ -75,6 +80,7 @@ __all__ = [
     "data_url_bytes",
     "decode_image",
     "expand",
+    "fit_image",
     "mrope_positions",
     "patchify",
     "preprocess",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import copy
 import io
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,14 @@ def png(seed: int, size: tuple[int, int] = (50, 40)) -> bytes:
     out = io.BytesIO()
     Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(out, "PNG")
     return out.getvalue()
+
+
+def picture(size: tuple[int, int], mode: str = "RGB") -> Image.Image:
+    """A random (width, height) picture in `mode` (RGB or RGBA), drawn from its size."""
+    rng = np.random.default_rng(size[0] * 1000 + size[1])
+    channels = {"RGB": 3, "RGBA": 4}[mode]
+    return Image.fromarray(rng.integers(0, 256, (size[1], size[0], channels), dtype=np.uint8),
+                           mode)
 
 
 def data_url(data: bytes) -> str:
@@ -68,6 +77,62 @@ def assert_same_reply(server: Any, text: str, images: list[bytes],
     assert body["usage"]["prompt_tokens"] == want[0]
     assert body["choices"][0]["message"]["content"] == want[1]
     assert first_logprobs(body) == pytest.approx(want[2], abs=2e-4)
+    assert_idle(server)
+
+
+def processed_reply(model: Any, tok: Any, processor: Any, placeholder: str, text: str,
+                    images: list[bytes], max_tokens: int) -> tuple[int, str]:
+    """(prompt tokens, greedy reply) as transformers computes them: the chat template with
+    `placeholder` per picture before `text`, the family's `processor` writing the prompt's
+    image tokens and the pixel values and sizes; then generate."""
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": placeholder * len(images) + text}],
+        add_generation_prompt=True, tokenize=False)
+    inputs: Any = processor(text=prompt, images=[Image.open(io.BytesIO(i)) for i in images],
+                            return_tensors="pt")
+    ids = inputs["input_ids"]
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, pixel_values=inputs["pixel_values"],
+                             image_sizes=inputs["image_sizes"], max_new_tokens=max_tokens,
+                             min_new_tokens=max_tokens, do_sample=False)
+    return ids.shape[1], str(tok.decode(out[0, ids.shape[1]:]))
+
+
+def assert_reply_equals(server: Any, sizes: list[tuple[int, int]],
+                        reference: Callable[[str, list[bytes], int], tuple[int, str]]) -> None:
+    """The served model's greedy 8-token reply to a question after pictures of these
+    (width, height) sizes, and its prompt-token count, equal `reference`'s (a tiny model's
+    transformers reference: text, pictures, tokens -> prompt tokens, reply); every slot and
+    KV page is back after it."""
+    text = "What is in the picture?"
+    images = [png(seed, size) for seed, size in enumerate(sizes)]
+    r = ask(server, content(text, images), max_tokens=8)
+    assert r.status_code == 200, r.text
+    prompt_tokens, reply = reference(text, images, 8)
+    body = r.json()
+    assert body["usage"]["prompt_tokens"] == prompt_tokens
+    assert body["choices"][0]["message"]["content"] == reply
+    assert_idle(server)
+
+
+def assert_cached_by_picture(server: Any, placeholder: str, image_token: int) -> None:
+    """The same picture twice hits the encoder and prefix caches and gets the same reply;
+    another picture of the same size takes as many tokens and shares no KV past the text
+    before it."""
+    text = "Describe it."
+    first = ask(server, content(text, [png(20, (70, 30))])).json()
+    encoded = server.engine.executor.images.encoded
+    again = ask(server, content(text, [png(20, (70, 30))])).json()
+    assert server.engine.executor.images.encoded == encoded
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 16
+    assert again["choices"][0]["message"]["content"] == \
+        first["choices"][0]["message"]["content"]
+    other = ask(server, content(text, [png(21, (70, 30))])).json()
+    assert other["usage"]["prompt_tokens"] == first["usage"]["prompt_tokens"]
+    cached = (other["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    ids = server.engine.tokenizer.apply_chat_template([{"role": "user",
+                                                       "content": placeholder + text}])
+    assert cached <= list(ids).index(image_token)  # at most the text before the picture
     assert_idle(server)
 
 

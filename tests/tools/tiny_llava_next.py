@@ -6,14 +6,12 @@ reference the tests hold Ferry to."""
 from __future__ import annotations
 
 import copy
-import io
 from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image
 
-from tests.tools.tiny_llava import IMAGE_TOKEN, ask, assert_idle, content, png
+from tests.tools.tiny_llava import IMAGE_TOKEN, assert_reply_equals, processed_reply
 
 PINPOINTS = [[32, 64], [64, 32], [64, 64], [96, 32]]
 
@@ -62,33 +60,15 @@ def reference(folder: Path, model: Any, text: str, images: list[bytes],
     from transformers import AutoTokenizer, LlavaNextImageProcessorPil, LlavaNextProcessor
 
     tok: Any = AutoTokenizer.from_pretrained(folder)
-    prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "<image>" * len(images) + text}],
-        add_generation_prompt=True, tokenize=False)
     processor = LlavaNextProcessor(LlavaNextImageProcessorPil.from_pretrained(folder), tok,
                                    patch_size=8, vision_feature_select_strategy="default",
                                    num_additional_image_tokens=1)
-    inputs: Any = processor(text=prompt, images=[Image.open(io.BytesIO(i)) for i in images],
-                            return_tensors="pt")
-    ids = inputs["input_ids"]
-    with torch.inference_mode():
-        out = model.generate(input_ids=ids, pixel_values=inputs["pixel_values"],
-                             image_sizes=inputs["image_sizes"], max_new_tokens=max_tokens,
-                             min_new_tokens=max_tokens, do_sample=False)
-    return ids.shape[1], str(tok.decode(out[0, ids.shape[1]:]))
+    return processed_reply(model, tok, processor, "<image>", text, images, max_tokens)
 
 
 def assert_replies_equal(server: Any, folder: Path, model: Any,
                          sizes: list[tuple[int, int]]) -> None:
-    """The served model's greedy 8-token reply to a question after pictures of these
-    (width, height) sizes, and its prompt-token count, equal transformers'; every slot and
-    KV page is back after it."""
-    text = "What is in the picture?"
-    images = [png(seed, size) for seed, size in enumerate(sizes)]
-    r = ask(server, content(text, images), max_tokens=8)
-    assert r.status_code == 200, r.text
-    prompt_tokens, reply = reference(folder, model, text, images, 8)
-    body = r.json()
-    assert body["usage"]["prompt_tokens"] == prompt_tokens
-    assert body["choices"][0]["message"]["content"] == reply
-    assert_idle(server)
+    """The served model's reply and prompt-token count after pictures of these (width,
+    height) sizes equal transformers' (tiny_llava.assert_reply_equals)."""
+    assert_reply_equals(server, sizes, lambda text, images, tokens: reference(
+        folder, model, text, images, tokens))

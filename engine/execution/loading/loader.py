@@ -29,7 +29,9 @@ from engine.execution.model import registry
 from engine.execution.model.config import ModelConfig, UnsupportedModel
 from engine.execution.model.decoder import CausalLM
 from engine.execution.model.layers import Embedding, Linear
+from engine.execution.model.vision.config import PixtralViTConfig
 from engine.execution.model.weights import SafetensorsSource, load_weights
+from engine.vision.fit import FitConfig
 
 log = logging.getLogger(__name__)
 
@@ -163,18 +165,40 @@ def weight_mode(path: Path, dtype: str | torch.dtype, device: torch.device | str
 
 def with_processor(config: ModelConfig, folder: Path) -> ModelConfig:
     """A vision model's config with its folder's image processor (preprocessor_config.json;
-    without one, the family's defaults)."""
+    without one, the family's defaults) and, for Mistral 3, its tokenizer's row tokens."""
     if config.vision is None:
         return config
+    config = with_row_tokens(config, folder)
     file = Path(folder) / "preprocessor_config.json"
     if not file.is_file():
         return config
+    current = config.vision.processor
     try:
-        processor = type(config.vision.processor).from_json(json.loads(file.read_text()))
+        processor = type(current).from_json(json.loads(file.read_text()))
     except (ValueError, KeyError, TypeError) as exc:
         raise ModelFileError(f"{file}: {exc}") from exc
+    if isinstance(current, FitConfig):  # a merged position's pixels are the model's
+        processor = dataclasses.replace(processor, unit=current.unit)
     return dataclasses.replace(config, vision=dataclasses.replace(config.vision,
                                                                   processor=processor))
+
+
+def with_row_tokens(config: ModelConfig, folder: Path) -> ModelConfig:
+    """A Mistral 3 config with the ids its folder's tokenizer gives [IMG_BREAK] and
+    [IMG_END] (the config.json names neither)."""
+    tower = config.vision.tower if config.vision is not None else None
+    file = Path(folder) / "tokenizer.json"
+    if not isinstance(tower, PixtralViTConfig) or not file.is_file():
+        return config
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(file))
+    brk, end = (tokenizer.token_to_id(t) for t in ("[IMG_BREAK]", "[IMG_END]"))
+    if brk is None or end is None:
+        raise ModelFileError(f"{file}: no [IMG_BREAK] or [IMG_END] token for Mistral 3's "
+                             "images")
+    tower = dataclasses.replace(tower, break_token_id=brk, end_token_id=end)
+    return dataclasses.replace(config, vision=dataclasses.replace(config.vision, tower=tower))
 
 
 def vision_of(path: str | Path, projector: str | Path | None = None) -> Any:

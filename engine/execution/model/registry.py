@@ -23,6 +23,7 @@ from engine.execution.model.architectures.vision.gemma3_vision import Gemma3ForC
 from engine.execution.model.architectures.vision.idefics3 import Idefics3ForConditionalGeneration
 from engine.execution.model.architectures.vision.llava import LlavaForConditionalGeneration
 from engine.execution.model.architectures.vision.llava_next import LlavaNextForConditionalGeneration
+from engine.execution.model.architectures.vision.mistral3 import Mistral3ForConditionalGeneration
 from engine.execution.model.architectures.vision.qwen2_5_vl import (
     Qwen2_5_VLForConditionalGeneration,
 )
@@ -34,7 +35,7 @@ ARCHITECTURES: tuple[type[CausalLM], ...] = (
     LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM,
     Qwen3MoeForCausalLM, LlavaForConditionalGeneration, Idefics3ForConditionalGeneration,
     Gemma3ForConditionalGeneration, Qwen2_5_VLForConditionalGeneration,
-    LlavaNextForConditionalGeneration,
+    LlavaNextForConditionalGeneration, Mistral3ForConditionalGeneration,
 )
 
 HF_TYPES: dict[str, type[CausalLM]] = {t: a for a in ARCHITECTURES for t in a.hf_model_types}

@@ -9,18 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from engine.vision.anyres import AnyresConfig, best_resolution, layout, split
+from tests.tools.tiny_llava import picture
 
 PINPOINTS = [[32, 64], [64, 32], [64, 64], [96, 32], [32, 96]]
-
-
-def _image(size: tuple[int, int], mode: str = "RGB") -> Image.Image:
-    rng = np.random.default_rng(size[0] * 1000 + size[1])
-    channels = {"RGB": 3, "RGBA": 4}[mode]
-    return Image.fromarray(rng.integers(0, 256, (size[1], size[0], channels), dtype=np.uint8),
-                           mode)
 
 
 def _hf() -> Any:
@@ -36,7 +29,7 @@ def _hf() -> Any:
                                        ((300, 299), "RGB")])
 def test_pixels_equal_the_hf_processor(size: tuple[int, int], mode: str) -> None:
     hf = _hf()
-    image = _image(size, mode)
+    image = picture(size, mode)
     got = split(image, AnyresConfig.from_json(hf.to_dict()))
     want = hf(image, return_tensors="np")
     assert got.size == tuple(int(v) for v in want["image_sizes"][0]) == (size[1], size[0])

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.tools.tiny_llava import IMAGE_TOKEN, ask, assert_idle, chat_server, content, png
+from tests.tools.tiny_llava import IMAGE_TOKEN, assert_cached_by_picture, chat_server
 from tests.tools.tiny_llava_next import assert_replies_equal, build
 
 NAME = "tiny-llava-next"
@@ -44,18 +44,4 @@ def test_models_say_vision(server: Any) -> None:
 
 
 def test_the_same_picture_hits_the_caches_another_does_not(server: Any) -> None:
-    text = "Describe it."
-    first = ask(server, content(text, [png(20, (70, 30))])).json()
-    encoded = server.engine.executor.images.encoded
-    again = ask(server, content(text, [png(20, (70, 30))])).json()
-    assert server.engine.executor.images.encoded == encoded
-    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 16
-    assert again["choices"][0]["message"]["content"] == \
-        first["choices"][0]["message"]["content"]
-    other = ask(server, content(text, [png(21, (70, 30))])).json()
-    assert other["usage"]["prompt_tokens"] == first["usage"]["prompt_tokens"]
-    cached = (other["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    ids = server.engine.tokenizer.apply_chat_template([{"role": "user",
-                                                       "content": "<image>" + text}])
-    assert cached <= list(ids).index(IMAGE_TOKEN)  # at most the text before the picture
-    assert_idle(server)
+    assert_cached_by_picture(server, "<image>", IMAGE_TOKEN)

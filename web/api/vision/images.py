@@ -15,6 +15,7 @@ from typing import Any
 
 from engine import (
     AnyresConfig,
+    FitConfig,
     ImageError,
     ImageInput,
     PatchConfig,
@@ -24,6 +25,7 @@ from engine import (
     data_url_bytes,
     decode_image,
     expand_image_tokens,
+    fit_image,
     image_tile_runs,
     patchify_image,
     preprocess_image,
@@ -105,7 +107,7 @@ def _refused(exc: ImageError, where: str) -> APIError:
 
 
 def _prepare(where: str, url: str,
-             processor: ProcessorConfig | TilingConfig | PatchConfig | AnyresConfig,
+             processor: ProcessorConfig | TilingConfig | PatchConfig | AnyresConfig | FitConfig,
              config: WebConfig) -> _Prepared:
     """Fetch (a remote URL check_images let through), decode and preprocess one image (never
     on the event loop). A small file may decode to `max_image_pixels` x 4 bytes, so only
@@ -134,6 +136,8 @@ def _prepare(where: str, url: str,
         if isinstance(processor, AnyresConfig):
             anyres = split_anyres(decoded.image, processor)
             return _Prepared(decoded.digest, anyres.pixels, size=anyres.size)
+        if isinstance(processor, FitConfig):
+            return _Prepared(decoded.digest, fit_image(decoded.image, processor))
         return _Prepared(decoded.digest, preprocess_image(decoded.image, processor))
 
 
@@ -212,12 +216,16 @@ def build_image_prompt(messages: Sequence[dict[str, Any]], engine: Any, config: 
 
 def _length(prepared: _Prepared, vision: Any) -> int:
     """The positions an image takes: its own grid's, its size's (LLaVA-NeXT's features of
-    its tiles, engine.vision.anyres), or the model's per image."""
+    its tiles, engine.vision.anyres), its rows of merged positions each with the token that
+    ends it (Mistral 3's), or the model's per image."""
     if prepared.positions is not None:
         return prepared.positions[0] * prepared.positions[1]
     if prepared.size is not None:
         return anyres_layout(prepared.size, vision.processor,
                              vision.vit.image_size // vision.vit.patch_size).length
+    if isinstance(vision.processor, FitConfig):  # Mistral 3's rows, each ended by a token
+        rows, cols = vision.processor.grid(prepared.pixels)
+        return rows * (cols + 1)
     return int(vision.tokens_per_image)
 
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from engine.vision import AnyresConfig, PatchConfig, ProcessorConfig, TilingConfig
+from engine.vision import AnyresConfig, FitConfig, PatchConfig, ProcessorConfig, TilingConfig
 
 if TYPE_CHECKING:
     from engine.execution.model.config import ModelConfig
@@ -107,10 +107,54 @@ class QwenViTConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class PixtralViTConfig:
+    """Mistral 3's Pixtral vision transformer (vision.pixtral): an image at its own size
+    (sides a multiple of patch_size x spatial_merge_size) as its grid of patches, 2D rotary
+    positions by row and column, then 2 x 2 patches merged by the projector."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    head_dim: int
+    layers: int
+    image_size: int  # the longest side an image is resized to fit
+    patch_size: int = 14
+    spatial_merge_size: int = 2
+    hidden_act: str = "silu"
+    rope_theta: float = 10000.0
+    # the tokens after each row of an image's positions ([IMG_BREAK]) and after its last
+    # ([IMG_END]): their embeddings are rows of the image's span (mistral3)
+    break_token_id: int = 12
+    end_token_id: int = 13
+    projector_bias: bool = False  # the projector's linear layers have biases
+
+    @property
+    def unit(self) -> int:
+        """An image's sides are multiples of this many pixels: one merged position."""
+        return self.patch_size * self.spatial_merge_size
+
+    @classmethod
+    def from_hf(cls, cfg: Mapping[str, Any], merge: int) -> PixtralViTConfig:
+        """The tower a Mistral 3 `vision_config` describes (what it leaves out is Mistral
+        Small 3.1's), with the outer config's spatial_merge_size; the row tokens are Mistral's
+        vocabulary's until the folder's tokenizer says (loader.with_processor)."""
+        rope = cfg.get("rope_parameters") or {}
+        hidden, heads = int(cfg.get("hidden_size", 1024)), int(cfg.get("num_attention_heads", 16))
+        return cls(hidden_size=hidden,
+                   intermediate_size=int(cfg.get("intermediate_size", 4096)),
+                   num_heads=heads, head_dim=int(cfg.get("head_dim") or hidden // heads),
+                   layers=int(cfg.get("num_hidden_layers", 24)),
+                   image_size=int(cfg.get("image_size", 1540)),
+                   patch_size=int(cfg.get("patch_size", 14)), spatial_merge_size=merge,
+                   hidden_act=str(cfg.get("hidden_act", "silu")),
+                   rope_theta=float(rope.get("rope_theta") or cfg.get("rope_theta", 10000.0)))
+
+
+@dataclass(frozen=True, slots=True)
 class VisionConfig:
     """A vision model's image side: its tower, and the prompt's image placeholder."""
 
-    tower: TowerConfig | QwenViTConfig
+    tower: TowerConfig | QwenViTConfig | PixtralViTConfig
     image_token_id: int  # the placeholder token each image's positions hold
     # positions one image takes in the prompt; a tiled image: one tile's (each tile is one
     # encoder input, placed by the prompt text the family writes for it); 0: each image
@@ -120,7 +164,7 @@ class VisionConfig:
     # how an image becomes pixel values: one resized image, tiles (SmolVLM's splitting),
     # patches at about the image's own size (Qwen2.5-VL's), or the whole picture and tiles at
     # the resolution that fits it (LLaVA-NeXT's)
-    processor: ProcessorConfig | TilingConfig | PatchConfig | AnyresConfig
+    processor: ProcessorConfig | TilingConfig | PatchConfig | AnyresConfig | FitConfig
     # the processor's text for one image, put where the chat template wrote `placeholder`
     # (Gemma 3's: its image tokens between its own tags), the image token once (repeated to
     # tokens_per_image after encoding); the template then gets image parts as they are

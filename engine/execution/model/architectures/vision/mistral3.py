@@ -1,0 +1,131 @@
+"""Mistral 3 (Mistral Small 3.1 and 3.2): a Pixtral vision tower, a projector that norms its
+rows, merges each 2 x 2 of them into one and maps them to the text model's width (two linear
+layers, GELU between), and a Mistral text model.
+
+A picture keeps about its own aspect (engine.vision.fit): rows x cols merged positions. The
+processor writes `[IMG]` for each, `[IMG_BREAK]` after each row and `[IMG_END]` after the
+last, so an image's span is rows x (cols + 1) positions. Ferry's span holds all of them: the
+encoder returns the features with the two tokens' own embeddings between its rows, so the
+text model reads at every position what transformers' does, and the prompt counts as many
+tokens as transformers'.
+
+From Hugging Face folders (`model_type: mistral3`)."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional
+
+from engine.execution.model.architectures.text.llama import LlamaForCausalLM
+from engine.execution.model.architectures.vision.llava import RENAMES
+from engine.execution.model.config import ModelConfig, UnsupportedModel
+from engine.execution.model.decoder import CausalLM
+from engine.execution.model.encoder_steps import EncoderSteps
+from engine.execution.model.layers import Linear, RMSNorm
+from engine.execution.model.vision import VisionConfig, renamed, with_vision
+from engine.execution.model.vision.config import PixtralViTConfig
+from engine.execution.model.vision.pixtral import PixtralVisionTower
+from engine.vision.fit import FitConfig
+
+PLACEHOLDER = "[IMG]"
+
+
+class PatchMerger(nn.Module):
+    """Each 2 x 2 block of a grid of rows side by side, as torch's unfold orders it (a row's
+    width, then the block's row, then its column), through one linear layer back to one
+    row's width."""
+
+    def __init__(self, width: int, merge: int, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        super().__init__()
+        self.merge = merge
+        self.merging_layer = Linear(width * merge ** 2, width, False, dtype, device)
+
+    def forward(self, x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+        """[rows * cols, D] -> [rows / m * cols / m, D], row by row."""
+        m, d = self.merge, x.shape[-1]
+        blocks = x.view(rows // m, m, cols // m, m, d).permute(0, 2, 4, 1, 3)
+        out: torch.Tensor = self.merging_layer(blocks.reshape(-1, d * m * m))
+        return out
+
+
+class Mistral3Projector(nn.Module):
+    def __init__(self, tower: PixtralViTConfig, text_width: int, eps: float, bias: bool,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.norm = RMSNorm(tower.hidden_size, eps, dtype, device)
+        self.patch_merger = PatchMerger(tower.hidden_size, tower.spatial_merge_size, dtype,
+                                        device)
+        self.linear_1 = Linear(tower.hidden_size, text_width, bias, dtype, device)
+        self.linear_2 = Linear(text_width, text_width, bias, dtype, device)
+
+    def forward(self, x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+        """A grid of rows x cols features [rows * cols, D] -> merged [rows * cols / m^2,
+        text width]."""
+        merged = self.patch_merger(self.norm(x), rows, cols)
+        out: torch.Tensor = self.linear_2(functional.gelu(self.linear_1(merged)))
+        return out
+
+
+class Mistral3ForConditionalGeneration(CausalLM):
+    hf_model_types = ("mistral3",)
+
+    @classmethod
+    def config_from_hf(cls, cfg: Mapping[str, Any]) -> ModelConfig:
+        text = dict(cfg.get("text_config") or {})
+        if text.get("model_type", "mistral") not in ("mistral", "llama"):
+            raise UnsupportedModel(f"Mistral 3 over a {text.get('model_type')!r} text model is "
+                                   "not supported (supported: mistral)")
+        text.setdefault("model_type", "mistral")
+        vision = cfg.get("vision_config") or {}
+        if vision.get("model_type", "pixtral") != "pixtral":
+            raise UnsupportedModel(f"Mistral 3 with a {vision.get('model_type')!r} tower is "
+                                   "not supported (supported: pixtral)")
+        if cfg.get("vision_feature_layer", -1) != -1:
+            raise UnsupportedModel("Mistral 3 with features from another layer than the last "
+                                   "is not supported")
+        if str(cfg.get("projector_hidden_act", "gelu")) != "gelu":
+            raise UnsupportedModel("projector_hidden_act must be gelu")
+        tower = replace(PixtralViTConfig.from_hf(vision, int(cfg.get("spatial_merge_size", 2))),
+                        projector_bias=bool(cfg.get("multimodal_projector_bias", False)))
+        # 0 positions per image: each its own, from its size
+        spec = VisionConfig(tower, int(cfg.get("image_token_index", 10)), 0, PLACEHOLDER,
+                            FitConfig(longest_edge=tower.image_size, unit=tower.unit))
+        return with_vision(LlamaForCausalLM.config_from_hf(text), "mistral3", spec, cfg)
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__(cfg, dtype, device)
+        spec: VisionConfig = cfg.vision
+        tower: PixtralViTConfig = spec.tower  # type: ignore[assignment]
+        where = device if device is not None else "cpu"
+        self.vision_tower = PixtralVisionTower(tower, dtype, where)
+        self.multi_modal_projector = Mistral3Projector(
+            tower, cfg.hidden_size, cfg.rms_norm_eps, tower.projector_bias, dtype, where)
+
+    @classmethod
+    def hf_key(cls, key: str) -> str:
+        return renamed(key, RENAMES)
+
+    def encode_steps(self, pixels: torch.Tensor, grid: tuple[int, int] | None = None,
+                     size: tuple[int, int] | None = None) -> EncoderSteps:
+        """Images of one size [B, 3, H, W] -> [B, rows * (cols + 1), hidden]: each row of
+        merged positions followed by [IMG_BREAK]'s embedding, the last by [IMG_END]'s."""
+        tower: PixtralViTConfig = self.config.vision.tower
+        p, m = tower.patch_size, tower.spatial_merge_size
+        rows, cols = pixels.shape[-2] // p, pixels.shape[-1] // p
+        ids = torch.tensor([tower.break_token_id, tower.end_token_id], device=pixels.device)
+        brk, end = self.model.embed_tokens(ids).to(self.dtype)  # [hidden] each
+        out = []
+        for image in pixels:
+            features = yield from self.vision_tower.steps(image.to(self.dtype))
+            merged = self.multi_modal_projector(features, rows, cols)  # [R * C, hidden]
+            grid_rows = merged.view(rows // m, cols // m, -1)
+            tail = brk.expand(rows // m, 1, -1).clone()
+            tail[-1, 0] = end
+            out.append(torch.cat([grid_rows, tail], dim=1).reshape(-1, merged.shape[-1]))
+        return torch.stack(out)
