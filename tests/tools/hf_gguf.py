@@ -192,7 +192,7 @@ def write_gguf(path: Path, hf: torch.nn.Module, qtype: T = T.F32,
             held[key] = value
             continue
         n_heads = 0
-        if arch == "llama":
+        if arch in ("llama", "mistral3"):  # the converter's LlamaModel.permute
             n_heads = heads if short == "attn_q" else kv if short == "attn_k" else 0
         stored = llama_cpp_permute(value, n_heads) if n_heads else value
         if value.dim() == 1:

@@ -122,6 +122,59 @@ def write_llava_mmproj(path: Path, hf: Any, layers: int | None = None) -> None:
     finish(w)
 
 
+# Mistral 3's Pixtral tower and projector: HF key (after its prefix) -> GGUF name
+PIXTRAL_LAYER = {"attention.q_proj": "attn_q", "attention.k_proj": "attn_k",
+                 "attention.v_proj": "attn_v", "attention.o_proj": "attn_out",
+                 "attention_norm": "ln1", "ffn_norm": "ln2", "feed_forward.gate_proj": "ffn_gate",
+                 "feed_forward.up_proj": "ffn_up", "feed_forward.down_proj": "ffn_down"}
+PIXTRAL_TOP = {"vision_tower.patch_conv": "v.patch_embd", "vision_tower.ln_pre": "v.pre_ln",
+               "multi_modal_projector.norm": "mm.input_norm",
+               "multi_modal_projector.patch_merger.merging_layer": "mm.patch_merger",
+               "multi_modal_projector.linear_1": "mm.1",
+               "multi_modal_projector.linear_2": "mm.2"}
+
+
+def write_mistral3_mmproj(path: Path, hf: Any, break_token: int) -> None:
+    """`hf` (transformers' Mistral3ForConditionalGeneration) -> its projector file at `path`,
+    as llama.cpp's converter writes it (`--mmproj`, type `pixtral`): the tower's q and k rows
+    in its rotary order (LlamaModel.permute), F16 matrices and patch kernel, SiLU, the merge
+    size, and the `[IMG_BREAK]` row of the text model's embeddings."""
+    from types import SimpleNamespace
+
+    from tests.tools.hf_gguf import llama_cpp_permute
+
+    cfg, vision = hf.config, hf.config.vision_config
+    shape = SimpleNamespace(image_size=vision.image_size, patch_size=vision.patch_size,
+                            hidden_size=vision.hidden_size,
+                            intermediate_size=vision.intermediate_size,
+                            num_attention_heads=vision.num_attention_heads, layer_norm_eps=1e-5)
+    w = clip_writer(path, "pixtral", shape, cfg.text_config.hidden_size,
+                    vision.num_hidden_layers, (0.48145466, 0.4578275, 0.40821073),
+                    (0.26862954, 0.26130258, 0.27577711), False)
+    w.add_bool(gguf.Keys.ClipVision.USE_SILU, vision.hidden_act == "silu")
+    w.add_uint32(gguf.Keys.ClipVision.SPATIAL_MERGE_SIZE, cfg.spatial_merge_size)
+    for key, value in hf.state_dict().items():
+        key = key.removeprefix("model.")
+        base, _, kind = key.rpartition(".")
+        data = value.detach().float()
+        if base.startswith("vision_tower.transformer.layers."):
+            i, module = base.split(".", 4)[3:]
+            short = PIXTRAL_LAYER[module]
+            if short in ("attn_q", "attn_k"):
+                data = llama_cpp_permute(data, vision.num_attention_heads)
+            name = f"v.blk.{i}.{short}.{kind}"
+        elif base in PIXTRAL_TOP:
+            name = f"{PIXTRAL_TOP[base]}.{kind}"
+        elif base == "language_model.embed_tokens":
+            w.add_tensor("v.token_embd.img_break", data[break_token].numpy())
+            continue
+        else:
+            continue
+        array = data.numpy()
+        w.add_tensor(name, array.astype(np.float16) if array.ndim in (2, 4) else array)
+    finish(w)
+
+
 def finish(w: gguf.GGUFWriter) -> None:
     """Write the header, metadata and tensors a writer holds, and close the file."""
     w.write_header_to_file()

@@ -208,6 +208,32 @@ def reference(folder: Path, model: Any, text: str, images: list[bytes],
     return len(expanded), str(tok.decode(out[0, len(expanded):]))
 
 
+def text_part(model: Any, text_class: Any) -> Any:
+    """The text model of a transformers vision model (its language model and head) as a
+    `text_class` causal LM, the text side of a GGUF pair."""
+    text = text_class(model.config.text_config).eval()
+    text.model.load_state_dict(model.model.language_model.state_dict())
+    text.lm_head.load_state_dict(model.lm_head.state_dict())
+    return text
+
+
+def gguf_server(make_server: Any, gguf: Path, name: str, tokenizers: Path) -> Any:
+    """The text GGUF `gguf` with its projector beside it served for real, in float32 like
+    the references; its describe line names the projector."""
+    from engine import EngineConfig, ModelExecutor, Tokenizer
+    from engine.execution.loading.projector_gguf import projector_beside
+
+    fields: dict[str, Any] = {"page_size": 4, "kv_tokens": 4096, "max_context": 512,
+                              "kv_dtype": "float32"}
+    executor = ModelExecutor.from_pretrained(gguf, EngineConfig(**fields),
+                                             dtype=torch.float32, threads=1)
+    projector = projector_beside(gguf)
+    assert projector is not None
+    assert executor.describe().endswith(f", text + images (projector {projector.name})")
+    return make_server(web={"model_name": name, "max_images": 2}, executor=executor,
+                       tokenizer_override=Tokenizer(gguf, tokenizers), **fields)
+
+
 def chat_server(make_server: Any, folder: Path, engine: dict[str, Any] | None = None,
                 data_dir: Path | None = None, **web: Any) -> Any:
     """A tiny vision model in `folder` served for real by conftest's make_server (its chat page

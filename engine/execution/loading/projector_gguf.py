@@ -137,6 +137,18 @@ class ProjectorFile:
         data = np.stack(parts, axis) if stack else np.concatenate(parts, axis)
         return ProjectorTensor("+".join(names), kind, tuple(data.shape), data)
 
+    def unpermuted(self, name: str, heads: int) -> ProjectorTensor:
+        """A q or k matrix (or bias) whose rows llama.cpp's converter put in its rotary
+        order over `heads` heads (LlamaModel.permute), back in Hugging Face's order. Rows
+        are whole in every storage type, so blocks move as they are."""
+        t = self.tensors.get(name)
+        if t is None:
+            raise ModelFileError(f"{self.path}: tensor {name} is missing")
+        rows = t.shape[0]
+        data = np.asarray(t.data).reshape(rows, -1)
+        order = np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).ravel()
+        return ProjectorTensor(t.name, t.qtype, t.shape, np.ascontiguousarray(data[order]))
+
     def keyed(self, tower: str, projector: dict[str, str],
               hidden: int) -> dict[str, ProjectorTensor]:
         """Every tensor under the model's key: the tower's under `tower` (its module

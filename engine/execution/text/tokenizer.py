@@ -164,8 +164,10 @@ def _from_gguf(gguf: Path) -> Any:
 
 
 # GGUF architectures transformers does not read, whose tokenizer is another's: a vision
-# model's text GGUF (llama.cpp writes Qwen2.5-VL's as "qwen2vl"), EmbeddingGemma's
-TEXT_ARCHITECTURE_ALIASES = {"qwen2vl": "qwen2", "gemma-embedding": "gemma3"}
+# model's text GGUF (llama.cpp writes Qwen2.5-VL's as "qwen2vl", Mistral 3's as "mistral3"),
+# EmbeddingGemma's
+TEXT_ARCHITECTURE_ALIASES = {"qwen2vl": "qwen2", "gemma-embedding": "gemma3",
+                             "mistral3": "llama"}
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ from engine.execution.loading.projector_gguf import projector_beside
 from tests.tools.hf_gguf import write_gguf
 from tests.tools.mmproj_gguf import write_llava_mmproj
 from tests.tools.synthetic_gguf import default_gguf
-from tests.tools.tiny_llava import half_image_side
+from tests.tools.tiny_llava import gguf_server, half_image_side, text_part
 from tests.tools.tiny_llava_next import assert_replies_equal, build
 
 
@@ -37,9 +37,7 @@ def gguf(llava_next: tuple[Path, Any], tmp_path_factory: pytest.TempPathFactory)
 
     _, model = llava_next
     store = tmp_path_factory.mktemp("llava-next-gguf")
-    text = LlamaForCausalLM(model.config.text_config).eval()
-    text.model.load_state_dict(model.model.language_model.state_dict())
-    text.lm_head.load_state_dict(model.lm_head.state_dict())
+    text = text_part(model, LlamaForCausalLM)
     path = store / "tiny-llava-next-F32.gguf"
     write_gguf(path, text, tokenizer_of=default_gguf(), added=["<image>"])
     write_llava_mmproj(store / "mmproj-tiny-llava-next-f16.gguf", model)
@@ -71,17 +69,7 @@ def test_the_projector_makes_the_folders_model(llava_next: tuple[Path, Any],
 
 @pytest.fixture(scope="module")
 def served(gguf: Path, make_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from engine import EngineConfig, ModelExecutor, Tokenizer
-
-    fields: dict[str, Any] = {"page_size": 4, "kv_tokens": 4096, "max_context": 512,
-                              "kv_dtype": "float32"}
-    executor = ModelExecutor.from_pretrained(gguf, EngineConfig(**fields),
-                                             dtype=torch.float32, threads=1)
-    assert executor.describe().endswith(
-        ", text + images (projector mmproj-tiny-llava-next-f16.gguf)")
-    tokenizer = Tokenizer(gguf, tmp_path_factory.mktemp("tokenizers"))
-    return make_server(web={"model_name": "tiny-llava-next", "max_images": 2},
-                       executor=executor, tokenizer_override=tokenizer, **fields)
+    return gguf_server(make_server, gguf, "tiny-llava-next", tmp_path_factory.mktemp("tokenizers"))
 
 
 @pytest.mark.parametrize("sizes", [[(50, 40)], [(17, 70)], [(90, 20), (40, 50)]],

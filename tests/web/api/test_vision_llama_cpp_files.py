@@ -1,7 +1,8 @@
 """Opt-in (`-m slow`, FERRY_LLAMA_CPP=<a llama.cpp source checkout>): vision models as people
 get them for llama.cpp and LM Studio, a text GGUF with its projector file (`mmproj`) beside
 it, both written by the checkout's own `convert_hf_to_gguf.py` (`--mmproj` for the
-projector) from the seeded tiny Gemma 3, SmolVLM and Qwen2.5-VL the HF-folder tests use, and
+projector) from the seeded tiny Gemma 3, SmolVLM, Qwen2.5-VL and Mistral 3 the HF-folder
+tests use, and
 the tiny LLaVA and LLaVA-NeXT by llama.cpp's documented LLaVA 1.5 and 1.6 steps
 (`llava_surgery_v2.py` takes the projector (and 1.6's newline) out,
 `convert_image_encoder_to_gguf.py` writes it with the CLIP tower, F16, and for 1.6 the
@@ -25,7 +26,14 @@ from tests.engine.execution.loading.test_llama_cpp_files import (  # noqa: F401 
     converter_python,
     llama_cpp,
 )
-from tests.tools import tiny_gemma3, tiny_idefics3, tiny_llava, tiny_llava_next, tiny_qwen2_5_vl
+from tests.tools import (
+    tiny_gemma3,
+    tiny_idefics3,
+    tiny_llava,
+    tiny_llava_next,
+    tiny_mistral3,
+    tiny_qwen2_5_vl,
+)
 from tests.tools.tiny_llava import ask, content, png
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -52,11 +60,13 @@ def hub_layout(file: Path) -> None:
 
 TOOLS: dict[str, Any] = {"gemma3": tiny_gemma3, "smolvlm": tiny_idefics3,
                          "qwen2_5_vl": tiny_qwen2_5_vl, "llava": tiny_llava,
-                         "llava_next": tiny_llava_next}
+                         "llava_next": tiny_llava_next, "mistral3": tiny_mistral3}
 LLAVAS = ("llava", "llava_next")  # converted by llama.cpp's legacy steps
 # (width, height) of the test's images; Qwen2.5-VL's of two shapes, several windows each;
-# LLaVA-NeXT's a wide one and a tall one, each its own grid of tiles
-SIZES = {"qwen2_5_vl": [(150, 100), (90, 200)], "llava_next": [(90, 20), (17, 70)]}
+# LLaVA-NeXT's a wide one and a tall one, each its own grid of tiles; Mistral 3's a wide one
+# scaled down and a tall one that fits, each its own rows of merged patches
+SIZES = {"qwen2_5_vl": [(150, 100), (90, 200)], "llava_next": [(90, 20), (17, 70)],
+         "mistral3": [(90, 20), (30, 50)]}
 
 
 def renamed_keys(file: Path, renames: tuple[tuple[str, str], ...]) -> None:
@@ -120,7 +130,7 @@ def legacy_llava_projector(python: Path, root: Path, folder: Path, model: Any,
 
 
 @pytest.fixture(scope="module",
-                params=["gemma3", "smolvlm", "qwen2_5_vl", "llava", "llava_next"])
+                params=["gemma3", "smolvlm", "qwen2_5_vl", "llava", "llava_next", "mistral3"])
 def converted(request: pytest.FixtureRequest, tokenizer: Any, llama_cpp: Path,  # noqa: F811
               converter_python: Path,  # noqa: F811
               tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Any, Path]:
@@ -148,7 +158,7 @@ def converted(request: pytest.FixtureRequest, tokenizer: Any, llama_cpp: Path,  
         hub_layout(convertible / "model.safetensors")
     elif request.param == "qwen2_5_vl":
         qwen_hub_layout(convertible / "model.safetensors")
-    elif request.param in LLAVAS:
+    elif request.param in (*LLAVAS, "mistral3"):  # Mistral Small 3.1's files are so too
         renamed_keys(convertible / "model.safetensors", LLAVA_HUB)
         if request.param == "llava_next":  # the converter reads its text model as 1.5's
             file = convertible / "config.json"

@@ -22,7 +22,8 @@ from engine.execution.model.decoder import CausalLM
 
 class LlamaForCausalLM(CausalLM):
     hf_model_types = ("llama", "mistral")
-    gguf_archs = ("llama",)
+    # mistral3: Mistral 3's text model as llama.cpp's converter writes it (a Llama layout)
+    gguf_archs = ("llama", "mistral3")
     gguf_permute_qk = True
 
     @classmethod

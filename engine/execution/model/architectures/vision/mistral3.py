@@ -9,12 +9,15 @@ encoder returns the features with the two tokens' own embeddings between its row
 text model reads at every position what transformers' does, and the prompt counts as many
 tokens as transformers'.
 
-From Hugging Face folders (`model_type: mistral3`)."""
+From Hugging Face folders (`model_type: mistral3`), and from GGUF: the text model's file
+(llama.cpp's `mistral3`, a Llama layout) with the projector file its converter writes
+(`--mmproj`, projector type `pixtral` with `mm.patch_merger`). The converter keeps the tower's
+q and k rows in its rotary order, as it does a Llama's; they are put back here."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -31,7 +34,22 @@ from engine.execution.model.vision.config import PixtralViTConfig
 from engine.execution.model.vision.pixtral import PixtralVisionTower
 from engine.vision.fit import FitConfig
 
+if TYPE_CHECKING:
+    from engine.execution.loading.projector_gguf import ProjectorFile, ProjectorTensor
+
 PLACEHOLDER = "[IMG]"
+# llama.cpp's projector file: GGUF name -> this model's key (the tower's layers: LAYER_NAMES)
+TOP_NAMES = {"v.patch_embd": "vision_tower.patch_conv", "v.pre_ln": "vision_tower.ln_pre",
+             "mm.input_norm": "multi_modal_projector.norm",
+             "mm.patch_merger": "multi_modal_projector.patch_merger.merging_layer",
+             "mm.1": "multi_modal_projector.linear_1", "mm.2": "multi_modal_projector.linear_2"}
+LAYER_NAMES = {"attn_q": "attention.q_proj", "attn_k": "attention.k_proj",
+               "attn_v": "attention.v_proj", "attn_out": "attention.o_proj",
+               "ln1": "attention_norm", "ln2": "ffn_norm", "ffn_gate": "feed_forward.gate_proj",
+               "ffn_up": "feed_forward.up_proj", "ffn_down": "feed_forward.down_proj"}
+# the [IMG_BREAK] row the converter copies out of the text model's embeddings: Ferry reads
+# it (and [IMG_END]'s) from the text model itself
+UNUSED = {"v.token_embd.img_break"}
 
 
 class PatchMerger(nn.Module):
@@ -73,6 +91,8 @@ class Mistral3Projector(nn.Module):
 
 class Mistral3ForConditionalGeneration(CausalLM):
     hf_model_types = ("mistral3",)
+    projector_type = "pixtral"  # llama.cpp's name, also Pixtral 12B's (refused: no merger)
+    projector_text_archs: ClassVar[tuple[str, ...]] = ("mistral3",)
 
     @classmethod
     def config_from_hf(cls, cfg: Mapping[str, Any]) -> ModelConfig:
@@ -96,6 +116,53 @@ class Mistral3ForConditionalGeneration(CausalLM):
         spec = VisionConfig(tower, int(cfg.get("image_token_index", 10)), 0, PLACEHOLDER,
                             FitConfig(longest_edge=tower.image_size, unit=tower.unit))
         return with_vision(LlamaForCausalLM.config_from_hf(text), "mistral3", spec, cfg)
+
+    @classmethod
+    def config_from_projector(cls, text: ModelConfig, projector: ProjectorFile,
+                              token_id: Callable[[str], int | None]) -> ModelConfig:
+        """The tower from the projector file's metadata (rotary base: Pixtral's 10000, which
+        the file does not hold), the row tokens from the text file's vocabulary."""
+        if "mm.patch_merger.weight" not in projector.tensors:
+            raise UnsupportedModel(f"{projector.path.name}: a `pixtral` projector without "
+                                   "mm.patch_merger (Pixtral 12B's) is not supported; Mistral "
+                                   "3's is")
+        hidden, heads = int(projector.get("embedding_length")), \
+            int(projector.get("attention.head_count"))
+        use_silu = bool(projector.meta.get("clip.use_silu", False))
+        tower = PixtralViTConfig(
+            hidden_size=hidden, intermediate_size=int(projector.get("feed_forward_length")),
+            num_heads=heads, head_dim=hidden // heads, layers=int(projector.get("block_count")),
+            image_size=int(projector.get("image_size")),
+            patch_size=int(projector.get("patch_size")),
+            spatial_merge_size=int(projector.get("spatial_merge_size", 2)),
+            hidden_act="silu" if use_silu else "gelu",
+            break_token_id=projector.image_token(token_id, "[IMG_BREAK]"),
+            end_token_id=projector.image_token(token_id, "[IMG_END]"),
+            projector_bias="mm.1.bias" in projector.tensors)
+        mean, std = projector.mean_std()
+        spec = VisionConfig(tower, projector.image_token(token_id, PLACEHOLDER), 0, PLACEHOLDER,
+                            FitConfig(longest_edge=tower.image_size, unit=tower.unit,
+                                      mean=mean, std=std))
+        return with_vision(text, "mistral3", spec, {})
+
+    @classmethod
+    def projector_tensors(cls, projector: ProjectorFile,
+                          config: ModelConfig) -> dict[str, ProjectorTensor]:
+        tower: PixtralViTConfig = config.vision.tower
+        out: dict[str, ProjectorTensor] = {}
+        for name in projector.tensors:
+            stem, _, part = name.rpartition(".")
+            layer = stem.split(".")
+            if stem in TOP_NAMES:
+                out[f"{TOP_NAMES[stem]}.{part}"] = projector.tensors[name]
+            elif len(layer) == 4 and layer[:2] == ["v", "blk"] and layer[3] in LAYER_NAMES:
+                key = f"vision_tower.transformer.layers.{layer[2]}.{LAYER_NAMES[layer[3]]}.{part}"
+                out[key] = projector.unpermuted(name, tower.num_heads) \
+                    if layer[3] in ("attn_q", "attn_k") else projector.tensors[name]
+            elif name not in UNUSED and stem not in UNUSED:
+                raise UnsupportedModel(f"{projector.path}: tensor {name} is not one Ferry "
+                                       "knows for a 'pixtral' projector")
+        return out
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:
