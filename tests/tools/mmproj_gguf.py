@@ -340,9 +340,52 @@ def write_synthetic_llava_next_mmproj(path: Path, text_hidden: int, hidden: int 
     return tensors.total
 
 
+def write_synthetic_mistral3_mmproj(path: Path, text_hidden: int, hidden: int = 1024,
+                                    ff: int = 4096, layers: int = 24, heads: int = 16,
+                                    image_size: int = 1540, patch: int = 14,
+                                    seed: int = 0) -> int:
+    """A Mistral 3 projector file of random weights (Mistral Small 3.1's Pixtral tower and
+    patch merger), as llama.cpp's converter writes it: a `pixtral` projector, SiLU, F16
+    matrices, F32 vectors, the [IMG_BREAK] row. Returns the parameter count."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_bool(gguf.Keys.Clip.HAS_VISION_ENCODER, True)
+    w.add_string(gguf.Keys.Clip.PROJECTOR_TYPE, "pixtral")
+    v = gguf.Keys.ClipVision
+    for key, value in ((v.PROJECTION_DIM, text_hidden), (v.IMAGE_SIZE, image_size),
+                       (v.PATCH_SIZE, patch), (v.EMBEDDING_LENGTH, hidden),
+                       (v.FEED_FORWARD_LENGTH, ff), (v.BLOCK_COUNT, layers),
+                       (v.Attention.HEAD_COUNT, heads), (v.SPATIAL_MERGE_SIZE, 2)):
+        w.add_uint32(key, value)
+    w.add_float32(v.Attention.LAYERNORM_EPS, 1e-5)
+    w.add_array(v.IMAGE_MEAN, [0.48145466, 0.4578275, 0.40821073])
+    w.add_array(v.IMAGE_STD, [0.26862954, 0.26130258, 0.27577711])
+    w.add_bool(v.USE_SILU, True)
+    tensors = RandomTensors(w, rng)
+    add = tensors.add
+    add("v.patch_embd.weight", (hidden, 3, patch, patch), True)
+    add("v.pre_ln.weight", (hidden,), False, ones=True)
+    for i in range(layers):
+        for name, shape in (("attn_q", (hidden, hidden)), ("attn_k", (hidden, hidden)),
+                            ("attn_v", (hidden, hidden)), ("attn_out", (hidden, hidden)),
+                            ("ffn_gate", (ff, hidden)), ("ffn_up", (ff, hidden)),
+                            ("ffn_down", (hidden, ff))):
+            add(f"v.blk.{i}.{name}.weight", shape, True)
+        for norm in ("ln1", "ln2"):
+            add(f"v.blk.{i}.{norm}.weight", (hidden,), False, ones=True)
+    add("mm.input_norm.weight", (hidden,), False, ones=True)
+    add("mm.patch_merger.weight", (hidden, 4 * hidden), True)
+    add("mm.1.weight", (text_hidden, hidden), True)
+    add("mm.2.weight", (text_hidden, text_hidden), True)
+    add("v.token_embd.img_break", (text_hidden,), False)
+    finish(w)
+    return tensors.total
+
+
 SYNTHETIC = {"gemma3": write_synthetic_gemma3_mmproj,
              "qwen2.5vl_merger": write_synthetic_qwen25vl_mmproj,
-             "llava_next": write_synthetic_llava_next_mmproj}
+             "llava_next": write_synthetic_llava_next_mmproj,
+             "pixtral": write_synthetic_mistral3_mmproj}
 
 
 def main() -> None:
@@ -353,7 +396,8 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--text-hidden", type=int, required=True,
                         help="the text model's width (2560 for Gemma 3 4B, 2048 for "
-                             "Qwen2.5-VL 3B, 4096 for LLaVA 1.6 7B)")
+                             "Qwen2.5-VL 3B, 4096 for LLaVA 1.6 7B, 5120 for Mistral Small "
+                             "3.1)")
     parser.add_argument("--type", default="gemma3", choices=list(SYNTHETIC))
     args = parser.parse_args()
     total = SYNTHETIC[args.type](args.out, args.text_hidden)

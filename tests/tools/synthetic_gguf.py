@@ -58,8 +58,20 @@ QWEN2VL_TEMPLATE = (
     "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# Mistral 3's image tokens, after SmolLM2's 49152 (its own vocabulary has them at 10, 12
+# and 13), and a ChatML template that writes [IMG] for an image part
+MISTRAL3_IMAGE_TOKENS = {49152: "[IMG]", 49153: "[IMG_BREAK]", 49154: "[IMG_END]"}
+MISTRAL3_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}[IMG]"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 IMAGE_TAGS = {"gemma3": (GEMMA3_IMAGE_TOKENS, GEMMA3_TEMPLATE),
-              "qwen2vl": (QWEN2VL_IMAGE_TOKENS, QWEN2VL_TEMPLATE)}
+              "qwen2vl": (QWEN2VL_IMAGE_TOKENS, QWEN2VL_TEMPLATE),
+              "mistral3": (MISTRAL3_IMAGE_TOKENS, MISTRAL3_TEMPLATE)}
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,8 @@ class ArchSpec:
 
 
 ARCHS = {"llama": ArchSpec(4096, 10000.0, 1e-5),
+         # Mistral 3's text model as llama.cpp's converter writes it: Llama's layout
+         "mistral3": ArchSpec(131072, 1e9, 1e-5),
          "gemma3": ArchSpec(32768, 1e6, 1e-6, qk_norm=True, post_norms=True,
                             local_rope_base=10000.0),
          "qwen3": ArchSpec(40960, 1e6, 1e-6, qk_norm=True),
@@ -188,7 +202,7 @@ def write(out: Path, hidden: int, layers: int, ff: int, heads: int, kv_heads: in
     writer.add_head_count_kv(kv_heads)
     writer.add_rope_freq_base(spec.rope_base)
     writer.add_layer_norm_rms_eps(spec.eps)
-    if arch == "llama":
+    if arch in ("llama", "mistral3"):
         writer.add_vocab_size(vocab)
         writer.add_rope_dimension_count(head_dim)
     else:
@@ -271,9 +285,9 @@ def main() -> None:
                         help="pad the vocabulary to this many tokens (e.g. 262144, Gemma 3's)")
     parser.add_argument("--untied", action="store_true", help="write a separate output.weight")
     parser.add_argument("--images", action="store_true",
-                        help="gemma3, qwen2vl: the family's image tags and a template that "
-                             "writes them (--vocab 262208; 151936), for a projector file "
-                             "beside it")
+                        help="gemma3, qwen2vl, mistral3: the family's image tags and a "
+                             "template that writes them (--vocab 262208; 151936; 49160), for "
+                             "a projector file beside it")
     parser.add_argument("--no-chat-template", action="store_true",
                         help="leave tokenizer.chat_template out (as a base model's file)")
     args = parser.parse_args()
