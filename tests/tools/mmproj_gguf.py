@@ -197,6 +197,33 @@ class RandomTensors:
         self.total += data.size
 
 
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def synthetic_writer(path: Path, kind: str, width: int, image_size: int, patch: int,
+                     hidden: int, ff: int, layers: int, heads: int, eps: float,
+                     mean: tuple[float, ...] = CLIP_MEAN, std: tuple[float, ...] = CLIP_STD,
+                     seed: int = 0, ints: tuple[tuple[str, int], ...] = ()
+                     ) -> tuple[gguf.GGUFWriter, RandomTensors]:
+    """A synthetic projector file's writer at `path` with the metadata every `kind`
+    projector has (its rows `width` wide; `ints`: more of its integer keys), and the random
+    tensors to fill it from `seed`."""
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_bool(gguf.Keys.Clip.HAS_VISION_ENCODER, True)
+    w.add_string(gguf.Keys.Clip.PROJECTOR_TYPE, kind)
+    v = gguf.Keys.ClipVision
+    for key, value in ((v.PROJECTION_DIM, width), (v.IMAGE_SIZE, image_size),
+                       (v.PATCH_SIZE, patch), (v.EMBEDDING_LENGTH, hidden),
+                       (v.FEED_FORWARD_LENGTH, ff), (v.BLOCK_COUNT, layers),
+                       (v.Attention.HEAD_COUNT, heads), *ints):
+        w.add_uint32(key, value)
+    w.add_float32(v.Attention.LAYERNORM_EPS, eps)
+    w.add_array(v.IMAGE_MEAN, list(mean))
+    w.add_array(v.IMAGE_STD, list(std))
+    return w, RandomTensors(w, np.random.default_rng(seed))
+
+
 def write_synthetic_gemma3_mmproj(path: Path, text_hidden: int, hidden: int = 1152,
                                   ff: int = 4304, layers: int = 27, heads: int = 16,
                                   image_size: int = 896, patch: int = 14,
@@ -205,21 +232,9 @@ def write_synthetic_gemma3_mmproj(path: Path, text_hidden: int, hidden: int = 11
     4B-27B's tower), F16 matrices as llama.cpp's converter writes them (F32 embeddings and
     vectors), for speed and memory figures beside a synthetic text GGUF. Returns the
     parameter count."""
-    rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "clip")
-    w.add_bool(gguf.Keys.Clip.HAS_VISION_ENCODER, True)
-    w.add_string(gguf.Keys.Clip.PROJECTOR_TYPE, "gemma3")
-    v = gguf.Keys.ClipVision
-    for key, value in ((v.PROJECTION_DIM, text_hidden), (v.IMAGE_SIZE, image_size),
-                       (v.PATCH_SIZE, patch), (v.EMBEDDING_LENGTH, hidden),
-                       (v.FEED_FORWARD_LENGTH, ff), (v.BLOCK_COUNT, layers),
-                       (v.Attention.HEAD_COUNT, heads)):
-        w.add_uint32(key, value)
-    w.add_float32(v.Attention.LAYERNORM_EPS, 1e-6)
-    w.add_array(v.IMAGE_MEAN, [0.5, 0.5, 0.5])
-    w.add_array(v.IMAGE_STD, [0.5, 0.5, 0.5])
-    w.add_bool(v.USE_GELU, True)
-    tensors = RandomTensors(w, rng)
+    w, tensors = synthetic_writer(path, "gemma3", text_hidden, image_size, patch, hidden, ff,
+                                  layers, heads, 1e-6, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), seed)
+    w.add_bool(gguf.Keys.ClipVision.USE_GELU, True)
     add = tensors.add
 
     patches = (image_size // patch) ** 2
@@ -250,21 +265,10 @@ def write_synthetic_qwen25vl_mmproj(path: Path, text_hidden: int, hidden: int = 
     """A Qwen2.5-VL projector file of random weights (its 3B-72B tower's shape by default),
     as llama.cpp's converter writes it: q, k, v apart, the Conv3d patch embedding as one
     kernel per frame, F16 matrices, F32 vectors. Returns the parameter count."""
-    rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "clip")
-    w.add_bool(gguf.Keys.Clip.HAS_VISION_ENCODER, True)
-    w.add_string(gguf.Keys.Clip.PROJECTOR_TYPE, "qwen2.5vl_merger")
-    v = gguf.Keys.ClipVision
-    for key, value in ((v.PROJECTION_DIM, text_hidden), (v.IMAGE_SIZE, 560),
-                       (v.PATCH_SIZE, patch), (v.EMBEDDING_LENGTH, hidden),
-                       (v.FEED_FORWARD_LENGTH, ff), (v.BLOCK_COUNT, layers),
-                       (v.Attention.HEAD_COUNT, heads), ("clip.vision.n_wa_pattern", full_every)):
-        w.add_uint32(key, value)
-    w.add_float32(v.Attention.LAYERNORM_EPS, 1e-6)
-    w.add_array(v.IMAGE_MEAN, [0.48145466, 0.4578275, 0.40821073])
-    w.add_array(v.IMAGE_STD, [0.26862954, 0.26130258, 0.27577711])
+    w, tensors = synthetic_writer(path, "qwen2.5vl_merger", text_hidden, 560, patch, hidden,
+                                  ff, layers, heads, 1e-6, seed=seed,
+                                  ints=(("clip.vision.n_wa_pattern", full_every),))
     w.add_bool("clip.use_silu", True)
-    tensors = RandomTensors(w, rng)
     add = tensors.add
 
     add("v.patch_embd.weight", (hidden, 3, patch, patch), True)
@@ -295,26 +299,14 @@ def write_synthetic_llava_next_mmproj(path: Path, text_hidden: int, hidden: int 
     layer dropped, LLaVA 1.6's pinpoints), as llama.cpp's legacy script writes it: an `mlp`
     projector, F16 matrices, F32 vectors and embeddings; the newline under the name
     llama.cpp's server reads (`v.image_newline`). Returns the parameter count."""
-    rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "clip")
-    w.add_bool(gguf.Keys.Clip.HAS_VISION_ENCODER, True)
+    w, tensors = synthetic_writer(path, "mlp", 768, image_size, patch, hidden, ff, layers,
+                                  heads, 1e-5, seed=seed,
+                                  ints=(("clip.vision.image_crop_resolution", image_size),))
     w.add_bool("clip.has_llava_projector", True)
-    w.add_string(gguf.Keys.Clip.PROJECTOR_TYPE, "mlp")
-    v = gguf.Keys.ClipVision
-    for key, value in ((v.PROJECTION_DIM, 768), (v.IMAGE_SIZE, image_size),
-                       (v.PATCH_SIZE, patch), (v.EMBEDDING_LENGTH, hidden),
-                       (v.FEED_FORWARD_LENGTH, ff), (v.BLOCK_COUNT, layers),
-                       (v.Attention.HEAD_COUNT, heads),
-                       ("clip.vision.image_crop_resolution", image_size)):
-        w.add_uint32(key, value)
-    w.add_float32(v.Attention.LAYERNORM_EPS, 1e-5)
-    w.add_array(v.IMAGE_MEAN, [0.48145466, 0.4578275, 0.40821073])
-    w.add_array(v.IMAGE_STD, [0.26862954, 0.26130258, 0.27577711])
-    w.add_bool(v.USE_GELU, False)
+    w.add_bool(gguf.Keys.ClipVision.USE_GELU, False)
     w.add_array("clip.vision.image_grid_pinpoints",
                 [336, 672, 672, 336, 672, 672, 1008, 336, 336, 1008])
     w.add_string("clip.vision.mm_patch_merge_type", "spatial_unpad")
-    tensors = RandomTensors(w, rng)
     add = tensors.add
 
     add("v.patch_embd.weight", (hidden, 3, patch, patch), True)
@@ -347,21 +339,10 @@ def write_synthetic_mistral3_mmproj(path: Path, text_hidden: int, hidden: int = 
     """A Mistral 3 projector file of random weights (Mistral Small 3.1's Pixtral tower and
     patch merger), as llama.cpp's converter writes it: a `pixtral` projector, SiLU, F16
     matrices, F32 vectors, the [IMG_BREAK] row. Returns the parameter count."""
-    rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "clip")
-    w.add_bool(gguf.Keys.Clip.HAS_VISION_ENCODER, True)
-    w.add_string(gguf.Keys.Clip.PROJECTOR_TYPE, "pixtral")
-    v = gguf.Keys.ClipVision
-    for key, value in ((v.PROJECTION_DIM, text_hidden), (v.IMAGE_SIZE, image_size),
-                       (v.PATCH_SIZE, patch), (v.EMBEDDING_LENGTH, hidden),
-                       (v.FEED_FORWARD_LENGTH, ff), (v.BLOCK_COUNT, layers),
-                       (v.Attention.HEAD_COUNT, heads), (v.SPATIAL_MERGE_SIZE, 2)):
-        w.add_uint32(key, value)
-    w.add_float32(v.Attention.LAYERNORM_EPS, 1e-5)
-    w.add_array(v.IMAGE_MEAN, [0.48145466, 0.4578275, 0.40821073])
-    w.add_array(v.IMAGE_STD, [0.26862954, 0.26130258, 0.27577711])
-    w.add_bool(v.USE_SILU, True)
-    tensors = RandomTensors(w, rng)
+    w, tensors = synthetic_writer(path, "pixtral", text_hidden, image_size, patch, hidden, ff,
+                                  layers, heads, 1e-5, seed=seed,
+                                  ints=((gguf.Keys.ClipVision.SPATIAL_MERGE_SIZE, 2),))
+    w.add_bool(gguf.Keys.ClipVision.USE_SILU, True)
     add = tensors.add
     add("v.patch_embd.weight", (hidden, 3, patch, patch), True)
     add("v.pre_ln.weight", (hidden,), False, ones=True)
