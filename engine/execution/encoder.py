@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -63,7 +64,7 @@ class EncoderExecutor:
                 else "roberta" if model_config.roberta else "bert"
         else:
             self.family = model_config.family
-        self.dtype = weights.word.dtype if isinstance(weights, bert.BertWeights) \
+        self.dtype = weights.ln[0].dtype if isinstance(weights, bert.BertWeights) \
             else weights.model.dtype
         self.max_context = model_config.max_seq_length
         self.vocab_size = model_config.vocab_size
@@ -84,8 +85,11 @@ class EncoderExecutor:
         type; its tokenizer kept as a folder under `cache_dir`, when given). dtype auto:
         float32 on CPU, a BERT embedding model's products in bf16 where the CPU multiplies
         bf16 in hardware (about 1.7x faster products; vectors within cosine 0.9999 of
-        float32's); float32: float32 throughout; elsewhere bf16/fp16."""
+        float32's), a quantized GGUF's layer matrices in their blocks (Ferry's kernels,
+        int8 activations); float32: float32 throughout, blocks dequantized; elsewhere
+        bf16/fp16."""
         path = Path(folder)
+        # auto on the CPU: bf16 products where native, a quantized GGUF's blocks kept
         bf16 = dtype == "auto" and torch.device(device).type == "cpu"
 
         def load() -> EncoderExecutor:
@@ -99,7 +103,7 @@ class EncoderExecutor:
                     executor = cls(decoder, decoder.config, config or EngineConfig(), device,
                                    path, threads)
                 else:
-                    cfg, weights = load_bert_gguf(path, torch_dtype, device)
+                    cfg, weights = load_bert_gguf(path, torch_dtype, device, blocks=bf16)
                     executor = cls(weights, cfg, config or EngineConfig(), device, path,
                                    threads, bf16_products=bf16)
                 executor.source = "gguf"
@@ -127,18 +131,39 @@ class EncoderExecutor:
 
     @property
     def bf16_products(self) -> bool:
-        """The matrices multiply in bf16 (packed so: bert.packed)."""
+        """The float matrices multiply in bf16 (packed so: bert.packed)."""
+        return any(isinstance(m, torch.Tensor) and m.dtype == torch.bfloat16
+                   for m in self._matrices())
+
+    @property
+    def block_types(self) -> tuple[str, ...]:
+        """The block types of the layers' matrices kept as a quantized GGUF stores them
+        (multiplied by Ferry's kernels); () where every matrix is float."""
+        from engine.kernels.quant import QuantWeight
+
+        names = set()
+        for m in self._matrices():
+            for part in getattr(m, "parts", (m,)):  # a SplitWeight's parts
+                if isinstance(part, QuantWeight):
+                    names.add(part.type_name)
+        return tuple(sorted(names))
+
+    def _matrices(self) -> list[Any]:
         w = self.weights
-        return isinstance(w, bert.BertWeights) and bool(w.layers) \
-            and w.layers[0].qkv_w.dtype == torch.bfloat16
+        if not isinstance(w, bert.BertWeights):
+            return []
+        return [m for it in w.layers for m in (it.qkv_w, it.o_w, it.up_w, it.down_w, it.gate_w)
+                if m is not None]
 
     def describe(self) -> str:
         cfg = self.model_config
         size = self.weights.nbytes / 1e6
-        if cfg.scores:
-            return (f"{self.family}: {self.source} {str(self.dtype).removeprefix('torch.')}, "
-                    f"cross-encoder (reranker), {size:.0f} MB")
         dtype = str(self.dtype).removeprefix("torch.")
+        if self.block_types:
+            dtype += f", layers in {'/'.join(self.block_types)} blocks"
+        if cfg.scores:
+            return (f"{self.family}: {self.source} {dtype}, cross-encoder (reranker), "
+                    f"{size:.0f} MB")
         if self.bf16_products:
             dtype += " (bf16 products)"
         return (f"{self.family}: {self.source} {dtype}, embeddings of {cfg.hidden_size} "

@@ -6,7 +6,9 @@ base). An XLM-RoBERTa folder (multilingual-e5, or a bge-reranker-like sequence c
 saved by transformers) as the converter writes it: its Unigram pieces with their scores
 (tokenizer model "t5"), the position table cut to start at the first token's, one token
 type, a classifier's head as `cls` and `cls.output`. Matrices in F16 like the converter's
-default; vectors, the position and token-type tables in F32, as it keeps them."""
+default, or in the block types `types` names per tensor kind (`{"attn_v": "Q4_0", ...}`,
+quantized by gguf-py, as llama-quantize writes them); vectors, the position and token-type
+tables in F32, as it keeps them."""
 from __future__ import annotations
 
 import json
@@ -18,7 +20,7 @@ import numpy as np
 PHANTOM = "\u2581"
 
 
-def write_bert_gguf(folder: Path, out: Path) -> Path:
+def write_bert_gguf(folder: Path, out: Path, types: dict[str, str] | None = None) -> Path:
     import gguf
     from safetensors.numpy import load_file
 
@@ -72,8 +74,14 @@ def write_bert_gguf(folder: Path, out: Path) -> Path:
         assert name is not None, key
         # as the converter: position and token-type tables stay F32 (llama.cpp adds them)
         wide = value.ndim < 2 or name.startswith(("position_embd", "token_types"))
-        data = value.astype(np.float32 if wide else np.float16)
-        w.add_tensor(name, data)
+        kind = name.split(".")[-2] if name.startswith("blk.") else name.rsplit(".", 1)[0]
+        qtype = (types or {}).get(kind) if name.endswith(".weight") and not wide else None
+        if qtype is None:
+            w.add_tensor(name, value.astype(np.float32 if wide else np.float16))
+        else:
+            kind_id = gguf.GGMLQuantizationType[qtype]
+            blocks = gguf.quants.quantize(value.astype(np.float32), kind_id)
+            w.add_tensor(name, blocks, raw_dtype=kind_id)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

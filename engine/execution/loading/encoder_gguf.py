@@ -7,8 +7,11 @@ bge-m3); with rank pooling and its `cls` head, a cross-encoder (bge-reranker).
 llama.cpp's converter writes q, k and v apart (a fused `attn_qkv` is cut back into them),
 drops the pooler, and keeps the pooling the folder's sentence-transformers files name in
 `bert.pooling_type`. A GGUF says nothing of normalization: vectors come out unit length, as
-llama.cpp's server answers them. Quantized tensors are dequantized on load (gguf-py's exact
-dequantization): an encoder is small and runs in floats.
+llama.cpp's server answers them. A quantized file's layer matrices (Q8_0, Q4_K...) stay in
+their blocks on the CPU and multiply in Ferry's kernels with int8 activations, as llama.cpp's
+do: the model costs its file's bytes and multiplies at int8 speed. Its other tensors, and
+every tensor elsewhere or under `--dtype float32`, are dequantized on load (gguf-py's exact
+dequantization).
 """
 from __future__ import annotations
 
@@ -20,7 +23,10 @@ import torch
 
 from engine.execution.errors import ModelFileError
 from engine.execution.model.architectures.encoders import bert
+from engine.execution.model.linear_kernels import Weight
 from engine.execution.model.pooling import Pooling
+from engine.kernels import quant
+from engine.kernels.quant import QuantWeight
 
 ARCHS = ("bert", "nomic-bert")
 # decoder architectures whose GGUF is an embedding model where it names a pooling
@@ -58,6 +64,9 @@ NOMIC_LAYER = {
     "ffn_gate": "mlp.gate_proj", "ffn_down": "mlp.down_proj",
     "layer_output_norm": "post_mlp_layernorm",
 }
+# a layer's matrices: kept in their blocks where quantized (tensors_from_gguf)
+MATRICES = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_up", "ffn_gate",
+            "ffn_down")
 
 
 def _reader(path: Path) -> Any:
@@ -180,44 +189,84 @@ def _hf_name(name: str, nomic: bool) -> str | None:
     return None
 
 
-def tensors_from_gguf(path: Path, reader: Any, nomic: bool = False
-                      ) -> dict[str, torch.Tensor]:
-    """Every tensor as float32 under BertModel's name (a fused qkv cut into q, k, v), or
-    NomicBertModel's (its qkv kept fused)."""
+def tensors_from_gguf(path: Path, reader: Any, nomic: bool = False, blocks: bool = False
+                      ) -> dict[str, Weight]:
+    """Every tensor under BertModel's name (a fused qkv cut into q, k, v), or
+    NomicBertModel's (its qkv kept fused): as float32, or with `blocks` a layer's matrix in a
+    block type Ferry's kernels multiply as those blocks (a QuantWeight)."""
     from gguf.quants import dequantize
 
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, Weight] = {}
     for t in reader.tensors:
         key = _hf_name(t.name, nomic)
         if key is None:
             raise ModelFileError(f"{path}: tensor {t.name} is not one Ferry knows for "
                                  f"{'nomic-bert' if nomic else 'bert'}")
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        try:
-            data = dequantize(np.asarray(t.data), t.tensor_type)
-        except NotImplementedError as exc:
-            raise ModelFileError(f"{path}: tensor {t.name}: {exc}") from exc
-        value = torch.from_numpy(np.array(data, dtype=np.float32)).reshape(shape)
+        value: Weight
+        if blocks and _kept_in_blocks(t):
+            raw = np.ascontiguousarray(t.data).view(np.uint8)  # F16's halves as bytes
+            data = torch.from_numpy(raw.reshape(shape[0], -1).copy())
+            value = QuantWeight(int(t.tensor_type), data, shape[1], shape[0])
+        else:
+            try:
+                floats = dequantize(np.asarray(t.data), t.tensor_type)
+            except NotImplementedError as exc:
+                raise ModelFileError(f"{path}: tensor {t.name}: {exc}") from exc
+            value = torch.from_numpy(np.array(floats, dtype=np.float32)).reshape(shape)
         if ".qkv." in key and not nomic:
-            for part, chunk in zip(("query", "key", "value"), value.chunk(3, dim=0)):
-                out[key.replace(".qkv.", f".attention.self.{part}.")] = chunk
+            for i, part in enumerate(("query", "key", "value")):
+                out[key.replace(".qkv.", f".attention.self.{part}.")] = _rows(value, i, 3)
         else:
             out[key] = value
     return out
 
 
-def load_bert_gguf(path: str | Path, dtype: torch.dtype, device: torch.device | str
-                   ) -> tuple[bert.BertConfig, bert.BertWeights]:
+def _kept_in_blocks(t: Any) -> bool:
+    """Kept as the file stores it: a layer's matrix in a block type (not F32, F16 or BF16)
+    that Ferry's kernels multiply (its products then take int8 activations, as llama.cpp's),
+    and the token table in any type but F32 (each input decodes its own rows)."""
+    part = t.name.split(".")
+    qtype = int(t.tensor_type)
+    if not quant.supported(qtype) or qtype == quant.F32:
+        return False
+    if t.name == "token_embd.weight":
+        return True
+    return (len(part) == 4 and part[0] == "blk" and part[2] in MATRICES
+            and part[3] == "weight" and qtype not in (quant.F16, quant.BF16))
+
+
+def _rows(value: Weight, i: int, n: int) -> Weight:
+    """The i-th of n equal row slices of a matrix (q, k or v of a fused qkv)."""
+    if isinstance(value, torch.Tensor):
+        return value.chunk(n, dim=0)[i]
+    if not isinstance(value, QuantWeight):
+        raise TypeError(f"cannot cut {type(value).__name__} by rows")
+    rows = value.out_features // n
+    return QuantWeight(value.qtype, value.data[i * rows:(i + 1) * rows].contiguous(),
+                       value.in_features, rows)
+
+
+def _shape(value: Weight) -> tuple[int, ...]:
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape)
+    return (value.out_features, value.in_features)
+
+
+def load_bert_gguf(path: str | Path, dtype: torch.dtype, device: torch.device | str,
+                   blocks: bool = False) -> tuple[bert.BertConfig, bert.BertWeights]:
     """A `bert` GGUF's config and weights (ModelFileError naming the file when it is not one
-    Ferry runs; UnsupportedModel, from the weights, naming a missing tensor)."""
+    Ferry runs; UnsupportedModel, from the weights, naming a missing tensor). `blocks`: the
+    layers' quantized matrices kept as the file's blocks (on the CPU only), else dequantized."""
     path = Path(path)
     reader = _reader(path)
     cfg = config_from_gguf(path, reader)
-    tensors = tensors_from_gguf(path, reader, cfg.rope_theta is not None)
+    tensors = tensors_from_gguf(path, reader, cfg.rope_theta is not None,
+                                blocks and torch.device(device).type == "cpu")
     for name, t in tensors.items():
         want = _expected_shape(name, cfg)
-        if want is not None and tuple(t.shape) != want:
-            raise ModelFileError(f"{path}: tensor {name} has shape {list(t.shape)}, but the "
+        if want is not None and _shape(t) != want:
+            raise ModelFileError(f"{path}: tensor {name} has shape {list(_shape(t))}, but the "
                                  f"metadata implies {list(want)}")
     return cfg, bert.weights_from_tensors(tensors, cfg, dtype, device)
 

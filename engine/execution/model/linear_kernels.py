@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -80,6 +80,30 @@ class SplitWeight:
 # what a Linear multiplies by: a float tensor (maybe oneDNN-packed), quantized blocks on the
 # host, or blocks on the device
 Weight: TypeAlias = "torch.Tensor | QuantWeight | SplitWeight | DeviceQuantWeight"
+
+
+def stacked_rows(parts: Sequence[Weight]) -> Weight:
+    """Matrices of one input width stacked by rows in order, for one product (q, k and v):
+    float tensors joined, host blocks of one type joined, of several types a SplitWeight."""
+    from engine.kernels.quant import QuantWeight
+
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        return torch.cat([p for p in parts if isinstance(p, torch.Tensor)])
+    blocks = [p for p in parts if isinstance(p, QuantWeight)]
+    if len(blocks) != len(parts):
+        raise ValueError("stacked_rows: floats and blocks, or blocks on the device, in one "
+                         "product")
+    if len({b.qtype for b in blocks}) == 1:
+        data = torch.cat([b.data for b in blocks])
+        return QuantWeight(blocks[0].qtype, data, blocks[0].in_features, data.shape[0])
+    return SplitWeight(tuple(blocks))
+
+
+def weight_nbytes(weight: Weight) -> int:
+    """The bytes a weight holds: a tensor's elements, or its blocks."""
+    if isinstance(weight, torch.Tensor):
+        return weight.numel() * weight.element_size()
+    return weight.nbytes
 
 
 def is_quantized(weight: object) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from tests.tools.embedding_server import (
@@ -54,17 +55,25 @@ def test_both_namings_of_the_checkpoint(server: Any, folder: Path) -> None:
     assert torch.equal(a.ln[0], b.ln[0]) and a.position is None
 
 
-def test_a_nomic_bert_gguf_matches_sentence_transformers(folder: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("blocks", ["F16", "Q8_0"])
+def test_a_nomic_bert_gguf_matches_sentence_transformers(folder: Path, tmp_path: Path,
+                                                         blocks: str) -> None:
     """The folder as a llama.cpp `nomic-bert` GGUF (gguf-py's writer, llama.cpp's names:
-    a fused attn_qkv, ffn_gate, no position table)."""
+    a fused attn_qkv, ffn_gate, no position table); in Q8_0 its fused qkv stays one matrix
+    of blocks."""
     from sentence_transformers import SentenceTransformer
 
     from engine import EncoderExecutor, Engine, EngineConfig, SamplingParams, Tokenizer
+    from engine.kernels.quant import QuantWeight
     from tests.tools.bert_gguf import write_bert_gguf
 
-    gguf = write_bert_gguf(folder, tmp_path / "nomic.gguf")
+    types = None if blocks == "F16" else {
+        k: blocks for k in ("attn_qkv", "attn_output", "ffn_up", "ffn_gate", "ffn_down")}
+    gguf = write_bert_gguf(folder, tmp_path / "nomic.gguf", types)
     executor = EncoderExecutor.from_pretrained(gguf, threads=1, cache_dir=tmp_path / "cache")
     assert executor.describe().startswith("nomic-bert: gguf")
+    qkv = executor.weights.layers[0].qkv_w  # type: ignore[union-attr]
+    assert isinstance(qkv, QuantWeight) == (blocks != "F16")
     assert executor.tokenizer_path is not None
     tokenizer = Tokenizer(executor.tokenizer_path)
     engine = Engine(EngineConfig(max_context=executor.max_context), executor,

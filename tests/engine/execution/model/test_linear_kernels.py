@@ -140,3 +140,26 @@ def test_bf16_model_keeps_float32_copies_within_the_limit(tiny_models, make_harn
     assert all(m.wide is None for m in linears)
     torch.testing.assert_close(head(x).double(), reference(x, head.weight),
                                atol=0.1, rtol=0.02)
+
+
+def test_stacked_rows_joins_a_fused_projection() -> None:
+    """Floats join as one tensor, blocks of one type as one QuantWeight, blocks of several
+    types as a SplitWeight; each multiplies as the parts would one by one."""
+    from engine.execution.model.linear_kernels import SplitWeight, linear, stacked_rows
+    from engine.kernels import quant
+
+    g = torch.Generator().manual_seed(0)
+    parts = [torch.randn(32, 64, generator=g) for _ in range(3)]
+    x = torch.randn(5, 64, generator=g)
+    joined = stacked_rows(parts)
+    assert isinstance(joined, torch.Tensor) and joined.shape == (96, 64)
+    q8 = [quant.quantize(p, quant.Q8_0) for p in parts]
+    one_type = stacked_rows(q8)
+    assert isinstance(one_type, quant.QuantWeight) and one_type.out_features == 96
+    two_types = stacked_rows([q8[0], q8[1], quant.quantize(parts[2], quant.Q4_0)])
+    assert isinstance(two_types, SplitWeight) and two_types.out_features == 96
+    for w, pieces in ((one_type, q8), (two_types, two_types.parts)):
+        want = torch.cat([linear(x, p) for p in pieces], dim=1)
+        assert torch.allclose(linear(x, w), want, atol=1e-5)
+    with pytest.raises(ValueError, match="floats and blocks"):
+        stacked_rows([parts[0], q8[1]])

@@ -11,14 +11,24 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from engine.execution.model.config import UnsupportedModel
-from engine.execution.model.linear_kernels import is_packed, onednn_linear, pack
+from engine.execution.model.linear_kernels import (
+    Weight,
+    is_packed,
+    onednn_linear,
+    pack,
+    product_for,
+    stacked_rows,
+    weight_nbytes,
+)
 from engine.execution.model.pooling import Pooling, pool_states, pooling_of
 from engine.execution.model.pooling import read_json as _json
+from engine.kernels.quant import QuantWeight, dequantize_rows
 
 HF_MODEL_TYPES = ("bert", "nomic_bert", "roberta", "xlm-roberta")  # nomic_bert: its own file
 # RoBERTa and XLM-RoBERTa (e5-multilingual, bge-m3, bge-reranker): BERT's layers, positions
@@ -118,28 +128,33 @@ LAYER_NAMES = {
 
 @dataclass(frozen=True)
 class BertLayer:
-    qkv_w: torch.Tensor  # [3 * hidden, hidden]: one product for q, k and v
+    # the matrices: float tensors, or a quantized GGUF's blocks (engine.kernels.quant)
+    qkv_w: Weight  # [3 * hidden, hidden]: one product for q, k and v
     qkv_b: torch.Tensor | None  # biases: None where the family has none (nomic-bert)
-    o_w: torch.Tensor
+    o_w: Weight
     o_b: torch.Tensor | None
     ln1: tuple[torch.Tensor, torch.Tensor]
-    up_w: torch.Tensor
+    up_w: Weight
     up_b: torch.Tensor | None
-    down_w: torch.Tensor
+    down_w: Weight
     down_b: torch.Tensor | None
     ln2: tuple[torch.Tensor, torch.Tensor]
-    gate_w: torch.Tensor | None = None  # a SwiGLU MLP's gate
+    gate_w: Weight | None = None  # a SwiGLU MLP's gate
 
     @property
-    def tensors(self) -> list[torch.Tensor]:
+    def tensors(self) -> list[Weight]:
         return [t for t in (self.qkv_w, self.qkv_b, self.o_w, self.o_b, *self.ln1, self.up_w,
                             self.up_b, self.down_w, self.down_b, *self.ln2, self.gate_w)
                 if t is not None]
 
+    @property
+    def nbytes(self) -> int:
+        return sum(weight_nbytes(t) for t in self.tensors)
+
 
 @dataclass(frozen=True)
 class BertWeights:
-    word: torch.Tensor
+    word: Weight  # [vocab, hidden]; a GGUF's F16 or quantized table in its blocks
     position: torch.Tensor | None  # None: rotary positions (nomic-bert)
     token_type: torch.Tensor
     ln: tuple[torch.Tensor, torch.Tensor]
@@ -151,14 +166,13 @@ class BertWeights:
     def nbytes(self) -> int:
         tensors = [self.word, self.token_type, *self.ln, *(self.head or ())]
         tensors += [self.position] if self.position is not None else []
-        for layer in self.layers:
-            tensors += layer.tensors
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(weight_nbytes(t) for t in tensors) + sum(it.nbytes for it in self.layers)
 
 
-def weights_from_tensors(tensors: Mapping[str, torch.Tensor], cfg: BertConfig,
+def weights_from_tensors(tensors: Mapping[str, Weight], cfg: BertConfig,
                          dtype: torch.dtype, device: torch.device | str) -> BertWeights:
-    """BertModel's tensors (with or without a `bert.` prefix) as BertWeights."""
+    """BertModel's tensors (with or without a `bert.` prefix) as BertWeights; a matrix in
+    blocks (a quantized GGUF's) is kept as it is."""
     if cfg.rope_theta is not None:
         from engine.execution.model.architectures.encoders import nomic_bert
 
@@ -166,16 +180,17 @@ def weights_from_tensors(tensors: Mapping[str, torch.Tensor], cfg: BertConfig,
     flat = {k.removeprefix("bert.").removeprefix("roberta.").removeprefix("model."): v
             for k, v in tensors.items()}
 
-    def get(name: str) -> torch.Tensor:
+    def get(name: str) -> Any:
         if name not in flat:
             raise UnsupportedModel(f"the checkpoint has no tensor {name!r}")
-        return flat[name].to(device=device, dtype=dtype).contiguous()
+        return as_weight(flat[name], dtype, device)
 
     layers = []
     for i in range(cfg.num_layers):
         t = {k: get(f"encoder.layer.{i}.{v}") for k, v in LAYER_NAMES.items()}
         layers.append(BertLayer(
-            torch.cat([t["q_w"], t["k_w"], t["v_w"]]), torch.cat([t["q_b"], t["k_b"], t["v_b"]]),
+            stacked_rows([t["q_w"], t["k_w"], t["v_w"]]),
+            torch.cat([t["q_b"], t["k_b"], t["v_b"]]),
             t["o_w"], t["o_b"], (t["ln1_w"], t["ln1_b"]), t["up_w"], t["up_b"], t["down_w"],
             t["down_b"], (t["ln2_w"], t["ln2_b"])))
     # BERT's pooler then classifier; RoBERTa's classifier head is the same two steps
@@ -188,6 +203,16 @@ def weights_from_tensors(tensors: Mapping[str, torch.Tensor], cfg: BertConfig,
                        get("embeddings.token_type_embeddings.weight"),
                        (get("embeddings.LayerNorm.weight"), get("embeddings.LayerNorm.bias")),
                        tuple(layers), head)
+
+
+def as_weight(value: Weight, dtype: torch.dtype, device: torch.device | str) -> Any:
+    """A checkpoint's tensor in `dtype` on `device`; blocks as they are (the loader keeps
+    them for the CPU only, where Ferry's kernels multiply them)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device=device, dtype=dtype).contiguous()
+    if torch.device(device).type != "cpu":
+        raise ValueError(f"a matrix in blocks is multiplied on the CPU, not on {device}")
+    return value
 
 
 def load_weights(folder: str | Path, cfg: BertConfig, dtype: torch.dtype,
@@ -209,12 +234,15 @@ def packed(w: BertWeights, bf16: bool = False) -> BertWeights:
     was most of the forward's time; the packed weights replace the plain ones. `bf16`: packed
     as bf16 where the CPU multiplies bf16 in hardware (linear_kernels.native_bf16_products),
     each product then taking its inputs in bf16; everything between products stays float32."""
-    def one(weight: torch.Tensor) -> torch.Tensor:
-        return pack(weight, bf16)
+    def one(weight: Weight) -> Weight:
+        # blocks stay blocks: Ferry's kernels multiply them
+        return pack(weight, bf16) if isinstance(weight, torch.Tensor) else weight
 
-    def bias(b: torch.Tensor | None, product: torch.Tensor) -> torch.Tensor | None:
+    def bias(b: torch.Tensor | None, product: Weight) -> torch.Tensor | None:
         # a bf16 product's bias in bf16 once, not cast on every product
-        return None if b is None else b.to(product.dtype)
+        if b is None or not isinstance(product, torch.Tensor):
+            return b
+        return b.to(product.dtype)
 
     def layer(it: BertLayer) -> BertLayer:
         qkv, o, up, down = one(it.qkv_w), one(it.o_w), one(it.up_w), one(it.down_w)
@@ -226,12 +254,15 @@ def packed(w: BertWeights, bf16: bool = False) -> BertWeights:
     return dataclasses.replace(w, layers=tuple(layer(it) for it in w.layers))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None,
            wide: bool = True) -> torch.Tensor:
-    """x [T, in] @ weight.T (+ bias), from a packed weight where loading packed it.
-    `wide=False`: a bf16 product's result stays bf16 (linear_kernels.onednn_linear)."""
-    return onednn_linear(x, weight, bias, wide) if is_packed(weight) \
-        else F.linear(x, weight, bias)
+    """x [T, in] @ weight.T (+ bias), from a packed weight where loading packed it, from
+    blocks in Ferry's kernels (float32 in and out). `wide=False`: a bf16 product's result
+    stays bf16 (linear_kernels.onednn_linear)."""
+    if isinstance(weight, torch.Tensor):
+        return onednn_linear(x, weight, bias, wide) if is_packed(weight) \
+            else F.linear(x, weight, bias)
+    return product_for(weight)(x.float(), weight, bias)
 
 
 # --- the model ------------------------------------------------------------------------------
@@ -245,7 +276,7 @@ def encode(w: BertWeights, cfg: BertConfig, ids: torch.Tensor, positions: torch.
     n, longest, heads, d = len(lengths), max(lengths), cfg.num_heads, cfg.head_dim
     slot, keep = padded_layout(lengths, ids.device) if n > 1 else (None, None)
     eps = cfg.layer_norm_eps
-    x = w.word[ids] + w.token_type[token_types]
+    x = embedded(w.word, ids) + w.token_type[token_types]
     if w.position is not None:
         x = x + w.position[positions + cfg.position_offset]
     x = F.layer_norm(x, (cfg.hidden_size,), *w.ln, eps)
@@ -278,6 +309,16 @@ def encode(w: BertWeights, cfg: BertConfig, ids: torch.Tensor, positions: torch.
         x = F.layer_norm(x + linear(up, layer.down_w, layer.down_b), (cfg.hidden_size,),
                          *layer.ln2, eps)
     return x
+
+
+def embedded(table: Weight, ids: torch.Tensor) -> torch.Tensor:
+    """The table's rows of `ids` [T] as float32 [T, hidden] (a table in blocks decodes those
+    rows only)."""
+    if isinstance(table, torch.Tensor):
+        return table[ids]
+    if not isinstance(table, QuantWeight):
+        raise TypeError(f"an embedding table cannot be a {type(table).__name__}")
+    return dequantize_rows(table, ids)
 
 
 def padded_layout(lengths: Sequence[int], device: torch.device

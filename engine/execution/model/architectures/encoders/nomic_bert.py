@@ -15,8 +15,14 @@ from typing import Any
 
 import torch
 
-from engine.execution.model.architectures.encoders.bert import BertConfig, BertLayer, BertWeights
+from engine.execution.model.architectures.encoders.bert import (
+    BertConfig,
+    BertLayer,
+    BertWeights,
+    as_weight,
+)
 from engine.execution.model.config import UnsupportedModel
+from engine.execution.model.linear_kernels import Weight, stacked_rows
 from engine.execution.model.pooling import pooling_of, read_json
 
 RENAMES = ((r"^encoder\.layers\.", "layers."), (r"^emb_ln\.", "embeddings.LayerNorm."),
@@ -65,16 +71,16 @@ def canonical(name: str) -> str:
     return name
 
 
-def weights_from_tensors(tensors: Mapping[str, torch.Tensor], cfg: BertConfig,
+def weights_from_tensors(tensors: Mapping[str, Weight], cfg: BertConfig,
                          dtype: torch.dtype, device: torch.device | str) -> BertWeights:
     flat = {canonical(k): v for k, v in tensors.items()}
 
-    def get(name: str) -> torch.Tensor:
+    def get(name: str) -> Any:
         if name not in flat:
             raise UnsupportedModel(f"the checkpoint has no tensor {name!r}")
-        return flat[name].to(device=device, dtype=dtype).contiguous()
+        return as_weight(flat[name], dtype, device)
 
-    def opt(name: str) -> torch.Tensor | None:
+    def opt(name: str) -> Any:
         return get(name) if name in flat else None
 
     layers = []
@@ -83,7 +89,7 @@ def weights_from_tensors(tensors: Mapping[str, torch.Tensor], cfg: BertConfig,
         if f"{p}self_attn.qkv.weight" in flat:
             qkv = get(f"{p}self_attn.qkv.weight")
         else:
-            qkv = torch.cat([get(f"{p}self_attn.{x}_proj.weight") for x in "qkv"])
+            qkv = stacked_rows([get(f"{p}self_attn.{x}_proj.weight") for x in "qkv"])
         layers.append(BertLayer(
             qkv, None, get(f"{p}self_attn.o_proj.weight"), None,
             (get(f"{p}post_attention_layernorm.weight"),
