@@ -1,7 +1,8 @@
 // Ferry's only script: composer keys and its Send/Stop button, pictures attached to the
 // composer (picked, pasted, dropped) and the large view of one, copy buttons, editing a sent
 // message, the conversation drawer, the theme, keeping the newest message in view; and what
-// the Content-Security-Policy keeps out of the HTML (no inline handlers): dismissing a notice, the import picker, the sidebar's refresh while a reply is written.
+// the Content-Security-Policy keeps out of the HTML (no inline handlers): dismissing a notice, the import picker, the sidebar's refresh while a reply is written; the
+// dashboard's board holding still while a button of it is under the pointer.
 (function () {
   "use strict";
 
@@ -353,6 +354,38 @@
       el.scrollTo({ top: el.scrollHeight - fromBottom, behavior: "instant" });
       fromBottom = null;
     }
+  });
+
+  // The dashboard's board is swapped whole on each update, several times a second while
+  // requests run: a Cancel button replaced between the press and the release loses the
+  // click. While the pointer is on one of the board's buttons (or pressed on it) updates
+  // wait; the newest lands as soon as it leaves, so the board never stays behind.
+  var heldBoard = null;
+  var pressedOnBoard = false;
+  function onBoardButton() {
+    return pressedOnBoard || !!document.querySelector("#board button:hover");
+  }
+  function releaseBoard() {
+    if (!heldBoard || onBoardButton()) return;
+    var held = heldBoard;
+    heldBoard = null;
+    if (held.elt.isConnected) htmx.swap(held.elt, held.data, { swapStyle: "innerHTML" });
+  }
+  document.addEventListener("htmx:sseBeforeMessage", function (e) {
+    if (e.target.id === "board" && onBoardButton()) {
+      heldBoard = { elt: e.target, data: e.detail.data };
+      e.preventDefault();
+    }
+  });
+  document.addEventListener("pointerdown", function (e) {
+    pressedOnBoard = !!(e.target.closest && e.target.closest("#board button"));
+  });
+  document.addEventListener("pointerup", function () {
+    pressedOnBoard = false;
+    setTimeout(releaseBoard, 0);  // after the click it ends has been handled
+  });
+  document.addEventListener("pointerout", function (e) {
+    if (e.target.closest && e.target.closest("#board button")) setTimeout(releaseBoard, 0);
   });
 
   // streamed tokens and finished replies: follow them while the reader is at the bottom

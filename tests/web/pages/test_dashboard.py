@@ -164,3 +164,36 @@ def test_admin_confirms_in_chromium(setup: tuple[Any, dict], browser: Any, waite
     finally:
         context.close()
     idle_check(server.engine)
+
+
+@pytest.mark.browser
+def test_board_holds_still_under_the_pointer(setup: tuple[Any, dict], browser: Any,
+                                             waiter: Any, idle_check: Any,
+                                             sign_in: Any) -> None:
+    """The board is swapped on every update (ten a second here): while the pointer rests on
+    a Cancel button that button stays the same element, so a click is not lost between press
+    and release; once the pointer leaves, the newest board lands."""
+    server, tokens = setup
+    with client(server, tokens["bob"]) as bob:
+        bob.post("/c", data={"content": "keep going"})
+    rid = waiter(lambda: server.engine.live_ids(owner="bob"), 10, message="bob's reply")[0]
+    context = browser.new_context()
+    try:
+        page = sign_in(context, server.url, tokens["ann"])
+        page.goto(server.url + "/dashboard")
+        button = page.locator(f"button[data-cancel='{rid}']")
+        button.wait_for()
+        page.evaluate("() => { window.__swaps = 0; document.body.addEventListener("
+                      "'htmx:sseMessage', () => { window.__swaps += 1; }); }")
+        waiter(lambda: page.evaluate("window.__swaps") >= 3, 10, message="updates")
+        button.hover()
+        button.evaluate("b => { b.dataset.marked = 'yes'; }")
+        time.sleep(1.5)  # ~15 updates, all held
+        assert page.evaluate(f"document.querySelector(\"button[data-cancel='{rid}']\")"
+                             ".dataset.marked") == "yes"
+        page.mouse.move(5, 5)  # away: the held board lands, a fresh button with it
+        waiter(lambda: page.evaluate(f"document.querySelector(\"button[data-cancel='{rid}']\")"
+                                     "?.dataset.marked") is None, 10, message="board updated")
+    finally:
+        context.close()
+    cancel_all(server, tokens, idle_check)
