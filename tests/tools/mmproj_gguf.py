@@ -135,7 +135,8 @@ PIXTRAL_TOP = {"vision_tower.patch_conv": "v.patch_embd", "vision_tower.ln_pre":
 
 
 def write_mistral3_mmproj(path: Path, hf: Any, break_token: int) -> None:
-    """`hf` (transformers' Mistral3ForConditionalGeneration) -> its projector file at `path`,
+    """`hf` (transformers' Mistral3ForConditionalGeneration, or a Pixtral 12B's
+    LlavaForConditionalGeneration) -> its projector file at `path`,
     as llama.cpp's converter writes it (`--mmproj`, type `pixtral`): the tower's q and k rows
     in its rotary order (LlamaModel.permute), F16 matrices and patch kernel, SiLU, the merge
     size, and the `[IMG_BREAK]` row of the text model's embeddings."""
@@ -152,7 +153,8 @@ def write_mistral3_mmproj(path: Path, hf: Any, break_token: int) -> None:
                     vision.num_hidden_layers, (0.48145466, 0.4578275, 0.40821073),
                     (0.26862954, 0.26130258, 0.27577711), False)
     w.add_bool(gguf.Keys.ClipVision.USE_SILU, vision.hidden_act == "silu")
-    w.add_uint32(gguf.Keys.ClipVision.SPATIAL_MERGE_SIZE, cfg.spatial_merge_size)
+    if getattr(cfg, "spatial_merge_size", None):  # Pixtral 12B's LLaVA config has none
+        w.add_uint32(gguf.Keys.ClipVision.SPATIAL_MERGE_SIZE, cfg.spatial_merge_size)
     for key, value in hf.state_dict().items():
         key = key.removeprefix("model.")
         base, _, kind = key.rpartition(".")

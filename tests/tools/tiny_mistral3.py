@@ -1,5 +1,6 @@
 """A seeded random tiny Mistral 3 built by transformers offline (a Pixtral tower with 2D
-rotary positions, its projector merging 2 x 2 patches, a Mistral text model), saved as a
+rotary positions, its projector merging 2 x 2 patches, a Mistral text model), or a tiny
+Pixtral 12B (LLaVA over the same tower, its projector mapping each patch), saved as a
 Hugging Face folder with SmolLM2's tokenizer plus Mistral's image tokens and a Pixtral
 processor (pictures fit into 64 pixels, patch 8); and transformers' own greedy reply, the
 reference the tests hold Ferry to."""
@@ -54,20 +55,24 @@ def pixtral_processor() -> Any:
     return PixtralProcessor
 
 
-def processor(folder: Path) -> Any:
+def processor(folder: Path, merge: int = MERGE) -> Any:
     """The folder's PixtralProcessor, its image processor the Pillow one."""
     from transformers import AutoTokenizer, PixtralImageProcessorPil
 
     with pil_only():
         return pixtral_processor()(PixtralImageProcessorPil.from_pretrained(folder),
                                 AutoTokenizer.from_pretrained(folder), patch_size=PATCH,
-                                spatial_merge_size=MERGE)
+                                spatial_merge_size=merge)
 
 
-def build(folder: Path, tokenizer: Any, bias: bool = False) -> Any:
+def build(folder: Path, tokenizer: Any, bias: bool = False, pixtral: bool = False) -> Any:
     """Write the tiny Mistral 3 into `folder` (SmolLM2's tokenizer, a copy); return
-    transformers' model. `bias`: the projector's linear layers have biases."""
+    transformers' model. `bias`: the projector's linear layers have biases. `pixtral`: a
+    Pixtral 12B instead (LlavaForConditionalGeneration over the tower, a projector with
+    biases and no merger, merge size 1)."""
     from transformers import (
+        LlavaConfig,
+        LlavaForConditionalGeneration,
         Mistral3Config,
         Mistral3ForConditionalGeneration,
         MistralConfig,
@@ -85,10 +90,18 @@ def build(folder: Path, tokenizer: Any, bias: bool = False) -> Any:
     vision = PixtralVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                                  num_attention_heads=4, head_dim=8, patch_size=PATCH,
                                  image_size=LONGEST, hidden_act="silu", initializer_range=0.2)
-    config = Mistral3Config(vision_config=vision, text_config=text,
-                            image_token_index=IMAGE_TOKEN, spatial_merge_size=MERGE,
-                            multimodal_projector_bias=bias, tie_word_embeddings=False)
-    model: Any = random_hf(config, Mistral3ForConditionalGeneration)
+    config: Any
+    if pixtral:
+        config = LlavaConfig(vision_config=vision, text_config=text,
+                             image_token_index=IMAGE_TOKEN, vision_feature_layer=-1,
+                             vision_feature_select_strategy="full",
+                             projector_hidden_act="gelu", tie_word_embeddings=False)
+    else:
+        config = Mistral3Config(vision_config=vision, text_config=text,
+                                image_token_index=IMAGE_TOKEN, spatial_merge_size=MERGE,
+                                multimodal_projector_bias=bias, tie_word_embeddings=False)
+    model: Any = random_hf(config, LlavaForConditionalGeneration if pixtral
+                           else Mistral3ForConditionalGeneration)
     model.save_pretrained(folder)
     hf_tok: Any = copy.deepcopy(tokenizer.hf)
     hf_tok.add_special_tokens({"additional_special_tokens": SPECIAL})
@@ -97,7 +110,7 @@ def build(folder: Path, tokenizer: Any, bias: bool = False) -> Any:
                                       patch_size={"height": PATCH, "width": PATCH})
     with pil_only():
         pixtral_processor()(images, hf_tok, patch_size=PATCH,
-                         spatial_merge_size=MERGE).save_pretrained(folder)
+                         spatial_merge_size=1 if pixtral else MERGE).save_pretrained(folder)
     return model
 
 
@@ -109,7 +122,9 @@ def reference(folder: Path, model: Any, text: str, images: list[bytes],
     from transformers import AutoTokenizer
 
     tok: Any = AutoTokenizer.from_pretrained(folder)
-    return processed_reply(model, tok, processor(folder), "[IMG]", text, images, max_tokens)
+    merge = getattr(model.config, "spatial_merge_size", 1)  # Pixtral 12B's LLaVA: none
+    return processed_reply(model, tok, processor(folder, merge), "[IMG]", text, images,
+                           max_tokens)
 
 
 def assert_replies_equal(server: Any, folder: Path, model: Any,

@@ -162,6 +162,8 @@ def embedding_task(path: Path) -> str | None:
 
 def for_hf(cfg: Mapping[str, Any]) -> type[CausalLM]:
     kind = cfg.get("model_type")
+    if kind == "llava" and (cfg.get("vision_config") or {}).get("model_type") == "pixtral":
+        return Mistral3ForConditionalGeneration  # Pixtral 12B: Mistral 3 less the merger
     if kind not in HF_TYPES:
         raise UnsupportedModel(f"model_type {kind!r} is not supported "
                                f"(supported: {', '.join(HF_TYPES)})")

@@ -80,7 +80,9 @@ def test_replies_equal_transformers(served: Any, mistral3: tuple[Path, Any],
     assert_replies_equal(served, *mistral3, sizes)
 
 
-def test_a_pixtral_projector_without_a_merger_is_refused(gguf: Path, tmp_path: Path) -> None:
+def test_a_normed_projector_without_a_merger_is_refused(gguf: Path, tmp_path: Path) -> None:
+    """Mistral 3's projector norms and merges, Pixtral 12B's does neither: one that norms
+    without merging is neither, and is refused naming what it lacks."""
     import gguf as gguf_py
 
     from engine.execution.errors import ModelFileError

@@ -108,9 +108,10 @@ class QwenViTConfig:
 
 @dataclass(frozen=True, slots=True)
 class PixtralViTConfig:
-    """Mistral 3's Pixtral vision transformer (vision.pixtral): an image at its own size
-    (sides a multiple of patch_size x spatial_merge_size) as its grid of patches, 2D rotary
-    positions by row and column, then 2 x 2 patches merged by the projector."""
+    """The Pixtral vision transformer (vision.pixtral) of Mistral 3 and Pixtral 12B: an image
+    at its own size (sides a multiple of patch_size x spatial_merge_size) as its grid of
+    patches, 2D rotary positions by row and column; Mistral 3's projector then merges 2 x 2
+    patches (`patch_merger`), Pixtral 12B's maps each patch."""
 
     hidden_size: int
     intermediate_size: int
@@ -127,6 +128,9 @@ class PixtralViTConfig:
     break_token_id: int = 12
     end_token_id: int = 13
     projector_bias: bool = False  # the projector's linear layers have biases
+    # Mistral 3's projector norms the rows and merges spatial_merge_size^2 of them into one;
+    # Pixtral 12B's (LLaVA's) has neither (spatial_merge_size 1)
+    patch_merger: bool = True
 
     @property
     def unit(self) -> int:

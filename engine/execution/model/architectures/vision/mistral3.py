@@ -1,6 +1,8 @@
 """Mistral 3 (Mistral Small 3.1 and 3.2): a Pixtral vision tower, a projector that norms its
 rows, merges each 2 x 2 of them into one and maps them to the text model's width (two linear
-layers, GELU between), and a Mistral text model.
+layers, GELU between), and a Mistral text model. Pixtral 12B is the same but for the
+projector: a LLaVA folder (`model_type: llava` over a `pixtral` tower) whose two linear
+layers map each patch, neither normed nor merged (registry.for_hf sends it here).
 
 A picture keeps about its own aspect (engine.vision.fit): rows x cols merged positions. The
 processor writes `[IMG]` for each, `[IMG_BREAK]` after each row and `[IMG_END]` after the
@@ -9,10 +11,11 @@ encoder returns the features with the two tokens' own embeddings between its row
 text model reads at every position what transformers' does, and the prompt counts as many
 tokens as transformers'.
 
-From Hugging Face folders (`model_type: mistral3`), and from GGUF: the text model's file
-(llama.cpp's `mistral3`, a Llama layout) with the projector file its converter writes
-(`--mmproj`, projector type `pixtral` with `mm.patch_merger`). The converter keeps the tower's
-q and k rows in its rotary order, as it does a Llama's; they are put back here."""
+From Hugging Face folders (`model_type: mistral3`, or `llava` over `pixtral`), and from GGUF:
+the text model's file (llama.cpp's `mistral3`, or `llama` for Pixtral 12B, a Llama layout)
+with the projector file its converter writes (`--mmproj`, projector type `pixtral`, with
+`mm.patch_merger` for Mistral 3). The converter keeps the tower's q and k rows in its rotary
+order, as it does a Llama's; they are put back here."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -75,43 +78,55 @@ class Mistral3Projector(nn.Module):
     def __init__(self, tower: PixtralViTConfig, text_width: int, eps: float, bias: bool,
                  dtype: torch.dtype, device: torch.device | str) -> None:
         super().__init__()
-        self.norm = RMSNorm(tower.hidden_size, eps, dtype, device)
-        self.patch_merger = PatchMerger(tower.hidden_size, tower.spatial_merge_size, dtype,
-                                        device)
+        self.norm: RMSNorm | None = None
+        self.patch_merger: PatchMerger | None = None
+        if tower.patch_merger:
+            self.norm = RMSNorm(tower.hidden_size, eps, dtype, device)
+            self.patch_merger = PatchMerger(tower.hidden_size, tower.spatial_merge_size, dtype,
+                                            device)
         self.linear_1 = Linear(tower.hidden_size, text_width, bias, dtype, device)
         self.linear_2 = Linear(text_width, text_width, bias, dtype, device)
 
     def forward(self, x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
         """A grid of rows x cols features [rows * cols, D] -> merged [rows * cols / m^2,
-        text width]."""
-        merged = self.patch_merger(self.norm(x), rows, cols)
-        out: torch.Tensor = self.linear_2(functional.gelu(self.linear_1(merged)))
+        text width] (Pixtral 12B's: m = 1, each row as it is)."""
+        if self.norm is not None and self.patch_merger is not None:
+            x = self.patch_merger(self.norm(x), rows, cols)
+        out: torch.Tensor = self.linear_2(functional.gelu(self.linear_1(x)))
         return out
 
 
 class Mistral3ForConditionalGeneration(CausalLM):
     hf_model_types = ("mistral3",)
-    projector_type = "pixtral"  # llama.cpp's name, also Pixtral 12B's (refused: no merger)
-    projector_text_archs: ClassVar[tuple[str, ...]] = ("mistral3",)
+    projector_type = "pixtral"  # llama.cpp's name, Mistral 3's and Pixtral 12B's
+    projector_text_archs: ClassVar[tuple[str, ...]] = ("mistral3", "llama")
 
     @classmethod
     def config_from_hf(cls, cfg: Mapping[str, Any]) -> ModelConfig:
+        """Mistral 3's config.json, or Pixtral 12B's (`llava` over a `pixtral` tower)."""
+        llava = cfg.get("model_type") == "llava"
+        name = "Pixtral" if llava else "Mistral 3"
         text = dict(cfg.get("text_config") or {})
         if text.get("model_type", "mistral") not in ("mistral", "llama"):
-            raise UnsupportedModel(f"Mistral 3 over a {text.get('model_type')!r} text model is "
+            raise UnsupportedModel(f"{name} over a {text.get('model_type')!r} text model is "
                                    "not supported (supported: mistral)")
         text.setdefault("model_type", "mistral")
         vision = cfg.get("vision_config") or {}
         if vision.get("model_type", "pixtral") != "pixtral":
-            raise UnsupportedModel(f"Mistral 3 with a {vision.get('model_type')!r} tower is "
+            raise UnsupportedModel(f"{name} with a {vision.get('model_type')!r} tower is "
                                    "not supported (supported: pixtral)")
         if cfg.get("vision_feature_layer", -1) != -1:
-            raise UnsupportedModel("Mistral 3 with features from another layer than the last "
+            raise UnsupportedModel(f"{name} with features from another layer than the last "
                                    "is not supported")
+        if llava and cfg.get("vision_feature_select_strategy", "full") != "full":
+            raise UnsupportedModel("a Pixtral tower's features are taken whole "
+                                   "(vision_feature_select_strategy full)")
         if str(cfg.get("projector_hidden_act", "gelu")) != "gelu":
             raise UnsupportedModel("projector_hidden_act must be gelu")
-        tower = replace(PixtralViTConfig.from_hf(vision, int(cfg.get("spatial_merge_size", 2))),
-                        projector_bias=bool(cfg.get("multimodal_projector_bias", False)))
+        # LLaVA's projector has biases unless it says; Mistral 3's none unless it says
+        merge = 1 if llava else int(cfg.get("spatial_merge_size", 2))
+        tower = replace(PixtralViTConfig.from_hf(vision, merge), patch_merger=not llava,
+                        projector_bias=bool(cfg.get("multimodal_projector_bias", llava)))
         # 0 positions per image: each its own, from its size
         spec = VisionConfig(tower, int(cfg.get("image_token_index", 10)), 0, PLACEHOLDER,
                             FitConfig(longest_edge=tower.image_size, unit=tower.unit))
@@ -121,11 +136,13 @@ class Mistral3ForConditionalGeneration(CausalLM):
     def config_from_projector(cls, text: ModelConfig, projector: ProjectorFile,
                               token_id: Callable[[str], int | None]) -> ModelConfig:
         """The tower from the projector file's metadata (rotary base: Pixtral's 10000, which
-        the file does not hold), the row tokens from the text file's vocabulary."""
-        if "mm.patch_merger.weight" not in projector.tensors:
-            raise UnsupportedModel(f"{projector.path.name}: a `pixtral` projector without "
-                                   "mm.patch_merger (Pixtral 12B's) is not supported; Mistral "
-                                   "3's is")
+        the file does not hold), the row tokens from the text file's vocabulary. Without
+        `mm.patch_merger` the file is Pixtral 12B's: each patch mapped, none merged."""
+        merges = "mm.patch_merger.weight" in projector.tensors
+        if not merges and "mm.input_norm.weight" in projector.tensors:
+            raise UnsupportedModel(f"{projector.path.name}: a `pixtral` projector with "
+                                   "mm.input_norm but no mm.patch_merger is neither Mistral "
+                                   "3's (both) nor Pixtral 12B's (neither)")
         hidden, heads = int(projector.get("embedding_length")), \
             int(projector.get("attention.head_count"))
         use_silu = bool(projector.meta.get("clip.use_silu", False))
@@ -134,7 +151,8 @@ class Mistral3ForConditionalGeneration(CausalLM):
             num_heads=heads, head_dim=hidden // heads, layers=int(projector.get("block_count")),
             image_size=int(projector.get("image_size")),
             patch_size=int(projector.get("patch_size")),
-            spatial_merge_size=int(projector.get("spatial_merge_size", 2)),
+            spatial_merge_size=int(projector.get("spatial_merge_size", 2)) if merges else 1,
+            patch_merger=merges,
             hidden_act="silu" if use_silu else "gelu",
             break_token_id=projector.image_token(token_id, "[IMG_BREAK]"),
             end_token_id=projector.image_token(token_id, "[IMG_END]"),
