@@ -60,13 +60,14 @@ def hub_layout(file: Path) -> None:
 
 TOOLS: dict[str, Any] = {"gemma3": tiny_gemma3, "smolvlm": tiny_idefics3,
                          "qwen2_5_vl": tiny_qwen2_5_vl, "llava": tiny_llava,
-                         "llava_next": tiny_llava_next, "mistral3": tiny_mistral3}
+                         "llava_next": tiny_llava_next, "mistral3": tiny_mistral3,
+                         "pixtral": tiny_mistral3}  # Pixtral 12B: build(..., pixtral=True)
 LLAVAS = ("llava", "llava_next")  # converted by llama.cpp's legacy steps
 # (width, height) of the test's images; Qwen2.5-VL's of two shapes, several windows each;
 # LLaVA-NeXT's a wide one and a tall one, each its own grid of tiles; Mistral 3's a wide one
 # scaled down and a tall one that fits, each its own rows of merged patches
 SIZES = {"qwen2_5_vl": [(150, 100), (90, 200)], "llava_next": [(90, 20), (17, 70)],
-         "mistral3": [(90, 20), (30, 50)]}
+         "mistral3": [(90, 20), (30, 50)], "pixtral": [(90, 20), (30, 50)]}
 
 
 def renamed_keys(file: Path, renames: tuple[tuple[str, str], ...]) -> None:
@@ -130,15 +131,16 @@ def legacy_llava_projector(python: Path, root: Path, folder: Path, model: Any,
 
 
 @pytest.fixture(scope="module",
-                params=["gemma3", "smolvlm", "qwen2_5_vl", "llava", "llava_next", "mistral3"])
+                params=["gemma3", "smolvlm", "qwen2_5_vl", "llava", "llava_next", "mistral3",
+                        "pixtral"])
 def converted(request: pytest.FixtureRequest, tokenizer: Any, llama_cpp: Path,  # noqa: F811
               converter_python: Path,  # noqa: F811
               tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Any, Path]:
     """(family, HF folder, transformers' model, the GGUF with its mmproj beside it)."""
     tool = TOOLS[request.param]
     folder = tmp_path_factory.mktemp(request.param)
-    model = tool.build(folder, tokenizer, window=112) if request.param == "qwen2_5_vl" \
-        else tool.build(folder, tokenizer)
+    options = {"qwen2_5_vl": {"window": 112}, "pixtral": {"pixtral": True}}
+    model = tool.build(folder, tokenizer, **options.get(request.param, {}))
     if request.param in LLAVAS:  # its image side as the legacy script stores it: float16
         with torch.no_grad():
             for name, p in model.named_parameters():
@@ -158,7 +160,7 @@ def converted(request: pytest.FixtureRequest, tokenizer: Any, llama_cpp: Path,  
         hub_layout(convertible / "model.safetensors")
     elif request.param == "qwen2_5_vl":
         qwen_hub_layout(convertible / "model.safetensors")
-    elif request.param in (*LLAVAS, "mistral3"):  # Mistral Small 3.1's files are so too
+    elif request.param in (*LLAVAS, "mistral3", "pixtral"):  # Mistral's files are so too
         renamed_keys(convertible / "model.safetensors", LLAVA_HUB)
         if request.param == "llava_next":  # the converter reads its text model as 1.5's
             file = convertible / "config.json"
