@@ -66,3 +66,25 @@ def worst_cosine_to_sentence_transformers(url: str, name: str, folder: Path,
         model=name, input=sentences, encoding_format="float").data])
     assert got.shape == want.shape
     return float(torch.nn.functional.cosine_similarity(got, want, dim=1).min())
+
+
+def engine_vectors(executor: Any, tokenizer: Any, texts: list[str]) -> Any:
+    """Each text's vector [len(texts), dims] as a real Engine makes them (one round for
+    all), every slot and KV page back after it."""
+    import torch
+
+    from engine import Engine, EngineConfig, SamplingParams
+
+    engine = Engine(EngineConfig(max_context=executor.max_context), executor,
+                    tokenizer).start()
+    try:
+        handles = [engine.submit(tokenizer.encode(t), SamplingParams(max_tokens=0, embed=True))
+                   for t in texts]
+        finals = [list(h.events(timeout=60))[-1] for h in handles]
+        assert engine.wait_idle(30)
+        snap = engine.snapshot()
+        assert snap.kv.free == snap.kv.total and all(s is None for s in snap.slots)
+    finally:
+        engine.stop()
+    assert all(f.error is None for f in finals), [f.error for f in finals]
+    return torch.tensor([f.extra["embedding"] for f in finals])

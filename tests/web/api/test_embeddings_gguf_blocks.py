@@ -11,12 +11,15 @@ from typing import Any
 import pytest
 import torch
 
-from engine import EncoderExecutor, EngineConfig, SamplingParams, Tokenizer
+from engine import EncoderExecutor, EngineConfig, Tokenizer
 from engine.execution.model.linear_kernels import SplitWeight
 from engine.kernels.quant import Q4_0, Q8_0, QuantWeight
-from engine.runtime.engine import Engine
 from tests.tools.bert_gguf import write_bert_gguf
-from tests.tools.embedding_server import serve_encoder, worst_cosine_to_sentence_transformers
+from tests.tools.embedding_server import (
+    engine_vectors,
+    serve_encoder,
+    worst_cosine_to_sentence_transformers,
+)
 
 NAME = "all-MiniLM-L6-v2-q8"
 SENTENCES = ["The cat sits on the mat.", "A dog sleeps by the fire.",
@@ -43,22 +46,9 @@ def load(path: Path, tmp: Path, dtype: str = "auto") -> EncoderExecutor:
 
 
 def vectors(executor: EncoderExecutor, texts: list[str]) -> torch.Tensor:
-    """Each text's vector through a real Engine (one round for all), every page back."""
     assert executor.tokenizer_path is not None
-    tokenizer = Tokenizer(executor.tokenizer_path)
-    engine = Engine(EngineConfig(max_context=executor.max_context), executor,
-                    tokenizer).start()
-    try:
-        handles = [engine.submit(tokenizer.encode(t), SamplingParams(max_tokens=0, embed=True))
-                   for t in texts]
-        finals = [list(h.events(timeout=60))[-1] for h in handles]
-        assert engine.wait_idle(30)
-        snap = engine.snapshot()
-        assert snap.kv.free == snap.kv.total and all(s is None for s in snap.slots)
-    finally:
-        engine.stop()
-    assert all(f.error is None for f in finals)
-    return torch.tensor([f.extra["embedding"] for f in finals])
+    out: torch.Tensor = engine_vectors(executor, Tokenizer(executor.tokenizer_path), texts)
+    return out
 
 
 def worst_cosine(a: torch.Tensor, b: torch.Tensor) -> float:

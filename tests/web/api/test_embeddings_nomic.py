@@ -13,6 +13,7 @@ import torch
 from tests.tools.embedding_server import (
     SHARED_SENTENCES,
     encoder_fixtures,
+    engine_vectors,
     worst_cosine_to_sentence_transformers,
 )
 
@@ -63,7 +64,7 @@ def test_a_nomic_bert_gguf_matches_sentence_transformers(folder: Path, tmp_path:
     of blocks."""
     from sentence_transformers import SentenceTransformer
 
-    from engine import EncoderExecutor, Engine, EngineConfig, SamplingParams, Tokenizer
+    from engine import EncoderExecutor, Tokenizer
     from engine.kernels.quant import QuantWeight
     from tests.tools.bert_gguf import write_bert_gguf
 
@@ -75,15 +76,6 @@ def test_a_nomic_bert_gguf_matches_sentence_transformers(folder: Path, tmp_path:
     qkv = executor.weights.layers[0].qkv_w  # type: ignore[union-attr]
     assert isinstance(qkv, QuantWeight) == (blocks != "F16")
     assert executor.tokenizer_path is not None
-    tokenizer = Tokenizer(executor.tokenizer_path)
-    engine = Engine(EngineConfig(max_context=executor.max_context), executor,
-                    tokenizer).start()
-    try:
-        handles = [engine.submit(tokenizer.encode(s), SamplingParams(max_tokens=0, embed=True))
-                   for s in SENTENCES]
-        got = torch.tensor([list(h.events(timeout=60))[-1].extra["embedding"]
-                            for h in handles])
-    finally:
-        engine.stop()
+    got = engine_vectors(executor, Tokenizer(executor.tokenizer_path), SENTENCES)
     want = torch.tensor(SentenceTransformer(str(folder), device="cpu").encode(SENTENCES))
     assert min(torch.nn.functional.cosine_similarity(got, want, dim=1).tolist()) >= 0.999

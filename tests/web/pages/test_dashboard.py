@@ -7,8 +7,10 @@ engine's own tests cover the scheduling.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -132,9 +134,11 @@ def test_policy_form_answers_htmx_with_a_fragment(setup: tuple[Any, dict]) -> No
         assert plain.status_code == 303 and plain.headers["location"] == "/dashboard"
 
 
-@pytest.mark.browser
-def test_admin_confirms_in_chromium(setup: tuple[Any, dict], browser: Any, waiter: Any,
-                                    idle_check: Any, sign_in: Any) -> None:
+@contextlib.contextmanager
+def dashboard_beside_a_reply(setup: tuple[Any, dict], browser: Any, waiter: Any,
+                             sign_in: Any) -> Iterator[tuple[Any, str]]:
+    """(ann's dashboard page in Chromium, the id of bob's running reply) once its row and
+    Cancel button are on the page; the browser context is closed after."""
     server, tokens = setup
     with client(server, tokens["bob"]) as bob:
         bob.post("/c", data={"content": "keep going"})
@@ -144,6 +148,16 @@ def test_admin_confirms_in_chromium(setup: tuple[Any, dict], browser: Any, waite
         page = sign_in(context, server.url, tokens["ann"])
         page.goto(server.url + "/dashboard")
         page.locator(f"button[data-cancel='{rid}']").wait_for()
+        yield page, rid
+    finally:
+        context.close()
+
+
+@pytest.mark.browser
+def test_admin_confirms_in_chromium(setup: tuple[Any, dict], browser: Any, waiter: Any,
+                                    idle_check: Any, sign_in: Any) -> None:
+    server, _ = setup
+    with dashboard_beside_a_reply(setup, browser, waiter, sign_in) as (page, rid):
         asked: list[str] = []
         answer = {"accept": False}
 
@@ -161,8 +175,6 @@ def test_admin_confirms_in_chromium(setup: tuple[Any, dict], browser: Any, waite
         page.click(f"button[data-cancel='{rid}']")
         waiter(lambda: rid not in server.engine.live_ids(), 10, message="cancelled after yes")
         assert len(asked) == 2
-    finally:
-        context.close()
     idle_check(server.engine)
 
 
@@ -174,15 +186,8 @@ def test_board_holds_still_under_the_pointer(setup: tuple[Any, dict], browser: A
     a Cancel button that button stays the same element, so a click is not lost between press
     and release; once the pointer leaves, the newest board lands."""
     server, tokens = setup
-    with client(server, tokens["bob"]) as bob:
-        bob.post("/c", data={"content": "keep going"})
-    rid = waiter(lambda: server.engine.live_ids(owner="bob"), 10, message="bob's reply")[0]
-    context = browser.new_context()
-    try:
-        page = sign_in(context, server.url, tokens["ann"])
-        page.goto(server.url + "/dashboard")
+    with dashboard_beside_a_reply(setup, browser, waiter, sign_in) as (page, rid):
         button = page.locator(f"button[data-cancel='{rid}']")
-        button.wait_for()
         page.evaluate("() => { window.__swaps = 0; document.body.addEventListener("
                       "'htmx:sseMessage', () => { window.__swaps += 1; }); }")
         waiter(lambda: page.evaluate("window.__swaps") >= 3, 10, message="updates")
@@ -194,6 +199,4 @@ def test_board_holds_still_under_the_pointer(setup: tuple[Any, dict], browser: A
         page.mouse.move(5, 5)  # away: the held board lands, a fresh button with it
         waiter(lambda: page.evaluate(f"document.querySelector(\"button[data-cancel='{rid}']\")"
                                      "?.dataset.marked") is None, 10, message="board updated")
-    finally:
-        context.close()
     cancel_all(server, tokens, idle_check)

@@ -3,14 +3,17 @@ embedding model's GGUF as llama.cpp's own converter writes it. all-MiniLM-L6-v2'
 converted by the checkout's `convert_hf_to_gguf.py` (in the converter venv of
 test_llama_cpp_files, FERRY_CONVERT_VENV) to F32 and F16; Ferry loads each file, tokenizes
 with the file's WordPiece vocabulary and its vectors equal sentence-transformers' on the
-folder (cosine >= 0.999); so too a tiny Qwen3-Embedding-like folder, converted as a `qwen3`
-GGUF with its pooling type, and a tiny Qwen3-Reranker-like one scores as transformers."""
+folder (cosine >= 0.999); its Q8_0 and Q4_K_M files (the checkout's llama-quantize) keep
+their blocks and give llama.cpp's server's vectors; so too a tiny Qwen3-Embedding-like
+folder, converted as a `qwen3` GGUF with its pooling type, and a tiny Qwen3-Reranker-like one
+scores as transformers."""
 from __future__ import annotations
 
 import copy
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,25 +50,72 @@ def test_converted_bert_file_matches_sentence_transformers(
     assert_vectors_match(executor, tokenizer, embedding_dir)
 
 
+@pytest.mark.parametrize("kind,blocks", [("Q8_0", ("Q8_0",)),
+                                         ("Q4_K_M", ("Q4_K", "Q5_0", "Q6_K", "Q8_0"))])
+def test_quantized_file_keeps_its_blocks_and_matches_llama_cpp(
+        kind: str, blocks: tuple[str, ...], embedding_dir: Path, llama_cpp: Path,  # noqa: F811
+        converter_python: Path, tmp_path: Path) -> None:  # noqa: F811
+    """The converter's F16 file quantized by the checkout's llama-quantize: Ferry keeps the
+    blocks (the types llama-quantize chose for MiniLM's 384-wide rows), and its vectors equal
+    llama.cpp's server's on the same file (a real llama-server --embeddings) and, within the
+    file's own rounding, sentence-transformers' on the folder."""
+    import httpx
+
+    from benchmarks.processes import end, free_port
+    from engine import EncoderExecutor, Tokenizer
+    from tests.tools.embedding_server import engine_vectors
+
+    folder = tmp_path / "all-MiniLM-L6-v2"
+    shutil.copytree(embedding_dir, folder)
+    f16, out = tmp_path / "minilm-f16.gguf", tmp_path / f"minilm-{kind}.gguf"
+    convert(converter_python, llama_cpp, folder, f16, "f16")
+    done = subprocess.run([str(llama_cpp / "build" / "bin" / "llama-quantize"), str(f16),
+                           str(out), kind], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    executor = EncoderExecutor.from_pretrained(out, threads=2, cache_dir=tmp_path / "cache")
+    assert executor.block_types == blocks
+    assert executor.memory_bytes() < 1.2 * out.stat().st_size
+    assert executor.tokenizer_path is not None
+    ours = engine_vectors(executor, Tokenizer(executor.tokenizer_path), SENTENCES)
+
+    port = free_port()
+    server = subprocess.Popen([str(llama_cpp / "build" / "bin" / "llama-server"),
+                               "--embeddings", "-m", str(out), "--host", "127.0.0.1",
+                               "--port", str(port), "-t", "2"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        answer = httpx.post(url + "/v1/embeddings", json={"input": SENTENCES}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        theirs = torch.tensor([d["embedding"] for d in answer.json()["data"]])
+    finally:
+        end(server, 10)
+    assert min(torch.nn.functional.cosine_similarity(ours, theirs, dim=1).tolist()) >= 0.999
+    from sentence_transformers import SentenceTransformer
+
+    want = torch.tensor(SentenceTransformer(str(folder), device="cpu").encode(SENTENCES))
+    floor = 0.999 if kind == "Q8_0" else 0.99
+    assert min(torch.nn.functional.cosine_similarity(ours, want, dim=1).tolist()) >= floor
+
+
 def assert_vectors_match(executor: Any, tokenizer: Any, folder: Path) -> None:
     """The executor's vectors of SENTENCES, through an Engine, against sentence-transformers'
     on `folder`: cosine at least 0.999 each."""
     from sentence_transformers import SentenceTransformer
 
-    from engine import Engine, EngineConfig, SamplingParams
+    from tests.tools.embedding_server import engine_vectors
 
-    engine = Engine(EngineConfig(max_context=executor.max_context), executor,
-                    tokenizer).start()
-    try:
-        handles = [engine.submit(tokenizer.encode(s), SamplingParams(max_tokens=0, embed=True))
-                   for s in SENTENCES]
-        finals = [list(h.events(timeout=60))[-1] for h in handles]
-    finally:
-        engine.stop()
-    want = SentenceTransformer(str(folder), device="cpu").encode(SENTENCES)
-    for final, w in zip(finals, want):
-        got = torch.tensor(final.extra["embedding"])
-        assert float(torch.nn.functional.cosine_similarity(got, torch.tensor(w), dim=0)) >= 0.999
+    got = engine_vectors(executor, tokenizer, SENTENCES)
+    want = torch.tensor(SentenceTransformer(str(folder), device="cpu").encode(SENTENCES))
+    assert min(torch.nn.functional.cosine_similarity(got, want, dim=1).tolist()) >= 0.999
 
 
 def convert(python: Path, root: Path, folder: Path, out: Path, outtype: str,
