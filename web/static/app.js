@@ -2,7 +2,7 @@
 // composer (picked, pasted, dropped) and the large view of one, copy buttons, editing a sent
 // message, the conversation drawer, the theme, keeping the newest message in view; and what
 // the Content-Security-Policy keeps out of the HTML (no inline handlers): dismissing a notice, the import picker, the sidebar's refresh while a reply is written; the
-// dashboard's board holding still while a button of it is under the pointer.
+// dashboard's Cancel buttons kept across the board's redraws.
 (function () {
   "use strict";
 
@@ -356,36 +356,25 @@
     }
   });
 
-  // The dashboard's board is swapped whole on each update, several times a second while
-  // requests run: a Cancel button replaced between the press and the release loses the
-  // click. While the pointer is on one of the board's buttons (or pressed on it) updates
-  // wait; the newest lands as soon as it leaves, so the board never stays behind.
-  var heldBoard = null;
-  var pressedOnBoard = false;
-  function onBoardButton() {
-    return pressedOnBoard || !!document.querySelector("#board button:hover");
-  }
-  function releaseBoard() {
-    if (!heldBoard || onBoardButton()) return;
-    var held = heldBoard;
-    heldBoard = null;
-    if (held.elt.isConnected) htmx.swap(held.elt, held.data, { swapStyle: "innerHTML" });
-  }
+  // The dashboard's board is redrawn whole several times a second while requests run. Its
+  // Cancel buttons are kept across redraws (the same elements, moved into the new board):
+  // a press, a hover or the keyboard's focus on one survives an update, so no click is lost
+  // between the press and the release.
   document.addEventListener("htmx:sseBeforeMessage", function (e) {
-    if (e.target.id === "board" && onBoardButton()) {
-      heldBoard = { elt: e.target, data: e.detail.data };
-      e.preventDefault();
-    }
-  });
-  document.addEventListener("pointerdown", function (e) {
-    pressedOnBoard = !!(e.target.closest && e.target.closest("#board button"));
-  });
-  document.addEventListener("pointerup", function () {
-    pressedOnBoard = false;
-    setTimeout(releaseBoard, 0);  // after the click it ends has been handled
-  });
-  document.addEventListener("pointerout", function (e) {
-    if (e.target.closest && e.target.closest("#board button")) setTimeout(releaseBoard, 0);
+    var board = e.target;
+    if (board.id !== "board") return;
+    e.preventDefault();
+    var next = document.createElement("template");
+    next.innerHTML = e.detail.data;
+    next.content.querySelectorAll("button[data-cancel]").forEach(function (fresh) {
+      var kept = board.querySelector('button[data-cancel="' + CSS.escape(fresh.dataset.cancel) + '"]');
+      if (kept && kept.getAttribute("hx-post") === fresh.getAttribute("hx-post") &&
+          kept.getAttribute("hx-confirm") === fresh.getAttribute("hx-confirm")) {
+        fresh.replaceWith(kept);
+      }
+    });
+    board.replaceChildren(next.content);
+    htmx.process(board);
   });
 
   // streamed tokens and finished replies: follow them while the reader is at the bottom
