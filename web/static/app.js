@@ -364,6 +364,7 @@
     var board = e.target;
     if (board.id !== "board") return;
     e.preventDefault();
+    var focused = document.activeElement;  // a kept button loses the focus as it moves
     var next = document.createElement("template");
     next.innerHTML = e.detail.data;
     next.content.querySelectorAll("button[data-cancel]").forEach(function (fresh) {
@@ -375,6 +376,9 @@
     });
     board.replaceChildren(next.content);
     htmx.process(board);
+    if (focused && focused !== document.activeElement && board.contains(focused)) {
+      focused.focus({ preventScroll: true });
+    }
   });
 
   // streamed tokens and finished replies: follow them while the reader is at the bottom

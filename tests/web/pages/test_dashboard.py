@@ -196,6 +196,10 @@ def test_cancel_buttons_survive_the_boards_redraws(setup: tuple[Any, dict], brow
         waiter(lambda: page.evaluate("window.__redraws") >= 5, 10, message="redraws")
         assert page.eval_on_selector(selector, "b => b.dataset.marked") == "yes"
         assert page.eval_on_selector(selector, "b => b.matches(':hover')")
+        page.focus(selector)  # the keyboard's focus stays on it too
+        start = page.evaluate("window.__redraws")
+        waiter(lambda: page.evaluate("window.__redraws") >= start + 3, 10, message="redraws")
+        assert page.eval_on_selector(selector, "b => b === document.activeElement")
         page.on("dialog", lambda dialog: dialog.accept())  # bob's: ann confirms
         page.click(selector)
         waiter(lambda: rid not in server.engine.live_ids(), 10, message="cancelled")
