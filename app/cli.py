@@ -122,6 +122,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     serve.add_argument("--mmproj", metavar="PATH",
                        help="a GGUF vision model's projector file (llama.cpp's mmproj-*.gguf; "
                             "default: the one beside the model file)")
+    serve.add_argument("--mmproj-quantize", metavar="q8_0|none",
+                       help="the projector's float matrices quantized to Q8_0 at load where "
+                            "the text model runs in its blocks (default q8_0; none: as the "
+                            "file stores them)")
     serve.add_argument("--max-running", type=int, metavar="N",
                        help="requests decoding at once: the engine's slots (default 32)")
     serve.add_argument("--kv-tokens", type=int, metavar="N",
@@ -169,6 +173,7 @@ def serve_flags(args: argparse.Namespace) -> dict[str, object]:
     flags: dict[str, object] = {name: getattr(args, name) for name in
                                 ("host", "port", "dtype", "quantize", "device", "policy",
                                  "admission", "speculative", "draft_model", "mmproj",
+                                 "mmproj_quantize",
                                  "max_running",
                                  "kv_tokens", "kv_dtype",
                                  "max_prefill_tokens", "open", "upstreams", "allowed_hosts",

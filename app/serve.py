@@ -90,6 +90,7 @@ class LoadOptions:
     progress: bool = True
     quantize: str | None = None
     tokenizer_cache: Path | None = None  # GGUF tokenizers' folders (None: cache_dir)
+    mmproj_quantize: str = "q8_0"  # a GGUF vision tower's float matrices (Settings')
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +121,8 @@ def load_model(spec: str | Path | None, config: EngineConfig, how: LoadOptions,
                                                  device=how.device, cache_dir=how.cache_dir,
                                                  progress=how.progress, quantize=how.quantize,
                                                  tokenizer_cache=how.tokenizer_cache,
-                                                 projector=projector)
+                                                 projector=projector,
+                                                 projector_quantize=how.mmproj_quantize)
     return executor, dataclasses.replace(config, max_context=min(config.max_context,
                                                                  executor.max_context))
 
@@ -185,7 +187,7 @@ def build(settings: Settings, paths: Paths, model: ModelRef,
     spec = None if model.kind == "default" else (str(model.path) if model.path else model.name)
     set_kernel_build_dir(paths.kernels_cache)
     how = LoadOptions(settings.dtype, device, paths.models_cache, progress, settings.quantize,
-                      paths.tokenizer_cache)
+                      paths.tokenizer_cache, settings.mmproj_quantize)
     opened = tokenizer_first(model, paths)
     executor, config = load_model(spec, engine_config(settings), how, model.projector)
     draft_ref = None
@@ -241,7 +243,7 @@ def model_source(settings: Settings, paths: Paths, model: ModelRef, config: Engi
 
     def load() -> LoadedModel:
         how = LoadOptions(settings.dtype, device, paths.models_cache, False, settings.quantize,
-                          paths.tokenizer_cache)
+                          paths.tokenizer_cache, settings.mmproj_quantize)
         executor, clipped = load_model(spec, config, how, model.projector)
         # what a budget counts: every weight read and KV page written (an encoder: its weights)
         size = executor.footprint(in_use=True).total if isinstance(executor, ModelExecutor) \

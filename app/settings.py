@@ -22,6 +22,8 @@ from engine import (
 
 DTYPES = ("auto", "bfloat16", "float32")
 QUANTIZE = ("none", "q8_0", "q4_0")  # a float folder's weights quantized once at load
+MMPROJ_QUANTIZE = ("q8_0", "none")  # a GGUF vision tower's float matrices, where its text runs
+# in blocks
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 MIB = 1024 * 1024
 
@@ -29,6 +31,7 @@ MIB = 1024 * 1024
 CHOICES: dict[str, tuple[str, ...]] = {
     "dtype": DTYPES,
     "quantize": QUANTIZE,
+    "mmproj_quantize": MMPROJ_QUANTIZE,
     "policy": POLICIES,
     "admission": ADMISSIONS,
     "speculative": SPECULATIVE,
@@ -90,6 +93,10 @@ class Settings:
     model: str = "default"  # "default" | folder | HF id | .gguf file
     # a GGUF vision model's projector file (llama.cpp's mmproj); "": the one beside the model
     mmproj: str = ""
+    # a GGUF vision model's image tower where its text model runs in its blocks (CPU, dtype
+    # auto): the projector file's float matrices quantized to Q8_0 at load, its products
+    # with int8 activations (none: float, as the file stores them)
+    mmproj_quantize: str = "q8_0"
     # several models in one process (first = the chat's default); when set, `model` is unused
     models: list[str] = field(default_factory=list)
     max_loaded: int = 0  # models loaded at once; 0: from the machine's memory

@@ -3,7 +3,7 @@ on the same text GGUF and projector file.
 
   python -m benchmarks.vision --gguf TEXT.gguf --mmproj MMPROJ.gguf --llama-server PATH
       [--threads T] [--reps R] [--tokens N] [--beside] [--model-name TEXT]
-      [--peer-build TEXT] [--notes TEXT] [--record]
+      [--peer-build TEXT] [--notes TEXT] [--mmproj-quantize q8_0|none] [--record]
 
 Starts both servers on loopback, each pinned to the same T CPUs with T threads and one slot
 (Ferry: `ferry serve --model TEXT.gguf --mmproj MMPROJ.gguf`; llama.cpp: `llama-server -m
@@ -150,6 +150,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model-name", default=None, help="the model, as the records name it")
     p.add_argument("--peer-build", default=None, help="default: llama-server --version")
     p.add_argument("--notes", default="")
+    p.add_argument("--mmproj-quantize", default="q8_0", choices=("q8_0", "none"),
+                   help="Ferry's tower: quantized to Q8_0 at load (its default) or as the "
+                        "projector file stores it")
     p.add_argument("--record", action="store_true", help="append to benchmarks/records.jsonl")
     return p.parse_args(argv)
 
@@ -167,7 +170,7 @@ def run(args: argparse.Namespace) -> tuple[Figures, Figures]:
                  "sys.exit(main(sys.argv[1:]))", "serve", "--model", str(args.gguf),
                  "--mmproj", str(args.mmproj), "--port", str(ferry_port), "--no-open",
                  "--no-discover", "--max-running", str(slots),
-                 "--kv-tokens", str(CONTEXT * slots)]
+                 "--kv-tokens", str(CONTEXT * slots), "--mmproj-quantize", args.mmproj_quantize]
     peer_cmd = [str(args.llama_server), "-m", str(args.gguf), "--mmproj", str(args.mmproj),
                 "--host", "127.0.0.1", "--port", str(peer_port), "-t", str(args.threads),
                 "-tb", str(args.threads), "-c", str(CONTEXT * slots), "-np", str(slots)]
@@ -199,7 +202,8 @@ def run(args: argparse.Namespace) -> tuple[Figures, Figures]:
 
 
 def make_records(ferry: Figures, peer: Figures, *, model: str, threads: int, tokens: int,
-                 peer_build: str, notes: str, beside: bool = False) -> list[Record]:
+                 peer_build: str, notes: str, beside: bool = False,
+                 tower: str = "q8_0") -> list[Record]:
     name, flags = this_cpu(threads)
     method = (f"benchmarks/vision.py: one new 640x480 PNG and a short question a request, "
               f"streamed, greedy, {tokens} tokens (ignore_eos), Ferry with speculative "
@@ -218,10 +222,12 @@ def make_records(ferry: Figures, peer: Figures, *, model: str, threads: int, tok
                   f"threads, one working at a time, alternating")
         rows = (("longest gap between tokens (s)", "gap",
                  "another reply while a picture is read", 2),)
+    said = ", Ferry's tower in Q8_0 (default)" if tower == "q8_0" else \
+        ", Ferry's tower as the file stores it (--mmproj-quantize none)"
     date = _dt.datetime.now(_dt.UTC).date().isoformat()
     return [Record(date=date, commit=this_commit(), cpu=name, cpu_flags=flags,
                    ferry_cpu=os.environ.get("FERRY_CPU", "native"), model=model,
-                   workload=workload, metric=metric, method=method,
+                   workload=workload + said, metric=metric, method=method,
                    ferry=tuple(round(x, digits) for x in ferry[key]), peer=PEER,
                    peer_build=peer_build,
                    peer_figures=tuple(round(x, digits) for x in peer[key]), notes=notes)
@@ -239,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    threads=args.threads, tokens=args.tokens,
                                    peer_build=args.peer_build or peer_version(
                                        args.llama_server), notes=args.notes,
-                                   beside=args.beside):
+                                   beside=args.beside, tower=args.mmproj_quantize):
             append(record)
     return 0
 

@@ -34,6 +34,13 @@ HELP: dict[str, str] = {
              "folder, a `.gguf` file, `ollama:NAME[:TAG]`, or a hub id (downloaded only then).",
     "mmproj": "A GGUF vision model's projector file (llama.cpp's `mmproj-*.gguf`); empty "
               "takes the one beside the model file. See [vision](vision.md).",
+    "mmproj_quantize": "A GGUF vision model's image tower where its text model runs in its "
+                       "blocks (on the CPU, `dtype` auto): `q8_0` quantizes the projector "
+                       "file's float matrices to Q8_0 once at load, and the tower multiplies "
+                       "with int8 activations, as the text model does (about twice as fast "
+                       "on a CPU without bf16 arithmetic, in half the memory of F16); "
+                       "`none` keeps them as the file stores them. A projector file in "
+                       "blocks keeps its own. See [vision](vision.md#speed-and-memory).",
     "models": "Several models in one process, the first the chat's default (`--model` "
               "repeated; `FERRY_MODELS` comma separated). See [models](models.md).",
     "max_loaded": "Several models: how many may be loaded at once; 0 picks one per 4 GB of "

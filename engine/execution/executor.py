@@ -117,13 +117,16 @@ class ModelExecutor:
                         threads: int | None = None, progress: bool = True,
                         quantize: str | None = None,
                         tokenizer_cache: str | Path | None = None,
-                        projector: str | Path | None = None) -> ModelExecutor:
+                        projector: str | Path | None = None,
+                        projector_quantize: str = "q8_0") -> ModelExecutor:
         """Load `model` (None = the default SmolLM2 GGUF; a HF folder; a .gguf file; or a hub
         id) and size the KV pool from `config`. dtype auto on CPU runs a GGUF in its own
         quantization; `quantize` ("q8_0" / "q4_0") quantizes a float folder once, at load.
         A GGUF's tokenizer is kept under `tokenizer_cache` (tokenizer files only; default
         `cache_dir`). A GGUF vision model's `projector` file (llama.cpp's mmproj) is the one
-        given, else the one beside the file (projector_gguf.projector_for), if any.
+        given, else the one beside the file (projector_gguf.projector_for), if any; where
+        the text model runs in its blocks, the tower's float matrices are quantized to
+        `projector_quantize` at load ("q8_0"; "none": they stay float, as the file has them).
 
         Runs on a short-lived thread so that the engine thread's OpenMP team is the only one
         afterwards (engine.execution.cpu explains why that halves small-batch step times)."""
@@ -134,12 +137,14 @@ class ModelExecutor:
             path = resolve_model(model, cache_dir, progress)
             torch_dtype, quant = weight_mode(path, dtype, device, quantize)
             paired = projector_for(path, projector)
-            net = load_model(path, torch_dtype, device, quant, paired)
+            net = load_model(path, torch_dtype, device, quant, paired, projector_quantize)
             net.pack_weights()
             log.info("loaded %s as %s on %s", path, quant or torch_dtype, device)
             gguf = is_gguf(path)
             if gguf:  # the file's blocks that loading copied elsewhere: held once, not twice
-                release_unused_file_pages(str(path), model_tensors(net))
+                held = model_tensors(net)
+                for file in (path, paired) if paired is not None else (path,):
+                    release_unused_file_pages(str(file), held)
             eos = net.eos_ids if gguf else read_eos_ids(path)
             ex = cls(net, config or EngineConfig(), device, backend, eos, path, threads)
             tokenizers = tokenizer_cache or cache_dir

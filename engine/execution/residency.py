@@ -234,6 +234,25 @@ def release_unused_file_pages(path: str, tensors: Iterable[torch.Tensor]) -> int
     return released
 
 
+def release_file_range(maps: list[tuple[int, int]], address: int, nbytes: int) -> int:
+    """Drop from this process the whole pages of [address, address + nbytes) that lie in
+    `maps` (its maps of one file, as `mapped` gives them): bytes loading has read and copied
+    into another form, released as it goes rather than all at its end. Only a file's map:
+    its pages come back from the file if anything reads them again. Returns the bytes
+    released."""
+    libc = _mincore()
+    if libc is None:
+        return 0
+    released = 0
+    for start, size in maps:
+        a, b = max(address, start), min(address + nbytes, start + size)
+        a, b = -(-a // PAGE) * PAGE, b // PAGE * PAGE
+        if b > a and libc.madvise(ctypes.c_void_p(a), ctypes.c_size_t(b - a),
+                                  MADV_DONTNEED) == 0:
+            released += b - a
+    return released
+
+
 def weights_resident(tensors: Iterable[torch.Tensor], path: str | None) -> int:
     """Resident bytes of a model's tensors: mincore for the anonymous ones, the file's
     mapped pages (smaps) for the blocks used in place from a memory-mapped file."""

@@ -76,6 +76,11 @@ def _info(qtype: int) -> tuple[str, int, int]:
     return _TYPES[qtype]
 
 
+def block_size(qtype: int) -> int:
+    """Values in one block of `qtype` (1 for the float types)."""
+    return _info(qtype)[1]
+
+
 def row_bytes(qtype: int, in_features: int) -> int:
     """Bytes of one row of `in_features` values; ValueError if they do not fill whole blocks."""
     name, block, nbytes = _info(qtype)

@@ -101,6 +101,7 @@ def test_env_parsing(home: dict[str, str]) -> None:
         ("flag", "speculative", "eagle", ["--speculative", "ngram, draft, off"]),
         ("flag", "speculative", "draft", ["draft_model", "--draft-model PATH"]),
         ("env", "SPECULATIVE", "draft", ["draft_model", "--draft-model PATH"]),
+        ("flag", "mmproj_quantize", "q4_0", ["--mmproj-quantize", "q8_0, none"]),
     ],
 )
 def test_bad_values_name_key_and_source(home: dict[str, str], where: str, key: str, value: str,
@@ -223,6 +224,19 @@ def test_draft_model_from_each_source(home: dict[str, str]) -> None:
     assert s.draft_model == "/models/other" and s.source("draft_model") == "env FERRY_DRAFT_MODEL"
     s = load_settings({"draft_model": "/m/x.gguf"}, env=home)
     assert s.draft_model == "/m/x.gguf" and s.source("draft_model") == "flag --draft-model"
+
+
+def test_the_projector_quantization_reaches_the_load(home: dict[str, str]) -> None:
+    """mmproj_quantize: q8_0 unless a flag, FERRY_MMPROJ_QUANTIZE or ferry.toml says none;
+    the command line's flag is read into the settings."""
+    from app.cli import build_parser, serve_flags
+
+    assert load_settings({}, env=home).mmproj_quantize == "q8_0"
+    s = load_settings({}, env=dict(home, FERRY_MMPROJ_QUANTIZE="none"))
+    assert s.mmproj_quantize == "none" and s.source("mmproj_quantize") == \
+        "env FERRY_MMPROJ_QUANTIZE"
+    args = build_parser().parse_args(["serve", "--mmproj-quantize", "none"])
+    assert load_settings(serve_flags(args), env=home).mmproj_quantize == "none"
 
 
 def test_draft_serves_one_model(home: dict[str, str]) -> None:

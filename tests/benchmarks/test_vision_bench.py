@@ -30,6 +30,10 @@ def test_records_round_trip_and_render(tmp_path: Path) -> None:
     assert "speculative decoding off" in records[0].method
     assert render.ratio(records[0]) == "6.56x sooner"  # 210 / 32
     assert render.ratio(records[1]) == "0.92x"
+    assert records[0].workload.endswith("tower in Q8_0 (default)")
+    exact = vision.make_records(ferry, peer, model="synthetic Gemma 3 4B", threads=2,
+                                tokens=32, peer_build="b10470", notes="", tower="none")
+    assert exact[0].workload.endswith("as the file stores it (--mmproj-quantize none)")
     path = tmp_path / "records.jsonl"
     for record in records:
         append(record, path)
@@ -41,6 +45,7 @@ def test_the_gap_beside_a_picture_records_as_how_many_times_shorter() -> None:
                                   model="synthetic Qwen2.5-VL 3B", threads=2, tokens=32,
                                   peer_build="b10470", notes="", beside=True)
     assert [r.metric for r in records] == ["longest gap between tokens (s)"]
-    assert records[0].workload == "another reply while a picture is read"
+    assert records[0].workload == ("another reply while a picture is read, Ferry's tower "
+                                   "in Q8_0 (default)")
     assert "--beside" in records[0].method and "two slots" in records[0].method
     assert render.ratio(records[0]) == "16.00x shorter"  # 32 / 2

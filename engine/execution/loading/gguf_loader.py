@@ -14,6 +14,12 @@ All go through the one weight loop (model/weights.py) with a `GGUFSource`:
   its kernels multiply; a matrix of any other type (F16, Q5_1, Q3_K...) dequantised to the
   model's dtype. Vectors in the model's dtype.
 * dequantised, the float reference path: every tensor dequantised in memory, in HF layout.
+
+A vision model's projector file (its image tower) runs float: F16 matrices stay float16 on
+the CPU, widened product by product. Where the text model runs in its blocks on the CPU, the
+tower's matrices may too (`tower`, the projector quantization: mmproj_quantize): a projector
+file's own blocks as they are, its float matrices quantized to Q8_0 once at load, so that the
+tower's products take int8 activations as the text model's do.
 """
 from __future__ import annotations
 
@@ -26,7 +32,7 @@ import torch
 from engine.execution.errors import ModelFileError
 from engine.execution.loading.gguf_file import GGUFFile, GGUFTensor
 from engine.execution.model.decoder import CausalLM
-from engine.execution.model.linear_kernels import SplitWeight
+from engine.execution.model.linear_kernels import SplitWeight, quantized
 from engine.execution.model.weights import load_weights
 
 if TYPE_CHECKING:
@@ -121,11 +127,14 @@ class GGUFSource:
     """A GGUFFile's tensors for the weight loop, in their own blocks (`quantized`; on the
     device where `device_blocks`) or dequantised to floats."""
 
-    def __init__(self, file: GGUFFile, quantized: bool, device_blocks: bool = False) -> None:
+    def __init__(self, file: GGUFFile, quantized: bool, device_blocks: bool = False,
+                 tower: int | None = None) -> None:
         self.file = file
         self.where = str(file.path)
         self.quantized = quantized
         self.device_blocks = device_blocks
+        self.tower = tower  # the block type the image tower's float matrices take (host)
+        self._projector_maps: list[tuple[int, int]] | None = None
 
     def keys(self) -> list[str]:
         return list(self.file.tensors)
@@ -134,7 +143,9 @@ class GGUFSource:
         file = self.file
         parts = [file.tensors[k] for k in keys]
         kinds = {p.qtype for p in parts}
-        if any(p.projector for p in parts):  # the image tower runs on floats
+        if any(p.projector for p in parts):  # the image tower
+            if self.tower is not None and torch.device(device).type == "cpu":
+                return self._tower_matrix(parts, self.tower)
             if {p.qtype for p in parts} == {F16} and dtype == torch.float32 \
                     and torch.device(device).type == "cpu":
                 return _half(parts)
@@ -150,6 +161,34 @@ class GGUFSource:
             _quant_weight(file, parts[0])  # the type check, with the tensor's name
             return _stacked(file, parts)
         return SplitWeight(tuple(_quant_weight(file, p) for p in parts))
+
+    def _tower_matrix(self, parts: list[GGUFTensor], qtype: int) -> Weight:
+        """An image tower's matrix in blocks: the projector file's own where it stores them
+        in a type the kernels multiply, else its floats quantized to `qtype`."""
+        from engine.kernels import quant
+
+        kinds = {p.qtype for p in parts}
+        if len(kinds) == 1 and not kinds & {F32, F16, BF16} and quant.supported(parts[0].qtype):
+            file = self.file
+            return _quant_weight(file, parts[0]) if len(parts) == 1 else _stacked(file, parts)
+        floats = _half(parts) if kinds == {F16} else torch.cat([_dequantized(p) for p in parts])
+        weight = quantized(floats, qtype)
+        self._release(parts)
+        return weight
+
+    def _release(self, parts: list[GGUFTensor]) -> None:
+        """The projector file's pages of `parts`, read and now held as blocks: dropped at
+        once, so that loading never holds the tower twice."""
+        from engine.execution.residency import mapped, release_file_range
+
+        projector = self.file.projector
+        if projector is None:
+            return
+        if self._projector_maps is None:
+            self._projector_maps = mapped(str(projector.path))[0]
+        for p in parts:
+            data = np.asarray(p.data)
+            release_file_range(self._projector_maps, data.ctypes.data, data.nbytes)
 
     def _device_matrix(self, parts: list[GGUFTensor], dtype: torch.dtype,
                        device: torch.device | str) -> Weight:
@@ -172,16 +211,18 @@ class GGUFSource:
 
 
 def _load(file: GGUFFile, quantized: bool, dtype: torch.dtype, device: torch.device | str,
-          device_blocks: bool = False) -> CausalLM:
+          device_blocks: bool = False, tower: int | None = None) -> CausalLM:
     model = file.architecture(file.config, dtype, "meta")  # no float storage at all
-    load_weights(model, GGUFSource(file, quantized, device_blocks), device, file.rope_factors)
+    load_weights(model, GGUFSource(file, quantized, device_blocks, tower), device,
+                 file.rope_factors)
     model.eos_ids = file.eos_ids
     return model
 
 
-def load_quantized(file: GGUFFile) -> CausalLM:
-    """The model with float32 activations over the file's own blocks (CPU)."""
-    return _load(file, True, torch.float32, "cpu")
+def load_quantized(file: GGUFFile, tower: int | None = None) -> CausalLM:
+    """The model with float32 activations over the file's own blocks (CPU); a vision
+    model's tower in blocks too where `tower` (the block type its float matrices take)."""
+    return _load(file, True, torch.float32, "cpu", tower=tower)
 
 
 def load_device_blocks(file: GGUFFile, dtype: torch.dtype,

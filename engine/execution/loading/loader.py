@@ -42,6 +42,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 GGUF = "gguf"  # weight mode: the file's own blocks
 GGUF_DEVICE = "gguf-device"  # weight mode: the file's own blocks in a GPU's memory
 QUANTIZE = {"q8_0": 8, "q4_0": 2}  # --quantize choice -> ggml type id
+# --mmproj-quantize choice -> the block type a GGUF vision tower's float matrices take
+TOWER_QUANTIZE: dict[str, int | None] = {"q8_0": 8, "none": None}
 
 __all__ = ["ModelFileError", "ModelNotFound", "load_model", "pool_dtype", "resolve_model",
            "weight_mode"]
@@ -229,7 +231,8 @@ def vision_of(path: str | Path, projector: str | Path | None = None) -> Any:
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu",
-               quantize: str | None = None, projector: str | Path | None = None) -> CausalLM:
+               quantize: str | None = None, projector: str | Path | None = None,
+               tower: str = "none") -> CausalLM:
     """Build our model from a HF folder or a GGUF file (with `projector`: llama.cpp's
     projector file of a vision model, loading.projector_gguf).
 
@@ -237,7 +240,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     path); GGUF: a GGUF's own blocks (CPU, float32 activations); GGUF_DEVICE: a GGUF's own
     blocks on `device`, activations in `dtype`, where the kernels pass their self-test there
     (else dequantised); "q8_0" / "q4_0": a float folder's
-    projections and embeddings quantized once, here."""
+    projections and embeddings quantized once, here. `tower` (a TOWER_QUANTIZE choice): with
+    GGUF, the block type a vision tower's float matrices are quantized to ("none": they stay
+    float)."""
     path = Path(path)
     if is_gguf(path):
         from engine.execution.loading.gguf_file import GGUFFile
@@ -247,9 +252,12 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
             load_quantized,
         )
 
+        if tower not in TOWER_QUANTIZE:
+            raise ValueError(f"the projector's quantization must be one of "
+                             f"{', '.join(TOWER_QUANTIZE)}, got {tower!r}")
         file = GGUFFile(path, projector)
         if quantize == GGUF:
-            return load_quantized(file)
+            return load_quantized(file, TOWER_QUANTIZE[tower])
         if quantize == GGUF_DEVICE:
             from engine.kernels import gpu_quant
 

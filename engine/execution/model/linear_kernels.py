@@ -23,7 +23,9 @@ file's bytes rather than twice them.
 Quantized weights (a GGUF's blocks, or float weights quantized at load) are an
 engine.kernels.quant.QuantWeight, multiplied by `quant.quant_matmul` (which picks its few-row
 or many-row path itself), or a SplitWeight: the parts of a fused projection (qkv, gate_up)
-whose block types differ, multiplied one by one into column slices of the output.
+whose block types differ, multiplied one by one into column slices of the output, or a
+PaddedWeight: blocks of a float matrix whose rows are not whole blocks (a vision tower's 3,420
+inputs), quantized with zero columns added, its products taking the input padded alike.
 
 On a GPU a GGUF's blocks stay as they are in device memory (engine.kernels.gpu_quant's
 DeviceQuantWeight, all parts of a fused projection in one): Triton kernels dequantize tiles
@@ -77,9 +79,53 @@ class SplitWeight:
         return sum(p.nbytes for p in self.parts)
 
 
+@dataclass(frozen=True, slots=True)
+class PaddedWeight:
+    """Blocks of a matrix of `in_features` inputs quantized with zero columns added up to
+    whole blocks (`blocks.in_features`); a product pads its input with zeros alike, which
+    adds nothing to the sums."""
+
+    blocks: QuantWeight
+    in_features: int
+
+    @property
+    def out_features(self) -> int:
+        return self.blocks.out_features
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.nbytes
+
+    @property
+    def parts(self) -> tuple[QuantWeight, ...]:  # as a SplitWeight's: the blocks held
+        return (self.blocks,)
+
+
 # what a Linear multiplies by: a float tensor (maybe oneDNN-packed), quantized blocks on the
 # host, or blocks on the device
-Weight: TypeAlias = "torch.Tensor | QuantWeight | SplitWeight | DeviceQuantWeight"
+Weight: TypeAlias = "torch.Tensor | QuantWeight | SplitWeight | PaddedWeight | DeviceQuantWeight"
+
+
+QUANTIZE_CHUNK = 1 << 16  # values quantized at a time: the float32 copies stay small
+
+
+def quantized(weight: torch.Tensor, qtype: int) -> QuantWeight | PaddedWeight:
+    """A float matrix [out, in] (any float dtype, on the host) as blocks of `qtype`
+    (quant.quantize's), padded with zero columns where its rows are not whole blocks. Rows
+    are widened to float32 a few at a time: a whole float32 copy of each matrix of a model
+    would leave the heap holding them."""
+    from engine.kernels import quant
+
+    out_f, in_f = weight.shape
+    pad = -in_f % quant.block_size(qtype)
+    data = torch.empty(out_f, quant.row_bytes(qtype, in_f + pad), dtype=torch.uint8,
+                       device="cpu")
+    step = max(1, QUANTIZE_CHUNK // in_f)
+    for start in range(0, out_f, step):
+        rows = weight[start:start + step].detach().to("cpu", torch.float32)
+        data[start:start + step] = quant.quantize(F.pad(rows, (0, pad)), qtype).data
+    blocks = quant.QuantWeight(qtype, data, in_f + pad, out_f)
+    return blocks if pad == 0 else PaddedWeight(blocks, in_f)
 
 
 def stacked_rows(parts: Sequence[Weight]) -> Weight:
@@ -138,6 +184,14 @@ def _split(x: torch.Tensor, weight: SplitWeight, bias: torch.Tensor | None) -> t
         out[:, col:col + part.out_features] = quant.quant_matmul(x, part)
         col += part.out_features
     return out if bias is None else out.add_(bias)
+
+
+def _padded(x: torch.Tensor, weight: PaddedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    from engine.kernels import quant
+
+    pad = weight.blocks.in_features - weight.in_features
+    return quant.quant_matmul(F.pad(x, (0, pad)), weight.blocks, bias)
+
 
 _scratch = threading.local()  # per thread: rounds of two executors may run concurrently
 
@@ -228,6 +282,8 @@ def product_for(weight: Weight, wide: torch.Tensor | None = None) -> Product:
     oneDNN-packed float32 copy of a bf16 weight (`wide_copy`) for products of many rows."""
     if isinstance(weight, SplitWeight):
         return _split
+    if isinstance(weight, PaddedWeight):
+        return _padded
     if isinstance(weight, DeviceQuantWeight):
         return _device
     if not isinstance(weight, torch.Tensor):  # is_quantized

@@ -65,3 +65,25 @@ def test_pages_no_tensor_lies_on_leave_the_process_and_read_back(tmp_path: Path)
         # the dropped pages read back from the file, unchanged
         assert m[12 * MB + 7] == 7 and m[0] == 0 and int(kept[3]) == 3
         del kept
+
+
+def test_a_range_read_from_a_file_leaves_the_process(tmp_path: Path) -> None:
+    """release_file_range drops the whole pages of a range inside the file's maps (what
+    loading has copied into blocks), reads them back unchanged, and leaves other memory
+    alone."""
+    from engine.execution.residency import release_file_range
+
+    path = tmp_path / "tower.bin"
+    path.write_bytes(bytes(range(256)) * (8 * MB // 256))
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        assert sum(m[i] for i in range(0, 8 * MB, 4096)) == 0  # every page read
+        maps, before = mapped(str(path))
+        start = maps[0][0]
+        released = release_file_range(maps, start + MB + 100, 4 * MB)
+        _, after = mapped(str(path))
+        assert released == 4 * MB - 4096  # whole pages only: not the ends' shared ones
+        assert after <= before - 3 * MB
+        assert m[MB + 200] == 200 % 256 and m[3 * MB + 5] == 5
+        elsewhere = torch.arange(1024, dtype=torch.int64)
+        assert release_file_range(maps, elsewhere.data_ptr(), 8192) == 0
+        assert int(elsewhere[1000]) == 1000

@@ -163,3 +163,31 @@ def test_stacked_rows_joins_a_fused_projection() -> None:
         assert torch.allclose(linear(x, w), want, atol=1e-5)
     with pytest.raises(ValueError, match="floats and blocks"):
         stacked_rows([parts[0], q8[1]])
+
+
+def test_quantized_matrices_pad_their_rows_to_whole_blocks(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """`quantized` gives quant.quantize's blocks bit for bit, a few rows at a time and from
+    float16 too; a matrix whose rows are not whole blocks gets zero columns, and its products
+    pad the input alike: the padded product's numbers, near the float product's."""
+    from engine.execution.model.linear_kernels import PaddedWeight, linear, quantized
+    from engine.kernels import quant
+
+    monkeypatch.setattr(linear_kernels, "QUANTIZE_CHUNK", 200)  # several rows at a time
+    g = torch.Generator().manual_seed(0)
+    whole = torch.randn(24, 64, generator=g).half()
+    blocks = quantized(whole, quant.Q8_0)
+    assert isinstance(blocks, quant.QuantWeight)
+    assert torch.equal(blocks.data, quant.quantize(whole.float(), quant.Q8_0).data)
+
+    w, b = torch.randn(24, 72, generator=g), torch.randn(24, generator=g)
+    x = torch.randn(7, 72, generator=g)
+    padded = quantized(w, quant.Q8_0)
+    assert isinstance(padded, PaddedWeight)
+    assert (padded.in_features, padded.blocks.in_features, padded.out_features) == (72, 96, 24)
+    assert padded.parts == (padded.blocks,) and padded.nbytes == 24 * 3 * 34
+    reference = quant.quantize(F.pad(w, (0, 24)), quant.Q8_0)
+    assert torch.equal(padded.blocks.data, reference.data)
+    got = linear(x, padded, b)
+    assert torch.equal(got, quant.quant_matmul(F.pad(x, (0, 24)), reference, b))
+    torch.testing.assert_close(got, F.linear(x, w, b), atol=0.1, rtol=0.02)
