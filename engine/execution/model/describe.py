@@ -14,19 +14,38 @@ DEVICE_KERNELS = "Triton block kernels on the GPU"  # engine.kernels.gpu_quant
 IMAGES = ", text + images"  # a vision model (docs/vision.md)
 
 
-def images_said(projector: str | Path | None) -> str:
+def images_said(projector: str | Path | None, tower: str = "") -> str:
     """How a vision model's line ends: ", text + images", naming the projector file a GGUF
-    takes its image side from."""
-    return IMAGES if projector is None else f"{IMAGES} (projector {Path(projector).name})"
+    takes its image side from (and `tower`, its matrices' block types where it runs in
+    blocks)."""
+    if projector is None:
+        return IMAGES
+    blocks = f", tower in {tower}" if tower else ""
+    return f"{IMAGES} (projector {Path(projector).name}{blocks})"
 
 
 def describe_weights(model: CausalLM, source: str = "",
                      projector: str | Path | None = None) -> str:
     """e.g. "llama: GGUF Q4_1 + Q8_0 head, native AVX2 kernels, 98 MB" (quantized) or
     "llama: GGUF dequantised to float32, 538 MB" (float). Sizes are of the weights held. A
-    vision model's line ends ", text + images" (and its `projector` file's name)."""
-    images = images_said(projector) if model.takes_images else ""
+    vision model's line ends ", text + images" (and its `projector` file's name, and the
+    block types its tower multiplies where it runs in blocks)."""
+    images = images_said(projector, _tower_blocks(model)) if model.takes_images else ""
     return f"{model.config.model_type}: {_weights(model, source)}{images}"
+
+
+def _tower_blocks(model: CausalLM) -> str:
+    """The block types of the image side's projections ("Q8_0"), "" where they are float:
+    the projections outside the text model (`model.`, `lm_head`)."""
+    from engine.execution.model.layers import Linear
+    from engine.execution.model.linear_kernels import host_blocks
+    from engine.kernels import quant
+
+    kinds = {quant.type_name(p.qtype)
+             for name, m in model.named_modules()
+             if isinstance(m, Linear) and not name.startswith(("model.", "lm_head"))
+             for p in host_blocks(m.weight)}
+    return "/".join(sorted(kinds))
 
 
 def _weights(model: CausalLM, source: str) -> str:

@@ -162,6 +162,18 @@ def on_host_blocks(weight: object) -> bool:
     return is_quantized(weight) and not isinstance(weight, DeviceQuantWeight)
 
 
+def host_blocks(weight: object) -> tuple[QuantWeight, ...]:
+    """The blocks on the host a weight multiplies (a SplitWeight's or PaddedWeight's parts);
+    none for a float tensor or blocks on the device."""
+    from engine.kernels.quant import QuantWeight
+
+    if isinstance(weight, QuantWeight):
+        return (weight,)
+    if isinstance(weight, (SplitWeight, PaddedWeight)):
+        return weight.parts
+    return ()
+
+
 def _device(x: torch.Tensor, weight: DeviceQuantWeight,
             bias: torch.Tensor | None) -> torch.Tensor:
     from engine.kernels import gpu_quant

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from engine.execution.loading.loader import GGUF, load_model
+from engine.execution.model.describe import describe_weights
 from engine.execution.model.layers import Linear
 from engine.execution.model.linear_kernels import PaddedWeight
 from engine.kernels import quant
@@ -70,6 +71,9 @@ def test_an_f16_tower_is_quantized_to_q8_0_at_load(qwen: tuple[Path, Path]) -> N
     assert (got - want).norm() / want.norm() < 0.05
     # the text model is the file's blocks either way
     assert isinstance(blocks.model.layers[0].mlp.down_proj.weight, quant.QuantWeight)
+    said = f", text + images (projector {mmproj.name}"
+    assert describe_weights(blocks, "GGUF", mmproj).endswith(f"{said}, tower in Q8_0)")
+    assert describe_weights(floats, "GGUF", mmproj).endswith(f"{said})")
 
 
 def test_a_projector_file_in_blocks_keeps_its_own(qwen: tuple[Path, Path],
