@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import shutil
 import socket
@@ -55,6 +56,21 @@ def _restore_torch_threads() -> object:
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _restore_log_handlers() -> object:
+    """`ferry serve` run in process (app.logs.configure_logging) hands the root logger a
+    handler on the test's captured stderr and one on a log file in its tmp_path; both are
+    gone after the test, so the handlers are taken off again rather than failing on every
+    later record."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    for handler in [h for h in root.handlers if getattr(h, "_ferry_handler", False)]:
+        root.removeHandler(handler)
+        handler.close()
+    root.setLevel(level)
 
 
 def skip_without_native_kernels() -> None:
