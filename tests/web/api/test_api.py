@@ -180,8 +180,10 @@ def test_client_disconnect_cancels(server: Any, waiter: Any, idle_check: Any) ->
     body["stream"] = False
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/v1/chat/completions", json=body, timeout=1.5)
-    waiter(lambda: not server.engine.live_ids(), 15, message="non-stream cancel")
-    assert server.engine.snapshot().metrics.cancelled >= before + 2
+    # on a busy machine the request may reach the engine after the client has given up:
+    # it is cancelled then, so wait for the count, not only for an empty engine
+    waiter(lambda: server.engine.snapshot().metrics.cancelled >= before + 2
+           and not server.engine.live_ids(), 15, message="non-stream cancel")
     idle_check(server.engine)
 
 
