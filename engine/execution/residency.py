@@ -226,12 +226,16 @@ def release_unused_file_pages(path: str, tensors: Iterable[torch.Tensor]) -> int
                 gaps.append((cursor, a))
             cursor = max(cursor, a + n)
         gaps.append((cursor, end))
-        for a, b in gaps:
-            a, b = -(-a // PAGE) * PAGE, b // PAGE * PAGE  # whole pages inside the gap
-            if b > a and libc.madvise(ctypes.c_void_p(a), ctypes.c_size_t(b - a),
-                                      MADV_DONTNEED) == 0:
-                released += b - a
+        released += sum(_drop_pages(libc, a, b) for a, b in gaps)
     return released
+
+
+def _drop_pages(libc: ctypes.CDLL, start: int, end: int) -> int:
+    """madvise(DONTNEED) the whole pages inside [start, end); the bytes dropped."""
+    a, b = -(-start // PAGE) * PAGE, end // PAGE * PAGE
+    if b > a and libc.madvise(ctypes.c_void_p(a), ctypes.c_size_t(b - a), MADV_DONTNEED) == 0:
+        return b - a
+    return 0
 
 
 def release_file_range(maps: list[tuple[int, int]], address: int, nbytes: int) -> int:
@@ -243,14 +247,8 @@ def release_file_range(maps: list[tuple[int, int]], address: int, nbytes: int) -
     libc = _mincore()
     if libc is None:
         return 0
-    released = 0
-    for start, size in maps:
-        a, b = max(address, start), min(address + nbytes, start + size)
-        a, b = -(-a // PAGE) * PAGE, b // PAGE * PAGE
-        if b > a and libc.madvise(ctypes.c_void_p(a), ctypes.c_size_t(b - a),
-                                  MADV_DONTNEED) == 0:
-            released += b - a
-    return released
+    return sum(_drop_pages(libc, max(address, start), min(address + nbytes, start + size))
+               for start, size in maps)
 
 
 def weights_resident(tensors: Iterable[torch.Tensor], path: str | None) -> int:
