@@ -175,3 +175,46 @@ def argmax(logits: torch.Tensor) -> list[int]:
     check(native.loaded().ferry_argmax(logits.data_ptr(), rows, n, _DT[logits.dtype],
                                          out.data_ptr()), "argmax")
     return out.tolist()
+
+
+def encoder_attention(qkv: torch.Tensor, lengths: torch.Tensor, heads: int,
+                      out_dtype: torch.dtype, max_len: int = 0) -> torch.Tensor:
+    """Bidirectional attention of packed inputs: qkv [tokens, 3 * heads * dim] (q | k | v
+    columns, float32 or bf16), the inputs one after another with int64 `lengths` (summing
+    to tokens: the caller's to ensure, a sum here costs a torch op per layer); each token
+    attends over its own input's tokens -> [tokens, heads * dim] in out_dtype. Inputs longer
+    than `max_len` (> 0) are left out: their rows are left unwritten, for the caller."""
+    qkv = qkv.contiguous()
+    tokens, width = qkv.shape
+    if width % (3 * heads) or lengths.dtype != torch.int64 or lengths.dim() != 1:
+        raise ValueError(f"encoder_attention: qkv {tuple(qkv.shape)}, {heads} heads, "
+                         f"lengths {lengths.dtype} {tuple(lengths.shape)}")
+    dim = width // (3 * heads)
+    out = torch.empty(tokens, heads * dim, dtype=out_dtype)
+    check(native.loaded().ferry_encoder_attention(
+        qkv.data_ptr(), _DT[qkv.dtype], lengths.data_ptr(), lengths.shape[0], max_len, heads,
+        dim, dim ** -0.5, out.data_ptr(), _DT[out_dtype]), "encoder_attention")
+    return out
+
+
+def add_layer_norm(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor,
+                   bias: torch.Tensor, eps: float, bf16_copy: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """layer_norm(x + y) * weight + bias over float32 rows x [rows, dim] (y float32 or bf16,
+    None: x alone) -> (float32 [rows, dim], its bf16 copy where `bf16_copy`, else None)."""
+    x = x.contiguous()
+    rows, dim = x.shape
+    if y is not None:
+        y = y.contiguous()
+        if y.shape != x.shape:
+            raise ValueError(f"add_layer_norm: y {tuple(y.shape)} is not x's {tuple(x.shape)}")
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or bias.dtype != torch.float32:
+        raise ValueError("add_layer_norm: x, weight and bias must be float32")
+    out = torch.empty_like(x)
+    out16 = torch.empty(rows, dim, dtype=torch.bfloat16) if bf16_copy else None
+    check(native.loaded().ferry_add_layer_norm(
+        x.data_ptr(), None if y is None else y.data_ptr(), 0 if y is None else _DT[y.dtype],
+        weight.data_ptr(), bias.data_ptr(), eps, rows, dim, out.data_ptr(),
+        None if out16 is None else out16.data_ptr()), "add_layer_norm")
+    return out, out16
+

@@ -41,6 +41,21 @@ int ferry_decode_attention(const void *q, int64_t q_stride, const void *pool,
                            int dim, int page_size, float scale, void *out, int dt, int pool_dt,
                            int window);
 
+/* encoder.c: an encoder layer's steps between its products, for inputs packed one after
+ * another (`lengths` tokens each). Attention: each token's query over the keys and values of
+ * its own input's tokens, both ways (no mask within an input), per head; qkv [tokens,
+ * 3 heads dim] (q | k | v columns) in dt, out [tokens, heads dim] in out_dt. Inputs longer
+ * than max_len (> 0) are skipped: their rows of out are the caller's to fill. */
+int ferry_encoder_attention(const void *qkv, int dt, const int64_t *lengths, int64_t inputs,
+                            int64_t max_len, int heads, int dim, float scale, void *out,
+                            int out_dt);
+/* encoder.c: out[r] = layer_norm(x[r] + y[r]) * w + b over float32 rows (y in y_dt, NULL:
+ * x's norm alone; out may be x), and where out16 is not NULL its bf16 copy, the input of
+ * a next product that multiplies in bf16 */
+int ferry_add_layer_norm(const float *x, const void *y, int y_dt, const float *w,
+                         const float *b, float eps, int64_t rows, int dim, float *out,
+                         void *out16);
+
 /* gemv_bf16.c: y = x @ w.T (+ bias) for a few bf16 rows */
 int ferry_gemv_bf16(const void *x, const void *w, const void *bias, void *y, int rows,
                     int64_t in, int64_t out);

@@ -28,6 +28,7 @@ from engine.execution.model.linear_kernels import (
 )
 from engine.execution.model.pooling import Pooling, pool_states, pooling_of
 from engine.execution.model.pooling import read_json as _json
+from engine.kernels import ops
 from engine.kernels.quant import QuantWeight, dequantize_rows
 
 HF_MODEL_TYPES = ("bert", "nomic_bert", "roberta", "xlm-roberta")  # nomic_bert: its own file
@@ -38,6 +39,9 @@ ROBERTA_TYPES = ("roberta", "xlm-roberta")
 SCORERS = ("BertForSequenceClassification", "RobertaForSequenceClassification",
            "XLMRobertaForSequenceClassification")
 ACTIVATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
+# the longest input whose attention runs in Ferry's kernel (encode_native); from here on
+# torch's (its flash kernel) is faster
+SHORT_INPUT = 128
 
 
 @dataclass(frozen=True)
@@ -271,10 +275,10 @@ def encode(w: BertWeights, cfg: BertConfig, ids: torch.Tensor, positions: torch.
            token_types: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
     """Packed inputs (ids, positions, token types: [T], the inputs one after another with
     `lengths`) -> the last layer's hidden states [T, hidden]. Attention runs over each input's
-    own tokens, both ways: the packed rows of several inputs are laid out as a padded
-    [inputs, longest] block for attention only, the rest runs on the packed rows."""
+    own tokens, both ways. On the CPU with Ferry's kernels, `encode_native` runs the layers;
+    elsewhere (a GPU, no C compiler) the packed rows of several inputs are laid out as a
+    padded [inputs, longest] block for attention only, the rest runs on the packed rows."""
     n, longest, heads, d = len(lengths), max(lengths), cfg.num_heads, cfg.head_dim
-    slot, keep = padded_layout(lengths, ids.device) if n > 1 else (None, None)
     eps = cfg.layer_norm_eps
     x = embedded(w.word, ids) + w.token_type[token_types]
     if w.position is not None:
@@ -282,6 +286,9 @@ def encode(w: BertWeights, cfg: BertConfig, ids: torch.Tensor, positions: torch.
     x = F.layer_norm(x, (cfg.hidden_size,), *w.ln, eps)
     rope = None if cfg.rope_theta is None else rotary_tables(positions, d, cfg.rope_theta,
                                                              x.dtype)
+    if x.dtype == torch.float32 and ops.usable(x):
+        return encode_native(w, cfg, x, rope, lengths)
+    slot, keep = padded_layout(lengths, ids.device) if n > 1 else (None, None)
     for layer in w.layers:
         # q, k, v in float32: bf16 attention would round a padded batch's rows otherwise
         # than one input's. The GELU runs on the product's bf16, its output the bf16 the
@@ -309,6 +316,54 @@ def encode(w: BertWeights, cfg: BertConfig, ids: torch.Tensor, positions: torch.
         x = F.layer_norm(x + linear(up, layer.down_w, layer.down_b), (cfg.hidden_size,),
                          *layer.ln2, eps)
     return x
+
+
+def encode_native(w: BertWeights, cfg: BertConfig, x: torch.Tensor,
+                  rope: tuple[torch.Tensor, torch.Tensor] | None,
+                  lengths: Sequence[int]) -> torch.Tensor:
+    """`encode`'s layers on the CPU with the steps between the products in Ferry's kernels:
+    each short input's attention over its own rows (no padding to a block), the residual add
+    with LayerNorm; a few calls a layer instead of torch's ~15 ops, whose fixed cost is most
+    of a short input's time. An input longer than SHORT_INPUT attends in torch's kernel, alone.
+    Each step works on an input's own rows whatever it is batched with. Each product takes
+    its input in the dtype it multiplies (bf16 for a bf16-packed matrix), as `encode`'s do."""
+    hidden, heads, d = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+    lens = torch.tensor(list(lengths), dtype=torch.int64, device=x.device)
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    long = [(s, n) for s, n in zip(starts, lengths) if n > SHORT_INPUT]
+    eps = cfg.layer_norm_eps
+    xin = x  # x in the dtype the next product takes
+    for i, layer in enumerate(w.layers):
+        # q and k turned by rope in float32, as `encode` turns them
+        qkv = linear(xin, layer.qkv_w, layer.qkv_b, wide=rope is not None)  # [T, 3 * hidden]
+        if rope is not None:
+            qk = qkv[:, :2 * hidden].view(-1, 2 * heads, d)
+            qk.copy_(rotate(qk, *rope))
+        attn = ops.encoder_attention(qkv, lens, heads, takes(layer.o_w), SHORT_INPUT)
+        for s, n in long:  # [n, hidden] rows of a long input
+            q, k, v = qkv[s:s + n].float().view(1, n, 3, heads, d).permute(2, 0, 3, 1, 4)
+            attn[s:s + n] = F.scaled_dot_product_attention(q, k, v).transpose(1, 2) \
+                .reshape(n, hidden)
+        x, x16 = ops.add_layer_norm(x, linear(attn, layer.o_w, layer.o_b, wide=False),
+                                    *layer.ln1, eps, takes(layer.up_w) == torch.bfloat16)
+        xin = x if x16 is None else x16
+        if layer.gate_w is not None:  # SwiGLU
+            up = F.silu(linear(x, layer.gate_w, None)) * linear(x, layer.up_w, layer.up_b)
+        else:
+            up = F.gelu(linear(xin, layer.up_w, layer.up_b, wide=False), approximate=cfg.gelu)
+        last = i + 1 == len(w.layers)
+        x, x16 = ops.add_layer_norm(
+            x, linear(up, layer.down_w, layer.down_b, wide=False), *layer.ln2, eps,
+            not last and takes(w.layers[i + 1].qkv_w) == torch.bfloat16)
+        xin = x if x16 is None else x16
+    return x
+
+
+def takes(weight: Weight) -> torch.dtype:
+    """The dtype a product with this matrix takes its input in: bf16 for a bf16 (packed)
+    matrix, else float32 (float32 matrices, and blocks: Ferry's kernels take float32)."""
+    return torch.bfloat16 if isinstance(weight, torch.Tensor) and \
+        weight.dtype == torch.bfloat16 else torch.float32
 
 
 def embedded(table: Weight, ids: torch.Tensor) -> torch.Tensor:
