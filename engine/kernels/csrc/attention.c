@@ -45,40 +45,6 @@ enum { AHEAD = 16 }; /* rows prefetched ahead of the one read */
 
 enum { ROWS_MAX = 8 }; /* query rows of one sequence attended together (a prefill tile) */
 
-/* softmax of sc[0..len) in place */
-static void softmax(float *sc, int len) {
-    float mx = -INFINITY, sum = 0.f;
-    int p = 0;
-#ifdef FERRY_AVX2
-    if (len >= 8) { /* the maximum is the same in any order; one scalar chain was ~5% here */
-        __m256 vm = _mm256_loadu_ps(sc);
-        for (p = 8; p + 8 <= len; p += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(sc + p));
-        float lanes[8];
-        _mm256_storeu_ps(lanes, vm);
-        for (int k = 0; k < 8; k++) mx = lanes[k] > mx ? lanes[k] : mx;
-    }
-#endif
-    for (; p < len; p++) mx = sc[p] > mx ? sc[p] : mx;
-    p = 0;
-#ifdef FERRY_AVX2
-    __m256 vsum = _mm256_setzero_ps(), vmx = _mm256_set1_ps(mx);
-    for (; p + 8 <= len; p += 8) {
-        __m256 e = ferry_exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + p), vmx));
-        _mm256_storeu_ps(sc + p, e);
-        vsum = _mm256_add_ps(vsum, e);
-    }
-    float lanes[8];
-    _mm256_storeu_ps(lanes, vsum);
-    for (int k = 0; k < 8; k++) sum += lanes[k];
-#endif
-    for (; p < len; p++) {
-        sc[p] = expf(sc[p] - mx);
-        sum += sc[p];
-    }
-    float inv = 1.0f / sum;
-    for (p = 0; p < len; p++) sc[p] *= inv;
-}
-
 /* each query row's scores over the tile's positions [0, len) -> its attention weights: the
  * softmax over its own range [lo_r - lo, end_r - lo) (row rj belongs to tile row rj / group),
  * zero elsewhere, so summing V over the whole tile adds exact zeros for it */
@@ -87,7 +53,7 @@ static void weights(float *scores, int64_t max_len, int nrows, int len, const in
     for (int rj = 0; rj < nrows; rj++) {
         float *sc = scores + (size_t)rj * max_len;
         int a = lo_r[rj / group] - lo, b = end_r[rj / group] - lo;
-        softmax(sc + a, b - a);
+        ferry_softmax(sc + a, b - a);
         memset(sc, 0, (size_t)a * sizeof(float));
         memset(sc + b, 0, (size_t)(len - b) * sizeof(float));
     }

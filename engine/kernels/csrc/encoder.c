@@ -33,29 +33,6 @@ static void head_scores(const float *qs, int rows, const float *kt, int64_t np, 
         }
 }
 
-/* softmax over the first n of a row of scores, in place; returns nothing: the row sums to 1 */
-static void softmax_row(float *sc, int64_t n) {
-    float top = sc[0];
-    for (int64_t j = 1; j < n; j++) top = sc[j] > top ? sc[j] : top;
-    int64_t j = 0;
-    float sum = 0.f;
-#ifdef FERRY_AVX2
-    __m256 acc = _mm256_setzero_ps(), m = _mm256_set1_ps(top);
-    for (; j + 8 <= n; j += 8) {
-        __m256 e = ferry_exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), m));
-        _mm256_storeu_ps(sc + j, e);
-        acc = _mm256_add_ps(acc, e);
-    }
-    sum = ferry_hsum(acc);
-#endif
-    for (; j < n; j++) {
-        sc[j] = expf(sc[j] - top);
-        sum += sc[j];
-    }
-    const float inv = 1.0f / sum;
-    for (j = 0; j < n; j++) sc[j] *= inv;
-}
-
 /* o[r] = sum_j p[r][j] v[j] for QB rows of probabilities p ([QB, np]) over v ([n, dim]) */
 static void head_values(const float *p, int rows, int64_t np, const float *v, int64_t n,
                         int dim, float *o) {
@@ -116,7 +93,7 @@ static void attend_head(const char *qkv, int dt, int64_t s0, int64_t n, int64_t 
             }
         }
         head_scores(q, rows, kt, np, dim, sc);
-        for (int r = 0; r < rows; r++) softmax_row(sc + r * np, n);
+        for (int r = 0; r < rows; r++) ferry_softmax(sc + r * np, (int)n);
         head_values(sc, rows, np, v, n, dim, o);
         for (int r = 0; r < rows; r++)
             ferry_store_row(out + (size_t)((s0 + t0 + r) * hidden + (int64_t)h * dim) * oes,
