@@ -1,8 +1,8 @@
 /* An encoder layer's steps between its products (BERT family): bidirectional attention over
- * each packed input's own tokens, and the residual add with LayerNorm. For a round of short
- * inputs, where the torch ops' fixed cost (dispatch, a parallel region each, padding several
- * inputs to one block) outweighs their work; engine/execution/model/architectures/encoders/
- * bert.py calls them where every input is short and keeps torch's ops for long ones. */
+ * each packed input's own tokens, and the residual add with LayerNorm. For short inputs the
+ * torch ops' fixed cost (dispatch, a parallel region each, padding several inputs to one
+ * block) outweighed their work; engine/execution/model/architectures/encoders/bert.py
+ * (encode_native) calls these, and leaves a long input's attention to torch's kernel. */
 #include "kernels.h"
 
 /* up to QB query rows of one head at a time: their scores over a key block share each load */
@@ -171,4 +171,3 @@ int ferry_add_layer_norm(const float *x, const void *y, int y_dt, const float *w
     }
     return failed ? FERRY_ENOMEM : FERRY_OK;
 }
-

@@ -8,6 +8,7 @@ KV: every input is computed whole, in one round, and only its pooled vector leav
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -329,7 +330,7 @@ def encode_native(w: BertWeights, cfg: BertConfig, x: torch.Tensor,
     its input in the dtype it multiplies (bf16 for a bf16-packed matrix), as `encode`'s do."""
     hidden, heads, d = cfg.hidden_size, cfg.num_heads, cfg.head_dim
     lens = torch.tensor(list(lengths), dtype=torch.int64, device=x.device)
-    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    starts = itertools.accumulate(lengths, initial=0)  # each input's first row
     long = [(s, n) for s, n in zip(starts, lengths) if n > SHORT_INPUT]
     eps = cfg.layer_norm_eps
     xin = x  # x in the dtype the next product takes
