@@ -217,4 +217,3 @@ def add_layer_norm(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor
         weight.data_ptr(), bias.data_ptr(), eps, rows, dim, out.data_ptr(),
         None if out16 is None else out16.data_ptr()), "add_layer_norm")
     return out, out16
-

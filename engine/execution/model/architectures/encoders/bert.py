@@ -295,13 +295,10 @@ def encode(w: BertWeights, cfg: BertConfig, ids: torch.Tensor, positions: torch.
         # than one input's. The GELU runs on the product's bf16, its output the bf16 the
         # next product takes (oneDNN's fused GELU rounds a row by how many rows there are)
         qkv = linear(x, layer.qkv_w, layer.qkv_b)  # [T, 3 * hidden]
-        if rope is not None:  # q and k turned in place, by each token's own position
-            qk = qkv[:, :2 * cfg.hidden_size].view(-1, 2 * heads, d)
-            qk.copy_(rotate(qk, *rope))
+        if rope is not None:
+            rotate_qk_(qkv, rope, heads)
         if slot is None:  # one input: its rows are the block
-            q, k, v = qkv.view(1, longest, 3, heads, d).permute(2, 0, 3, 1, 4)
-            attn = F.scaled_dot_product_attention(q, k, v).transpose(1, 2) \
-                .reshape(longest, cfg.hidden_size)
+            attn = attend_alone(qkv, heads)
         else:
             padded = qkv.new_zeros(n * longest, 3 * cfg.hidden_size)
             padded[slot] = qkv
@@ -328,7 +325,7 @@ def encode_native(w: BertWeights, cfg: BertConfig, x: torch.Tensor,
     of a short input's time. An input longer than SHORT_INPUT attends in torch's kernel, alone.
     Each step works on an input's own rows whatever it is batched with. Each product takes
     its input in the dtype it multiplies (bf16 for a bf16-packed matrix), as `encode`'s do."""
-    hidden, heads, d = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+    heads = cfg.num_heads
     lens = torch.tensor(list(lengths), dtype=torch.int64, device=x.device)
     starts = itertools.accumulate(lengths, initial=0)  # each input's first row
     long = [(s, n) for s, n in zip(starts, lengths) if n > SHORT_INPUT]
@@ -338,13 +335,10 @@ def encode_native(w: BertWeights, cfg: BertConfig, x: torch.Tensor,
         # q and k turned by rope in float32, as `encode` turns them
         qkv = linear(xin, layer.qkv_w, layer.qkv_b, wide=rope is not None)  # [T, 3 * hidden]
         if rope is not None:
-            qk = qkv[:, :2 * hidden].view(-1, 2 * heads, d)
-            qk.copy_(rotate(qk, *rope))
+            rotate_qk_(qkv, rope, heads)
         attn = ops.encoder_attention(qkv, lens, heads, takes(layer.o_w), SHORT_INPUT)
-        for s, n in long:  # [n, hidden] rows of a long input
-            q, k, v = qkv[s:s + n].float().view(1, n, 3, heads, d).permute(2, 0, 3, 1, 4)
-            attn[s:s + n] = F.scaled_dot_product_attention(q, k, v).transpose(1, 2) \
-                .reshape(n, hidden)
+        for s, n in long:
+            attn[s:s + n] = attend_alone(qkv[s:s + n].float(), heads)
         x, x16 = ops.add_layer_norm(x, linear(attn, layer.o_w, layer.o_b, wide=False),
                                     *layer.ln1, eps, takes(layer.up_w) == torch.bfloat16)
         xin = x if x16 is None else x16
@@ -358,6 +352,21 @@ def encode_native(w: BertWeights, cfg: BertConfig, x: torch.Tensor,
             not last and takes(w.layers[i + 1].qkv_w) == torch.bfloat16)
         xin = x if x16 is None else x16
     return x
+
+
+def rotate_qk_(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+               heads: int) -> None:
+    """q and k of qkv [T, 3 * hidden] turned in place, by each token's own position."""
+    qk = qkv[:, :2 * qkv.shape[1] // 3].view(qkv.shape[0], 2 * heads, -1)
+    qk.copy_(rotate(qk, *rope))
+
+
+def attend_alone(qkv: torch.Tensor, heads: int) -> torch.Tensor:
+    """One input's attention over its own rows: qkv [n, 3 * hidden] (q | k | v) -> [n,
+    hidden], in torch's kernel."""
+    n, hidden = qkv.shape[0], qkv.shape[1] // 3
+    q, k, v = qkv.view(1, n, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
+    return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, hidden)
 
 
 def takes(weight: Weight) -> torch.dtype:
