@@ -16,7 +16,7 @@ from engine.kernels.cpu_level import apply_torch_env as apply_cpu_cap
 from engine.kernels.cpu_level import describe as describe_cpu_level
 from engine.lazy import lazy_getattr
 from engine.models.memory import rss_bytes, settled_heap
-from engine.priority import lower_priority
+from engine.priority import job_below, lower_priority, start_job_below
 
 if TYPE_CHECKING:
     from engine.execution.attention.choice import flashinfer_missing, flashinfer_version
@@ -54,6 +54,7 @@ __all__ = [
     "flashinfer_missing",
     "flashinfer_version",
     "gpu_room",
+    "job_below",
     "kernel_status",
     "lower_priority",
     "onednn_works",
@@ -61,5 +62,6 @@ __all__ = [
     "rss_bytes",
     "set_kernel_build_dir",
     "settled_heap",
+    "start_job_below",
     "torch_build",
 ]

@@ -2,6 +2,13 @@
 tokenizing a long prompt, decoding its images) must not take the cores from the engine's
 threads, which write every user's tokens. On a machine with few cores the request that asked
 waits, not the others.
+
+Priority alone does not keep the engine's pace on two cores: while such a job held one, the
+engine's two OpenMP threads often shared the other, and each of a round's parallel regions
+waited for the thread not running (token gaps of 110-230 ms against ~20 at rest). So the
+engine also lends the job a core: every job below its priority is counted while it runs
+(job_below, start_job_below), and each round runs on one OpenMP thread fewer per job
+counted (engine_threads), never fewer than one.
 """
 from __future__ import annotations
 
@@ -10,10 +17,53 @@ import ctypes
 import os
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from engine.affinity import free_thread
 
 NICE = 10  # added to the process's nice value (the page-rendering worker's too)
 _lowered = threading.local()
+_jobs = 0  # jobs below the engine's priority running now (here or in a worker process)
+_jobs_lock = threading.Lock()
+
+
+def jobs_below() -> int:
+    """Jobs below the engine's priority running now."""
+    return _jobs
+
+
+def engine_threads(full: int) -> int:
+    """The OpenMP threads for the engine's next round: `full` less one per job below its
+    priority running now, at least one."""
+    return max(1, full - _jobs)
+
+
+def start_job_below() -> Callable[[], None]:
+    """Count one job below the engine's priority until the function returned is called
+    (again is harmless): for a job whose end another thread sees (a worker process's)."""
+    global _jobs
+    with _jobs_lock:
+        _jobs += 1
+    ended = threading.Event()
+
+    def end() -> None:
+        global _jobs
+        with _jobs_lock:
+            if not ended.is_set():
+                ended.set()
+                _jobs -= 1
+    return end
+
+
+@contextlib.contextmanager
+def job_below() -> Iterator[None]:
+    """Count the job the calling thread runs within, below the engine's priority."""
+    end = start_job_below()
+    try:
+        yield
+    finally:
+        end()
 
 
 def lower_priority(step: int = NICE) -> None:
@@ -27,6 +77,7 @@ def lower_priority(step: int = NICE) -> None:
     if getattr(_lowered, "done", False):
         return
     _lowered.done = True
+    free_thread()  # started by the engine's thread, it would share that thread's one core
     _one_openmp_thread()
     if sys.platform != "linux":
         return

@@ -7,7 +7,9 @@ spinning between parallel regions; every one of the ~400 small regions of a deco
 pays a futex wake-up. Measured here (2 cores): a bf16 batch-1 step took 67 ms on the engine
 thread after the model was loaded on the main thread, 35 ms when no other team existed. So all
 torch work runs on the engine thread, and one-off work before it (loading, converting) runs on
-a short-lived thread whose team ends with it (`on_fresh_thread`).
+a short-lived thread whose team ends with it (`on_fresh_thread`). That team is one thread
+smaller per job below the engine's priority running at the time (`RoundThreads`,
+engine.priority).
 
 Why freed memory is kept: every round allocates and frees the same activations, megabytes each
 in a prefill chunk. glibc serves such a block with a fresh mmap and hands a freed heap top back
@@ -29,7 +31,10 @@ from typing import TypeVar
 
 import torch
 
+from engine.affinity import free_thread, team_cpus
 from engine.kernels import cpu_level
+from engine.kernels.ops import pin_team
+from engine.priority import engine_threads
 
 T = TypeVar("T")
 
@@ -57,6 +62,30 @@ def cpu_has_native_bf16() -> bool:
     except OSError:
         return False  # no flags to read (macOS, Windows): assume emulated, the safe choice
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})  # bf16: Arm's flag
+
+
+class RoundThreads:
+    """The OpenMP team of the thread that runs an executor's rounds: `full` threads, one fewer
+    per job below the engine's priority running at the round's start (engine.priority), each
+    kept on a core of its own once the team first has them all (engine.affinity). torch's
+    count is per thread under OpenMP, so it is set on the calling thread, when that thread or
+    the count changes."""
+
+    def __init__(self, full: int) -> None:
+        self.full = full
+        self._set: tuple[int, int] | None = None  # (thread, count) set last
+        self._placed: int | None = None  # the thread whose team was placed
+
+    def fit(self) -> None:
+        thread, wanted = threading.get_ident(), engine_threads(self.full)
+        if self._set != (thread, wanted):
+            torch.set_num_threads(wanted)
+            self._set = (thread, wanted)
+        if wanted == self.full and self._placed != thread:
+            self._placed = thread
+            cpus = team_cpus(wanted)
+            if cpus is not None:
+                pin_team(cpus)
 
 
 # mallopt's parameters (malloc.h)
@@ -89,6 +118,7 @@ def on_fresh_thread(fn: Callable[[], T], name: str = "ferry-load") -> T:
     error: list[BaseException] = []
 
     def target() -> None:
+        free_thread()  # from the engine's thread: not on its one core
         try:
             result.append(fn())
         except BaseException as exc:  # re-raised in the caller

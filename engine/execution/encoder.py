@@ -9,14 +9,13 @@ no pool behind them.
 """
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from engine.config import EngineConfig
-from engine.execution.cpu import default_threads, on_fresh_thread
+from engine.execution.cpu import RoundThreads, default_threads, on_fresh_thread
 from engine.execution.loading.encoder_gguf import decoder_pooling_type, load_bert_gguf
 from engine.execution.loading.loader import choose_dtype
 from engine.execution.loading.model_files import is_gguf
@@ -73,7 +72,7 @@ class EncoderExecutor:
         self.model_path = model_path
         self.tokenizer_path = model_path
         self.threads = threads or default_threads()
-        self._bound_thread: int | None = None
+        self._round_threads = RoundThreads(self.threads)
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, config: EngineConfig | None = None, *,
@@ -177,9 +176,8 @@ class EncoderExecutor:
     # --- Executor protocol ------------------------------------------------------------------
 
     def run(self, batch: Batch) -> list[Sampled]:
-        if self._bound_thread != threading.get_ident() and self.device.type == "cpu":
-            torch.set_num_threads(self.threads)  # per calling thread (engine.execution.cpu)
-            self._bound_thread = threading.get_ident()
+        if self.device.type == "cpu":
+            self._round_threads.fit()
         items = batch.items
         for it in items:
             if it.start != 0 or it.num_tokens != it.request.prompt_len or it.sample:

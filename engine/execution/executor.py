@@ -8,7 +8,6 @@ the rows that sample, and samples each of those with its request's parameters.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +18,12 @@ from engine.config import EngineConfig
 from engine.execution.attention import get_backend
 from engine.execution.attention.base import AttentionInputs, LocalInputs
 from engine.execution.attention.choice import BackendChoice, choose
-from engine.execution.cpu import default_threads, on_fresh_thread, reuse_freed_memory
+from engine.execution.cpu import (
+    RoundThreads,
+    default_threads,
+    on_fresh_thread,
+    reuse_freed_memory,
+)
 from engine.execution.footprint import device_memory, fit_kv_tokens, weight_bytes
 from engine.execution.host import to_device
 from engine.execution.image_encoder import ImageEncoder
@@ -105,10 +109,10 @@ class ModelExecutor:
         self.vocab_size = cfg.vocab_size
         self.model_path = model_path  # the .gguf file or the folder loaded
         self.tokenizer_path = model_path  # a folder (or .gguf) Tokenizer() loads from
-        # torch's intra-op thread count is per calling thread under OpenMP: set it on the
-        # thread that runs rounds (see engine.execution.cpu), at its first round
+        # torch's intra-op thread count is per calling thread under OpenMP: set on the thread
+        # that runs rounds, at each round (engine.execution.cpu.RoundThreads)
         self.threads = threads or default_threads()
-        self._bound_thread: int | None = None
+        self._round_threads = RoundThreads(self.threads)
 
     @classmethod
     def from_pretrained(cls, model: str | Path | None = None, config: EngineConfig | None = None,
@@ -264,10 +268,8 @@ class ModelExecutor:
     # --- the forward pass -------------------------------------------------------------------
 
     def _bind_threads(self) -> None:
-        """torch's thread count is per thread: set it on the thread that runs the rounds."""
-        if self._bound_thread != threading.get_ident() and self.device.type == "cpu":
-            torch.set_num_threads(self.threads)
-            self._bound_thread = threading.get_ident()
+        if self.device.type == "cpu":
+            self._round_threads.fit()
 
     def compute_logits(self, batch: Batch) -> tuple[torch.Tensor, list[int]]:
         """Run the round's forward pass (writing its K/V) -> (logits [S, vocab], for each row

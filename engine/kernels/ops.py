@@ -217,3 +217,12 @@ def add_layer_norm(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor
         weight.data_ptr(), bias.data_ptr(), eps, rows, dim, out.data_ptr(),
         None if out16 is None else out16.data_ptr()), "add_layer_norm")
     return out, out16
+
+
+def pin_team(cpus: list[int]) -> int:
+    """Keep thread i of the calling thread's OpenMP team of len(cpus) on CPU cpus[i] -> the
+    threads kept so (0 without the kernels, or off Linux)."""
+    if native.library() is None:
+        return 0
+    ids = torch.tensor(cpus, dtype=torch.int32, device="cpu")
+    return int(native.loaded().ferry_pin_team(ids.data_ptr(), len(cpus)))

@@ -9,7 +9,8 @@ space: only what a compile touches is ever backed by memory.
 
 A compile of a large grammar takes a core for a fraction of a second. The threads run at a
 lower priority (Linux: `nice` is per thread), so that on a machine with few cores the engine's
-threads, which write every user's tokens, keep theirs: the compile waits, not the others.
+threads, which write every user's tokens, keep theirs: the compile waits, not the others. While
+a compile runs, the engine's rounds run on one core fewer (engine.priority).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from engine.priority import NICE, lower_priority
+from engine.priority import NICE, job_below, lower_priority
 
 T = TypeVar("T")
 STACK_BYTES = 256 << 20
@@ -67,7 +68,9 @@ class CompileThreads:
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                future.set_result(fn())
+                with job_below():
+                    result = fn()
+                future.set_result(result)
             except BaseException as exc:  # handed to the waiting caller
                 future.set_exception(exc)
 

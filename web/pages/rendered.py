@@ -23,11 +23,13 @@ import signal
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from markupsafe import Markup
+
+from engine.host import start_job_below
 
 MAX_CACHED_CHARS = 16 * 1024 * 1024  # source characters held (the HTML is ~2-3x that)
 MAX_CACHED = 20_000  # texts held
@@ -39,6 +41,10 @@ _worker: ProcessPoolExecutor | None = None  # started on first use, for every ap
 # texts being rendered now -> done (set, never failed) once their render ends, whatever its
 # outcome; a concurrent future: the apps of one process may run on several event loops
 _rendering: dict[str, concurrent.futures.Future[None]] = {}
+# renders handed to the worker and not yet done, and the end of the one job below the
+# engine's priority they count as while there are any (the worker renders one at a time)
+_submitted = 0
+_end_job: Callable[[], None] | None = None
 ROUNDS = 3  # a viewer waits for another's render, then renders what is still missing
 
 
@@ -111,6 +117,31 @@ def _pool() -> ProcessPoolExecutor:
         return _worker
 
 
+def _submit(pool: ProcessPoolExecutor, todo: list[str]) -> concurrent.futures.Future[list[str]]:
+    """`todo` rendered in the worker; while it renders, the engine runs its rounds on one core
+    fewer (engine.priority), until the worker is done with it, even if its viewer left."""
+    global _submitted, _end_job
+    with _lock:
+        _submitted += 1
+        if _end_job is None:
+            _end_job = start_job_below()
+
+    def ended(_: object) -> None:
+        global _submitted, _end_job
+        with _lock:
+            _submitted -= 1
+            end, _end_job = (_end_job, None) if _submitted == 0 else (None, _end_job)
+        if end is not None:
+            end()
+    try:
+        future = pool.submit(_render_many, todo)
+    except BaseException:
+        ended(None)
+        raise
+    future.add_done_callback(ended)
+    return future
+
+
 async def render_ahead(texts: Iterable[str | None]) -> None:
     """Render (and cache) every non-empty text in the worker process, before a template
     shows them. A text another viewer's render holds is waited for, not rendered twice (three
@@ -147,7 +178,7 @@ async def _render_into_cache(todo: list[str]) -> None:
     for _ in range(2):  # a worker that died (killed, out of memory) is replaced once
         pool = _pool()
         try:
-            done = await asyncio.wrap_future(pool.submit(_render_many, todo))
+            done = await asyncio.wrap_future(_submit(pool, todo))
             break
         except BrokenProcessPool:
             with _lock:

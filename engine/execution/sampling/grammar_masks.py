@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from engine.affinity import free_thread
 from engine.execution.host import to_device
 from engine.scheduling.request import Request
 
@@ -71,7 +72,9 @@ class MaskWorker:
         if not requests:
             return None
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-masks")
+            # started by the engine's thread: not kept on that thread's core
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-masks",
+                                            initializer=free_thread)
         bitmask = torch.zeros((len(requests), self.words), dtype=torch.int32, device="cpu")
         future = self._pool.submit(_fill, [r.matcher for r in requests], bitmask)
         return MaskJob(requests, bitmask, future)

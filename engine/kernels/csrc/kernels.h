@@ -128,4 +128,8 @@ int ferry_decode_layers(const ferry_layer *layers, int n, const ferry_dims *D, i
                         int64_t rows, void *x, void *residual, const ferry_round *round,
                         void *scratch);
 
+/* team.c: keep thread i of the calling thread's OpenMP team of `count` on CPU cpus[i];
+ * returns the threads kept so (0 where none can be) */
+int ferry_pin_team(const int32_t *cpus, int count);
+
 #endif /* FERRY_KERNELS_H */
