@@ -5,6 +5,7 @@ every parallel region. Threads the engine's thread starts are not kept on its co
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -92,6 +93,11 @@ needs_two_cpus = pytest.mark.skipif(
     reason="placing threads needs Linux, two CPUs and the native kernels")
 
 
+def lowered_allowed() -> list[int]:
+    lower_priority()
+    return allowed()
+
+
 @needs_two_cpus
 def test_each_thread_of_the_team_keeps_a_core_of_its_own(
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -99,17 +105,18 @@ def test_each_thread_of_the_team_keeps_a_core_of_its_own(
         monkeypatch.delenv(name, raising=False)
     cpus = process_cpus()
     every = set(allowed())
+    earlier = set(os.listdir("/proc/self/task"))  # an earlier test's engine may still run
 
     def engine_thread() -> tuple[list[int], list[list[int]], list[int], list[int],
                                  list[int]]:
         RoundThreads(2).fit()
         torch.randn(2048, 2048).clone()  # work split over the team
         mine = allowed()
-        kept = [allowed(tid) for tid in Path("/proc/self/task").iterdir()
-                if len(allowed(tid.name)) == 1]
+        kept = [allowed(tid) for tid in set(os.listdir("/proc/self/task")) - earlier
+                if len(allowed(tid)) == 1]
         # threads this one starts run on every CPU again
         loader = on_fresh_thread(allowed)
-        lowered = on_new_thread(lambda: (lower_priority(), allowed())[1])
+        lowered = on_new_thread(lowered_allowed)
         return mine, kept, loader, lowered, allowed()
 
     mine, kept, loader, lowered, after = on_new_thread(engine_thread)
