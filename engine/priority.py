@@ -8,15 +8,17 @@ engine's two OpenMP threads often shared the other, and each of a round's parall
 waited for the thread not running (token gaps of 110-230 ms against ~20 at rest). So the
 engine also lends the job a core: every job below its priority is counted while it runs
 (job_below, start_job_below), and each round runs on one OpenMP thread fewer per job
-counted (engine_threads), never fewer than one.
+that has run LEND_AFTER (engine_threads), never fewer than one.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,35 +26,40 @@ from engine.affinity import free_thread
 
 NICE = 10  # added to the process's nice value (the page-rendering worker's too)
 _lowered = threading.local()
-_jobs = 0  # jobs below the engine's priority running now (here or in a worker process)
+LEND_AFTER = 0.01  # seconds a job has run before the engine's rounds leave it a core
+# the start (time.monotonic) of each job below the engine's priority running now, here or in
+# a worker process, by key
+_jobs: dict[int, float] = {}
+_keys = itertools.count()
 _jobs_lock = threading.Lock()
 
 
 def jobs_below() -> int:
     """Jobs below the engine's priority running now."""
-    return _jobs
+    return len(_jobs)
 
 
-def engine_threads(full: int) -> int:
+def engine_threads(full: int, now: float | None = None) -> int:
     """The OpenMP threads for the engine's next round: `full` less one per job below its
-    priority running now, at least one."""
-    return max(1, full - _jobs)
+    priority that has run LEND_AFTER or longer, at least one. A shorter job (a short
+    prompt's tokens) most likely ends before the round does; the round that it overlaps
+    loses only what the job takes of one core (engine.affinity)."""
+    since = (time.monotonic() if now is None else now) - LEND_AFTER
+    with _jobs_lock:
+        lent = sum(start <= since for start in _jobs.values())
+    return max(1, full - lent)
 
 
 def start_job_below() -> Callable[[], None]:
     """Count one job below the engine's priority until the function returned is called
     (again is harmless): for a job whose end another thread sees (a worker process's)."""
-    global _jobs
+    key = next(_keys)
     with _jobs_lock:
-        _jobs += 1
-    ended = threading.Event()
+        _jobs[key] = time.monotonic()
 
     def end() -> None:
-        global _jobs
         with _jobs_lock:
-            if not ended.is_set():
-                ended.set()
-                _jobs -= 1
+            _jobs.pop(key, None)
     return end
 
 

@@ -8,6 +8,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -18,7 +19,14 @@ import torch
 from engine.affinity import process_cpus, team_cpus
 from engine.execution.cpu import RoundThreads, on_fresh_thread
 from engine.kernels import native
-from engine.priority import engine_threads, job_below, jobs_below, lower_priority, start_job_below
+from engine.priority import (
+    LEND_AFTER,
+    engine_threads,
+    job_below,
+    jobs_below,
+    lower_priority,
+    start_job_below,
+)
 
 T = TypeVar("T")
 
@@ -58,14 +66,16 @@ def test_jobs_are_counted_until_they_end() -> None:
     assert jobs_below() == before
 
 
-def test_a_job_takes_one_thread_and_never_the_last() -> None:
+def test_a_job_takes_one_thread_once_it_has_run_a_while_and_never_the_last() -> None:
     full = 4 + jobs_below()
-    assert engine_threads(full) == 4
+    later = time.monotonic() + LEND_AFTER + 1.0
+    assert engine_threads(full, later) == 4
     with job_below():
-        assert engine_threads(full) == 3
+        assert engine_threads(full, time.monotonic()) == 4  # just started: likely to end soon
+        assert engine_threads(full, later) == 3
         with job_below(), job_below(), job_below(), job_below():
-            assert engine_threads(full) == 1
-    assert engine_threads(full) == 4
+            assert engine_threads(full, later) == 1
+    assert engine_threads(full, later) == 4
 
 
 def test_a_round_runs_on_one_thread_fewer_while_a_job_runs() -> None:
@@ -74,6 +84,8 @@ def test_a_round_runs_on_one_thread_fewer_while_a_job_runs() -> None:
         counts = []
         for job in (False, True, False):
             with job_below() if job else contextlib.nullcontext():
+                if job:
+                    time.sleep(LEND_AFTER * 1.5)
                 team.fit()
                 counts.append(torch.get_num_threads())
         return counts
