@@ -107,13 +107,13 @@ def default_gguf() -> Path:
 
 def copy_tokenizer(writer: GGUFWriter, source: Path, chat_template: bool = True,
                    vocab_size: int = 0, named: dict[int, str] | None = None,
-                   template: str | None = None) -> int:
+                   template: str | None = None, pre: str | None = None) -> int:
     """Copy every tokenizer.* field of `source` (but the chat template unless
     `chat_template`: a base model's file has none); returns its vocabulary size.
     `vocab_size` above the source's pads the vocabulary with unused tokens (normal tokens
     no merge reaches), for the memory of a model with a wide vocabulary (Gemma 3's 262k);
     `named`: padding tokens (by id) that are control tokens of that spelling instead (Gemma
-    3's image tags); `template`: another chat template."""
+    3's image tags); `template`: another chat template; `pre`: another tokenizer.ggml.pre."""
     reader = GGUFReader(source)
     vocab = 0
     named = named or {}
@@ -145,7 +145,8 @@ def copy_tokenizer(writer: GGUFWriter, source: Path, chat_template: bool = True,
             if name == "tokenizer.ggml.tokens":
                 vocab = len(values)
         elif kind == GGUFValueType.STRING:
-            writer.add_string(name, bytes(field.parts[field.data[0]]).decode("utf-8"))
+            text = bytes(field.parts[field.data[0]]).decode("utf-8")
+            writer.add_string(name, pre if name == "tokenizer.ggml.pre" and pre else text)
         else:
             writer.add_key_value(name, field.parts[field.data[0]].tolist()[0], kind)
     return vocab
@@ -179,10 +180,12 @@ def write(out: Path, hidden: int, layers: int, ff: int, heads: int, kv_heads: in
           qtype: GGMLQuantizationType, untied: bool, seed: int = 0,
           chat_template: bool = True, window: int = 0, arch: str = "llama",
           head_dim: int = 0, experts: int = 0, top_k: int = 0,
-          embed_std: float = 0.02, vocab_size: int = 0, images: bool = False) -> int:
+          embed_std: float = 0.02, vocab_size: int = 0, images: bool = False,
+          pre: str | None = None) -> int:
     """`window`: a sliding window (Gemma 3's local layers; for llama every layer, Mistral's,
     as its GGUFs say it). `head_dim` 0: hidden // heads. `experts`, `top_k`: qwen3moe's
-    (`ff` is then each expert's). Returns the parameter count."""
+    (`ff` is then each expert's). `pre`: another tokenizer.ggml.pre (the split of the text
+    before merges, by llama.cpp's name). Returns the parameter count."""
     spec = ARCHS[arch]
     assert not spec.moe or (experts > 0 and 0 < top_k <= experts), "qwen3moe needs experts"
     head_dim = head_dim or hidden // heads
@@ -192,7 +195,8 @@ def write(out: Path, hidden: int, layers: int, ff: int, heads: int, kv_heads: in
     # them
     tags, template = IMAGE_TAGS[arch] if images else (None, None)
     assert not images or (tags is not None and vocab_size > max(tags))
-    vocab = copy_tokenizer(writer, default_gguf(), chat_template, vocab_size, tags, template)
+    vocab = copy_tokenizer(writer, default_gguf(), chat_template, vocab_size, tags, template,
+                           pre)
     writer.add_name(f"synthetic-{arch}-{hidden}x{layers}")
     writer.add_block_count(layers)
     writer.add_context_length(spec.context)

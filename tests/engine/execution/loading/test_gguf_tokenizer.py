@@ -174,3 +174,34 @@ def test_an_earlier_format_folder_is_rebuilt_and_removed(tmp_path: Path) -> None
     folder = gguf_tokenizer_dir(path, tmp_path / "cache")
     assert folder not in older and not any(f.exists() for f in older)
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]
+
+
+# llama.cpp's split for tokenizer.ggml.pre "tekken" (Mistral's Tekken vocabularies, as its
+# converter writes Mistral 3's and Pixtral's files): cased words apart, each digit alone
+TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+          r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+SPLIT_TEXTS = ["helloWorld and CamelCaseWords, JSONParser", "it's 2026-12-07, isn't it? 12345",
+               "path/to/file\n\n  next line", "naïve café ÉCOLE Straße"]
+
+
+def test_a_mistral3_file_with_the_tekken_split_tokenizes_as_it_says(tmp_path: Path) -> None:
+    """Ferry reads a `mistral3` file's tokenizer as a llama one's; the split its
+    tokenizer.ggml.pre names must survive that, and no compact table may take its place."""
+    from tokenizers import Regex, pre_tokenizers
+    from tokenizers import Tokenizer as RustTokenizer
+
+    path = tmp_path / "mistral3-tekken.gguf"
+    synthetic_gguf.write(path, hidden=64, layers=2, ff=128, heads=4, kv_heads=1,
+                         qtype=GGMLQuantizationType.F16, untied=False, arch="mistral3",
+                         pre="tekken")
+    default = gguf_tokenizer_dir(synthetic_gguf.default_gguf(), tmp_path / "a")
+    reference = RustTokenizer.from_file(str(default / "tokenizer.json"))
+    reference.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(TEKKEN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    want = [reference.encode(t, add_special_tokens=False).ids for t in SPLIT_TEXTS]
+    tekken = Tokenizer(gguf_tokenizer_dir(path, tmp_path / "b"))
+    assert [tekken.encode(t) for t in SPLIT_TEXTS] == want
+    assert [Tokenizer(default).encode(t) for t in SPLIT_TEXTS] != want  # the split matters
+    assert [tekken.decode(ids) for ids in want] == SPLIT_TEXTS
