@@ -7,9 +7,9 @@ spinning between parallel regions; every one of the ~400 small regions of a deco
 pays a futex wake-up. Measured here (2 cores): a bf16 batch-1 step took 67 ms on the engine
 thread after the model was loaded on the main thread, 35 ms when no other team existed. So all
 torch work runs on the engine thread, and one-off work before it (loading, converting) runs on
-a short-lived thread whose team ends with it (`on_fresh_thread`). That team is one thread
-smaller per job below the engine's priority running at the time (`RoundThreads`,
-engine.priority).
+a short-lived thread whose team ends with it (`on_fresh_thread`). The engine thread's team is
+one thread smaller per job below the engine's priority that has run a while, and keeps one
+thread per core (`RoundThreads`; engine.priority, engine.affinity).
 
 Why freed memory is kept: every round allocates and frees the same activations, megabytes each
 in a prefill chunk. glibc serves such a block with a fresh mmap and hands a freed heap top back
@@ -66,8 +66,9 @@ def cpu_has_native_bf16() -> bool:
 
 class RoundThreads:
     """The OpenMP team of the thread that runs an executor's rounds: `full` threads, one fewer
-    per job below the engine's priority running at the round's start (engine.priority), each
-    kept on a core of its own once the team first has them all (engine.affinity). torch's
+    per job below the engine's priority that has run LEND_AFTER by the round's start
+    (engine.priority), each kept on a core of its own once the team first has them all
+    (engine.affinity). torch's
     count is per thread under OpenMP, so it is set on the calling thread, when that thread or
     the count changes."""
 
