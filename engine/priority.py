@@ -8,7 +8,7 @@ engine's two OpenMP threads often shared the other, and each of a round's parall
 waited for the thread not running (token gaps of 110-230 ms against ~20 at rest). So the
 engine also lends the job a core: every job below its priority is counted while it runs
 (job_below, start_job_below), and each round runs on one OpenMP thread fewer per job
-that has run LEND_AFTER (engine_threads), never fewer than one.
+that has run LEND_AFTER (engine_threads), lending at most half its threads.
 """
 from __future__ import annotations
 
@@ -41,13 +41,15 @@ def jobs_below() -> int:
 
 def engine_threads(full: int, now: float | None = None) -> int:
     """The OpenMP threads for the engine's next round: `full` less one per job below its
-    priority that has run LEND_AFTER or longer, at least one. A shorter job (a short
-    prompt's tokens) most likely ends before the round does; the round that it overlaps
-    loses only what the job takes of one core (engine.affinity)."""
+    priority that has run LEND_AFTER or longer, never fewer than half of `full` (rounded
+    up): many long jobs at once (several users' megabyte prompts on a machine with many
+    cores) share what is lent. A shorter job (a short prompt's tokens) most likely ends
+    before the round does; the round that it overlaps loses only what the job takes of one
+    core (engine.affinity)."""
     since = (time.monotonic() if now is None else now) - LEND_AFTER
     with _jobs_lock:
         lent = sum(start <= since for start in _jobs.values())
-    return max(1, full - lent)
+    return max((full + 1) // 2, full - lent)
 
 
 def start_job_below() -> Callable[[], None]:
