@@ -68,9 +68,8 @@ class RoundThreads:
     """The OpenMP team of the thread that runs an executor's rounds: `full` threads, one fewer
     per job below the engine's priority that has run LEND_AFTER by the round's start
     (engine.priority), each kept on a core of its own once the team first has them all
-    (engine.affinity). torch's
-    count is per thread under OpenMP, so it is set on the calling thread, when that thread or
-    the count changes."""
+    (engine.affinity). torch's count is per thread under OpenMP, so it is set on the calling
+    thread, when that thread or the count changes."""
 
     def __init__(self, full: int) -> None:
         self.full = full
