@@ -90,7 +90,8 @@ def banner(settings: Settings, model: str, device: str = "", dtype: str = "",
         f"{settings.max_running} slots, prefill budget {settings.max_prefill_tokens}, "
         f"KV {settings.kv_tokens} tokens / page {settings.page_size}, "
         f"prefix cache {'on' if settings.prefix_cache else 'off'}, "
-        f"speculative {settings.speculative}")
+        f"speculative {settings.speculative}"
+        + (", deterministic" if settings.deterministic else ""))
     lines.append("  Stop with Ctrl+C")
     lines.append("")
     return "\n".join(lines)

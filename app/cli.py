@@ -144,6 +144,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
                        help="also answer requests for this host name (a reverse proxy's or a "
                             "DNS name; .example.com covers its subdomains); repeatable. Other "
                             "Host names are refused (DNS rebinding)")
+    serve.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None,
+                       help="the same reply at temperature 0 whatever shares its rounds or the "
+                            "prefix cache held (CPU only; prefill slower on CPUs with AMX)")
     serve.add_argument("--open", action=argparse.BooleanOptionalAction, default=None,
                        help="open the chat in the default browser once serving")
     serve.add_argument("--config", type=Path, metavar="FILE",
@@ -178,7 +181,7 @@ def serve_flags(args: argparse.Namespace) -> dict[str, object]:
                                  "kv_tokens", "kv_dtype",
                                  "max_prefill_tokens", "open", "upstreams", "allowed_hosts",
                                  "max_loaded", "max_memory", "keep_alive",
-                                 "users_load_models", "discover_models")}
+                                 "users_load_models", "discover_models", "deterministic")}
     named: list[str] = args.model or []
     flags["model"] = named[0] if named else None  # one --model: exactly as before
     flags["models"] = named if len(named) > 1 else None

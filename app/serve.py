@@ -74,6 +74,19 @@ def device_line(name: str) -> tuple[str, str]:
     return chosen.device, f"{chosen.device} ({chosen.why}), torch {torch_build()}"
 
 
+def deterministic_error(device: str) -> str | None:
+    """Turn batch invariance on (settings' `deterministic`) for every model this process
+    serves; what stands in its way, if anything."""
+    if device != "cpu":
+        return (f"deterministic runs on the CPU only (Ferry's kernels); this server runs on "
+                f"{device}")
+    from engine.host import kernel_status, set_batch_invariant
+
+    if not set_batch_invariant(True):
+        return f"deterministic needs Ferry's CPU kernels, which did not load: {kernel_status()}"
+    return None
+
+
 def attention_line(executor: object) -> str:
     """How attention runs, and why that backend (FlashInfer's self-test, or its absence)."""
     choice = getattr(executor, "attention", None)
@@ -390,6 +403,9 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
             print(f"ferry serve: error: {exc}", file=sys.stderr)
             return 2
         settings = dataclasses.replace(settings, device=device)  # decided once, said once
+        if settings.deterministic and (error := deterministic_error(device)):
+            print(f"ferry serve: error: {error}", file=sys.stderr)
+            return 2
         try:
             refs, found = models_to_serve(settings)
             if found:

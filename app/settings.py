@@ -121,6 +121,9 @@ class Settings:
     # for every slot's window plus one round
     local_kv_tokens: int = 0
     prefix_cache: bool = True
+    # every row of a round computed as it would be alone (engine.kernels.invariance): the same
+    # greedy reply whatever shares its rounds or the prefix cache held; CPU, Ferry's kernels
+    deterministic: bool = False
     speculative: str = "ngram"  # ngram (prompt lookup) | draft (draft_model drafts) | off
     # the draft model of speculative "draft": a GGUF file or a safetensors folder whose
     # tokenizer is the model's (checked when it loads)

@@ -1,7 +1,7 @@
 """The machine the engine runs on, for the host's tools (the command line, `ferry doctor`,
 `ferry bench`, the serve command): the CPU level and its cap, the devices and the torch
 build, FlashInfer and oneDNN, the native kernels' build folder and status, memory in use,
-the heap settled once serving starts.
+the heap settled once serving starts, batch invariance (`deterministic`).
 
 These are not the engine's API (`engine` is): they describe and prepare the machine. The
 CPU-level names import at once and without torch, so the command line applies the cap before
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from engine.execution.devices import flashinfer_kernels, pick_device, torch_build
     from engine.execution.footprint import gpu_room
     from engine.execution.model.linear_kernels import onednn_works
+    from engine.kernels.invariance import set_batch_invariant
     from engine.kernels.native import set_build_dir as set_kernel_build_dir
     from engine.kernels.native import status as kernel_status
 
@@ -37,6 +38,7 @@ _LAZY: dict[str, str] = {
     "gpu_room": "engine.execution.footprint:gpu_room",
     "torch_build": "engine.execution.devices:torch_build",
     "onednn_works": "engine.execution.model.linear_kernels:onednn_works",
+    "set_batch_invariant": "engine.kernels.invariance:set_batch_invariant",
     "set_kernel_build_dir": "engine.kernels.native:set_build_dir",
     "kernel_status": "engine.kernels.native:status",
 }
@@ -60,6 +62,7 @@ __all__ = [
     "onednn_works",
     "pick_device",
     "rss_bytes",
+    "set_batch_invariant",
     "set_kernel_build_dir",
     "settled_heap",
     "start_job_below",

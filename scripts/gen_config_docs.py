@@ -75,6 +75,13 @@ HELP: dict[str, str] = {
                        "never waits on it; less saves memory and makes admission wait.",
     "prefix_cache": "Reuse the KV of earlier prompts (off by itself for models with "
                     "sliding-window layers).",
+    "deterministic": "The same reply at temperature 0 whatever shares a request's rounds, "
+                     "however its prompt is chunked and whatever part of it the prefix cache "
+                     "held: every product of a model in blocks runs in lanes and every prefill "
+                     "chunk attends in the decode kernel, row by row. CPU only, with Ferry's "
+                     "kernels (`ferry serve` refuses it elsewhere); a float model's products "
+                     "stay torch's. Costs prefill speed, most on CPUs with AMX. See "
+                     "[kernels](kernels.md#reproducibility).",
     "speculative": "Speculative decoding: `ngram` (prompt lookup, adaptive), `draft` (a draft "
                    "model drafts: `draft_model`), `off`.",
     "draft_model": "With `speculative = \"draft\"`: the draft model, a `.gguf` file or a "

@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="sample the engine thread during the throughput run and print where "
                         "its time goes (products, attention, sampling, scheduling, ...)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="batch invariance on, as `ferry serve --deterministic` (its cost)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     return p
@@ -109,6 +111,12 @@ def main(argv: list[str]) -> int:
                           max_draft=args.max_draft)
     paths = get_paths()
     set_kernel_build_dir(paths.kernels_cache)
+    if args.deterministic:
+        from app.serve import deterministic_error
+
+        if error := deterministic_error(args.device):
+            print(f"ferry bench: {error}", file=sys.stderr)
+            return 2
     how = LoadOptions(args.dtype, args.device, paths.models_cache,
                       tokenizer_cache=paths.tokenizer_cache)
     try:
@@ -189,6 +197,8 @@ def main(argv: list[str]) -> int:
     if executor.fused is not None:
         kernels += ", fused decode layers"
     kernels += f"; CPU {describe_cpu_level()}"  # every figure says which CPU it came from
+    if args.deterministic:
+        kernels += "; deterministic (batch invariant)"
     report(results, work, dtype, args.json, kernels, executor.describe())
     if profile:
         print(profile, file=sys.stderr if args.json else sys.stdout)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from engine.kernels import cpu_level, native
+from engine.kernels.invariance import batch_invariant
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 8, 12, 13, 14, 30
 
@@ -217,7 +218,8 @@ def amx_available() -> bool:
 
 
 def _amx_in_force() -> bool:
-    return _cap == len(PATHS) - 1 and cpu_level.allows_bf16() and amx_available()
+    return _cap == len(PATHS) - 1 and cpu_level.allows_bf16() and amx_available() \
+        and not batch_invariant()
 
 
 @functools.cache
@@ -231,7 +233,10 @@ def tile_dtype() -> torch.dtype:
 
 def many_rows(qtype: int | None = None) -> int:
     """The row count from which quant_matmul multiplies dequantized tiles instead (for weights
-    of `qtype`; None: the lowest over all types)."""
+    of `qtype`; None: the lowest over all types). Never under batch invariance: every row
+    then runs in lanes or the dot products, as it would alone."""
+    if batch_invariant():
+        return MANY_ROWS_LANES
     lanes = qtype is not None and uses_lanes(qtype)
     if _amx_in_force():
         if not lanes or qtype is None:

@@ -345,3 +345,17 @@ def test_progress_bars_are_plain_when_output_is_not_a_terminal(tmp_path: Path) -
         os.close(child)
         os.close(parent)
     assert done.stdout.split()[0] == "False" and "loading" in shown and "\r" in shown
+
+
+def test_serve_deterministic_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "serve", "--deterministic", "--print-config")
+    assert code == 0 and "deterministic = true" in out and "# flag --deterministic" in out
+    code, out, _ = run(capsys, "serve", "--print-config")
+    assert code == 0 and "deterministic = false" in out
+
+
+def test_deterministic_is_refused_off_the_cpu() -> None:
+    from app.serve import deterministic_error
+
+    error = deterministic_error("cuda")
+    assert error is not None and "CPU only" in error and "cuda" in error

@@ -19,7 +19,8 @@ Padded pages repeat a sequence's first page, so they hold finite values, and are
 On CPU with Ferry's kernels loaded (engine.kernels), K/V are stored and the decode part is
 attended by C kernels that read the pages in place (no gather copy, one call per layer);
 so is a prefill part of few rows or short contexts (NATIVE_PREFILL_*), each query row as a
-sequence of its own; longer ones keep SDPA. With a local layers' pool, all of this is planned
+sequence of its own; longer ones keep SDPA (all of them the kernel under batch invariance,
+engine.kernels.invariance). With a local layers' pool, all of this is planned
 once per pool (`Plan`), over that pool's trimmed page tables, with the masks of that pool's
 layers.
 """
@@ -40,6 +41,7 @@ from engine.execution.attention.torch_plan import (
 from engine.execution.cpu import emulated_bf16
 from engine.execution.kv_pool import KVPool
 from engine.kernels import ops
+from engine.kernels.invariance import batch_invariant
 
 # a prefill part whose sequences each have at most NATIVE_PREFILL_ROWS query rows (a
 # speculative round's) or at most NATIVE_PREFILL_CONTEXT positions (short prompts) is attended
@@ -136,9 +138,10 @@ class TorchAttention(AttentionBackend):
             for seq, first, count in inputs.spans:
                 if seq >= n_dec and count > 1:
                     spans.setdefault(seq - n_dec, []).append((first, count))
-            if self.native and not spans and all(
+            # batch invariance: every row in the kernel, as it would be in any other chunk
+            if self.native and not spans and (batch_invariant() or all(
                     q <= NATIVE_PREFILL_ROWS or kv <= NATIVE_PREFILL_CONTEXT
-                    for q, kv in zip(qlens, kvlens)):
+                    for q, kv in zip(qlens, kvlens))):
                 plan.pre_pages = ops.DecodePages(  # a sequence's rows share its table
                     [t for t, q in zip(tables, qlens) for _ in range(q)],
                     [kv - q + r + 1 for q, kv in zip(qlens, kvlens) for r in range(q)],

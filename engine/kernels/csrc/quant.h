@@ -39,6 +39,11 @@ int ferry_qgemm_available(void);
  * quant.AMX_MAX_ROWS on, quant_matmul turns to torch's tiles, which C has not: it stays.) */
 int ferry_qgemm_takes(const ferry_weight *w, int64_t rows);
 
+/* on = 1: ferry_qgemm_takes takes nothing, so that every product multiplies a row as it would
+ * alone, in the dot products or lanes (quant.set_batch_invariant); 0: as above; -1: leaves it.
+ * Returns the setting now. */
+int ferry_qinvariant(int on);
+
 /* out[k] = row ids[k] of W ([n, in]), dt FERRY_F32 (exact) or FERRY_BF16 (rounded to nearest
  * even); ids NULL: rows 0..n-1 */
 int ferry_qdequantize(const ferry_weight *w, const int64_t *ids, int64_t n, void *out, int dt);

@@ -9,6 +9,13 @@
 #define _GNU_SOURCE /* syscall() */
 #include "quant_impl.h"
 
+static int invariant; /* ferry_qinvariant: no product of many rows in tiles */
+
+int ferry_qinvariant(int on) {
+    if (on >= 0) invariant = on != 0;
+    return invariant;
+}
+
 #if defined(__x86_64__) && defined(__linux__)
 #include <immintrin.h>
 #include <cpuid.h>
@@ -129,8 +136,8 @@ int ferry_qgemm_takes(const ferry_weight *w, int64_t rows) {
     /* quant.many_rows: MANY_ROWS_AMX_K for the K-quants (256-value blocks) in lanes,
      * MANY_ROWS_AMX_LANES for the other types in lanes, MANY_ROWS_AMX for the rest */
     const int from = !ferry_qlanes(w->qtype) ? 8 : q_info(w->qtype)->act == ACT_256 ? 24 : 16;
-    return rows >= from && w->qtype != QT_F32 && w->in % G_K == 0 && q_active_path() == 3 &&
-           g_cpu();
+    return rows >= from && !invariant && w->qtype != QT_F32 && w->in % G_K == 0 &&
+           q_active_path() == 3 && g_cpu();
 }
 
 /* parts w[0..n) side by side in y's columns (part i from column `col` = the outs before it),
