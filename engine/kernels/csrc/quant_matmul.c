@@ -213,19 +213,20 @@ int q_plan_make(q_plan *p, const float *x, int64_t rows, int64_t x_stride, const
     return FERRY_OK;
 }
 
-void q_plan_chunk(const q_plan *p, int64_t c) {
+/* chunk c's columns for lane groups [g_lo, g_hi), and with `tail` the rows past the lanes */
+static void q_plan_part(const q_plan *p, int64_t c, int64_t g_lo, int64_t g_hi, int tail) {
     const ferry_weight *w = p->w;
     const float *bias = p->bias;
     float *y = p->y;
     const int64_t nb = w->in / p->info->block, rows = p->rows, y_stride = p->y_stride;
-    const int64_t groups = p->groups, full = p->full;
+    const int64_t full = p->full;
     const uint8_t *wd = (const uint8_t *)w->data;
     int64_t o1 = (c + 1) * Q_CHUNK < w->out ? (c + 1) * Q_CHUNK : w->out;
     const int64_t o0 = c * Q_CHUNK, n = o1 - o0;
     float bo[Q_CHUNK]; /* the chunk's bias, for all three kinds of rows below */
     for (int64_t i = 0; i < n; i++) bo[i] = bias ? bias[o0 + i] : 0.f;
-    for (int64_t g0 = 0; g0 < groups; g0 += QL_MAX_G) {
-        int G = groups - g0 < QL_MAX_G ? (int)(groups - g0) : QL_MAX_G;
+    for (int64_t g0 = g_lo; g0 < g_hi; g0 += QL_MAX_G) {
+        int G = g_hi - g0 < QL_MAX_G ? (int)(g_hi - g0) : QL_MAX_G;
         /* the chunk's columns for G groups' rows, then written row by row: a row's columns
          * are adjacent in y (column by column, every store went to another row's line) */
         float part[Q_CHUNK * QL_MAX_G * QL_ROWS];
@@ -241,11 +242,12 @@ void q_plan_chunk(const q_plan *p, int64_t c) {
             for (int64_t i = 0; i < n; i++) yr[i] = part[i * QL_MAX_G * QL_ROWS + r] + bo[i];
         }
     }
+    if (!tail) return;
     if (p->halves) {
         for (int64_t o = o0; o < o1; o++) {
             float part[4];
             p->half(p->info->qtype, wd + o * w->row_bytes, 0, 1, nb,
-                    p->packed + (size_t)(groups * nb) * p->unit, (int)(rows - full), part);
+                    p->packed + (size_t)(p->groups * nb) * p->unit, (int)(rows - full), part);
             for (int64_t r = full; r < rows; r++) y[r * y_stride + o] = part[r - full] + bo[o - o0];
         }
     }
@@ -269,12 +271,18 @@ void q_plan_chunk(const q_plan *p, int64_t c) {
     }
 }
 
+void q_plan_chunk(const q_plan *p, int64_t c) { q_plan_part(p, c, 0, p->groups, 1); }
+
 void q_plan_free(q_plan *p) {
     free(p->packed);
     free(p->buf);
     p->packed = NULL;
     p->buf = NULL;
 }
+
+/* packed activation bytes of a block of rows: well within any x86 core's L2 (512 KB on AMD
+ * Zen 2-4) beside W's chunk; 128 KB measured best of 128-512 (docs/kernels.md, Thresholds) */
+enum { Q_BLOCK_BYTES = 1 << 17 };
 
 int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_weight *w,
                   const float *bias, float *y, int64_t y_stride) {
@@ -289,10 +297,23 @@ int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_we
     if (rows < QL_ROWS) {
 #pragma omp parallel for schedule(static)
         for (int64_t c = 0; c < chunks; c++) q_plan_chunk(&p, c);
-    } else {
-        const int64_t run = chunks >= 64 ? chunks / 32 : 2;
+        q_plan_free(&p);
+        return FERRY_OK;
+    }
+    /* Many rows go in blocks of lane groups whose packed rows stay in a core's L2 while each
+     * chunk of W passes over them (W read once a block); one pass over all the rows per chunk
+     * read them from the L3 or memory out / Q_CHUNK times. A block is whole passes of
+     * QL_MAX_G groups, so a row's bits are the same either way */
+    const int64_t group_bytes = (int64_t)p.unit * (w->in / p.info->block);
+    int64_t per = group_bytes ? Q_BLOCK_BYTES / group_bytes / QL_MAX_G * QL_MAX_G : 0;
+    if (per < QL_MAX_G) per = QL_MAX_G;
+    if (p.groups <= 2 * per) per = p.groups > 0 ? p.groups : 1; /* one block */
+    const int64_t blocks = p.groups > per ? (p.groups + per - 1) / per : 1;
+    const int64_t run = chunks >= 64 ? chunks / 32 : 2;
 #pragma omp parallel for schedule(dynamic, run)
-        for (int64_t c = 0; c < chunks; c++) q_plan_chunk(&p, c);
+    for (int64_t i = 0; i < blocks * chunks; i++) {
+        const int64_t b = i / chunks, g_hi = (b + 1) * per;
+        q_plan_part(&p, i % chunks, b * per, g_hi < p.groups ? g_hi : p.groups, b == blocks - 1);
     }
     q_plan_free(&p);
     return FERRY_OK;

@@ -232,6 +232,30 @@ def test_a_rows_product_does_not_depend_on_the_other_rows(qtype: int, path: str)
         assert torch.equal(quant.quant_matmul(x[r:r + 3], w)[0], together[r])
 
 
+def native_product(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+    """ferry_qmatmul itself (never AMX tiles or torch's: quant_matmul's many-row choices)."""
+    y = torch.empty(x.shape[0], w.out_features, dtype=torch.float32)
+    cw = quant._c(w)
+    assert native.loaded().ferry_qmatmul(x.data_ptr(), x.shape[0], x.stride(0),
+                                         ctypes.addressof(cw), None, y.data_ptr(),
+                                         w.out_features) == 0
+    return y
+
+
+@pytest.mark.parametrize("qtype", [quant.Q8_0, quant.Q4_1, quant.Q5_0, quant.Q4_K, quant.Q6_K],
+                         ids=quant.type_name)
+def test_a_row_of_a_long_product_is_the_same_bits(qtype: int, path: str) -> None:
+    # 203 rows of 1024 values: the lanes take them in blocks that stay in the L2 cache (25
+    # groups, a half group of 3), each chunk of W over one block at a time
+    rng = np.random.default_rng(qtype + 4000)
+    w = random_weight(qtype, 24, 1024, rng)
+    x = torch.from_numpy(rng.standard_normal((203, 1024)).astype(np.float32))
+    together = native_product(x, w)
+    for r in (0, 7, 64, 131, 199, 202):
+        assert torch.equal(native_product(x[r:r + 1], w)[0], together[r])
+        assert torch.equal(native_product(x[r:r + 9], w)[0], together[r])
+
+
 def exact_activations(rows: int, inn: int, rng: np.random.Generator) -> np.ndarray:
     """Integers times 2^-3 with max |value| 127 * 2^-3 in every block of 256 (so of 32 too):
     the kernels' int8 activations are these integers exactly."""
