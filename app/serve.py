@@ -74,9 +74,9 @@ def device_line(name: str) -> tuple[str, str]:
     return chosen.device, f"{chosen.device} ({chosen.why}), torch {torch_build()}"
 
 
-def deterministic_error(device: str) -> str | None:
+def turn_deterministic_on(device: str) -> str | None:
     """Turn batch invariance on (settings' `deterministic`) for every model this process
-    serves; what stands in its way, if anything."""
+    serves; None, or why it cannot be (it is then left off)."""
     if device != "cpu":
         return (f"deterministic runs on the CPU only (Ferry's kernels); this server runs on "
                 f"{device}")
@@ -403,7 +403,7 @@ def run(settings: Settings, paths: Paths, model: ModelRef) -> int:
             print(f"ferry serve: error: {exc}", file=sys.stderr)
             return 2
         settings = dataclasses.replace(settings, device=device)  # decided once, said once
-        if settings.deterministic and (error := deterministic_error(device)):
+        if settings.deterministic and (error := turn_deterministic_on(device)):
             print(f"ferry serve: error: {error}", file=sys.stderr)
             return 2
         try:

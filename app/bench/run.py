@@ -112,9 +112,9 @@ def main(argv: list[str]) -> int:
     paths = get_paths()
     set_kernel_build_dir(paths.kernels_cache)
     if args.deterministic:
-        from app.serve import deterministic_error
+        from app.serve import turn_deterministic_on
 
-        if error := deterministic_error(args.device):
+        if error := turn_deterministic_on(args.device):
             print(f"ferry bench: {error}", file=sys.stderr)
             return 2
     how = LoadOptions(args.dtype, args.device, paths.models_cache,

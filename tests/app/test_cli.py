@@ -355,7 +355,7 @@ def test_serve_deterministic_flag(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_deterministic_is_refused_off_the_cpu() -> None:
-    from app.serve import deterministic_error
+    from app.serve import turn_deterministic_on
 
-    error = deterministic_error("cuda")
+    error = turn_deterministic_on("cuda")
     assert error is not None and "CPU only" in error and "cuda" in error

@@ -307,8 +307,8 @@ int ferry_qmatmul(const float *x, int64_t rows, int64_t x_stride, const ferry_we
     const int64_t group_bytes = (int64_t)p.unit * (w->in / p.info->block);
     int64_t per = group_bytes ? Q_BLOCK_BYTES / group_bytes / QL_MAX_G * QL_MAX_G : 0;
     if (per < QL_MAX_G) per = QL_MAX_G;
-    if (p.groups <= 2 * per) per = p.groups > 0 ? p.groups : 1; /* one block */
-    const int64_t blocks = p.groups > per ? (p.groups + per - 1) / per : 1;
+    const int64_t blocks = p.groups > 2 * per ? (p.groups + per - 1) / per : 1;
+    if (blocks == 1) per = p.groups;
     const int64_t run = chunks >= 64 ? chunks / 32 : 2;
 #pragma omp parallel for schedule(dynamic, run)
     for (int64_t i = 0; i < blocks * chunks; i++) {
