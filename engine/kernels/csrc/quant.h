@@ -40,8 +40,8 @@ int ferry_qgemm_available(void);
 int ferry_qgemm_takes(const ferry_weight *w, int64_t rows);
 
 /* on = 1: ferry_qgemm_takes takes nothing, so that every product multiplies a row as it would
- * alone, in the dot products or lanes (quant.set_batch_invariant); 0: as above; -1: leaves it.
- * Returns the setting now. */
+ * alone, in the dot products or lanes (invariance.set_batch_invariant); 0: off, AMX takes
+ * many rows again; -1: leaves it. Returns the setting now. */
 int ferry_qinvariant(int on);
 
 /* out[k] = row ids[k] of W ([n, in]), dt FERRY_F32 (exact) or FERRY_BF16 (rounded to nearest
