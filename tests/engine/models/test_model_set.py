@@ -102,9 +102,10 @@ def test_unloaded_model_waits_loading_then_answers_while_default_streams(
         text, final = finish(late)
         assert final.finish_reason == "length" and final.usage.completion_tokens == 8 and text
         assert loads == ["alpha", "beta"]
-        assert len(gaps) >= 2, "the default model stalled while beta loaded"
-        gaps.sort()
-        assert gaps[int(0.95 * (len(gaps) - 1))] < 1.0  # ITL p95 of the default, during the load
+        # relative to the load, not to a clock: on a busy machine both slow down together, while
+        # a default held up by the load shows one gap as long as most of the load
+        span = times[-1] - times[0]
+        assert max(gaps) < span / 2, f"the default stalled {max(gaps):.2f} s of a {span:.2f} s load"
         # the same prompt on both copies of one model: the same greedy answer
         alpha_text, _ = finish(ask(models, "alpha"))
         assert alpha_text == text
