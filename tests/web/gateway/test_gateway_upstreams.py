@@ -170,7 +170,9 @@ def test_cancel_from_the_dashboard_ends_it_on_the_upstream(upstreams: list[Any],
     wait(lambda: upstream_id not in {r["id"] for r in a.requests()}, 10,
          "the upstream to drop the request")
     took = time.monotonic() - cancelled
-    assert took < 1.0, f"the upstream dropped it {took:.2f} s after the cancel"
+    # far sooner than the rest of a 1,500-token reply (ten seconds and more), with room for a
+    # busy machine's pauses
+    assert took < 3.0, f"the upstream dropped it {took:.2f} s after the cancel"
     assert ended.wait(10) and [c for c in chunks if c][-1] == "data: [DONE]"
     assert any('"ferry_finish_reason":"cancelled"' in c for c in chunks)  # OpenAI says stop
 
