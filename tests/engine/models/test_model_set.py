@@ -102,6 +102,7 @@ def test_unloaded_model_waits_loading_then_answers_while_default_streams(
         text, final = finish(late)
         assert final.finish_reason == "length" and final.usage.completion_tokens == 8 and text
         assert loads == ["alpha", "beta"]
+        assert len(gaps) >= 2, "the default model stalled while beta loaded"
         # relative to the load, not to a clock: on a busy machine both slow down together, while
         # a default held up by the load shows one gap as long as most of the load
         span = times[-1] - times[0]
